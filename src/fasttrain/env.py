@@ -1,0 +1,168 @@
+"""Facts about this machine: device choice, hardware names, library versions and the git commit.
+
+Every result fasttrain writes carries `env_block()`, so that a number always travels with the
+hardware and software that produced it. `fasttrain env` prints the same block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from fasttrain.errors import UserError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+# Dense peak throughput (FLOP/s, no sparsity) and HBM bandwidth (B/s) of GPUs we know, from the
+# vendors' data sheets. Used for MFU and roofline figures; unknown GPUs simply get no such figure.
+GPU_PEAKS: dict[str, dict[str, float]] = {
+    "H100 SXM": {"fp32": 67e12, "tf32": 495e12, "bf16": 989e12, "fp16": 989e12, "bw": 3.35e12},
+    "H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12, "bw": 2.0e12},
+    "H200": {"fp32": 67e12, "tf32": 495e12, "bf16": 989e12, "fp16": 989e12, "bw": 4.8e12},
+    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12, "bw": 2.0e12},
+    "L4": {"fp32": 30e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12, "bw": 0.3e12},
+}
+
+
+def resolve_device(requested: str = "auto") -> str:
+    """'auto' picks CUDA when a GPU is usable, else the CPU; 'cuda' without a GPU is an error."""
+    import torch
+
+    if requested not in DEVICES:
+        raise UserError(f"unknown device {requested!r}: choose one of {', '.join(DEVICES)}")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is visible to torch; use --device cpu or auto")
+    return requested
+
+
+def gpu_peaks(name: str | None) -> dict[str, float] | None:
+    """Peak figures for a GPU name as torch reports it ('NVIDIA H100 80GB HBM3'), if known."""
+    if not name:
+        return None
+    for key in sorted(GPU_PEAKS, key=len, reverse=True):  # 'H100 PCIe' before 'H100'
+        words = key.split()
+        if all(w.lower() in name.lower() for w in words):
+            return GPU_PEAKS[key]
+    if "H100" in name:  # SXM parts report no form factor in their name
+        return GPU_PEAKS["H100 SXM"]
+    return None
+
+
+@functools.cache
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def git_commit() -> str | None:
+    """The commit of the source tree fasttrain runs from ('+dirty' when it has local changes)."""
+    here = Path(__file__).resolve().parent
+    try:
+        run = functools.partial(
+            subprocess.run, cwd=here, capture_output=True, text=True, timeout=5, check=True
+        )
+        commit = run(["git", "rev-parse", "HEAD"]).stdout.strip()
+        dirty = run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # not installed, or broken: either way there is no version to report
+        return None
+
+
+def env_block() -> dict:
+    """The "env" block of every result JSON."""
+    import numpy as np
+    import torch
+
+    block = {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "numba": _version("numba"),
+        "triton": _version("triton"),
+        "cuda": torch.version.cuda,
+        "gpu": None,
+        "gpu_count": 0,
+        "gpu_memory_gb": None,
+        "compute_capability": None,
+        "driver": None,
+        "cudnn": None,
+        "git_commit": git_commit(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        block.update(
+            gpu=props.name,
+            gpu_count=torch.cuda.device_count(),
+            gpu_memory_gb=round(props.total_memory / 2**30, 1),
+            compute_capability=f"{props.major}.{props.minor}",
+            driver=_driver_version(),
+            cudnn=torch.backends.cudnn.version(),
+        )
+    return block
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+        return out.splitlines()[0].strip() or None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def hardware_line(env: dict) -> str:
+    """One line a reader can quote next to a time: what it ran on."""
+    hw = f"{env['cpu']} ({env['cores']} cores)"
+    if env.get("gpu"):
+        hw = f"{env['gpu']} ({env['gpu_memory_gb']} GiB, driver {env['driver']}) + {hw}"
+    versions = f"Python {env['python']}, torch {env['torch']}, numpy {env['numpy']}"
+    if env.get("numba"):
+        versions += f", numba {env['numba']}"
+    return f"{hw}; {versions}; commit {(env.get('git_commit') or 'unknown')[:12]}"
+
+
+def env_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("env", help="print hardware, versions and commit (the env block)")
+    p.add_argument("--json", action="store_true", help="print the block as JSON")
+    p.set_defaults(func=env)
+
+
+def env(args: argparse.Namespace) -> int:
+    block = env_block()
+    if args.json:
+        print(json.dumps(block, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None)
+    for key, value in block.items():
+        table.add_row(f"[bold]{key}[/bold]", "-" if value is None else str(value))
+    Console().print(table)
+    return 0

@@ -1,0 +1,49 @@
+"""The report's system — MNIST logistic regression — implemented many ways, one file each.
+
+`REGISTRY` lists the rows in the table's order: the report's own rows first, in the report's order,
+then the rows beyond it, then the reference floor. Modules are imported on first use, so a row whose
+dependencies are missing (numba, a GPU) reports itself unavailable instead of breaking the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from fasttrain.ladder.common import Impl, LadderConfig, LadderData, make_ladder_data
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    target: str  # "module:Class" under fasttrain.ladder
+    picks_device: bool = False  # the row runs on --device (cpu or cuda); else it has a fixed one
+
+    def load(self) -> type[Impl]:
+        module, cls = self.target.split(":")
+        return getattr(importlib.import_module(f"fasttrain.ladder.{module}"), cls)
+
+    def create(self, device: str) -> Impl:
+        cls = self.load()
+        return cls(device) if self.picks_device else cls()
+
+
+REGISTRY: tuple[Entry, ...] = (
+    Entry("numpy-cpu", "numpy_cpu:NumpyCPU"),
+    Entry("torch-naive", "torch_naive:TorchNaive", picks_device=True),
+    Entry("torch-optimized", "torch_optimized:TorchOptimized", picks_device=True),
+    Entry("numba-fused", "numba_fused:NumbaFused"),
+    Entry("floor-gemm", "floor_gemm:FloorGemm"),
+)
+NAMES = tuple(e.name for e in REGISTRY)
+
+
+def entry(name: str) -> Entry:
+    for e in REGISTRY:
+        if e.name == name:
+            return e
+    raise KeyError(name)
+
+
+__all__ = ["REGISTRY", "NAMES", "Entry", "entry", "Impl", "LadderConfig", "LadderData",
+           "make_ladder_data"]

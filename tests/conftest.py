@@ -1,0 +1,34 @@
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+
+def tiny_images(n_train=150, n_test=50, seed=0, name="tiny"):
+    """A small learnable MNIST-shaped dataset made here (tests never need the real files)."""
+    rng = np.random.default_rng(seed)
+    protos = rng.integers(0, 256, size=(10, 28, 28))
+    def split(n):
+        y = rng.integers(0, 10, size=n).astype(np.uint8)
+        noise = rng.integers(-60, 61, size=(n, 28, 28))
+        return np.clip(protos[y] + noise, 0, 255).astype(np.uint8), y
+    (train_x, train_y), (test_x, test_y) = split(n_train), split(n_test)
+    return SimpleNamespace(name=name, train_x=train_x, train_y=train_y, test_x=test_x,
+                           test_y=test_y, num_classes=10, source="tests", synthetic=True)
+
+
+@pytest.fixture
+def tiny():
+    return tiny_images()
+
+
+def real_data_dir() -> Path | None:
+    d = os.environ.get("FASTTRAIN_DATA")
+    return Path(d) if d and (Path(d) / "mnist").is_dir() else None
+
+
+requires_mnist = pytest.mark.skipif(
+    real_data_dir() is None, reason="set FASTTRAIN_DATA to a folder holding mnist/ to run"
+)
