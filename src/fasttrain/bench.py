@@ -25,16 +25,16 @@ def bench_parser(sub: argparse._SubParsersAction) -> None:
         description="Run the optimization ladder: the same model, data, init and shuffle order "
         "implemented many ways, timed by one harness, printed as one table.",
     )
-    p.add_argument("--impl", default="all",
-                   help=f"comma-separated rows to run (default: all). Known: {', '.join(ladder.NAMES)}")
+    p.add_argument("--impl", default="all", help="comma-separated rows to run (default: all). "
+                   f"Known: {', '.join(ladder.NAMES)}")
     p.add_argument("--epochs", type=int, default=20, help="passes over the training set")
     p.add_argument("--batch-size", type=int, default=128, help="samples per SGD step")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=0, help="seeds the init and the shuffle orders")
     p.add_argument("--data", default="mnist", choices=("mnist", "fashion-mnist", "synthetic"),
                    help="dataset ('synthetic': a deterministic stand-in, labelled as such)")
-    p.add_argument("--data-dir", default=None,
-                   help="folder holding <dataset>/ (default: $FASTTRAIN_DATA, then ~/.cache/fasttrain)")
+    p.add_argument("--data-dir", default=None, help="folder holding <dataset>/ "
+                   "(default: $FASTTRAIN_DATA, then ~/.cache/fasttrain)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="device of the rows that can run on either")
     p.add_argument("--json", metavar="PATH", help="write the result JSON here")
@@ -124,7 +124,10 @@ def bench(args: argparse.Namespace) -> int:
                    "impl": [e.name for e in entries]},
         "rows": rows,
     }
-    Console().print(report.bench_table(result))
+    out = Console()
+    if not out.is_terminal:  # piped or redirected: keep every column whole rather than 80 wide
+        out = Console(width=160)
+    out.print(report.bench_table(result))
     if args.json:
         report.write_json(args.json, result)
         console.print(f"wrote {args.json}")

@@ -1,8 +1,8 @@
 """The one entry point: `fasttrain <command>` and `python -m fasttrain <command>`.
 
-Each command lives in its own module and exposes two functions, `<cmd>_parser(subparsers)` which adds
-its sub-parser, and `<cmd>(args) -> int` which runs it. This root only registers them, parses, and
-turns a `UserError` into one line on stderr and exit status 2.
+Each command lives in its own module and exposes two functions, `<cmd>_parser(subparsers)`
+which adds its sub-parser, and `<cmd>(args) -> int` which runs it. This root only registers them,
+parses, and turns a `UserError` into one line on stderr and exit status 2.
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ def bench_markdown(result: dict, baseline: str = "numpy-cpu") -> str:
 
 
 def bench_plot(result: dict, path: str | os.PathLike) -> None:
-    """Horizontal bars of ms/epoch on a log axis, the report's figure beside ours where it has one."""
+    """Horizontal bars of ms/epoch on a log axis, beside the report's figure where it has one."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: never needs a display
@@ -143,15 +143,21 @@ def bench_plot(result: dict, path: str | os.PathLike) -> None:
     ys = range(len(rows))
     ax.barh([y + 0.2 for y in ys], ours, height=0.4, label="fasttrain (this run)", color="#1f77b4")
     ax.barh([y - 0.2 for y in ys], [t or 0 for t in theirs], height=0.4,
-            label="published report", color="#bbbbbb")
+            label="published report (its own hardware)", color="#bbbbbb")
     for y, ms in zip(ys, ours, strict=True):
         ax.text(ms * 1.05, y + 0.2, _fmt_ms(ms), va="center", fontsize=8)
+    floor = _baseline(rows, "floor-gemm")
+    if floor:
+        ax.axvline(floor["epoch_ms"], color="#d62728", linestyle="--", linewidth=1,
+                   label="GEMM floor (bare matrix products)")
     ax.set_yticks(list(ys), names)
     ax.set_xscale("log")
     ax.set_xlabel("ms per epoch (log scale, lower is better)")
     env, cfg = result["env"], result["config"]
     hw = env.get("gpu") or env.get("cpu")
-    ax.set_title(f"MNIST logistic regression, {cfg['data']}: {hw}", fontsize=10)
+    data = cfg["data"] + (" (synthetic stand-in)" if cfg.get("synthetic") else "")
+    ax.set_title(f"Logistic regression ladder — data: {data}, {cfg['epochs']} epochs — {hw}",
+                 fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     from io import BytesIO

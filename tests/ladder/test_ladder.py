@@ -119,8 +119,8 @@ def test_bad_config_is_a_user_error(bad):
 @requires_mnist
 @pytest.mark.slow
 def test_full_training_accuracy_matches_numpy_within_half_a_point():
-    from tests.conftest import real_data_dir
     from fasttrain.data import load_dataset
+    from tests.conftest import real_data_dir
 
     cfg = LadderConfig()
     data = make_ladder_data(load_dataset("mnist", real_data_dir()), cfg)
@@ -129,5 +129,4 @@ def test_full_training_accuracy_matches_numpy_within_half_a_point():
         impl, _ = train(name, data, cfg)
         accs[name] = impl.evaluate()[1]
     assert accs["numpy-cpu"] > 0.91, accs  # logistic regression on MNIST reaches ~92%
-    for name, acc in accs.items():
-        assert abs(acc - accs["numpy-cpu"]) <= 0.005, accs
+    assert all(abs(acc - accs["numpy-cpu"]) <= 0.005 for acc in accs.values()), accs

@@ -75,9 +75,10 @@ def make_ladder_data(dataset, cfg: LadderConfig) -> LadderData:
     orders = np.stack([rng.permutation(n) for _ in range(cfg.epochs)])
     return LadderData(
         name=dataset.name,
-        train_x=np.ascontiguousarray(dataset.train_x.reshape(n, -1)),
+        # Own, writable copies: the dataset's arrays are shared read-only views of the files.
+        train_x=dataset.train_x.reshape(n, -1).copy(),
         train_y=dataset.train_y.astype(np.int64),
-        test_x=np.ascontiguousarray(dataset.test_x.reshape(len(dataset.test_y), -1)),
+        test_x=dataset.test_x.reshape(len(dataset.test_y), -1).copy(),
         test_y=dataset.test_y.astype(np.int64),
         orders=orders,
         w0=w0,

@@ -174,7 +174,7 @@ class NumbaFused(Impl):
     def setup(self, data: LadderData, cfg: LadderConfig) -> None:
         self.data, self.cfg = data, cfg
         t = numba.get_num_threads()
-        self.precision = "fp32 (uint8 input)"
+        self.precision = "fp32, u8 input"
         self.w, self.b = data.w0.copy(), data.b0.copy()
         self.lr = np.float32(cfg.lr)
         self.scratch = (

@@ -1,7 +1,8 @@
 """`torch-naive`: the report's "Python + PyTorch" row, written the way most tutorials do.
 
-A map-style Dataset of float tensors, `DataLoader(batch_size=128)` that fetches and collates 128
-single samples per step, `nn.Linear`, `nn.CrossEntropyLoss`, `optim.SGD`, a host→device copy of
+A map-style Dataset that converts each uint8 image to [0, 1] floats when it is fetched (what
+torchvision's MNIST with `ToTensor()` does), `DataLoader(batch_size=128)` that fetches and collates
+128 single samples per step, `nn.Linear`, `nn.CrossEntropyLoss`, `optim.SGD`, a host→device copy of
 every batch, and the loss read every epoch. The DataLoader visits the ladder's shared shuffle order
 (the effect of `shuffle=True`, made identical across rows). What limits it: per-sample Python in
 `__getitem__` and `collate` (60,000 calls an epoch) and, on a GPU, a pageable copy every step.
@@ -20,15 +21,17 @@ from fasttrain.ladder.common import Impl, LadderConfig, LadderData
 
 
 class _MNIST(Dataset):
+    """Raw uint8 images, converted per item as torchvision's `MNIST` + `ToTensor()` do."""
+
     def __init__(self, x: np.ndarray, y: np.ndarray):
-        self.x = torch.from_numpy(x).float() / 255  # [N, 784] in [0, 1]
-        self.y = torch.from_numpy(y)
+        self.x = torch.tensor(x)  # uint8 [N, 784]
+        self.y = torch.tensor(y)
 
     def __len__(self) -> int:
         return len(self.y)
 
     def __getitem__(self, i):
-        return self.x[i], self.y[i]
+        return self.x[i].float() / 255, self.y[i]
 
 
 class _EpochOrder(Sampler):

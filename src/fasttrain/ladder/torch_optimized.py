@@ -1,19 +1,23 @@
 """`torch-optimized`: the report's optimized PyTorch row ("torch.compile(), pinned memory, AMP,
-preloading dataset").
+preloading dataset"), with the whole training step compiled as one graph.
 
-- The whole training set is copied to the device once, as uint8 (a quarter of float32's bytes),
-  through pinned host memory on CUDA; pixels become [0, 1] floats inside the compiled graph.
+- The training set is copied to the device once, as uint8 (a quarter of float32's bytes), through
+  pinned host memory on CUDA; pixels become [0, 1] floats inside the compiled graph.
 - Each epoch's shuffle order is on the device too, so a batch is a device-side gather: nothing
   crosses the bus and nothing waits for the host inside an epoch.
-- `torch.compile` fuses gather, conversion, the linear layer and the loss; backward runs the
-  compiled backward graph; the update is SGD's fused kernel where the device has one.
-- AMP where the device runs low precision fast: bf16 autocast on CUDA GPUs of compute capability
-  ≥ 8.0, fp16 autocast + GradScaler on older ones. On the CPU the row stays fp32: for these
-  skinny matrices (N = 10) bf16 autocast adds casts and buys nothing.
-- The loss is summed on the device and read only every 10 epochs (and after the last).
+- The model is still `nn.Linear` with `F.cross_entropy`, differentiated by PyTorch (`torch.func`),
+  but forward, backward and the SGD update of 4 consecutive steps run inside ONE
+  `torch.compile`d call, instead of ~5 dispatches per step for the eager
+  forward/backward/optimizer/zero-grad pattern (measured on the 2-core CPU: ~65 ms/epoch; ~90 with
+  one step per call; ~130-210 for compiled forward + eager backward + fused SGD).
+- AMP where the device runs low precision fast: bf16 autocast on GPUs that have bf16 tensor cores
+  (compute capability ≥ 8.0); bf16 needs no loss scaling. Elsewhere fp32: on the CPU bf16 autocast
+  measured no faster for these skinny (N = 10) products, and on older GPUs fp16 would need a
+  GradScaler, which the single-graph step does not carry.
+- The loss is summed on the device inside the step and read only every 10 epochs.
 
-What limits it: ~4 dispatches per step (compiled forward, compiled backward, optimizer, zero-grad),
-each a few tens of microseconds of host work, 469 times an epoch.
+What limits it on the CPU: two oneDNN GEMM calls per step sized badly for their library (N = 10),
+the fused gather/softmax kernels, and ~45 µs of guard checks and wrapper per call.
 
 Run alone:  python -m fasttrain bench --impl torch-optimized [--device cuda]
 """
@@ -25,14 +29,16 @@ import contextlib
 import torch
 from torch import nn
 
-from fasttrain.ladder.common import Impl, LadderConfig, LadderData, batches
+from fasttrain.ladder.common import Impl, LadderConfig, LadderData
 
 READ_LOSS_EVERY = 10
+STEPS_PER_CALL = 4  # steps unrolled into one compiled call (CPU, 2 cores: 1 → ~90, 4 → ~65,
+# 8 → ~70 ms/epoch, and compile time grows with it)
 
 
 def _precision(device: str) -> str:
-    if device == "cuda":
-        return "bf16" if torch.cuda.get_device_capability()[0] >= 8 else "fp16"
+    if device == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
+        return "bf16"
     return "fp32"
 
 
@@ -53,54 +59,62 @@ class TorchOptimized(Impl):
             t = torch.from_numpy(array)
             return t.pin_memory().to(dev, non_blocking=True) if cuda else t
 
-        self.x = to_device(data.train_x)  # uint8 [N, 784]
-        self.y = to_device(data.train_y)  # int64 [N]
+        x_all = to_device(data.train_x)  # uint8 [N, 784]
+        y_all = to_device(data.train_y)  # int64 [N]
         self.orders = to_device(data.orders)  # int64 [epochs, N]
-        self.model = nn.Linear(784, 10).to(dev)
+        model = nn.Linear(784, 10).to(dev)
         with torch.no_grad():
-            self.model.weight.copy_(torch.from_numpy(data.w0))
-            self.model.bias.copy_(torch.from_numpy(data.b0))
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, fused=True)
-
-        # Switches resolve here, once: the epoch loop below has no feature branches.
-        amp = self.precision in ("bf16", "fp16")
-        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-        self.autocast = (
-            torch.autocast(self.device, dtype=dtype) if amp else contextlib.nullcontext()
-        )
-        self.scaler = torch.amp.GradScaler(self.device, enabled=self.precision == "fp16")
-        model, x_all, y_all = self.model, self.x, self.y
-
-        def loss_of(idx):  # idx: int64 [B] on the device
-            x = x_all[idx].float() / 255  # gather + convert, fused by the compiler
-            return nn.functional.cross_entropy(model(x), y_all[idx])
-
-        self.loss_of = torch.compile(loss_of, dynamic=False)
+            model.weight.copy_(torch.from_numpy(data.w0))
+            model.bias.copy_(torch.from_numpy(data.b0))
+        self.weights = {k: v.detach() for k, v in model.named_parameters()}
         self.loss_sum = torch.zeros((), device=dev)
         self.epochs_summed = 0
-        self.steps = batches(data.n_train, cfg.batch_size)
-        # Compile now (setup time), for the full and the last partial batch shape, on a copy of
-        # the state so that training starts from the shared initial weights.
-        saved = {k: v.clone() for k, v in self.model.state_dict().items()}
-        for start, stop in {self.steps[0], self.steps[-1]}:
-            self._step(self.orders[0, start:stop])
-        self.model.load_state_dict(saved)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, fused=True)
-        self.loss_sum.zero_()
+        lr = cfg.lr
+        # Switches resolve here, once: the step below has no feature branches.
+        autocast = (
+            torch.autocast(self.device, dtype=torch.bfloat16)
+            if self.precision == "bf16"
+            else contextlib.nullcontext()
+        )
 
-    def _step(self, idx: torch.Tensor) -> None:
-        with self.autocast:
-            loss = self.loss_of(idx)
-        self.opt.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
-        self.scaler.step(self.opt)
-        self.scaler.update()
-        self.loss_sum += loss.detach() * len(idx)
+        def loss_of(params, x, y):
+            with autocast:
+                logits = torch.func.functional_call(model, params, (x,))
+            return nn.functional.cross_entropy(logits.float(), y)
+
+        def steps(params, idx, loss_sum):  # idx: int64 [K, B] on the device, K steps in a row
+            for i in range(idx.shape[0]):  # unrolled by the compiler: K steps, one call
+                x = x_all[idx[i]].float() / 255  # gather + convert, fused by the compiler
+                y = y_all[idx[i]]
+                grads, loss = torch.func.grad_and_value(loss_of)(params, x, y)
+                torch._foreach_add_(list(params.values()), list(grads.values()), alpha=-lr)
+                loss_sum.add_(loss.detach() * idx.shape[1])
+
+        self.run_steps = torch.compile(steps, dynamic=False)
+        # An epoch = calls of STEPS_PER_CALL full batches, then single full batches, then the last
+        # partial batch: at most 3 graph shapes, compiled now (setup time) on scratch copies of
+        # the state so that training starts from the shared initial weights.
+        n, bs = data.n_train, cfg.batch_size
+        full = n // bs
+        grouped = full - full % STEPS_PER_CALL
+        self.split = (grouped * bs, full * bs)
+        scratch = {k: v.clone() for k, v in self.weights.items()}
+        for idx in self._schedule(self.orders[0]):
+            self.run_steps(scratch, idx, self.loss_sum.clone())
+
+    def _schedule(self, order: torch.Tensor) -> list[torch.Tensor]:
+        """Views of one epoch's order as [K, B] index blocks, in the order they are trained."""
+        g, f = self.split
+        bs = self.cfg.batch_size
+        blocks = list(order[:g].view(-1, STEPS_PER_CALL, bs).unbind(0))
+        blocks += [order[s : s + bs].view(1, -1) for s in range(g, f, bs)]
+        if f < len(order):
+            blocks.append(order[f:].view(1, -1))
+        return blocks
 
     def train_epoch(self, epoch: int) -> float | None:
-        order = self.orders[epoch]
-        for start, stop in self.steps:
-            self._step(order[start:stop])
+        for idx in self._schedule(self.orders[epoch]):
+            self.run_steps(self.weights, idx, self.loss_sum)
         self.epochs_summed += 1
         if (epoch + 1) % READ_LOSS_EVERY and epoch + 1 != self.cfg.epochs:
             return None  # keep the sum on the device: no host sync this epoch
@@ -111,7 +125,5 @@ class TorchOptimized(Impl):
         return mean
 
     def params(self):
-        return (
-            self.model.weight.detach().float().cpu().numpy().copy(),
-            self.model.bias.detach().float().cpu().numpy().copy(),
-        )
+        w, b = self.weights["weight"], self.weights["bias"]
+        return w.detach().float().cpu().numpy().copy(), b.detach().float().cpu().numpy().copy()

@@ -1,0 +1,136 @@
+"""`fasttrain bench` and `fasttrain env` through the CLI root, and every kind of bad input."""
+
+import json
+
+import pytest
+
+from fasttrain.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *words):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.fixture(scope="module")
+def bench_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["bench", "--data", "synthetic", "--epochs", "2", "--impl",
+            "numpy-cpu,numba-fused,floor-gemm", "--json", str(out / "r.json"),
+            "--plot", str(out / "r.png"), "--no-progress"]
+    assert main(argv) == 0
+    return json.loads((out / "r.json").read_text()), out
+
+
+def test_bench_writes_self_describing_json(bench_result):
+    result, _ = bench_result
+    assert result["schema"] == "fasttrain.bench/1"
+    assert {"cpu", "cores", "python", "torch", "numpy", "git_commit"} <= result["env"].keys()
+    assert result["config"]["data"] == "synthetic" and result["config"]["synthetic"] is True
+    rows = {r["impl"]: r for r in result["rows"]}
+    assert list(rows) == ["numpy-cpu", "numba-fused", "floor-gemm"]
+    for r in rows.values():
+        assert r["status"] == "ok"
+        assert 0 < r["epoch_ms_min"] <= r["epoch_ms_median"] <= r["epoch_ms_max"]
+        assert r["total_ms"] == pytest.approx(sum(r["epoch_ms_all"]))
+        assert r["setup_ms"] > 0
+    assert rows["numpy-cpu"]["test_accuracy"] > 0.7
+    assert rows["numba-fused"]["test_accuracy"] == pytest.approx(
+        rows["numpy-cpu"]["test_accuracy"], abs=0.002)
+    assert rows["floor-gemm"]["test_accuracy"] is None
+
+
+def test_bench_plot_is_a_png(bench_result):
+    _, out = bench_result
+    assert (out / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_table_labels_synthetic_data(capsys):
+    code, out, _ = run(capsys, "bench", "--data", "synthetic", "--epochs", "1",
+                       "--impl", "floor-gemm", "--no-progress")
+    assert code == 0 and "SYNTHETIC" in out and "floor-gemm" in out
+
+
+def test_unavailable_row_is_listed_with_its_reason(monkeypatch, capsys):
+    from fasttrain.ladder import numba_fused
+
+    monkeypatch.setattr(numba_fused.NumbaFused, "unavailable",
+                        classmethod(lambda cls, env, cfg: "numba is not installed"))
+    code, out, _ = run(capsys, "bench", "--data", "synthetic", "--epochs", "1",
+                       "--impl", "numba-fused", "--no-progress")
+    assert code == 0 and "unavailable" in out and "numba is not installed" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--impl", "numpy-gpu"], ["numpy-gpu", "known:"]),
+    (["--epochs", "0"], ["--epochs"]),
+    (["--epochs", "-3"], ["--epochs"]),
+    (["--batch-size", "0"], ["--batch-size"]),
+    (["--lr", "nan"], ["--lr"]),
+    (["--lr", "inf"], ["--lr"]),
+    (["--epochs", "two"], ["--epochs"]),
+    (["--data", "cifar"], ["--data"]),
+    (["--json", "/nonexistent-dir/r.json"], ["--json", "does not exist"]),
+])
+def test_bad_flags_are_one_line_errors(capsys, argv, words):
+    code, _, err = run(capsys, "bench", "--data", "synthetic", *argv)
+    assert_one_line_error(code, err, *words)
+
+
+def test_json_path_that_is_a_directory(capsys, tmp_path):
+    code, _, err = run(capsys, "bench", "--data", "synthetic", "--json", str(tmp_path))
+    assert_one_line_error(code, err, "is a directory")
+
+
+def test_bad_input_loses_nothing_on_disk(capsys, tmp_path):
+    existing = tmp_path / "r.json"
+    existing.write_text("precious")
+    code, _, err = run(capsys, "bench", "--data", "synthetic", "--epochs", "0",
+                       "--json", str(existing))
+    assert_one_line_error(code, err)
+    assert existing.read_text() == "precious"
+
+
+def test_corrupt_data_file_is_a_one_line_error(capsys, tmp_path):
+    d = tmp_path / "mnist"
+    d.mkdir()
+    for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        (d / name).write_bytes(b"\x00\x00\x08\x03 not really an idx file")
+    code, _, err = run(capsys, "bench", "--data-dir", str(tmp_path), "--epochs", "1")
+    assert_one_line_error(code, err)
+    assert "mnist" in err
+
+
+def test_cuda_without_gpu_is_a_user_error(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    code, _, err = run(capsys, "bench", "--data", "synthetic", "--device", "cuda")
+    assert_one_line_error(code, err, "cuda")
+
+
+def test_env_prints_the_env_block(capsys):
+    code, out, _ = run(capsys, "env", "--json")
+    block = json.loads(out)
+    assert code == 0 and block["cores"] >= 1 and block["torch"]
+
+
+def test_module_entry_point_runs():
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "fasttrain", "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "bench" in r.stdout
