@@ -134,3 +134,35 @@ def test_module_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "fasttrain", "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "bench" in r.stdout
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "gpt"], ["tinyshakespeare"]),
+    (["--batch-size", "10", "--accum-steps", "3"], ["--accum-steps"]),
+    (["--precision", "tf32"], ["tf32"]),
+    (["--config", "/nonexistent.toml"], ["no such file"]),
+    (["--resume", "auto"], ["--out"]),
+    (["--lr", "-1"], ["--lr"]),
+])
+def test_train_bad_settings_are_one_line_errors(capsys, argv, words):
+    code, _, err = run(capsys, "train", "--data", "synthetic", "--device", "cpu", *argv)
+    assert_one_line_error(code, err, *words)
+
+
+def test_train_runs_end_to_end(capsys, tmp_path):
+    code, out, err = run(capsys, "train", "--model", "logreg", "--data", "synthetic",
+                         "--batch-size", "256", "--max-steps", "30", "--log-every", "10",
+                         "--no-progress", "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    assert "test_accuracy" in out
+    assert (tmp_path / "run" / "weights.safetensors").exists()
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_train_refuses_an_unwritable_out(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code, _, err = run(capsys, "train", "--model", "logreg", "--data", "synthetic",
+                       "--out", str(blocker / "run"))
+    assert_one_line_error(code, err, "--out")
+    assert blocker.read_text() == "not a folder"

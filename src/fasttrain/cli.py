@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # Imported here so that `fasttrain --help` does not pay for importing torch twice over.
-    from fasttrain import bench, env
+    from fasttrain import bench, env, train
 
     parser = _Parser(
         prog="fasttrain",
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fasttrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>", parser_class=_Parser)
     sub.required = True
-    for module, name in ((bench, "bench"), (env, "env")):
+    for module, name in ((bench, "bench"), (train, "train"), (env, "env")):
         getattr(module, f"{name}_parser")(sub)
     return parser
 

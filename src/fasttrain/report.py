@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 from rich.table import Table
 
 from fasttrain.errors import UserError
+from fasttrain.files import write_atomic
 
 
 def check_writable(path: str | os.PathLike, flag: str) -> Path:
@@ -27,22 +27,6 @@ def check_writable(path: str | os.PathLike, flag: str) -> Path:
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UserError(f"{flag} {p}: not writable; choose a path you can write to")
     return p
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temp file beside `path`, fsync, then rename: a crash or a full disk never leaves
-    a half-written file, and an existing file is replaced only by a complete new one."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", prefix=f".{p.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_json(path: str | os.PathLike, result: dict) -> None:

@@ -40,9 +40,13 @@ FILE_NAMES = (
 
 @dataclass(frozen=True)
 class Source:
-    """The files of one dataset and where to download them."""
+    """The files of one dataset and where to download them.
 
-    files: Mapping[str, str]  # file name -> sha256 hex digest, in FILE_NAMES order
+    Any file names: the MNIST family's are FILE_NAMES (in that order); other datasets (cifar.py,
+    text.py) keep their own `Source` and reuse `find`, `verify`, `download_files`, `fetch_source`.
+    """
+
+    files: Mapping[str, str]  # file name -> sha256 hex digest
     mirrors: tuple[str, ...]  # base URLs tried in order; a file's URL is base + file name
 
 
@@ -81,7 +85,7 @@ REGISTRY: dict[str, Source] = {
 DATASETS: tuple[str, ...] = (*REGISTRY, "synthetic")
 
 
-class _DownloadFailed(Exception):
+class DownloadFailed(Exception):
     """Every mirror failed for one file; the message lists each mirror's error."""
 
 
@@ -100,12 +104,13 @@ def _source(name: str) -> Source:
         raise UserError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}") from None
 
 
-def _roots(data_dir: str | os.PathLike[str] | None) -> list[Path]:
-    roots = [Path(data_dir)] if data_dir is not None else []
+def roots(data_dir: str | os.PathLike[str] | None) -> list[Path]:
+    """Where datasets are looked for, in order: `data_dir`, $FASTTRAIN_DATA, the cache."""
+    paths = [Path(data_dir)] if data_dir is not None else []
     if env := os.environ.get("FASTTRAIN_DATA"):
-        roots.append(Path(env))
-    roots.append(default_cache_dir())
-    return list(dict.fromkeys(root.expanduser() for root in roots))  # ordered, without repeats
+        paths.append(Path(env))
+    paths.append(default_cache_dir())
+    return list(dict.fromkeys(path.expanduser() for path in paths))  # ordered, without repeats
 
 
 @functools.lru_cache(maxsize=64)
@@ -118,7 +123,9 @@ def _sha256(path: Path, stamp: tuple[int, int, int]) -> str:
     return digest.hexdigest()
 
 
-def _verify(path: Path, expected: str) -> None:
+def verify(path: Path, expected: str) -> None:
+    """A UserError naming `path` and the fix unless its sha256 is `expected`; hashed once per
+    version of the file per process."""
     try:
         st = path.stat()
         actual = _sha256(path, (st.st_ino, st.st_size, st.st_mtime_ns))
@@ -131,31 +138,35 @@ def _verify(path: Path, expected: str) -> None:
         )
 
 
-def _find(name: str, data_dir: str | os.PathLike[str] | None) -> tuple[Path | None, list[Path]]:
-    """The first place holding every file (verified), and all places looked at."""
-    source = _source(name)
-    places = [root / name for root in _roots(data_dir)]
+def find(
+    name: str, source: Source, data_dir: str | os.PathLike[str] | None
+) -> tuple[Path | None, list[Path]]:
+    """The first `<root>/<name>` holding every file of `source` (verified), and all places
+    looked at."""
+    places = [root / name for root in roots(data_dir)]
     for place in places:
         if all((place / file).is_file() for file in source.files):
             for file, sha256 in source.files.items():
-                _verify(place / file, sha256)
+                verify(place / file, sha256)
             return place, places
     return None, places
 
 
-def _not_found(name: str, places: list[Path], why: str) -> str:
+def not_found(name: str, places: list[Path], why: str, holds: str) -> str:
+    """The one-line message for a dataset found nowhere; `holds` describes the files needed."""
     return (
         f"dataset {name!r} not found in {', '.join(map(str, places))} ({why}); pass "
         f"--data-dir DIR or set FASTTRAIN_DATA=DIR where DIR/{name}/ holds "
-        f"{', '.join(REGISTRY[name].files)}, or go online to download it"
+        f"{holds}, or go online to download it"
     )
 
 
 def locate(name: str, data_dir: str | os.PathLike[str] | None = None) -> Path:
     """The directory holding all files of `name`, verified; a UserError if there is none."""
-    found, places = _find(name, data_dir)
+    source = _source(name)
+    found, places = find(name, source, data_dir)
     if found is None:
-        raise UserError(_not_found(name, places, "no download attempted"))
+        raise UserError(not_found(name, places, "no download attempted", ", ".join(source.files)))
     return found
 
 
@@ -192,7 +203,7 @@ def _download_file(url: str, dest: Path, sha256: str) -> int:
     return size
 
 
-def _download(source: Source, target: Path) -> None:
+def download_files(source: Source, target: Path) -> None:
     """Fill `target` with the files it lacks; files already there are verified, never replaced."""
     try:
         target.mkdir(parents=True, exist_ok=True)
@@ -203,7 +214,7 @@ def _download(source: Source, target: Path) -> None:
     for file, sha256 in source.files.items():
         dest = target / file
         if dest.is_file():  # left by an earlier, interrupted fetch
-            _verify(dest, sha256)
+            verify(dest, sha256)
             continue
         errors = []
         for base in source.mirrors:
@@ -218,7 +229,35 @@ def _download(source: Source, target: Path) -> None:
             print(f" {size / 1e6:.1f} MB, sha256 ok", file=sys.stderr)
             break
         else:
-            raise _DownloadFailed("; ".join(errors) or "no mirrors")
+            raise DownloadFailed("; ".join(errors) or "no mirrors")
+
+
+def download_root(data_dir: str | os.PathLike[str] | None) -> Path:
+    """Where downloads go: `data_dir`, else the cache; never $FASTTRAIN_DATA, which is often a
+    shared, read-only copy."""
+    return Path(data_dir).expanduser() if data_dir is not None else default_cache_dir()
+
+
+def fetch_source(
+    name: str,
+    source: Source,
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool = True,
+) -> Path:
+    """`<root>/<name>` holding every file of `source` (verified), found or downloaded into
+    `download_root(data_dir) / name`."""
+    found, places = find(name, source, data_dir)
+    if found is not None:
+        return found
+    holds = ", ".join(source.files)
+    if not download:
+        raise UserError(not_found(name, places, "downloads are off", holds))
+    target = download_root(data_dir) / name
+    try:
+        download_files(source, target)
+    except DownloadFailed as e:
+        raise UserError(not_found(name, places, f"download failed: {e}", holds)) from None
+    return target
 
 
 def fetch(name: str, data_dir: str | os.PathLike[str] | None = None, download: bool = True) -> Path:
@@ -226,17 +265,7 @@ def fetch(name: str, data_dir: str | os.PathLike[str] | None = None, download: b
 
     Never into $FASTTRAIN_DATA: it is often a shared, read-only copy.
     """
-    found, places = _find(name, data_dir)
-    if found is not None:
-        return found
-    if not download:
-        raise UserError(_not_found(name, places, "downloads are off"))
-    root = Path(data_dir).expanduser() if data_dir is not None else default_cache_dir()
-    try:
-        _download(REGISTRY[name], root / name)
-    except _DownloadFailed as e:
-        raise UserError(_not_found(name, places, f"download failed: {e}")) from None
-    return root / name
+    return fetch_source(name, _source(name), data_dir, download)
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,0 +1,99 @@
+"""Where a training step's micro-batches come from: the device-resident path or a DataLoader.
+
+Both paths visit the same samples in the same order — a permutation drawn from (seed, epoch)
+alone — so a run can be resumed at any step of any epoch, and the two paths are interchangeable.
+An epoch is `steps_per_epoch` optimizer steps of `accum_steps` micro-batches; the last partial
+batch is dropped so every step has the same shapes (what compile and CUDA graphs need).
+
+Images travel as uint8 (a quarter of float32's bytes, over PCIe too) and become [0, 1] floats on
+the device. A language sample i is the window tokens[i*T : i*T + T] and its targets shifted by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> torch.Tensor:
+    """The sample order of one epoch: a function of (seed, epoch) only, never of history."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g)
+
+
+class _Samples:
+    """Gathers whole micro-batches of samples by index, from tensors on any device."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor | None, block_size: int):
+        self.x, self.y, self.block = x, y, block_size
+        if y is None:  # language: windows of the token stream
+            self.n = (len(x) - 1) // block_size
+            self.offsets = torch.arange(block_size, device=x.device)
+        else:
+            self.n = len(y)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx: torch.Tensor) -> Batch:
+        if self.y is None:
+            pos = idx.to(self.x.device)[:, None] * self.block + self.offsets  # [B, T]
+            return self.x[pos], self.x[pos + 1]
+        idx = idx.to(self.x.device)
+        return self.x[idx], self.y[idx]
+
+
+class Batches:
+    """Micro-batches for optimizer steps [start_step, steps_per_epoch) of an epoch."""
+
+    def __init__(self, task, device: torch.device, batch_size: int, accum_steps: int,
+                 seed: int, on_device: bool, workers: int = 0, pin_memory: bool = False,
+                 channels_last: bool = False, block_size: int = 128):
+        self.device, self.seed = device, seed
+        self.micro, self.accum = batch_size // accum_steps, accum_steps
+        self.language = task.kind == "language"
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.on_device = on_device
+        src = (lambda t: None if t is None else t.to(device)) if on_device else (lambda t: t)
+        self.train = _Samples(src(task.train_x), src(task.train_y), block_size)
+        self.test = _Samples(src(task.test_x), src(task.test_y), block_size)
+        self.workers, self.pin = workers, pin_memory
+        self.steps_per_epoch = len(self.train) // batch_size
+        if self.steps_per_epoch == 0:
+            from fasttrain.errors import UserError
+
+            raise UserError(f"--batch-size {batch_size} is larger than the {len(self.train)} "
+                            f"training samples of this dataset; use a smaller batch")
+
+    def _prepare(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        if not self.language:  # uint8 pixels → [0, 1] floats, on the device
+            x = (x.float() / 255).contiguous(memory_format=self.memory_format)
+        return x, y
+
+    def micro_batches(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+        order = epoch_order(self.seed, epoch, len(self.train))
+        order = order[start_step * self.micro * self.accum:
+                      self.steps_per_epoch * self.micro * self.accum].view(-1, self.micro)
+        if self.on_device:
+            order = order.to(self.device)
+            for idx in order:  # a device-side gather: no host work, no copy
+                yield self._prepare(*self.train[idx])
+            return
+        # Host path: workers gather whole micro-batches (one indexing op each, not one Python
+        # call per sample) into pinned memory, overlapping with the device's work.
+        loader = DataLoader(self.train, batch_size=None, sampler=list(order),
+                            num_workers=self.workers, pin_memory=self.pin,
+                            persistent_workers=False)
+        for x, y in loader:
+            yield self._prepare(x, y)
+
+    def eval_batches(self, batch_size: int) -> Iterator[Batch]:
+        for start in range(0, len(self.test), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(self.test)))
+            yield self._prepare(*self.test[idx])

@@ -1,0 +1,124 @@
+"""Checkpoints that never lose a run: complete or absent, loaded without arbitrary unpickling.
+
+A checkpoint is one `torch.save`d dict of tensors and plain Python values (numbers, strings,
+lists, dicts), so `torch.load(weights_only=True)` reads it: a checkpoint file can never execute
+code. It is written to a temp file beside its final name, fsynced, then renamed (and the folder
+fsynced), so a process killed mid-write leaves at most a stray `.tmp` file that is never resumed
+from. Names carry the step (`step-00001200.pt`); the newest `keep` are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fasttrain.errors import UserError
+
+_NAME = re.compile(r"^step-(\d{8,})\.pt$")
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random state a training run draws from: torch CPU and CUDA, NumPy, Python."""
+    np_state = np.random.get_state()
+    py_version, py_internal, py_gauss = random.getstate()
+    return {
+        "torch_cpu": torch.get_rng_state(),
+        "torch_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": {"kind": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
+                  "cached_gaussian": float(np_state[4])},
+        "python": {"version": py_version, "internal": list(py_internal), "gauss": py_gauss},
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch_cpu"])
+    if state["torch_cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["torch_cuda"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached_gaussian"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))
+
+
+def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write `state` atomically as `directory/step-<step>.pt`; prune to the newest `keep`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"step-{step:08d}.pt"
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(directory)
+    for old in sorted(complete(directory))[:-keep]:
+        old[1].unlink(missing_ok=True)
+    return final
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable (POSIX: the directory entry lives in the folder)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def complete(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every finished checkpoint in `directory`, oldest first. Temp files of
+    interrupted writes start with '.' and never match."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    return sorted(found)
+
+
+def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint (tensors and plain values only); a bad file is a one-line UserError."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"checkpoint {p}: no such file; give an existing path or --resume auto")
+    try:
+        state = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated zip, garbage, or a pickle that is not plain data
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"checkpoint {p} is unreadable or not a fasttrain checkpoint ({first}); "
+                        f"delete it or resume from another") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UserError(f"checkpoint {p} is not a fasttrain checkpoint (format "
+                        f"{state.get('format') if isinstance(state, dict) else None!r}); "
+                        f"resume from a file written by fasttrain train")
+    return state
+
+
+def latest(directory: Path, map_location: str | torch.device = "cpu"):
+    """The newest checkpoint in `directory` that loads, as (path, state), or None. A complete
+    but unreadable file (a damaged disk, a copy cut short) is skipped with a warning."""
+    import sys
+
+    for _, path in reversed(complete(directory)):
+        try:
+            return path, load(path, map_location)
+        except UserError as e:
+            print(f"warning: skipping {e}", file=sys.stderr)
+    return None
+
+
+FORMAT = "fasttrain.checkpoint/1"

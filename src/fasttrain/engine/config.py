@@ -1,0 +1,240 @@
+"""The training configuration: one typed dataclass, every field documented with its unit.
+
+Flags map 1:1 to fields (`--accum-steps` ↔ `accum_steps`), a TOML file (`--config run.toml`)
+uses the field names as keys, and flags override the file. `validate()` rejects incompatible
+combinations at start, with a message that names the fix; the resolved config is saved with
+every run (`config.toml`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from fasttrain.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+DEVICES = ("auto", "cpu", "cuda", "mps", "xpu")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+ON_OFF_AUTO = ("auto", "on", "off")
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("constant", "cosine", "onecycle")
+CONV_MODELS = ("cnn", "resnet")
+
+
+def _f(default, help: str, choices: tuple | None = None, group: str = "training"):
+    return field(default=default, metadata={"help": help, "choices": choices, "group": group})
+
+
+@dataclass
+class TrainConfig:
+    # -- what to train ------------------------------------------------------------------------
+    model: str = _f("cnn", "model: logreg | mlp | cnn | resnet | gpt", group="model and data")
+    data: str = _f("mnist", "dataset: mnist | fashion-mnist | cifar10 | tinyshakespeare | "
+                   "synthetic | synthetic-cifar | synthetic-text", group="model and data")
+    data_dir: str | None = _f(None, "folder holding <dataset>/ (default: $FASTTRAIN_DATA, then "
+                              "~/.cache/fasttrain)", group="model and data")
+    block_size: int = _f(128, "tokens per training sequence (language models)",
+                         group="model and data")
+    # -- how long and how much ----------------------------------------------------------------
+    epochs: int = _f(1, "passes over the training set")
+    max_steps: int = _f(0, "stop after this many optimizer steps (0: no limit)")
+    batch_size: int = _f(64, "samples per optimizer step, across all accumulation micro-steps")
+    accum_steps: int = _f(1, "micro-batches per optimizer step (each batch_size/accum_steps "
+                          "samples; the loss is divided so the update equals the big batch)")
+    # -- optimization -------------------------------------------------------------------------
+    optimizer: str = _f("adamw", "optimizer", OPTIMIZERS, group="optimization")
+    lr: float = _f(1e-3, "peak learning rate", group="optimization")
+    momentum: float = _f(0.9, "SGD momentum (sgd only)", group="optimization")
+    weight_decay: float = _f(0.0, "decoupled weight decay (adamw) or L2 (sgd)",
+                             group="optimization")
+    schedule: str = _f("constant", "learning-rate schedule after warm-up", SCHEDULES,
+                       group="optimization")
+    warmup_steps: int = _f(0, "optimizer steps of linear warm-up from 0 to lr",
+                           group="optimization")
+    grad_clip: float = _f(0.0, "clip the global gradient norm to this (0: off); fp16 gradients "
+                          "are unscaled first", group="optimization")
+    fused_optimizer: bool = _f(False, "use the optimizer's fused kernel (one launch for all "
+                               "parameters)", group="optimization")
+    # -- speed switches -----------------------------------------------------------------------
+    device: str = _f("auto", "device (auto: cuda, then mps, then xpu, else cpu)", DEVICES,
+                     group="speed")
+    precision: str = _f("fp32", "fp32 | tf32 (CUDA matmuls in TF32) | fp16 (autocast + "
+                        "GradScaler) | bf16 (autocast)", PRECISIONS, group="speed")
+    compile: bool = _f(False, "torch.compile the model", group="speed")
+    cuda_graphs: bool = _f(False, "capture the whole step in a CUDA graph and replay it",
+                           group="speed")
+    data_on_device: str = _f("auto", "keep the dataset on the device (auto: when it fits in a "
+                             "quarter of free memory)", ON_OFF_AUTO, group="speed")
+    workers: int = _f(0, "DataLoader worker processes (host-side loading path)", group="speed")
+    pin_memory: bool = _f(False, "page-locked host batches for async copies (CUDA, DataLoader "
+                          "path)", group="speed")
+    activation_checkpointing: bool = _f(False, "recompute block activations in backward instead "
+                                        "of storing them", group="speed")
+    channels_last: bool = _f(False, "NHWC memory format for convolutional models", group="speed")
+    # -- reproducibility ----------------------------------------------------------------------
+    seed: int = _f(0, "seeds weights, data order and dropout", group="reproducibility")
+    deterministic: bool = _f(False, "deterministic algorithms only (slower on GPU)",
+                             group="reproducibility")
+    # -- output, checkpoints, faults ----------------------------------------------------------
+    out: str | None = _f(None, "run directory: config, metrics, plots, weights, checkpoints",
+                         group="output")
+    log_every: int = _f(50, "optimizer steps between loss reads (the only host syncs)",
+                        group="output")
+    checkpoint_every: int = _f(0, "optimizer steps between checkpoints (0: only at the end and "
+                               "on preemption)", group="output")
+    keep_checkpoints: int = _f(3, "checkpoints kept (the newest)", group="output")
+    resume: str | None = _f(None, "'auto' (newest complete checkpoint in OUT/checkpoints) or a "
+                            "checkpoint path", group="output")
+    progress: bool = _f(True, "progress bar (adds no host syncs)", group="output")
+
+    @property
+    def micro_batch(self) -> int:
+        return self.batch_size // self.accum_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self, kinds: dict[str, str] | None = None) -> TrainConfig:
+        """Reject bad values and incompatible switches. `kinds` maps model → "classification" |
+        "language" and is passed by the caller that knows the registry."""
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise UserError(f"--{_flag(f.name)} {getattr(self, f.name)!r}: choose one of "
+                                f"{', '.join(choices)}")
+        for name in ("epochs", "batch_size", "accum_steps", "log_every", "keep_checkpoints",
+                     "block_size"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{_flag(name)} must be ≥ 1, got {getattr(self, name)}")
+        for name in ("max_steps", "warmup_steps", "checkpoint_every", "workers"):
+            if getattr(self, name) < 0:
+                raise UserError(f"--{_flag(name)} must be ≥ 0, got {getattr(self, name)}")
+        for name in ("lr", "momentum", "weight_decay", "grad_clip"):
+            v = getattr(self, name)
+            if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0):
+                raise UserError(f"--{_flag(name)} must be a finite number "
+                                f"{'> 0' if name == 'lr' else '≥ 0'}, got {v}")
+        if self.batch_size % self.accum_steps:
+            raise UserError(f"--batch-size {self.batch_size} is not divisible by --accum-steps "
+                            f"{self.accum_steps}; choose a batch size that is a multiple of it")
+        language = self.data in ("tinyshakespeare", "synthetic-text")
+        if kinds and self.model in kinds and (kinds[self.model] == "language") != language:
+            fix = ("--data tinyshakespeare or synthetic-text" if kinds[self.model] == "language"
+                   else "--model gpt")
+            raise UserError(f"--model {self.model} cannot train on --data {self.data}: use {fix}")
+        if self.channels_last and self.model not in CONV_MODELS:
+            raise UserError(f"--channels-last only helps convolutions; --model {self.model} has "
+                            f"none: drop the flag or use --model cnn/resnet")
+        if self.workers and self.data_on_device == "on":
+            raise UserError("--workers feeds the DataLoader path, but --data-on-device on keeps "
+                            "the data on the device: use --data-on-device off, or drop --workers")
+        if self.cuda_graphs and self.data_on_device == "off":
+            raise UserError("--cuda-graphs needs the batches already on the device: use "
+                            "--data-on-device on (or auto)")
+        if self.cuda_graphs and self.precision == "fp16":
+            raise UserError("--cuda-graphs with fp16: GradScaler's skipped steps cannot be "
+                            "captured; use --precision bf16")
+        if self.resume and not self.out:
+            raise UserError("--resume needs --out DIR (the run directory holding checkpoints/)")
+        return self
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+# -- flags and TOML ----------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per field. Defaults are SUPPRESSed so that only flags actually given override
+    the TOML file."""
+    parser.add_argument("--config", metavar="TOML", help="read settings from a TOML file "
+                        "(keys = field names); flags given on the command line win")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in fields(TrainConfig):
+        group = f.metadata["group"]
+        g = groups.get(group) or groups.setdefault(group, parser.add_argument_group(group))
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS,
+                              "help": f"{f.metadata['help']} (default: {f.default})"}
+        if _type_of(f) is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        else:
+            kw["type"] = _type_of(f)
+            kw["metavar"] = f.name.upper() if not f.metadata.get("choices") else None
+            if f.metadata.get("choices"):
+                kw["choices"] = f.metadata["choices"]
+        g.add_argument(f"--{_flag(f.name)}", dest=f.name, **kw)
+
+
+def _type_of(f: dataclasses.Field) -> type:
+    """The value type of a field (annotations are strings under `from __future__`)."""
+    return {"int": int, "float": float, "bool": bool}.get(str(f.type), str)
+
+
+def from_args(args: argparse.Namespace) -> TrainConfig:
+    values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        values.update(load_toml(args.config))
+    names = {f.name for f in fields(TrainConfig)}
+    values.update({k: v for k, v in vars(args).items() if k in names})
+    return TrainConfig(**values)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise UserError(f"--config {p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--config {p}: cannot read it ({e}); check the path") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"--config {p}: not valid TOML ({e}); fix the file") from None
+    known = {f.name: f for f in fields(TrainConfig)}
+    values = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise UserError(f"--config {p}: unknown key {key!r}; known keys: "
+                            f"{', '.join(sorted(known))}")
+        want = _type_of(known[name])
+        if not _type_ok(value, want):
+            raise UserError(f"--config {p}: {key} = {value!r} should be a {want.__name__}")
+        values[name] = float(value) if want is float else value
+    return values
+
+
+def _type_ok(value: Any, want: type) -> bool:
+    if want is bool:
+        return isinstance(value, bool)
+    if want is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, want) and not isinstance(value, bool)
+
+
+def to_toml(cfg: TrainConfig) -> str:
+    """The resolved config as TOML (unset optional fields are written as comments)."""
+    lines = []
+    for f in fields(cfg):
+        v = getattr(cfg, f.name)
+        if v is None:
+            lines.append(f"# {f.name} = (not set)")
+        elif isinstance(v, bool):
+            lines.append(f"{f.name} = {'true' if v else 'false'}")
+        elif isinstance(v, int | float):
+            lines.append(f"{f.name} = {v!r}")
+        else:
+            escaped = str(v).replace("\\", "\\\\").replace('"', '\\"')
+            lines.append(f'{f.name} = "{escaped}"')
+    return "\n".join(lines) + "\n"

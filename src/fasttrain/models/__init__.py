@@ -1,0 +1,194 @@
+"""The engine's models — logreg, mlp, cnn, resnet, gpt — one small file each, and the registry.
+
+`build_model(name, in_shape=..., num_classes=..., **kwargs)` is the only constructor the engine
+calls. Classification models map float images [B, C, H, W] in [0, 1] to logits [B, num_classes];
+`gpt` maps int64 tokens [B, T] to logits [B, T, vocab] (`in_shape` = (block_size,),
+`num_classes` = vocabulary size). Size options (`hidden`, `channels`, `width`, `n_layer`, ...) are
+each model class's keyword-only constructor arguments; anything else is a UserError.
+
+Every model keeps the units worth checkpointing in `model.blocks` (an `nn.ModuleList`) and runs its
+forward through them, so `apply_activation_checkpointing` can swap them in place. Modules are
+imported on first use, as in the ladder's registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+
+from fasttrain.errors import UserError
+
+MODELS: tuple[str, ...] = ("logreg", "mlp", "cnn", "resnet", "gpt")
+MODEL_KINDS: dict[str, str] = {
+    "logreg": "classification",
+    "mlp": "classification",
+    "cnn": "classification",
+    "resnet": "classification",
+    "gpt": "language",
+}
+_CLASSES = {"logreg": "LogReg", "mlp": "MLP", "cnn": "CNN", "resnet": "ResNet", "gpt": "GPT"}
+_IMAGE_DATA = "--data mnist, fashion-mnist, cifar10 or synthetic"
+
+
+def model_class(name: str) -> type[nn.Module]:
+    """The class behind `name`; a UserError listing the valid names for any other."""
+    if name not in MODELS:
+        raise UserError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}")
+    return getattr(importlib.import_module(f"fasttrain.models.{name}"), _CLASSES[name])
+
+
+def model_options(name: str) -> dict[str, object]:
+    """The size options `name` accepts, with their defaults (its keyword-only arguments)."""
+    params = inspect.signature(model_class(name)).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+
+
+def build_model(
+    name: str, *, in_shape: tuple[int, ...], num_classes: int, **kwargs
+) -> nn.Module:
+    """A freshly initialized `name` for inputs of `in_shape` (no batch dim) and `num_classes`
+    outputs (the vocabulary size for gpt). Checks what a user can get wrong — the name, the
+    options, a dataset of the wrong kind — and raises a one-line UserError that names the fix."""
+    cls = model_class(name)
+    options = model_options(name)
+    unknown = sorted(set(kwargs) - set(options))
+    if unknown:
+        valid = ", ".join(options) or "none"
+        raise UserError(f"unknown option {', '.join(unknown)} for model {name}; valid: {valid}")
+    in_shape = tuple(in_shape)
+    if MODEL_KINDS[name] == "language":
+        if len(in_shape) != 1:
+            raise UserError(f"{name} trains on text and needs in_shape (block_size,), got "
+                            f"{in_shape}: use --data tinyshakespeare or synthetic-text")
+    elif len(in_shape) != 3:
+        raise UserError(f"{name} trains on images and needs in_shape (C, H, W), got {in_shape}: "
+                        f"use {_IMAGE_DATA}, or --model gpt for text")
+    for i, n in enumerate(in_shape):
+        positive_int(name, f"in_shape[{i}]", n)
+    positive_int(name, "num_classes", num_classes)
+    return cls(in_shape=in_shape, num_classes=num_classes, **kwargs)
+
+
+def positive_int(model: str, option: str, value: object) -> int:
+    """`value` if it is an int ≥ 1, else a UserError naming the model's option."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UserError(f"model {model}: {option} must be a positive integer, got {value!r}")
+    return value
+
+
+def positive_ints(model: str, option: str, value: object) -> tuple[int, ...]:
+    """A non-empty sequence of positive ints (e.g. per-stage channels), as a tuple."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or not value:
+        raise UserError(f"model {model}: {option} must be a non-empty list of positive integers, "
+                        f"got {value!r}")
+    return tuple(positive_int(model, option, v) for v in value)
+
+
+def probability(model: str, option: str, value: object) -> float:
+    """A float in [0, 1) (a dropout rate)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise UserError(f"model {model}: {option} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def param_count(model: nn.Module) -> int:
+    """Distinct parameters (a tied weight counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+# -- activation checkpointing ------------------------------------------------------------------
+
+_INNER = "inner"
+
+
+class Checkpointed(nn.Module):
+    """Runs `inner` under non-reentrant activation checkpointing: its forward keeps only the
+    inputs, and backward runs it again to rebuild the activations it needs.
+
+    The wrapped module is registered as `inner`, so parameter *names* gain a component
+    (`blocks.0.attn.qkv.weight` → `blocks.0.inner.attn.qkv.weight`), but state_dict *keys* do not:
+    a state-dict hook strips `inner.` on save and a load pre-hook adds it back, so a checkpoint
+    saved with or without checkpointing loads into a model built either way.
+    """
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.register_state_dict_post_hook(_strip_inner)
+        self.register_load_state_dict_pre_hook(_add_inner)
+
+    def forward(self, *args, **kwargs):
+        # Eager recomputation would run BatchNorm's running-statistics update a second time, so
+        # the recompute context puts the buffers back afterwards. Under torch.compile the
+        # recomputation is side-effect free already, and a custom context_fn is not allowed.
+        # (`checkpoint` is looked up at call time, not imported by name, so tests can count calls.)
+        if torch.compiler.is_compiling():
+            return torch.utils.checkpoint.checkpoint(self.inner, *args, use_reentrant=False,
+                                                     **kwargs)
+        return torch.utils.checkpoint.checkpoint(
+            self.inner, *args, use_reentrant=False, context_fn=self._contexts, **kwargs
+        )
+
+    def _contexts(self):
+        return contextlib.nullcontext(), _buffers_restored(self.inner)
+
+
+@contextlib.contextmanager
+def _buffers_restored(module: nn.Module):
+    """Entered for the recomputation in backward: buffers end as they were before it."""
+    saved = [(b, b.clone()) for b in module.buffers()]
+    try:
+        yield
+    finally:  # checkpoint ends the recomputation early by raising once it has what it needs
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
+def _strip_inner(module: nn.Module, state_dict, prefix: str, local_metadata) -> None:
+    # Runs right after the wrapper's subtree was written, so its keys are the last ones: popping
+    # and re-inserting them keeps the order of an unwrapped model's state_dict.
+    ours = prefix + _INNER + "."
+    for key in [k for k in state_dict if k.startswith(ours)]:
+        state_dict[prefix + key[len(ours):]] = state_dict.pop(key)
+    metadata = getattr(state_dict, "_metadata", None)
+    if metadata is not None:  # module versions, keyed by module path without the dot
+        for key in [k for k in metadata if k == ours[:-1] or k.startswith(ours)]:
+            metadata[(prefix + key[len(ours):]).rstrip(".")] = metadata.pop(key)
+
+
+def _add_inner(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+    # Keys already under `inner.` come from an older, prefix-keeping save; leave them as they are.
+    ours = prefix + _INNER + "."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(ours)]:
+        state_dict[ours + key[len(prefix):]] = state_dict.pop(key)
+
+
+def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
+    """Wrap every module of `model.blocks` in `Checkpointed`, in place, and return `model`.
+
+    Activations inside a block are then recomputed in backward instead of stored: peak memory
+    falls to roughly the blocks' inputs plus one block's internals, for about one extra forward.
+    Gradients are unchanged (dropout replays its masks: checkpoint restores the RNG state).
+    Wrapping twice is a no-op. Apply it before torch.compile and before FSDP/DDP wrapping.
+
+    BatchNorm's running statistics also match: the recomputation leaves buffers as it found them.
+    """
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        raise TypeError(f"{type(model).__name__} has no `blocks` ModuleList to checkpoint")
+    for i, block in enumerate(blocks):
+        if not isinstance(block, Checkpointed):
+            blocks[i] = Checkpointed(block)
+    return model
+
+
+__all__ = ["MODELS", "MODEL_KINDS", "build_model", "apply_activation_checkpointing",
+           "Checkpointed", "model_class", "model_options", "param_count"]

@@ -1,0 +1,117 @@
+"""`gpt`: a small character-level GPT — a decoder-only transformer in the GPT-2 layout.
+
+tokens int64 [B, T] → token embedding + learned position embedding → `n_layer` pre-LayerNorm
+blocks (x + attn(ln1(x)), then x + mlp(ln2(x))) → final LayerNorm → logits [B, T, vocab], where
+the output head reuses the token embedding matrix (weight tying: one [vocab, n_embd] tensor, one
+state_dict key). Attention is causal multi-head self-attention through
+`F.scaled_dot_product_attention(..., is_causal=True)`, which picks a fused (flash /
+memory-efficient) kernel where the device has one; the MLP is n_embd → 4·n_embd → GELU → n_embd.
+
+`in_shape` = (block_size,) sizes the position table, `num_classes` is the vocabulary size.
+T may be anything up to block_size; longer inputs fail in the position lookup (an IndexError —
+not checked here, since that would be a check per step). Options: `n_layer`, `n_head`, `n_embd`
+(divisible by n_head) and `dropout` (on embeddings, attention weights and residual writes).
+
+Size with the defaults (4 layers, 4 heads, 128 wide) and a 65-character vocabulary:
+801,664 + 128·block_size parameters (818,048 at block_size 128; the position table is the only
+part that grows with it); forward ≈ 2·N + 4·n_layer·n_embd·T ≈ 1.9 MFLOP per token at T = 128
+(1.6 M of it the weights, 0.26 M attention scores and mixing), i.e. ≈ 0.24 GFLOP per sequence.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from fasttrain.errors import UserError
+from fasttrain.models import positive_int, probability
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float):
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.qkv = nn.Linear(n_embd, 3 * n_embd)  # the three projections as one GEMM
+        self.proj = nn.Linear(n_embd, n_embd)
+        self.resid_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        # [B, T, 3C] -> 3 × [B, n_head, T, C/n_head]
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
+        )
+        y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again
+        return self.resid_drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, n_embd: int, dropout: float):
+        super().__init__()
+        self.fc = nn.Linear(n_embd, 4 * n_embd)
+        self.proj = nn.Linear(4 * n_embd, n_embd)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, dropout: float):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(n_embd)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout)
+        self.ln2 = nn.LayerNorm(n_embd)
+        self.mlp = MLP(n_embd, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int, *, n_layer: int = 4,
+                 n_head: int = 4, n_embd: int = 128, dropout: float = 0.0):
+        super().__init__()
+        n_layer = positive_int("gpt", "n_layer", n_layer)
+        n_head = positive_int("gpt", "n_head", n_head)
+        n_embd = positive_int("gpt", "n_embd", n_embd)
+        dropout = probability("gpt", "dropout", dropout)
+        if n_embd % n_head:
+            raise UserError(f"gpt: n_embd {n_embd} is not divisible by n_head {n_head}; choose "
+                            f"an n_embd that is a multiple of n_head")
+        (self.block_size,) = in_shape
+        self.wte = nn.Embedding(num_classes, n_embd)
+        self.wpe = nn.Embedding(self.block_size, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self._init_weights(n_layer)
+
+    def _init_weights(self, n_layer: int) -> None:
+        # GPT-2: N(0, 0.02) for every matrix and embedding, zero biases, LayerNorm at (1, 0); the
+        # two projections per block that write into the residual stream get 0.02/sqrt(2·n_layer),
+        # so the stream's variance stays O(1) however many blocks add to it.
+        residual_std = 0.02 / math.sqrt(2 * n_layer)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.proj.weight, std=residual_std)
+            nn.init.normal_(block.mlp.proj.weight, std=residual_std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.shape[1]  # must be ≤ block_size (see the module docstring)
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # [B, T, C]
+        for block in self.blocks:
+            x = block(x)
+        # Tied head: logits against the token embeddings, [B, T, C] @ [C, vocab].
+        return F.linear(self.ln_f(x), self.wte.weight)  # [B, T, vocab]

@@ -1,0 +1,149 @@
+"""The engine on the CPU: equivalences between switches, memorization, outputs, syncs, faults."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from fasttrain.engine import Diverged, TrainConfig, Trainer
+from fasttrain.errors import UserError
+from fasttrain.models import MODELS
+from tests.engine.conftest import fit, image_task, text_task, weights
+
+
+def assert_same_weights(a, b, atol):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=k)
+
+
+def test_accumulating_4x32_equals_one_batch_of_128():
+    common = dict(model="mlp", optimizer="sgd", momentum=0.0, lr=0.1, max_steps=4, seed=3)
+    big = fit(batch_size=128, accum_steps=1, **common)
+    accum = fit(batch_size=128, accum_steps=4, **common)
+    assert_same_weights(weights(big), weights(accum), atol=1e-6)
+    one_step = weights(fit(batch_size=128, **{**common, "max_steps": 1}))
+    assert any(not torch.equal(one_step[k], v) for k, v in weights(big).items()), \
+        "4 steps must differ from 1: the comparison above would be vacuous"
+
+
+@pytest.mark.parametrize("model", ["cnn", "gpt"])
+def test_activation_checkpointing_gives_the_same_training(model):
+    task = text_task() if model == "gpt" else image_task()
+    common = dict(model=model, batch_size=32, max_steps=3, seed=1)
+    plain = fit(task, **common)
+    ckpt = fit(task, activation_checkpointing=True, **common)
+    assert_same_weights(weights(plain), weights(ckpt), atol=1e-6)
+
+
+def test_bf16_is_close_to_fp32():
+    common = dict(model="cnn", batch_size=64, epochs=2, seed=2, lr=3e-3)
+    fp32, bf16 = fit(**common), fit(precision="bf16", **common)
+    l32 = [r for r in fp32.history if r["kind"] == "eval"][-1]["test_loss"]
+    l16 = [r for r in bf16.history if r["kind"] == "eval"][-1]["test_loss"]
+    assert abs(l32 - l16) < 0.1 * l32 + 0.02, (l32, l16)
+
+
+def test_compiled_step_equals_eager():
+    common = dict(model="mlp", batch_size=64, max_steps=3, seed=4)
+    eager, compiled = fit(**common), fit(compile=True, **common)
+    assert_same_weights(weights(eager), weights(compiled), atol=1e-5)
+
+
+def test_fp16_uses_a_grad_scaler_and_reports_it():
+    t = fit(model="mlp", batch_size=64, max_steps=4, log_every=2, precision="fp16")
+    logs = [r for r in t.history if r["kind"] == "train"]
+    assert logs and all("loss_scale" in r and r["skipped_steps"] >= 0 for r in logs)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_memorizes_a_batch(model):
+    """One batch, seen over and over (an epoch is one step): the loss must go to ~0."""
+    if model == "gpt":
+        task, batch = text_task(n_train_tokens=8 * 16 + 1), 8
+    else:
+        shape = (3, 32, 32) if model == "resnet" else (1, 28, 28)
+        task, batch = image_task(n_train=32, shape=shape), 32
+    t = fit(task, model=model, batch_size=batch, lr=3e-3, epochs=150, log_every=10)
+    last = [r for r in t.history if r["kind"] == "train"][-1]  # mean of the last 10 steps
+    assert last["loss"] < 0.05, f"{model} did not memorize: loss {last['loss']:.4f}"
+
+
+def test_language_metrics_are_perplexity_and_tokens_per_second():
+    t = fit(text_task(), batch_size=16, epochs=1, log_every=5)
+    train = [r for r in t.history if r["kind"] == "train"]
+    evals = [r for r in t.history if r["kind"] == "eval"]
+    assert train[0]["tokens_per_s"] == pytest.approx(train[0]["samples_per_s"] * 16)
+    assert evals[-1]["test_perplexity"] == pytest.approx(math.exp(evals[-1]["test_loss"]))
+
+
+def test_run_directory_holds_config_metrics_plot_and_weights(tmp_path):
+    from safetensors.torch import load_file
+
+    t = fit(model="mlp", batch_size=64, epochs=2, log_every=2, out=str(tmp_path / "run"))
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    kinds = {r["kind"] for r in records}
+    assert kinds == {"train", "eval"}
+    train = [r for r in records if r["kind"] == "train"]
+    assert {"loss", "lr", "samples_per_s", "step_ms", "peak_rss_gb"} <= train[0].keys()
+    assert (run / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    saved = load_file(run / "weights.safetensors")
+    assert_same_weights(saved, {k: v for k, v in weights(t).items()}, atol=0)
+    assert 'model = "mlp"' in (run / "config.toml").read_text()
+
+
+def test_no_host_sync_between_logs(monkeypatch):
+    """The loss is read once per log, the eval once per epoch: count every .item() that
+    fasttrain's code makes (torch's own reads of CPU-side counters are not device syncs)."""
+    import sys
+
+    reads = []
+    original = torch.Tensor.item
+
+    def counting_item(self):
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("fasttrain"):
+            reads.append(sys._getframe(1).f_code.co_name)
+        return original(self)
+
+    monkeypatch.setattr(torch.Tensor, "item", counting_item)
+    t = Trainer(TrainConfig(model="mlp", batch_size=16, max_steps=12, log_every=4,
+                            progress=False, device="cpu"), task=image_task())
+    reads.clear()
+    t.fit()
+    # 3 logs + 1 end-of-run evaluation (loss and accuracy: 2 reads)
+    assert reads == ["_log"] * 3 + ["_evaluate"] * 2, reads
+
+
+def test_non_finite_loss_stops_the_run(tmp_path):
+    with pytest.raises(Diverged):
+        fit(model="mlp", optimizer="sgd", lr=1e30, momentum=0.0, batch_size=64, max_steps=20,
+            log_every=5, checkpoint_every=5, out=str(tmp_path))
+
+
+def test_resume_refuses_a_different_run(tmp_path):
+    fit(model="mlp", batch_size=64, max_steps=4, checkpoint_every=2, out=str(tmp_path))
+    with pytest.raises(UserError, match="batch_size"):
+        fit(model="mlp", batch_size=32, max_steps=4, out=str(tmp_path), resume="auto")
+
+
+def test_corrupt_checkpoint_is_a_user_error(tmp_path):
+    bad = tmp_path / "step-00000005.pt"
+    bad.write_bytes(b"PK\x03\x04 this is not a checkpoint")
+    with pytest.raises(UserError, match="unreadable"):
+        fit(model="mlp", batch_size=64, max_steps=4, out=str(tmp_path), resume=str(bad))
+
+
+def test_checkpoint_files_never_unpickle_code(tmp_path):
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    bad = tmp_path / "evil.pt"
+    torch.save({"format": "fasttrain.checkpoint/1", "x": Evil()}, bad, pickle_protocol=2)
+    with pytest.raises(UserError):
+        fit(model="mlp", batch_size=64, max_steps=4, out=str(tmp_path), resume=str(bad))
+    del pickle
