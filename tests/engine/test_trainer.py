@@ -147,3 +147,44 @@ def test_checkpoint_files_never_unpickle_code(tmp_path):
     with pytest.raises(UserError):
         fit(model="mlp", batch_size=64, max_steps=4, out=str(tmp_path), resume=str(bad))
     del pickle
+
+
+def test_dataloader_path_with_workers_equals_the_device_path():
+    common = dict(model="mlp", batch_size=32, max_steps=6, seed=7)
+    on_device = fit(data_on_device="on", **common)
+    loader = fit(data_on_device="off", workers=2, **common)
+    assert_same_weights(weights(on_device), weights(loader), atol=0)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_fused_optimizer_equals_the_default_one(optimizer):
+    common = dict(model="mlp", batch_size=32, max_steps=5, seed=8, optimizer=optimizer)
+    assert_same_weights(weights(fit(**common)), weights(fit(fused_optimizer=True, **common)),
+                        atol=1e-6)
+
+
+def test_schedules_warm_up_then_decay():
+    t = Trainer(TrainConfig(model="logreg", data="synthetic", batch_size=32, epochs=20,
+                            max_steps=100,
+                            warmup_steps=10, schedule="cosine", progress=False, device="cpu"),
+                task=image_task())
+    f = [t._lr_factor(s) for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[10:], f[11:], strict=False)) and f[-1] < 0.01
+    t.cfg.schedule, t.cfg.warmup_steps = "onecycle", 0
+    g = [t._lr_factor(s) for s in range(100)]
+    assert max(g) == pytest.approx(1.0) and g.index(max(g)) == 29 and g[-1] < 0.01
+
+
+def test_out_of_memory_names_the_switches_that_would_fit(monkeypatch, capsys):
+    t = Trainer(TrainConfig(model="mlp", batch_size=64, max_steps=3, progress=False,
+                            device="cpu"), task=image_task())
+
+    def oom(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(t, "_train_step", oom)
+    with pytest.raises(UserError) as e:
+        t.fit()
+    assert "--accum-steps 2" in str(e.value) and "--activation-checkpointing" in str(e.value)
+    assert "weights" in capsys.readouterr().err
