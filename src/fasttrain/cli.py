@@ -22,9 +22,16 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message} (see '{self.prog} --help')")
 
 
+# (module, command): each module defines `<command>_parser(subparsers)` and `<command>(args)`.
+COMMANDS = (
+    ("fasttrain.bench", "bench"),
+    ("fasttrain.train", "train"),
+    ("fasttrain.env", "env"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    # Imported here so that `fasttrain --help` does not pay for importing torch twice over.
-    from fasttrain import bench, env, train
+    import importlib
 
     parser = _Parser(
         prog="fasttrain",
@@ -34,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fasttrain {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>", parser_class=_Parser)
     sub.required = True
-    for module, name in ((bench, "bench"), (train, "train"), (env, "env")):
-        getattr(module, f"{name}_parser")(sub)
+    for module, name in COMMANDS:
+        getattr(importlib.import_module(module), f"{name}_parser")(sub)
     return parser
 
 
