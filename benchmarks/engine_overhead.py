@@ -57,7 +57,7 @@ def engine(task, steps: int):
     cfg = TrainConfig(model="cnn", data="mnist", batch_size=BATCH, lr=LR, seed=SEED,
                       device="cpu", max_steps=10**9, log_every=10**9, progress=False)
     trainer = Trainer(cfg, task=task)
-    micro = trainer._steps(0)
+    micro = trainer.step_batches(0)
     bar = progress_bar(False, 0, 0)
 
     def run(n: int, offset: int) -> float:

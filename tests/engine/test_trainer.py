@@ -183,7 +183,7 @@ def test_out_of_memory_names_the_switches_that_would_fit(monkeypatch, capsys):
     def oom(*args):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(t, "_train_step", oom)
+    monkeypatch.setattr(t, "train_step", oom)
     with pytest.raises(UserError) as e:
         t.fit()
     assert "--accum-steps 2" in str(e.value) and "--activation-checkpointing" in str(e.value)

@@ -228,7 +228,7 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def _train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         for x, y in micro_batches:
             with self.autocast:
                 loss = self.loss_fn(self.forward(x), y) / self.cfg.accum_steps
@@ -243,7 +243,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         self.sched.step()
 
-    def _steps(self, epoch: int) -> Iterator[list]:
+    def step_batches(self, epoch: int) -> Iterator[list]:
         group: list = []
         for batch in self.batches.micro_batches(epoch, self.step_in_epoch):
             group.append(batch)
@@ -259,7 +259,7 @@ class Trainer:
         try:
             with progress as bar, self._signals():
                 while self.epoch < cfg.epochs and self.step < self.total_steps:
-                    for micro_batches in self._steps(self.epoch):
+                    for micro_batches in self.step_batches(self.epoch):
                         self.advance(micro_batches, bar)
                         if self.step >= self.total_steps:
                             break
@@ -285,7 +285,7 @@ class Trainer:
     def advance(self, micro_batches: list, bar: _Bar) -> None:
         """One optimizer step and its bookkeeping: logs, checkpoints, preemption."""
         cfg = self.cfg
-        self._train_step(micro_batches)
+        self.train_step(micro_batches)
         self.step += 1
         self.step_in_epoch += 1
         bar.advance()
