@@ -27,6 +27,10 @@ COMMANDS = (
     ("fasttrain.bench", "bench"),
     ("fasttrain.train", "train"),
     ("fasttrain.env", "env"),
+    ("fasttrain.lab.doctor", "doctor"),
+    ("fasttrain.lab.profile", "profile"),
+    ("fasttrain.lab.memory", "memory"),
+    ("fasttrain.lab.experiments", "experiment"),
 )
 
 

@@ -150,3 +150,93 @@ def bench_plot(result: dict, path: str | os.PathLike) -> None:
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
     write_atomic(path, buf.getvalue())
+
+
+# -- shared by the lab's commands (memory, experiment) -------------------------------------------
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Bytes in binary units, three significant digits: '512 B', '1.50 MiB', '7.81 GiB'."""
+    if n is None or not math.isfinite(n):
+        return "-"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            v = n / size
+            return f"{v:.{2 if v < 10 else 1 if v < 100 else 0}f} {unit}"
+    return f"{int(n)} B"
+
+
+def wide_console():
+    """A console for result tables: piped or redirected output keeps every column whole rather
+    than wrapping at 80 characters."""
+    from rich.console import Console
+
+    out = Console()
+    return out if out.is_terminal else Console(width=160)
+
+
+def rows_table(title: str, columns: list[tuple[str, object]], rows: list[dict],
+               caption: str | None = None, label_columns: int = 1) -> Table:
+    """A table of result rows. `columns` are (header, row → text); the first `label_columns` name
+    the row. A row whose "status" is not "ok" shows its status with a numbered note, and the
+    reasons follow under the table (long reasons would wrap inside a numeric column)."""
+    table = Table(title=title)
+    for i, (header, _) in enumerate(columns):
+        table.add_column(header, justify="left" if i < label_columns else "right")
+    notes: list[str] = []
+    for r in rows:
+        labels = [str(cell(r)) for _, cell in columns[:label_columns]]
+        if r.get("status", "ok") != "ok":
+            notes.append(f"[{len(notes) + 1}] {r['status']}: {r.get('reason') or 'no reason'}")
+            rest = [f"{r['status']} [{len(notes)}]"] + [""] * (len(columns) - label_columns - 1)
+            table.add_row(*labels, *rest, style="dim")
+        else:
+            table.add_row(*labels, *(str(cell(r)) for _, cell in columns[label_columns:]))
+    table.caption = "\n".join(([caption] if caption else []) + notes) or None
+    table.caption_justify = "left"
+    return table
+
+
+def panels_plot(path: str | os.PathLike, title: str, panels: list[dict]) -> None:
+    """Side-by-side panels, one figure, written atomically as PNG. A panel is a dict: "title",
+    "kind" ("bar": categories `x` with heights `y`; "line": numbers `x` against `y`, several
+    series as `series` = {label: y}), "xlabel", "ylabel", optional "logx"/"logy"."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never needs a display
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4.6 * max(1, len(panels)), 3.8),
+                             squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=False):
+        series = panel.get("series") or {"": panel.get("y", [])}
+        if panel.get("kind", "bar") == "bar":
+            xs = [str(x) for x in panel["x"]]
+            width = 0.8 / len(series)
+            for i, (label, ys) in enumerate(series.items()):
+                pos = [j + (i - (len(series) - 1) / 2) * width for j in range(len(xs))]
+                ax.bar(pos, [y or 0 for y in ys], width=width, label=label or None)
+            ax.set_xticks(range(len(xs)), xs, rotation=20 if len(xs) > 3 else 0, fontsize=8)
+        else:
+            for label, ys in series.items():
+                pts = [(x, y) for x, y in zip(panel["x"], ys, strict=True) if y is not None]
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label or None)
+        if panel.get("logx"):  # batch sizes: powers of two, labelled as numbers
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(list(panel["x"]), [str(x) for x in panel["x"]])
+            ax.minorticks_off()
+        if panel.get("logy"):
+            ax.set_yscale("log")
+        ax.set_title(panel.get("title", ""), fontsize=9)
+        ax.set_xlabel(panel.get("xlabel", ""))
+        ax.set_ylabel(panel.get("ylabel", ""))
+        if len(series) > 1 or next(iter(series)):
+            ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    from io import BytesIO
+
+    buf = BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())

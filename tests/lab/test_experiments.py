@@ -1,0 +1,172 @@
+"""`fasttrain experiment precision|memory|e2e` on the CPU: every experiment end to end with tiny
+steps, the rows a CPU cannot run listed with their reason, JSON and PNG written, bad input."""
+
+import json
+
+import pytest
+import torch
+
+from fasttrain.cli import main
+from fasttrain.engine import TrainConfig
+from fasttrain.errors import UserError
+from fasttrain.lab import experiments as ex
+from fasttrain.lab import memory as mem
+from tests.conftest import requires_mnist
+from tests.engine.conftest import image_task
+
+TINY = ex.Options(steps=2, warmup=1, batches=(16, 32, 512), accum=4)
+
+
+def config(**kw) -> TrainConfig:
+    kw.setdefault("device", "cpu")
+    kw.setdefault("data", "synthetic")
+    kw.setdefault("batch_size", 32)
+    return TrainConfig(progress=False, **kw)
+
+
+def test_precision_rows_on_the_cpu():
+    rows = {r["precision"]: r for r in ex.run("precision", config(model="mlp"), image_task(),
+                                              TINY)}
+    assert list(rows) == ["fp32", "tf32", "fp16", "bf16"]
+    assert rows["tf32"]["status"] == "unavailable" and "TF32" in rows["tf32"]["reason"]
+    for p in ("fp32", "fp16", "bf16"):
+        r = rows[p]
+        assert r["status"] == "ok", r
+        assert r["ms_per_step"] > 0 and r["peak_bytes"] > 0 and r["peak_by"] == "hook count"
+        assert 0 <= r["test_accuracy"] <= 1 and r["final_loss"] > 0
+    assert rows["fp16"]["loss_scale"] > 0 and rows["fp16"]["skipped_steps"] >= 0
+    assert "slow" in rows["fp16"]["note"]  # honest: fp16 on a CPU is emulated
+    assert rows["fp32"]["loss_scale"] is None
+
+
+def test_memory_experiment_sweep_accumulation_and_checkpointing():
+    opts = ex.Options(steps=1, warmup=1, batches=(8, 16, 512), accum=4)
+    rows = ex.run("memory", config(model="cnn", batch_size=16), image_task(), opts)
+    sweep = [r for r in rows if r["part"] == "sweep"]
+    assert [r["status"] for r in sweep] == ["ok", "ok", "skipped"]  # 512 > 256 samples
+    assert sweep[1]["peak_bytes"] > sweep[0]["peak_bytes"]
+    big, small = (r for r in rows if r["part"] == "accumulation")
+    assert (big["label"], small["label"]) == ("16 × 1", "4 × 4")
+    # Same update up to fp32 rounding (AdamW normalizes it: near-zero gradients amplify noise).
+    assert big["max_abs_dweight"] == 0 and small["max_abs_dweight"] < 1e-4
+    assert small["peak_bytes"] < big["peak_bytes"]  # a quarter of the activations
+    off, on = (r for r in rows if r["part"] == "checkpointing")
+    assert on["memory_saved"] > 0.2 and on["peak_bytes"] < off["peak_bytes"]
+    assert "time_lost" in on
+
+
+def test_memory_sweep_stops_at_the_limit():
+    opts = ex.Options(steps=1, warmup=1, batches=(16, 32, 64), accum=2, memory_limit=1)
+    sweep = [r for r in ex.run("memory", config(model="logreg"), image_task(), opts)
+             if r["part"] == "sweep"]
+    assert [r["status"] for r in sweep] == ["over limit"]  # then stopped: larger fit even less
+
+
+def test_e2e_runs_the_cpu_row_and_lists_gpu_rows():
+    rows = {r["row"]: r for r in ex.run("e2e", config(model="cnn", batch_size=16),
+                                        image_task(), TINY)}
+    assert list(rows) == ["cpu-fp32", "cuda-fp32", "cuda-fp16", "cuda-bf16"]
+    cpu = rows["cpu-fp32"]
+    assert cpu["status"] == "ok" and cpu["speedup_vs_cpu"] == 1.0
+    assert cpu["s_per_epoch"] == pytest.approx(cpu["ms_per_step"] * 16 / 1e3)  # 256/16 steps
+    assert cpu["seed_expected"] == {"s_per_epoch": 120.0}
+    if not torch.cuda.is_available():
+        for key in ("cuda-fp32", "cuda-fp16", "cuda-bf16"):
+            assert rows[key]["status"] == "unavailable"
+            assert "no CUDA GPU" in rows[key]["reason"]
+
+
+def test_a_failing_row_does_not_stop_the_others(monkeypatch):
+    real = ex.measure_run
+
+    def flaky(cfg, *a, **kw):
+        if cfg.precision == "bf16":
+            raise torch.OutOfMemoryError("simulated")
+        return real(cfg, *a, **kw)
+
+    monkeypatch.setattr(ex, "measure_run", flaky)
+    rows = {r["precision"]: r for r in ex.run("precision", config(model="logreg"),
+                                              image_task(), TINY)}
+    assert rows["bf16"]["status"] == "failed" and rows["bf16"]["reason"] == "out of memory"
+    assert rows["fp32"]["status"] == "ok"
+
+
+def test_default_data_falls_back_to_the_labelled_stand_in(monkeypatch):
+    from fasttrain.data import tasks
+    from fasttrain.engine.config import add_arguments
+
+    real = tasks.load_task
+
+    def no_mnist(name, *a, download=True, **kw):
+        if name == "mnist":
+            assert download is False  # the lab never downloads behind the user's back
+            raise UserError("mnist not found")
+        return real(name, *a, download=download, **kw)
+
+    monkeypatch.setattr(tasks, "load_task", no_mnist)
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg, task = mem.lab_config(p.parse_args(["--model", "logreg"]), "experiment")
+    assert cfg.data == "synthetic" and task.synthetic
+
+
+@requires_mnist
+def test_default_data_is_mnist_when_present():
+    import argparse
+
+    from fasttrain.engine.config import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg, task = mem.lab_config(p.parse_args(["--model", "cnn"]), "experiment")
+    assert cfg.data == "mnist" and not task.synthetic
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+BASE = ("--model", "logreg", "--data", "synthetic", "--device", "cpu", "--steps", "2",
+        "--timing-warmup", "1", "--batches", "16,32")
+
+
+@pytest.mark.parametrize("name", ex.EXPERIMENTS)
+def test_each_experiment_writes_json_and_png(capsys, tmp_path, name):
+    js, png = tmp_path / f"{name}.json", tmp_path / f"{name}.png"
+    code, out, err = run(capsys, "experiment", name, *BASE, "--json", str(js),
+                         "--plot", str(png))
+    assert code == 0, err
+    result = json.loads(js.read_text())
+    assert result["schema"] == "fasttrain.experiment/1" and result["experiment"] == name
+    assert {"cpu", "torch", "git_commit"} <= result["env"].keys()
+    assert result["config"]["model"] == "logreg" and result["config"]["synthetic"] is True
+    assert result["options"]["steps"] == 2
+    assert any(r["status"] == "ok" for r in result["rows"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "SYNTHETIC" in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["nonsense"], ["invalid choice", "nonsense"]),
+    (["precision", "--steps", "0"], ["--steps"]),
+    (["precision", "--json", "/nonexistent-dir/r.json"], ["--json", "does not exist"]),
+    (["e2e", "--plot", "/nonexistent-dir/r.png"], ["--plot"]),
+    (["memory", "--batches", "a,b"], ["--batches"]),
+    (["memory", "--batch-size", "64", "--accum", "3"], ["--accum"]),
+    (["precision", "--out", "somewhere"], ["--out"]),
+])
+def test_bad_input_is_a_one_line_error(capsys, argv, words):
+    code, _, err = run(capsys, "experiment", *argv[:1], "--model", "logreg", "--data",
+                       "synthetic", "--device", "cpu", *argv[1:])
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for w in words:
+        assert w in lines[0], (w, lines[0])

@@ -1,0 +1,215 @@
+"""`fasttrain memory`: exact parts, saved tensors counted by hand, the batch-size search, bad input.
+
+CPU only and small: the CUDA measurement (max_memory_allocated, workspaces, rounding) is left to
+GPU machines; here the "measured" peak is the hook-based count.
+"""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from fasttrain.cli import main
+from fasttrain.engine import TrainConfig, Trainer
+from fasttrain.lab import memory as mem
+from tests.engine.conftest import image_task, text_task
+
+
+def config(**kw) -> TrainConfig:
+    kw.setdefault("device", "cpu")
+    kw.setdefault("data", "synthetic")
+    kw.setdefault("batch_size", 16)
+    return TrainConfig(progress=False, **kw)
+
+
+def measure(task=None, **kw) -> mem.Breakdown:
+    return mem.measure(Trainer(config(**kw), task=task or image_task()))
+
+
+def n_params(model: str) -> int:
+    return sum(p.numel() for p in Trainer(config(model=model), task=image_task()).model
+               .parameters())
+
+
+@pytest.mark.parametrize("model", ["logreg", "mlp"])
+@pytest.mark.parametrize("optimizer, momentum, state_per_param", [
+    ("adamw", 0.9, 2), ("sgd", 0.9, 1), ("sgd", 0.0, 0),
+])
+def test_parts_equal_hand_computed_bytes(model, optimizer, momentum, state_per_param):
+    P = n_params(model)
+    b = measure(model=model, optimizer=optimizer, momentum=momentum)
+    assert b.params == P
+    assert b.weights == 4 * P  # fp32, no buffers in these models
+    assert b.gradients == 4 * P
+    assert b.optimizer == 4 * P * state_per_param  # AdamW: exp_avg + exp_avg_sq
+    assert b.data == b.workspace == 0  # the CPU: host memory, no allocator workspaces
+    assert b.measured_peak == (b.weights + b.gradients + b.optimizer + b.activations
+                               + b.weight_copies + b.inputs)
+
+
+def test_saved_tensors_of_a_tiny_mlp_by_hand():
+    # mlp 784→256→256→10. Saved for backward, parameters aside: the flattened input (addmm's
+    # mat1), each ReLU's output (also the next Linear's input: one storage), log_softmax's output,
+    # the int64 targets and nll_loss's 0-dim total weight.
+    B = 16
+    b = measure(model="mlp", batch_size=B)
+    assert b.activations == B * (784 + 256 + 256 + 10) * 4 + B * 8 + 4
+    assert b.weight_copies == 0 and b.inputs == 0  # both inputs were saved, so counted once
+
+
+def test_count_leaves_the_trainer_as_it_was():
+    trainer = Trainer(config(model="resnet"), task=image_task())  # BatchNorm buffers
+    batches = mem.endless_batches(trainer)
+    trainer.train_step(next(batches))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    rng = torch.get_rng_state()
+    mem.count_saved(trainer, next(batches)[0])
+    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    assert all(p.grad is None for p in trainer.model.parameters())
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+@pytest.mark.parametrize("model", ["cnn", "gpt"])
+def test_activation_checkpointing_saves_fewer_activations(model):
+    task = text_task() if model == "gpt" else image_task()
+    kw = dict(model=model, block_size=16, data="synthetic-text") if model == "gpt" else {}
+    plain = measure(task, **{"model": model, **kw})
+    ckpt = measure(task, **{"model": model, **kw}, activation_checkpointing=True)
+    assert ckpt.activations < 0.6 * plain.activations
+    assert ckpt.gradients == plain.gradients and ckpt.weights == plain.weights
+
+
+def test_bf16_saves_half_precision_activations():
+    fp32 = measure(model="cnn", batch_size=32)
+    bf16 = measure(model="cnn", batch_size=32, precision="bf16")
+    assert bf16.activations < 0.7 * fp32.activations
+    assert bf16.activations + bf16.weight_copies < fp32.activations
+    assert bf16.weight_copies > 0  # autocast's bf16 copies of the weights, saved for backward
+    assert bf16.gradients == fp32.gradients  # autocast keeps fp32 gradients
+    assert bf16.activations_fp32 == fp32.activations  # the seed formula's input, same batch
+
+
+def test_seed_formula_for_this_model():
+    b = measure(model="mlp")
+    P, A = b.params, b.activations_fp32
+    seed = b.seed_formula()
+    assert seed["fp32"]["total"] == 4 * P + 4 * P + 8 * P + A
+    assert seed["mixed"]["total"] == 4 * P + 2 * P + 2 * P + 8 * P + A // 2
+
+
+@pytest.fixture
+def fixed_step_time(monkeypatch):
+    """Every timed step takes 1 ms, so samples/s grows with the batch: the search then stops
+    only where memory does, whatever the load on this machine."""
+    from fasttrain import timing
+
+    monkeypatch.setattr(timing, "time_call", lambda fn, sync: (fn(), 1.0))
+
+
+def predicted(cfg, task, batch: int) -> int:
+    trainer = Trainer(dataclasses.replace(cfg, batch_size=batch), task=task)
+    return mem.measure(trainer).predicted_peak
+
+
+def test_find_batch_size_fits_the_limit_and_the_next_does_not(fixed_step_time):
+    cfg, task = config(model="logreg"), image_task()
+    usable = (predicted(cfg, task, 40) + predicted(cfg, task, 48)) // 2
+    best, tries = mem.search(lambda b: mem.try_batch(cfg, task, b, usable, steps=1),
+                             floor=8, unit=8, cap=256)
+    assert best.batch == 40 and best.fits
+    assert predicted(cfg, task, best.batch) <= usable < predicted(cfg, task, best.batch + 8)
+    assert [t.batch for t in tries] == [8, 16, 32, 64, 48, 40]
+    assert not any(t.fits for t in tries if t.batch > 40)
+
+
+def test_find_batch_size_never_raises_on_out_of_memory(fixed_step_time, monkeypatch):
+    step = Trainer.train_step
+
+    def oom_above_64(self, micro_batches):
+        if micro_batches[0][0].shape[0] > 64:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return step(self, micro_batches)
+
+    monkeypatch.setattr(Trainer, "train_step", oom_above_64)
+    cfg, task = config(model="logreg"), image_task()
+    best, tries = mem.search(lambda b: mem.try_batch(cfg, task, b, 2**40, steps=1),
+                             floor=8, unit=8, cap=256)
+    assert best.batch == 64
+    assert {t.batch: t.reason for t in tries if not t.fits} == {
+        128: "out of memory", 96: "out of memory", 80: "out of memory", 72: "out of memory"}
+
+
+def test_search_prefers_throughput_over_size():
+    # Fits everywhere, fastest at 32: the search must not return the largest batch.
+    sps = {8: 100.0, 16: 180.0, 32: 250.0, 64: 200.0, 48: 240.0, 40: 245.0}
+    best, tries = mem.search(lambda b: mem.Try(b, True, sps[b]), floor=8, unit=8, cap=1024)
+    assert best.batch == 32
+    assert [t.batch for t in tries] == [8, 16, 32, 64, 48, 40]
+
+
+def test_search_when_the_floor_does_not_fit():
+    best, tries = mem.search(lambda b: mem.Try(b, False, reason="x"), floor=8, unit=8, cap=64)
+    assert best is None and [t.batch for t in tries] == [8]
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *words):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+BASE = ("memory", "--model", "logreg", "--data", "synthetic", "--device", "cpu")
+
+
+def test_memory_command_writes_the_breakdown(capsys, tmp_path):
+    path = tmp_path / "m.json"
+    code, out, err = run(capsys, *BASE, "--batch-size", "32", "--json", str(path))
+    assert code == 0, err
+    assert "hook count" in out and "seed formula" in out and "SYNTHETIC" in out
+    result = json.loads(path.read_text())
+    assert result["schema"] == "fasttrain.memory/1" and result["env"]["torch"]
+    assert result["config"]["model"] == "logreg" and result["config"]["synthetic"] is True
+    (row,) = result["rows"]
+    assert row["kind"] == "breakdown" and row["weights"] == 4 * 7850
+    assert row["predicted_peak"] >= row["measured_peak"] > 0
+
+
+def test_memory_command_finds_a_batch_size(capsys, tmp_path, fixed_step_time):
+    path = tmp_path / "f.json"
+    code, out, err = run(capsys, *BASE, "--find-batch-size", "--memory-limit", "0.0005",
+                         "--json", str(path))
+    assert code == 0, err
+    result = json.loads(path.read_text())
+    best = result["best_batch_size"]
+    usable = result["config"]["usable_bytes"]
+    rows = {r["batch"]: r for r in result["rows"]}
+    assert rows[best]["fits"] and rows[best]["peak"] <= usable
+    assert not rows[best + 8]["fits"] and rows[best + 8]["predicted"] > usable
+    assert f"best batch size: {best}" in out
+    assert "batch" in err and "does not fit" in err  # every try, as it happens
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--find-batch-size"], ["--memory-limit"]),
+    (["--find-batch-size", "--memory-limit", "-1"], ["--memory-limit"]),
+    (["--margin", "1.5"], ["--margin"]),
+    (["--find-batch-size", "--memory-limit", "1", "--floor", "0"], ["--floor"]),
+    (["--json", "/nonexistent-dir/m.json"], ["--json", "does not exist"]),
+    (["--out", "run"], ["--out"]),
+    (["--precision", "tf32"], ["tf32"]),
+])
+def test_bad_input_is_a_one_line_error(capsys, argv, words):
+    code, _, err = run(capsys, *BASE, *argv)
+    assert_one_line_error(code, err, *words)
