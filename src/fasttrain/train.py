@@ -28,7 +28,8 @@ def train(args: argparse.Namespace) -> int:
     from fasttrain.engine.config import from_args
 
     trainer = Trainer(from_args(args))
-    print(f"training {trainer.cfg.model} on {trainer.task.name}"
+    say = print if trainer.world.main else (lambda *a, **k: None)  # rank 0 speaks for all
+    say(f"training {trainer.cfg.model} on {trainer.task.name}"
           f"{' (synthetic)' if trainer.task.synthetic else ''} on {trainer.device}, "
           f"{trainer.cfg.precision}, {trainer.total_steps} steps of {trainer.cfg.batch_size}",
           file=sys.stderr)
@@ -41,7 +42,7 @@ def train(args: argparse.Namespace) -> int:
     if evals:
         summary = ", ".join(f"{k} {v:.4g}" for k, v in evals[-1].items()
                             if k.startswith("test_"))
-        print(f"done at step {trainer.step}: {summary}")
+        say(f"done at step {trainer.step}: {summary}")
     elif last:
-        print(f"done at step {trainer.step}: loss {last.get('loss', float('nan')):.4g}")
+        say(f"done at step {trainer.step}: loss {last.get('loss', float('nan')):.4g}")
     return 0

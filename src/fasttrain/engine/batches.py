@@ -5,12 +5,22 @@ alone — so a run can be resumed at any step of any epoch, and the two paths ar
 An epoch is `steps_per_epoch` optimizer steps of `accum_steps` micro-batches; the last partial
 batch is dropped so every step has the same shapes (what compile and CUDA graphs need).
 
+Across processes (--parallel ddp/fsdp/zero1) the batch size is the global one. The epoch's order
+is cut to whole steps exactly as for one process, then dealt out like DistributedSampler: rank r
+takes positions r, r + world, r + 2·world, ... Since the global batch B is a multiple of
+world · accum_steps, rank r's step s is positions [s·B, (s+1)·B) of the one-process order that
+are ≡ r (mod world): the ranks together see exactly the one-process batch of step s, and their
+micro-step a together is exactly the one-process micro-batch a. On the device path each rank
+keeps the whole dataset on its device (small enough here) and gathers only its own indices.
+Evaluation is sharded the same way (ranks take test samples r, r + world, ...) and summed.
+
 Images travel as uint8 (a quarter of float32's bytes, over PCIe too) and become [0, 1] floats on
 the device. A language sample i is the window tokens[i*T : i*T + T] and its targets shifted by one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -48,13 +58,16 @@ class _Samples:
 
 
 class Batches:
-    """Micro-batches for optimizer steps [start_step, steps_per_epoch) of an epoch."""
+    """This rank's micro-batches for optimizer steps [start_step, steps_per_epoch) of an epoch.
+    `batch_size` is the global batch; `micro` is this rank's micro-batch."""
 
     def __init__(self, task, device: torch.device, batch_size: int, accum_steps: int,
                  seed: int, on_device: bool, workers: int = 0, pin_memory: bool = False,
-                 channels_last: bool = False, block_size: int = 128):
+                 channels_last: bool = False, block_size: int = 128, rank: int = 0,
+                 world: int = 1):
         self.device, self.seed = device, seed
-        self.micro, self.accum = batch_size // accum_steps, accum_steps
+        self.rank, self.world, self.batch_size = rank, world, batch_size
+        self.micro, self.accum = batch_size // accum_steps // world, accum_steps
         self.language = task.kind == "language"
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.on_device = on_device
@@ -68,6 +81,11 @@ class Batches:
 
             raise UserError(f"--batch-size {batch_size} is larger than the {len(self.train)} "
                             f"training samples of this dataset; use a smaller batch")
+        if len(self.test) < world:
+            from fasttrain.errors import UserError
+
+            raise UserError(f"the test set has {len(self.test)} samples, fewer than the {world} "
+                            f"processes that share its evaluation; use fewer processes")
 
     def _prepare(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         x = x.to(self.device, non_blocking=True)
@@ -78,8 +96,9 @@ class Batches:
 
     def micro_batches(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
         order = epoch_order(self.seed, epoch, len(self.train))
-        order = order[start_step * self.micro * self.accum:
-                      self.steps_per_epoch * self.micro * self.accum].view(-1, self.micro)
+        order = order[:self.steps_per_epoch * self.batch_size]  # whole steps, as for 1 process
+        order = order[self.rank::self.world]  # this rank's share (a no-op view for one process)
+        order = order[start_step * self.micro * self.accum:].reshape(-1, self.micro)
         if self.on_device:
             order = order.to(self.device)
             for idx in order:  # a device-side gather: no host work, no copy
@@ -93,7 +112,26 @@ class Batches:
         for x, y in loader:
             yield self._prepare(x, y)
 
+    @property
+    def eval_targets(self) -> int:
+        """Targets in the whole test set (samples, or tokens for language): what the ranks'
+        shares add up to, known without a collective."""
+        return len(self.test) * (self.test.block if self.language else 1)
+
     def eval_batches(self, batch_size: int) -> Iterator[Batch]:
+        """The whole test set in order, in batches of `batch_size` (the last one smaller)."""
         for start in range(0, len(self.test), batch_size):
             idx = torch.arange(start, min(start + batch_size, len(self.test)))
+            yield self._prepare(*self.test[idx])
+
+    def eval_shard(self, batch_size: int) -> Iterator[Batch]:
+        """This rank's share of the test set: samples r, r + world, ... in the SAME number of
+        batches on every rank (FSDP's forward is a collective), none larger than `batch_size`
+        and none empty (shares differ by at most one sample; batch_size ≥ 2)."""
+        if self.world == 1:
+            yield from self.eval_batches(batch_size)
+            return
+        n = len(self.test)
+        count = math.ceil(math.ceil(n / self.world) / batch_size)  # the largest share's batches
+        for idx in torch.arange(self.rank, n, self.world).tensor_split(count):
             yield self._prepare(*self.test[idx])

@@ -5,6 +5,14 @@ lists, dicts), so `torch.load(weights_only=True)` reads it: a checkpoint file ca
 code. It is written to a temp file beside its final name, fsynced, then renamed (and the folder
 fsynced), so a process killed mid-write leaves at most a stray `.tmp` file that is never resumed
 from. Names carry the step (`step-00001200.pt`); the newest `keep` are kept.
+
+Sharded checkpoints (--parallel fsdp) are a directory per step, `step-00001200/`: every rank
+writes its shards of model and optimizer state through torch.distributed.checkpoint (DCP) into
+`.step-00001200.tmp/`, rank 0 adds `extras.pt` (the same plain-data dict as a single-file
+checkpoint, minus model and optimizer) and, after all ranks are done, renames the folder into
+place: a directory named `step-*` is complete. DCP can reshard on load, but only resuming on the
+same number of processes is tested. Single-file checkpoints (none, ddp, zero1, dp) hold whole,
+unsharded state, written by rank 0, so they resume on any number of processes.
 """
 
 from __future__ import annotations
@@ -12,7 +20,9 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +31,8 @@ import torch
 
 from fasttrain.errors import UserError
 
-_NAME = re.compile(r"^step-(\d{8,})\.pt$")
+_NAME = re.compile(r"^step-(\d{8,})(\.pt)?$")
+EXTRAS = "extras.pt"  # in a sharded checkpoint: everything but the DCP tensors
 
 
 def rng_state() -> dict[str, Any]:
@@ -64,9 +75,67 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     _fsync_dir(directory)
-    for old in sorted(complete(directory))[:-keep]:
-        old[1].unlink(missing_ok=True)
+    prune(directory, keep)
     return final
+
+
+def prune(directory: Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints (files or sharded folders)."""
+    for _, old in complete(directory)[:-keep]:
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
+def save_sharded(directory: Path, step: int, tensors: dict[str, Any], extras: dict[str, Any],
+                 keep: int, main: bool, barrier: Callable[[], None]) -> Path:
+    """Every rank: write this rank's shards of `tensors` (DCP); rank 0: `extras`, then commit by
+    renaming the temp folder. All ranks return after the commit."""
+    import torch.distributed.checkpoint as dcp
+
+    final = directory / f"step-{step:08d}"
+    tmp = directory / f".{final.name}.tmp"
+    if main:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a run killed mid-write
+        tmp.mkdir()
+    barrier()  # the folder exists before anyone writes into it
+    # Each rank writes (and fsyncs) its own file; the coordinator writes .metadata after
+    # gathering every rank's result, so on return all shards are on disk.
+    dcp.save(tensors, checkpoint_id=tmp)
+    if main:
+        with open(tmp / EXTRAS, "wb") as f:
+            torch.save(extras, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if final.exists():  # the same step saved twice (a periodic and the final checkpoint)
+            # Folders cannot be renamed over: a crash between these renames loses this step's
+            # folder (resume falls back to the one before), never a half-written one.
+            old = directory / f".{final.name}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        _fsync_dir(directory)
+        prune(directory, keep)
+    barrier()  # nobody leaves (or exits on preemption) before the commit
+    return final
+
+
+def load_sharded(path: Path, tensors: dict[str, Any]) -> None:
+    """Fill `tensors` (this rank's shards, as `sharded_state` makes them) from `path`, in place."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.load(tensors, checkpoint_id=path)
+    except Exception as e:  # missing or damaged shard files, a different model
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"sharded checkpoint {path} cannot be loaded here ({first}); resume "
+                        f"with the same settings or from another checkpoint") from None
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -81,18 +150,26 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def complete(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every finished checkpoint in `directory`, oldest first. Temp files of
-    interrupted writes start with '.' and never match."""
-    if not directory.is_dir():
+def complete(directory: Path | None) -> list[tuple[int, Path]]:
+    """(step, path) of every finished checkpoint in `directory`, oldest first: `step-N.pt` files
+    and `step-N/` folders (sharded). Temp files and folders of interrupted writes start with '.'
+    and never match."""
+    if directory is None or not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
+    found = [(int(m.group(1)), p) for p in directory.iterdir()
+             if (m := _NAME.match(p.name)) and (p.is_dir() != bool(m.group(2)))]
     return sorted(found)
 
 
 def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Read a checkpoint (tensors and plain values only); a bad file is a one-line UserError."""
+    """Read a checkpoint (tensors and plain values only); a bad file is a one-line UserError.
+    For a sharded checkpoint (a folder) this is its extras, marked `"sharded": True`: the
+    tensors are read later, by `load_sharded`, into the sharded model."""
     p = Path(path)
+    if p.is_dir():
+        state = load(p / EXTRAS, map_location)
+        state["sharded"] = True
+        return state
     if not p.is_file():
         raise UserError(f"checkpoint {p}: no such file; give an existing path or --resume auto")
     try:

@@ -29,6 +29,7 @@ ON_OFF_AUTO = ("auto", "on", "off")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "cosine", "onecycle")
 CONV_MODELS = ("cnn", "resnet")
+PARALLEL = ("none", "ddp", "fsdp", "zero1", "dp")
 
 
 def _f(default, help: str, choices: tuple | None = None, group: str = "training"):
@@ -48,9 +49,11 @@ class TrainConfig:
     # -- how long and how much ----------------------------------------------------------------
     epochs: int = _f(1, "passes over the training set")
     max_steps: int = _f(0, "stop after this many optimizer steps (0: no limit)")
-    batch_size: int = _f(64, "samples per optimizer step, across all accumulation micro-steps")
+    batch_size: int = _f(64, "samples per optimizer step, across all accumulation micro-steps "
+                         "and all processes (the GLOBAL batch)")
     accum_steps: int = _f(1, "micro-batches per optimizer step (each batch_size/accum_steps "
-                          "samples; the loss is divided so the update equals the big batch)")
+                          "samples, split over the processes; the loss is divided so the update "
+                          "equals the big batch)")
     # -- optimization -------------------------------------------------------------------------
     optimizer: str = _f("adamw", "optimizer", OPTIMIZERS, group="optimization")
     lr: float = _f(1e-3, "peak learning rate", group="optimization")
@@ -81,6 +84,12 @@ class TrainConfig:
     activation_checkpointing: bool = _f(False, "recompute block activations in backward instead "
                                         "of storing them", group="speed")
     channels_last: bool = _f(False, "NHWC memory format for convolutional models", group="speed")
+    # -- scale-out (see engine/distributed.py and docs/distributed.md) ------------------------
+    parallel: str = _f("none", "data parallelism: none | ddp (DistributedDataParallel) | fsdp "
+                       "(fully_shard, ZeRO-3) | zero1 (DDP + ZeroRedundancyOptimizer) — these "
+                       "three under torchrun, one process per device | dp (DataParallel: one "
+                       "process, ≥ 2 CUDA GPUs). Each process trains batch_size / processes / "
+                       "accum_steps samples per micro-step", PARALLEL, group="scale-out")
     # -- reproducibility ----------------------------------------------------------------------
     seed: int = _f(0, "seeds weights, data order and dropout", group="reproducibility")
     deterministic: bool = _f(False, "deterministic algorithms only (slower on GPU)",
@@ -88,17 +97,20 @@ class TrainConfig:
     # -- output, checkpoints, faults ----------------------------------------------------------
     out: str | None = _f(None, "run directory: config, metrics, plots, weights, checkpoints",
                          group="output")
-    log_every: int = _f(50, "optimizer steps between loss reads (the only host syncs)",
-                        group="output")
+    log_every: int = _f(50, "optimizer steps between loss reads (the only host syncs; across "
+                        "processes also where a SIGTERM/SIGUSR1 stop is agreed)", group="output")
     checkpoint_every: int = _f(0, "optimizer steps between checkpoints (0: only at the end and "
                                "on preemption)", group="output")
     keep_checkpoints: int = _f(3, "checkpoints kept (the newest)", group="output")
     resume: str | None = _f(None, "'auto' (newest complete checkpoint in OUT/checkpoints) or a "
-                            "checkpoint path", group="output")
+                            "checkpoint path; under torchrun, a restarted worker group "
+                            "(TORCHELASTIC_RESTART_COUNT > 0) resumes 'auto' by itself",
+                            group="output")
     progress: bool = _f(True, "progress bar (adds no host syncs)", group="output")
 
     @property
     def micro_batch(self) -> int:
+        """Samples per micro-step, summed over all processes (each has micro_batch / world)."""
         return self.batch_size // self.accum_steps
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,7 +158,28 @@ class TrainConfig:
                             "captured; use --precision bf16")
         if self.resume and not self.out:
             raise UserError("--resume needs --out DIR (the run directory holding checkpoints/)")
+        self._validate_parallel()
         return self
+
+    def _validate_parallel(self) -> None:
+        """--parallel against the other switches, then against how the processes were launched
+        (torchrun's environment, the GPUs present): the one check that reads the environment."""
+        if self.parallel != "none" and self.cuda_graphs:
+            raise UserError(f"--cuda-graphs is not supported with --parallel {self.parallel} "
+                            f"(collectives inside a captured graph); drop --cuda-graphs")
+        if self.parallel == "fsdp" and self.precision == "fp16":
+            raise UserError("--parallel fsdp with fp16: GradScaler would decide on each rank's "
+                            "shard alone; use --precision bf16 (no scaler needed)")
+        if self.parallel == "dp" and self.compile:
+            raise UserError("--parallel dp re-replicates the model every step, which "
+                            "torch.compile cannot trace; use --parallel ddp with --compile")
+        from fasttrain.engine.distributed import check_launch
+
+        world = check_launch(self.parallel, self.device)
+        if self.batch_size % (world * self.accum_steps):
+            raise UserError(f"--batch-size {self.batch_size} (global) is not divisible by "
+                            f"{world} processes × --accum-steps {self.accum_steps}; choose a "
+                            f"multiple of {world * self.accum_steps}")
 
 
 def _flag(name: str) -> str:

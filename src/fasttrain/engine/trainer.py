@@ -4,35 +4,40 @@
     Trainer(TrainConfig(model="cnn", data="mnist", precision="bf16", compile=True)).fit()
 
 Setup applies the switches in a fixed order (each depends on the one before):
-  seed → device → precision (autocast, GradScaler, TF32) → data → model → channels_last →
-  activation checkpointing → compile (it must see the final module) → optimizer → schedule →
-  resume (after everything it restores exists).
+  process group (torchrun's, for --parallel ddp/fsdp/zero1; it decides the device) → seed →
+  device → precision (autocast, GradScaler, TF32) → data (this rank's share) → model (the same
+  initial weights on every rank) → channels_last → parallelize: activation checkpointing →
+  DDP / fully_shard / DataParallel → compile (see distributed.parallelize) → optimizer (ZeRO-1
+  partitions it) → schedule → resume (after everything it restores exists).
 The step loop has no feature branches: each switch became an object (a context manager, a scaler
 that may be disabled, a clip function that may do nothing).
 
-Host–device syncs happen only at log steps (the loss is summed on the device in between), at
-evaluation, and at checkpoints.
+Host–device syncs happen only at log steps (the loss is summed on the device in between, and
+all-reduced over ranks at the log), at evaluation, and at checkpoints.
 
 Exit codes of `fasttrain train` (for schedulers that requeue): 0 done; 2 bad input; 3 the loss
 became non-finite (the last good checkpoint is kept); 75 preempted by SIGTERM/SIGUSR1, a
-checkpoint was saved at the step boundary — run again with `--resume auto`.
+checkpoint was saved at the step boundary — run again with `--resume auto`. Under torchrun
+every rank exits 75 (torchrun itself reports any non-zero worker exit as its own failure).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import random
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fasttrain.engine import checkpoint
+from fasttrain.engine import checkpoint, distributed
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.output import RunDir
@@ -40,6 +45,7 @@ from fasttrain.errors import UserError
 
 EXIT_DIVERGED = 3
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later"
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: entered once per final micro-step
 # Settings a resumed run must share with the run that wrote the checkpoint, or it would not be
 # the same run.
 _RESUME_MUST_MATCH = ("model", "data", "block_size", "batch_size", "accum_steps", "optimizer",
@@ -80,17 +86,33 @@ class Trainer:
     `fasttrain.data.TaskData`); everything else comes from `cfg`."""
 
     def __init__(self, cfg: TrainConfig, task=None):
-        from fasttrain.data.tasks import load_task
-        from fasttrain.models import MODEL_KINDS, apply_activation_checkpointing, build_model
+        from fasttrain.models import MODEL_KINDS
 
-        self.cfg = cfg = cfg.validate(MODEL_KINDS)
+        cfg = cfg.validate(MODEL_KINDS)
+        self.world = distributed.init(cfg.parallel, resolve_device(cfg.device))
+        try:
+            self._setup(cfg, task)
+        except BaseException:
+            self.world.close()  # a UserError on one rank must not leave the group behind
+            raise
+
+    def _setup(self, cfg: TrainConfig, task) -> None:
+        from fasttrain.data.tasks import load_task
+        from fasttrain.models import build_model
+
+        world = self.world
+        if world.restarts and cfg.out and not cfg.resume:
+            # torchrun restarted the workers after a failure (--max-restarts): continue from the
+            # last complete checkpoint rather than from scratch.
+            cfg = dataclasses.replace(cfg, resume="auto")
+        self.cfg = cfg
         seed_everything(cfg.seed)
         if cfg.deterministic:
             # cuBLAS needs a fixed workspace to be deterministic; must be set before it starts.
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True, warn_only=False)
             torch.backends.cudnn.benchmark = False
-        self.device = dev = resolve_device(cfg.device)
+        self.device = dev = world.device  # cuda:LOCAL_RANK under torchrun on GPUs
         self._resolve_precision()
 
         if task is None:
@@ -99,7 +121,7 @@ class Trainer:
         self.batches = Batches(task, dev, cfg.batch_size, cfg.accum_steps, cfg.seed,
                                on_device=self._data_on_device(task), workers=cfg.workers,
                                pin_memory=cfg.pin_memory, channels_last=cfg.channels_last,
-                               block_size=cfg.block_size)
+                               block_size=cfg.block_size, rank=world.rank, world=world.size)
         self.loss_fn = self._language_loss if task.kind == "language" else F.cross_entropy
 
         model = build_model(cfg.model, in_shape=task.in_shape, num_classes=task.num_classes)
@@ -107,27 +129,33 @@ class Trainer:
         if cfg.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.flops_per_step = self._count_flops(model)  # on the plain module: exact, once
-        if cfg.activation_checkpointing:
-            apply_activation_checkpointing(model)
         self.model = model  # the module that owns the parameters (saved, loaded)
-        self.forward = model
-        if cfg.compile or cfg.cuda_graphs:
-            # reduce-overhead = torch.compile's CUDA graphs: forward and backward replayed as
-            # graphs, no per-kernel launch cost.
-            self.forward = torch.compile(model, mode="reduce-overhead" if cfg.cuda_graphs
-                                         else None)
+        # activation checkpointing → DDP / fully_shard / DataParallel → compile, in that order.
+        self.forward, self.no_sync = distributed.parallelize(
+            model, world, activation_checkpointing=cfg.activation_checkpointing,
+            compile=cfg.compile, cuda_graphs=cfg.cuda_graphs)
+        if world.size > 1:
+            # Same weights everywhere (seeded above), but each rank's dropout masks its own
+            # samples with its own stream.
+            torch.manual_seed(cfg.seed * 1_000_003 + 7919 * world.rank)
 
         self.opt = self._optimizer()
         self.total_steps = cfg.epochs * self.batches.steps_per_epoch
         if cfg.max_steps:
             self.total_steps = min(self.total_steps, cfg.max_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for p in model.parameters() if p.requires_grad]  # sharded ones under FSDP
         self.clip = ((lambda: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip,
                                                              foreach=True))
                      if cfg.grad_clip else (lambda: None))
 
-        self.run = RunDir(cfg.out)
+        self.run = RunDir(cfg.out if world.main else None)  # rank 0 writes the run directory
+        # Every rank takes part in checkpoints (collectives; FSDP shards): all need the path.
+        self.checkpoints = Path(cfg.out) / "checkpoints" if cfg.out else None
+        # A stop request is acted on only when all ranks agree on the step (see advance).
+        self._stop_now = ((lambda: self.stop_signal is not None) if world.size == 1 else
+                          (lambda: self.step % cfg.log_every == 0
+                           and world.any(self.stop_signal is not None)))
         self.epoch = self.step = self.step_in_epoch = 0
         self._tick = (time.perf_counter(), 0)  # (clock, step) of the last log
         self.loss_sum = torch.zeros((), device=dev)
@@ -189,8 +217,9 @@ class Trainer:
         params = self.model.parameters()
         try:
             if cfg.optimizer == "sgd":
-                return torch.optim.SGD(params, momentum=cfg.momentum, **kw)
-            return torch.optim.AdamW(params, **kw)
+                return distributed.optimizer(torch.optim.SGD, params, self.world,
+                                             momentum=cfg.momentum, **kw)
+            return distributed.optimizer(torch.optim.AdamW, params, self.world, **kw)
         except RuntimeError as e:  # fused kernels exist only for some devices and dtypes
             raise UserError(f"--fused-optimizer is not supported here ({e}); drop the flag") \
                 from None
@@ -215,7 +244,9 @@ class Trainer:
         by torch's FLOP counter on a real micro-batch: the numerator of MFU."""
         from torch.utils.flop_counter import FlopCounterMode
 
-        x, y = next(iter(self.batches.eval_batches(self.cfg.micro_batch)))
+        # One rank's micro-batch, scaled to the whole step of all ranks (FLOPs are linear in the
+        # batch): the count never holds more than one rank's activations.
+        x, y = next(iter(self.batches.eval_batches(self.batches.micro)))
         counter = FlopCounterMode(display=False)
         # Eval mode and a forked RNG: counting must not move BatchNorm statistics or the random
         # stream, or the run would differ from one that does not count.
@@ -224,15 +255,19 @@ class Trainer:
             self.loss_fn(model(x), y).backward()
         model.train()
         model.zero_grad(set_to_none=True)
-        return float(counter.get_total_flops()) * self.cfg.accum_steps
+        return float(counter.get_total_flops()) * self.cfg.accum_steps * self.batches.world
 
     # -- the loop -------------------------------------------------------------------------------
 
     def train_step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        for x, y in micro_batches:
-            with self.autocast:
-                loss = self.loss_fn(self.forward(x), y) / self.cfg.accum_steps
-            self.scaler.scale(loss).backward()
+        last = len(micro_batches) - 1
+        for i, (x, y) in enumerate(micro_batches):
+            # Gradients are averaged over ranks once per step: the micro-steps before the last
+            # only accumulate locally (DDP/FSDP no_sync; nothing to skip for one process).
+            with self.no_sync() if i < last else _NO_CONTEXT:
+                with self.autocast:
+                    loss = self.loss_fn(self.forward(x), y) / self.cfg.accum_steps
+                self.scaler.scale(loss).backward()
             self.loss_sum += loss.detach()
         self.scaler.unscale_(self.opt)  # so that clipping sees true gradients (no-op unless fp16)
         self.clip()
@@ -254,8 +289,9 @@ class Trainer:
     def fit(self) -> dict:
         """Train to the end (or to a preemption or divergence); returns the last metrics."""
         cfg = self.cfg
-        progress = progress_bar(cfg.progress, self.total_steps, self.step)
+        progress = progress_bar(cfg.progress and self.world.main, self.total_steps, self.step)
         self._tick = (time.perf_counter(), self._tick[1])
+        together = False  # did every rank get here the same way (the end, or an agreed stop)?
         try:
             with progress as bar, self._signals():
                 while self.epoch < cfg.epochs and self.step < self.total_steps:
@@ -272,14 +308,19 @@ class Trainer:
                 if self.batches.steps_per_epoch and self.step_in_epoch:
                     self._evaluate()  # stopped mid-epoch by max_steps
                 self._checkpoint()
-            self.run.save_weights(self.model.state_dict())
+            self.run.save_weights(distributed.full_weights(self.model, self.world))
             self.run.plot_loss()
+            together = True
+        except (Preempted, Diverged):
+            together = True  # raised on every rank at the same step
+            raise
         except torch.OutOfMemoryError:
             from fasttrain.engine.memory import explain_oom
 
             raise UserError(explain_oom(self)) from None
         finally:
             self.run.close()
+            self.world.close(together)
         return self.history[-1] if self.history else {}
 
     def advance(self, micro_batches: list, bar: _Bar) -> None:
@@ -293,7 +334,7 @@ class Trainer:
             bar.describe(self._log())
         if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
             self._checkpoint()
-        if self.stop_signal is not None:
+        if self._stop_now():
             self._checkpoint()
             raise Preempted(f"signal {self.stop_signal}: checkpoint saved at step {self.step}; "
                             f"run again with --resume auto")
@@ -321,7 +362,8 @@ class Trainer:
     def _log(self) -> str:
         now, then = time.perf_counter(), self._tick
         steps = self.step - then[1]
-        loss = self.loss_sum.item() / max(steps, 1)  # sync: the one read between logs
+        summed = self.world.all_sum(self.loss_sum.clone())  # ranks' losses, at log steps only
+        loss = summed.item() / max(steps, 1) / self.world.size  # sync: the one read between logs
         self.loss_sum.zero_()
         if not math.isfinite(loss):
             raise Diverged(f"the training loss became {loss} by step {self.step}; the last good "
@@ -331,7 +373,8 @@ class Trainer:
         samples = steps * self.cfg.batch_size / dt
         record = {"kind": "train", "step": self.step, "epoch": self.epoch, "loss": loss,
                   "lr": self.sched.get_last_lr()[0], "samples_per_s": samples,
-                  "step_ms": 1e3 * dt / max(steps, 1), **self._device_stats(steps / dt)}
+                  "step_ms": 1e3 * dt / max(steps, 1), **self._device_stats(steps / dt),
+                  **self._state_bytes()}
         if self.task.kind == "language":
             record["tokens_per_s"] = samples * self.cfg.block_size
         if self.scaler.is_enabled():
@@ -342,15 +385,24 @@ class Trainer:
         self._tick = (time.perf_counter(), self.step)
         return f"loss {loss:.4f}  {samples:,.0f} samples/s"
 
+    def _state_bytes(self) -> dict:
+        """Rank 0's parameters, gradients and optimizer state in bytes (sizes only: no sync)."""
+        from fasttrain.engine.memory import rank_memory
+
+        held = rank_memory(self.model, self.opt)
+        return {"param_bytes": held.params, "grad_bytes": held.grads,
+                "optimizer_bytes": held.optimizer}
+
     def _device_stats(self, steps_per_s: float) -> dict:
         from fasttrain.env import gpu_peaks
 
         if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30  # this rank's
             peaks = gpu_peaks(torch.cuda.get_device_name(self.device)) or {}
             key = {"tf32": "tf32", "bf16": "bf16", "fp16": "fp16"}.get(self.cfg.precision, "fp32")
             flops = peaks.get(key)
-            mfu = self.flops_per_step * steps_per_s / flops if flops else None
+            gpus = self.world.size if self.world.parallel != "dp" else torch.cuda.device_count()
+            mfu = self.flops_per_step * steps_per_s / (flops * gpus) if flops else None
             return {"peak_memory_gb": peak, "mfu": mfu}
         import resource
 
@@ -363,15 +415,17 @@ class Trainer:
         self.model.eval()
         total = torch.zeros((), device=self.device, dtype=torch.float64)
         correct = torch.zeros((), device=self.device, dtype=torch.int64)
-        count = 0
-        for x, y in self.batches.eval_batches(max(self.cfg.micro_batch, 256)):
+        # Each rank evaluates its share of the test set; the sums are added over ranks.
+        for x, y in self.batches.eval_shard(max(self.cfg.micro_batch, 256)):
             with self.autocast:
                 logits = self.forward(x)
             logits = logits.float()
             total += self.loss_fn(logits, y).double() * y.numel()
             correct += (logits.argmax(-1) == y).sum()
-            count += y.numel()
         self.model.train()
+        count = self.batches.eval_targets
+        self.world.all_sum(total)
+        self.world.all_sum(correct)
         loss = total.item() / count  # sync: once per evaluation
         record = {"kind": "eval", "step": self.step, "epoch": self.epoch, "test_loss": loss}
         if self.task.kind == "language":
@@ -385,32 +439,48 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def _checkpoint(self) -> None:
-        if self.run.checkpoints is None:
+        """Every rank calls this at the same step; rank 0 writes (FSDP: every rank its shard)."""
+        if self.checkpoints is None:
             return
-        pending = self.loss_sum.item()  # sync: never save a run that has already diverged
+        world = self.world
+        # sync: never save a run that has already diverged (summed, so all ranks agree)
+        pending = world.all_sum(self.loss_sum.detach().clone()).item()
         if not math.isfinite(pending):
             raise Diverged(f"the training loss became {pending} before step {self.step}; the "
                            f"last good checkpoint is kept. Try a lower --lr or --grad-clip")
+        # What differs per rank: dropout streams and the loss summed since the last log.
+        ranks = world.gather({"rng": checkpoint.rng_state(),
+                              "loss_sum": self.loss_sum.detach().cpu()})
         state = {
             "format": checkpoint.FORMAT,
             "config": self.cfg.to_dict(),
-            "model": self.model.state_dict(),
-            "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(),
             "scaler": self.scaler.state_dict(),
             "epoch": self.epoch, "step": self.step, "step_in_epoch": self.step_in_epoch,
-            "loss_sum": self.loss_sum.detach().cpu(), "skipped": self.skipped.cpu(),
+            "loss_sum": ranks[0]["loss_sum"], "skipped": self.skipped.cpu(),
             "last_log_step": self._tick[1],
-            "rng": checkpoint.rng_state(),
+            "rng": ranks[0]["rng"], "world_size": world.size,
         }
-        checkpoint.save(self.run.checkpoints, self.step, state, self.cfg.keep_checkpoints)
+        if world.size > 1:
+            state["ranks"] = ranks
+        keep = self.cfg.keep_checkpoints
+        if world.parallel == "fsdp":
+            checkpoint.save_sharded(self.checkpoints, self.step,
+                                    distributed.sharded_state(self.model, self.opt), state,
+                                    keep, world.main, world.barrier)
+            return
+        optimizer = distributed.optimizer_state(self.opt, world)  # ZeRO-1: a collective
+        if world.main:
+            state.update(model=self.model.state_dict(), optimizer=optimizer)
+            checkpoint.save(self.checkpoints, self.step, state, keep)
+        world.barrier()  # nobody leaves (or exits on preemption) before the file is in place
 
     def _resume(self) -> None:
         cfg = self.cfg
         if not cfg.resume:
             return
         if cfg.resume == "auto":
-            found = checkpoint.latest(self.run.checkpoints, map_location=self.device)
+            found = checkpoint.latest(self.checkpoints, map_location=self.device)
             if found is None:
                 return  # nothing saved yet: a fresh start is the right resume
             path, state = found
@@ -422,9 +492,21 @@ class Trainer:
                 raise UserError(f"checkpoint {path} was written with {key}={saved.get(key)!r}, "
                                 f"this run has {getattr(cfg, key)!r}; use the same value to "
                                 f"resume, or start a new --out")
+        sharded, fsdp = bool(state.get("sharded")), self.world.parallel == "fsdp"
+        if sharded != fsdp:
+            raise UserError(f"checkpoint {path} is {'sharded' if sharded else 'a single file'} "
+                            f"(written with --parallel {saved.get('parallel', 'none')}) and "
+                            f"--parallel {self.world.parallel} reads only "
+                            f"{'sharded' if fsdp else 'single-file'} ones; resume with --parallel "
+                            f"{'fsdp' if sharded else saved.get('parallel', 'none')}")
         try:
-            self.model.load_state_dict(state["model"])
-            self.opt.load_state_dict(state["optimizer"])
+            if sharded:  # FSDP: each rank reads its shards (DCP), then they are set in place
+                tensors = distributed.sharded_state(self.model, self.opt)
+                checkpoint.load_sharded(Path(path), tensors)
+                distributed.load_sharded_state(self.model, self.opt, tensors)
+            else:
+                self.model.load_state_dict(state["model"])
+                self.opt.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as e:
             raise UserError(f"checkpoint {path} does not fit this model/optimizer "
                             f"({str(e).splitlines()[0]}); resume with the same settings") \
@@ -433,11 +515,18 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         self.epoch, self.step = state["epoch"], state["step"]
         self.step_in_epoch = state["step_in_epoch"]
-        self.loss_sum.copy_(state["loss_sum"])
+        ranks = state.get("ranks") or [{"rng": state["rng"], "loss_sum": state["loss_sum"]}]
+        if len(ranks) == self.world.size:
+            mine = ranks[self.world.rank]
+        else:  # another number of processes: the same logged mean, fresh-looking streams
+            mean = sum(r["loss_sum"] for r in ranks) / len(ranks)
+            mine = {"rng": ranks[0]["rng"], "loss_sum": mean}
+        self.loss_sum.copy_(mine["loss_sum"])
         self._tick = (time.perf_counter(), state["last_log_step"])
         self.skipped.copy_(state["skipped"])
-        checkpoint.set_rng_state(state["rng"])
-        print(f"resumed from {path} (epoch {self.epoch}, step {self.step})")
+        checkpoint.set_rng_state(mine["rng"])
+        if self.world.main:
+            print(f"resumed from {path} (epoch {self.epoch}, step {self.step})")
 
 
 def _toml(cfg: TrainConfig) -> str:

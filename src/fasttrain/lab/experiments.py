@@ -425,12 +425,13 @@ def _batches(spec: str) -> tuple[int, ...]:
 
 def experiment_parser(sub: argparse._SubParsersAction) -> None:
     from fasttrain.engine.config import add_arguments
+    from fasttrain.lab import scaling
 
     p = sub.add_parser("experiment", help="the seed lab's exercises, measured: precision, "
-                       "memory, e2e", description=__doc__,
+                       "memory, e2e; and multi-process scaling", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", choices=EXPERIMENTS, metavar="{precision,memory,e2e}",
-                   help="which experiment")
+    p.add_argument("name", choices=(*EXPERIMENTS, "scaling"),
+                   metavar="{precision,memory,e2e,scaling}", help="which experiment")
     g = p.add_argument_group("experiment")
     g.add_argument("--steps", type=int, default=Options.steps, metavar="N",
                    help=f"timed optimizer steps per row (default: {Options.steps})")
@@ -445,6 +446,7 @@ def experiment_parser(sub: argparse._SubParsersAction) -> None:
                    help="memory: stop the sweep at a peak above this many GiB")
     g.add_argument("--json", metavar="PATH", help="write the result JSON here")
     g.add_argument("--plot", metavar="PATH", help="write a PNG plot here")
+    scaling.add_arguments(p)
     add_arguments(p)
     p.set_defaults(func=experiment)
 
@@ -455,6 +457,10 @@ def experiment(args: argparse.Namespace) -> int:
     from fasttrain import report
     from fasttrain.env import env_block, hardware_line
 
+    if args.name == "scaling":  # torchrun launches and a step model: its own module
+        from fasttrain.lab import scaling
+
+        return scaling.run(args)
     if args.steps < 1:
         raise UserError(f"--steps must be ≥ 1, got {args.steps}")
     if args.timing_warmup < 0:

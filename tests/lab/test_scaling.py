@@ -1,0 +1,72 @@
+"""The scaling experiment's model of a data-parallel step (fasttrain.lab.scaling), and its command
+in prediction mode. (Kept here, beside the engine's distributed tests, until the lab's owner
+wires `scaling` into `fasttrain experiment` and moves it to tests/lab/.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fasttrain.errors import UserError
+from fasttrain.lab import scaling
+
+
+def test_ring_allreduce_time_is_two_n_minus_one_over_n_of_the_bytes():
+    via = scaling.Link("test", bandwidth=100e9, latency=0.0)
+    assert scaling.allreduce_s(1e9, 1, via) == 0
+    assert scaling.allreduce_s(1e9, 2, via) == pytest.approx(1e9 / 100e9)
+    assert scaling.allreduce_s(1e9, 8, via) == pytest.approx(2 * 7 / 8 * 1e9 / 100e9)
+    slow = scaling.Link("test", bandwidth=100e9, latency=5e-6)
+    assert scaling.allreduce_s(0, 8, slow) == pytest.approx(14 * 5e-6)
+
+
+def test_buckets_follow_ddp_defaults():
+    mib = 2**20
+    assert scaling.buckets(100) == [100]
+    assert scaling.buckets(60 * mib) == [mib, 25 * mib, 25 * mib, 9 * mib]
+    assert sum(scaling.buckets(123_456_789)) == 123_456_789
+
+
+def test_communication_hides_behind_backward_except_the_last_bucket():
+    via = scaling.Link("test", bandwidth=50e9, latency=0.0)
+    grads = 400 * 2**20
+    long = scaling.step_time(1.0, grads, 16, via)  # backward 0.67 s ≫ all-reduce ~16 ms
+    last = scaling.allreduce_s(scaling.buckets(grads)[-1], 16, via)
+    assert long["exposed_s"] == pytest.approx(last)
+    short = scaling.step_time(1e-3, grads, 16, via)  # nothing to hide behind
+    assert short["exposed_s"] == pytest.approx(short["allreduce_s"] - 2e-3 / 3, rel=0.05)
+    assert scaling.step_time(1e-3, grads, 1, via)["step_s"] == 1e-3
+
+
+def test_bad_interconnect_is_a_user_error():
+    assert scaling.link("nvlink4", 5).bandwidth == 450e9
+    assert scaling.link("100", 5).bandwidth == 100e9
+    with pytest.raises(UserError, match="nvlink4"):
+        scaling.link("carrier-pigeon", 5)
+
+
+def test_prediction_mode_writes_json_for_the_bundled_models(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert scaling.main(["--predict-only", "--predict-models", "mlp,gpt-124m", "--json",
+                         str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["schema"] == "fasttrain.experiment/1" and result["rows"] == []
+    rows = {(r["model"], r["nodes"]): r for r in result["predicted"]}
+    assert rows[("mlp", 1)]["params"] == 269_322 and rows[("mlp", 2)]["gpus"] == 16
+    big = rows[("gpt-124m", 1)]
+    assert 0.9 < big["efficiency"] <= 1 and big["speedup"] == pytest.approx(8 * big["efficiency"])
+    assert "predicted" in capsys.readouterr().out
+
+
+def test_measured_rows_of_one_and_two_processes(tmp_path):
+    """One real sweep: ddp on 1 and 2 CPU processes, a few steps each."""
+    out = tmp_path / "s.json"
+    assert scaling.main(["--model", "logreg", "--data", "synthetic", "--device", "cpu",
+                         "--modes", "ddp,dp", "--procs", "1,2", "--steps", "5",
+                         "--predict-models", "logreg", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    ddp = [r for r in rows if r["mode"] == "ddp"]
+    assert [r["status"] for r in ddp] == ["ok", "ok"], rows
+    assert ddp[0]["param_bytes"] == ddp[1]["param_bytes"] == 7850 * 4
+    assert all(r["status"] == "unavailable" for r in rows if r["mode"] == "dp")
