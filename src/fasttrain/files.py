@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temp file beside `path`, fsync, then rename: a crash or a full disk never leaves
-    a half-written file, and an existing file is replaced only by a complete new one."""
+def write_atomic(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], object]) -> None:
+    """Write `data` (bytes, or a function that writes into the open file) to a temp file beside
+    `path`, fsync, then rename: a crash or a full disk never leaves a half-written file, and an
+    existing file is replaced only by a complete new one. Temp names start with '.' and end in
+    '.tmp', so readers that look for final names never see them."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", prefix=f".{p.name}.",
                                suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)

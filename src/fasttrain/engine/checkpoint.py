@@ -21,7 +21,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 from fasttrain.errors import UserError
+from fasttrain.files import write_atomic
 
 _NAME = re.compile(r"^step-(\d{8,})(\.pt)?$")
 EXTRAS = "extras.pt"  # in a sharded checkpoint: everything but the DCP tensors
@@ -64,16 +64,7 @@ def save(directory: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write `state` atomically as `directory/step-<step>.pt`; prune to the newest `keep`."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{step:08d}.pt"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{final.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(final, lambda f: torch.save(state, f))
     _fsync_dir(directory)
     prune(directory, keep)
     return final
