@@ -300,6 +300,8 @@ class Trainer:
                         if self.step >= self.total_steps:
                             break
                     if self.step_in_epoch >= self.batches.steps_per_epoch:
+                        if self.step > self._tick[1]:  # the epoch's last steps, before its eval
+                            bar.describe(self._log())
                         self.epoch += 1
                         self.step_in_epoch = 0
                         self._evaluate()
