@@ -32,3 +32,22 @@ def real_data_dir() -> Path | None:
 requires_mnist = pytest.mark.skipif(
     real_data_dir() is None, reason="set FASTTRAIN_DATA to a folder holding mnist/ to run"
 )
+
+
+def run_cli(capsys, *argv):
+    """Run `fasttrain ARGV` in-process; returns (exit code, stdout, stderr)."""
+    from fasttrain.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code, err, *words):
+    """Bad input: exit status 2 and exactly one `error: ...` line naming each of `words`."""
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for w in words:
+        assert w in lines[0], (w, lines[0])

@@ -5,21 +5,7 @@ import json
 import pytest
 
 from fasttrain.cli import main
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, err, *words):
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    assert "Traceback" not in err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
+from tests.conftest import assert_one_line_error, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +42,7 @@ def test_bench_plot_is_a_png(bench_result):
 
 
 def test_bench_table_labels_synthetic_data(capsys):
-    code, out, _ = run(capsys, "bench", "--data", "synthetic", "--epochs", "1",
+    code, out, _ = run_cli(capsys, "bench", "--data", "synthetic", "--epochs", "1",
                        "--impl", "floor-gemm", "--no-progress")
     assert code == 0 and "SYNTHETIC" in out and "floor-gemm" in out
 
@@ -66,7 +52,7 @@ def test_unavailable_row_is_listed_with_its_reason(monkeypatch, capsys):
 
     monkeypatch.setattr(numba_fused.NumbaFused, "unavailable",
                         classmethod(lambda cls, env, cfg: "numba is not installed"))
-    code, out, _ = run(capsys, "bench", "--data", "synthetic", "--epochs", "1",
+    code, out, _ = run_cli(capsys, "bench", "--data", "synthetic", "--epochs", "1",
                        "--impl", "numba-fused", "--no-progress")
     assert code == 0 and "unavailable" in out and "numba is not installed" in out
 
@@ -83,19 +69,19 @@ def test_unavailable_row_is_listed_with_its_reason(monkeypatch, capsys):
     (["--json", "/nonexistent-dir/r.json"], ["--json", "does not exist"]),
 ])
 def test_bad_flags_are_one_line_errors(capsys, argv, words):
-    code, _, err = run(capsys, "bench", "--data", "synthetic", *argv)
+    code, _, err = run_cli(capsys, "bench", "--data", "synthetic", *argv)
     assert_one_line_error(code, err, *words)
 
 
 def test_json_path_that_is_a_directory(capsys, tmp_path):
-    code, _, err = run(capsys, "bench", "--data", "synthetic", "--json", str(tmp_path))
+    code, _, err = run_cli(capsys, "bench", "--data", "synthetic", "--json", str(tmp_path))
     assert_one_line_error(code, err, "is a directory")
 
 
 def test_bad_input_loses_nothing_on_disk(capsys, tmp_path):
     existing = tmp_path / "r.json"
     existing.write_text("precious")
-    code, _, err = run(capsys, "bench", "--data", "synthetic", "--epochs", "0",
+    code, _, err = run_cli(capsys, "bench", "--data", "synthetic", "--epochs", "0",
                        "--json", str(existing))
     assert_one_line_error(code, err)
     assert existing.read_text() == "precious"
@@ -107,7 +93,7 @@ def test_corrupt_data_file_is_a_one_line_error(capsys, tmp_path):
     for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                  "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
         (d / name).write_bytes(b"\x00\x00\x08\x03 not really an idx file")
-    code, _, err = run(capsys, "bench", "--data-dir", str(tmp_path), "--epochs", "1")
+    code, _, err = run_cli(capsys, "bench", "--data-dir", str(tmp_path), "--epochs", "1")
     assert_one_line_error(code, err)
     assert "mnist" in err
 
@@ -117,12 +103,12 @@ def test_cuda_without_gpu_is_a_user_error(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    code, _, err = run(capsys, "bench", "--data", "synthetic", "--device", "cuda")
+    code, _, err = run_cli(capsys, "bench", "--data", "synthetic", "--device", "cuda")
     assert_one_line_error(code, err, "cuda")
 
 
 def test_env_prints_the_env_block(capsys):
-    code, out, _ = run(capsys, "env", "--json")
+    code, out, _ = run_cli(capsys, "env", "--json")
     block = json.loads(out)
     assert code == 0 and block["cores"] >= 1 and block["torch"]
 
@@ -145,12 +131,12 @@ def test_module_entry_point_runs():
     (["--lr", "-1"], ["--lr"]),
 ])
 def test_train_bad_settings_are_one_line_errors(capsys, argv, words):
-    code, _, err = run(capsys, "train", "--data", "synthetic", "--device", "cpu", *argv)
+    code, _, err = run_cli(capsys, "train", "--data", "synthetic", "--device", "cpu", *argv)
     assert_one_line_error(code, err, *words)
 
 
 def test_train_runs_end_to_end(capsys, tmp_path):
-    code, out, err = run(capsys, "train", "--model", "logreg", "--data", "synthetic",
+    code, out, err = run_cli(capsys, "train", "--model", "logreg", "--data", "synthetic",
                          "--batch-size", "256", "--max-steps", "30", "--log-every", "10",
                          "--no-progress", "--out", str(tmp_path / "run"))
     assert code == 0, err
@@ -162,7 +148,7 @@ def test_train_runs_end_to_end(capsys, tmp_path):
 def test_train_refuses_an_unwritable_out(capsys, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    code, _, err = run(capsys, "train", "--model", "logreg", "--data", "synthetic",
+    code, _, err = run_cli(capsys, "train", "--model", "logreg", "--data", "synthetic",
                        "--out", str(blocker / "run"))
     assert_one_line_error(code, err, "--out")
     assert blocker.read_text() == "not a folder"

@@ -6,12 +6,11 @@ import json
 import pytest
 import torch
 
-from fasttrain.cli import main
 from fasttrain.engine import TrainConfig
 from fasttrain.errors import UserError
 from fasttrain.lab import experiments as ex
 from fasttrain.lab import memory as mem
-from tests.conftest import requires_mnist
+from tests.conftest import requires_mnist, run_cli
 from tests.engine.conftest import image_task
 
 TINY = ex.Options(steps=2, warmup=1, batches=(16, 32, 512), accum=4)
@@ -127,10 +126,6 @@ def test_default_data_is_mnist_when_present():
 # -- the command ---------------------------------------------------------------------------------
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 BASE = ("--model", "logreg", "--data", "synthetic", "--device", "cpu", "--steps", "2",
@@ -140,7 +135,7 @@ BASE = ("--model", "logreg", "--data", "synthetic", "--device", "cpu", "--steps"
 @pytest.mark.parametrize("name", ex.EXPERIMENTS)
 def test_each_experiment_writes_json_and_png(capsys, tmp_path, name):
     js, png = tmp_path / f"{name}.json", tmp_path / f"{name}.png"
-    code, out, err = run(capsys, "experiment", name, *BASE, "--json", str(js),
+    code, out, err = run_cli(capsys, "experiment", name, *BASE, "--json", str(js),
                          "--plot", str(png))
     assert code == 0, err
     result = json.loads(js.read_text())
@@ -163,7 +158,7 @@ def test_each_experiment_writes_json_and_png(capsys, tmp_path, name):
     (["precision", "--out", "somewhere"], ["--out"]),
 ])
 def test_bad_input_is_a_one_line_error(capsys, argv, words):
-    code, _, err = run(capsys, "experiment", *argv[:1], "--model", "logreg", "--data",
+    code, _, err = run_cli(capsys, "experiment", *argv[:1], "--model", "logreg", "--data",
                        "synthetic", "--device", "cpu", *argv[1:])
     assert code == 2
     lines = err.strip().splitlines()

@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from fasttrain.cli import main
 from fasttrain.engine import TrainConfig, Trainer
 from fasttrain.lab import memory as mem
+from tests.conftest import assert_one_line_error, run_cli
 from tests.engine.conftest import image_task, text_task
 
 
@@ -156,18 +156,8 @@ def test_search_when_the_floor_does_not_fit():
 # -- the command ---------------------------------------------------------------------------------
 
 
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
-def assert_one_line_error(code, err, *words):
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for w in words:
-        assert w in lines[0], (w, lines[0])
 
 
 BASE = ("memory", "--model", "logreg", "--data", "synthetic", "--device", "cpu")
@@ -175,7 +165,7 @@ BASE = ("memory", "--model", "logreg", "--data", "synthetic", "--device", "cpu")
 
 def test_memory_command_writes_the_breakdown(capsys, tmp_path):
     path = tmp_path / "m.json"
-    code, out, err = run(capsys, *BASE, "--batch-size", "32", "--json", str(path))
+    code, out, err = run_cli(capsys, *BASE, "--batch-size", "32", "--json", str(path))
     assert code == 0, err
     assert "hook count" in out and "seed formula" in out and "SYNTHETIC" in out
     result = json.loads(path.read_text())
@@ -188,7 +178,7 @@ def test_memory_command_writes_the_breakdown(capsys, tmp_path):
 
 def test_memory_command_finds_a_batch_size(capsys, tmp_path, fixed_step_time):
     path = tmp_path / "f.json"
-    code, out, err = run(capsys, *BASE, "--find-batch-size", "--memory-limit", "0.0005",
+    code, out, err = run_cli(capsys, *BASE, "--find-batch-size", "--memory-limit", "0.0005",
                          "--json", str(path))
     assert code == 0, err
     result = json.loads(path.read_text())
@@ -211,5 +201,5 @@ def test_memory_command_finds_a_batch_size(capsys, tmp_path, fixed_step_time):
     (["--precision", "tf32"], ["tf32"]),
 ])
 def test_bad_input_is_a_one_line_error(capsys, argv, words):
-    code, _, err = run(capsys, *BASE, *argv)
+    code, _, err = run_cli(capsys, *BASE, *argv)
     assert_one_line_error(code, err, *words)
