@@ -32,6 +32,14 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("numpy-cpu", "numpy_cpu:NumpyCPU"),
     Entry("torch-naive", "torch_naive:TorchNaive", picks_device=True),
     Entry("torch-optimized", "torch_optimized:TorchOptimized", picks_device=True),
+    # The report's CUDA C++ ladder, cumulative, in its order (cuda_rungs.py).
+    Entry("cuda-baseline", "cuda_rungs:CudaBaseline"),
+    Entry("+no-sync", "cuda_rungs:NoSync"),
+    Entry("+cublas", "cuda_rungs:Cublas"),
+    Entry("+report-10", "cuda_rungs:Report10"),
+    Entry("+fused-loss", "cuda_rungs:FusedLoss"),
+    Entry("+cudnn-softmax", "cuda_rungs:CudnnSoftmax"),
+    Entry("+cuda-graphs", "cuda_rungs:CudaGraphs"),
     Entry("numba-fused", "numba_fused:NumbaFused"),
     Entry("floor-gemm", "floor_gemm:FloorGemm"),
 )

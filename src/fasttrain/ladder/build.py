@@ -129,6 +129,8 @@ def toolchain_reason(libs=()) -> str | None:
         nvcc = find_nvcc()
         if nvcc is None:
             return "nvcc not found on PATH or in /usr/local/cuda (install the CUDA toolkit)"
+        if shutil.which("g++") is None:
+            return "g++ not found on PATH (nvcc needs it as its host compiler)"
         for name in libs:
             found = _find_lib(name, nvcc)
             if isinstance(found, str):

@@ -217,27 +217,31 @@ int epoch_steps(Ctx* c, const int64_t* order, int flags, cudaStream_t s) {
   return 0;
 }
 
-// The epoch as a graph: captured once per stats setting on the private capture stream, reading
-// the order from order_buf; each replay first copies the epoch's order there (device to device,
-// asynchronous: no host wait).
+// The epoch as a graph: captured once per stats setting (ft_capture, at setup) on the private
+// capture stream, reading the order from order_buf; each replay first copies the epoch's order
+// there (device to device, asynchronous: no host wait).
+template <class Ops>
+int capture_graph(Ctx* c, int flags) {
+  cudaGraphExec_t& exec = c->graphs[(flags & FT_STATS) ? 1 : 0];
+  if (exec != nullptr) return 0;
+  FT_TRY(Ops::bind(c, c->capture));
+  FT_TRY(cudaStreamBeginCapture(c->capture, cudaStreamCaptureModeThreadLocal));
+  int status = epoch_steps<Ops>(c, c->order_buf, flags, c->capture);
+  cudaGraph_t graph = nullptr;
+  int end = (int)cudaStreamEndCapture(c->capture, &graph);  // ends the capture even on error
+  FT_TRY(status);
+  FT_TRY(end);
+  status = (int)cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  return status;
+}
+
 template <class Ops>
 int epoch_graph(Ctx* c, const int64_t* order, int flags, cudaStream_t s) {
-  cudaGraphExec_t& exec = c->graphs[(flags & FT_STATS) ? 1 : 0];
-  if (exec == nullptr) {
-    FT_TRY(Ops::bind(c, c->capture));
-    FT_TRY(cudaStreamBeginCapture(c->capture, cudaStreamCaptureModeThreadLocal));
-    int status = epoch_steps<Ops>(c, c->order_buf, flags, c->capture);
-    cudaGraph_t graph = nullptr;
-    int end = (int)cudaStreamEndCapture(c->capture, &graph);
-    FT_TRY(status);
-    FT_TRY(end);
-    status = (int)cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    FT_TRY(status);
-  }
+  FT_TRY(capture_graph<Ops>(c, flags));
   FT_TRY(cudaMemcpyAsync(c->order_buf, order, (size_t)c->n * sizeof(int64_t),
                          cudaMemcpyDeviceToDevice, s));
-  return (int)cudaGraphLaunch(exec, s);
+  return (int)cudaGraphLaunch(c->graphs[(flags & FT_STATS) ? 1 : 0], s);
 }
 
 // The entry points every family's library exports (ctypes calls them; see cuda_rungs.py).
@@ -252,6 +256,7 @@ int epoch_graph(Ctx* c, const int64_t* order, int flags, cudaStream_t s) {
     FT_TRY(cudaStreamCreateWithFlags(&c->capture, cudaStreamNonBlocking));                      \
     return Ops::create(c);                                                                      \
   }                                                                                             \
+  extern "C" int ft_capture(Ctx* c, int flags) { return capture_graph<Ops>(c, flags); }          \
   extern "C" int ft_epoch(Ctx* c, const int64_t* order, int flags, cudaStream_t s) {            \
     if (flags & FT_GRAPH) return epoch_graph<Ops>(c, order, flags, s);                          \
     FT_TRY(Ops::bind(c, s));                                                                    \
