@@ -62,7 +62,6 @@ def test_cache_rebuilds_on_source_or_header_change_only(tiny_csrc, tmp_path):
     (tiny_csrc / "tiny.cu").write_text((tiny_csrc / "tiny.cu").read_text() + "// changed\n")
     third = build.compile("tiny.cu", arch="sm_80", out_dir=out)
     assert third not in (first, second)
-    assert build.compile("tiny.cu", arch="sm_90a", out_dir=out) != third, "arch is in the key"
     assert not list(out.glob("tmp*")), "no temporary file left behind"
 
 

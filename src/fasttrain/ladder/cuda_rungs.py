@@ -113,6 +113,16 @@ class CudaRung(Impl):
         _check(status, f"{self.name}: ft_create")
         self.base_flags = (SYNC_STEP * self.sync_every_step | FUSED * self.fused_loss
                            | GRAPH * self.graphs)
+        # One untimed epoch of each kind this row runs, then the initial weights back: CUDA loads
+        # kernels lazily on first launch (and cuBLAS picks its algorithms), which belongs to setup
+        # and must not happen inside a graph capture.
+        stream = _P(torch.cuda.current_stream().cuda_stream)
+        warm = self.base_flags & ~GRAPH
+        for stats in (0, STATS):
+            _check(self.lib.ft_epoch(ctx, _P(self.orders[0].data_ptr()), warm | stats, stream),
+                   f"{self.name}: warm-up")
+        self.w.copy_(torch.from_numpy(data.w0))
+        self.b.copy_(torch.from_numpy(data.b0))
         if self.graphs:  # capture both epoch graphs now (setup time): with and without stats
             for stats in (0, STATS):
                 _check(self.lib.ft_capture(ctx, self.base_flags | stats), f"{self.name}: capture")
