@@ -78,17 +78,21 @@ def _setup(name, data, cfg):
 
 def _host_syncs(fn):
     """(host waits, device→host copies) while fn() runs, as CUDA's profiler (CUPTI) sees them:
-    the runtime calls of the ctypes-loaded library included, since it shares torch's cudart."""
-    from torch.profiler import ProfilerActivity, profile
+    the runtime calls of the ctypes-loaded library included, since it shares torch's cudart.
+    Waits are counted inside fn's own time range only: the profiler synchronizes on exit."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        result = fn()
-        torch.cuda.synchronize()  # inside, so that every device event is collected; counted -1
-    names = [e.name for e in prof.events()]
-    waits = sum(n in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-                      "cudaMemcpy") for n in names) - 1
-    dtoh = sum("DtoH" in n or "Device -> Pageable" in n for n in names)
+        with record_function("under_test"):
+            result = fn()
+        torch.cuda.synchronize()  # every device event of fn is collected
+    events = prof.events()
+    window = next(e.time_range for e in events if e.name == "under_test")
+    waits = sum(e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize",
+                           "cudaEventSynchronize", "cudaMemcpy")
+                and window.start <= e.time_range.start <= window.end for e in events)
+    dtoh = sum("DtoH" in e.name or "Device -> Pageable" in e.name for e in events)
     return result, waits, dtoh
 
 
