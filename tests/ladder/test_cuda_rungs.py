@@ -154,3 +154,13 @@ def test_flags_are_cumulative():
     assert [r.fused_loss for r in rows] == [False] * 4 + [True] * 3
     assert [r.graphs for r in rows] == [False] * 6 + [True]
     assert issubclass(rows[-1], cuda_rungs.CudaRung)
+
+
+def test_sources_name_every_file_the_library_is_built_from():
+    from fasttrain.ladder import build
+
+    for name in ROWS:
+        cls = ladder.entry(name).load()
+        src = build.CSRC / cls.source
+        built = {src, *build._local_headers(src)}
+        assert {(build.CSRC.parent / f).resolve() for f in cls.sources} == built, name

@@ -64,6 +64,7 @@ class CudaRung(Impl):
     device = "cuda"
     source = "rungs_kernels.cu"
     libs: tuple[str, ...] = ()
+    sources = ("csrc/rungs_kernels.cu", "csrc/common.cuh")  # the files its figures come from
     sync_every_step = False
     report_every = 1  # compute loss and accuracy every this many epochs (and after the last)
     fused_loss = False
@@ -169,6 +170,7 @@ class Cublas(NoSync):
     report_ms = 20.73
     source = "rungs_cublas.cu"
     libs = ("cublas",)
+    sources = ("csrc/rungs_cublas.cu", "csrc/cublas_gemms.cuh", "csrc/common.cuh")
 
 
 class Report10(Cublas):
@@ -191,6 +193,7 @@ class CudnnSoftmax(FusedLoss):
     report_ms = 18.0
     source = "rungs_cudnn.cu"
     libs = ("cublas", "cudnn")
+    sources = ("csrc/rungs_cudnn.cu", "csrc/cublas_gemms.cuh", "csrc/common.cuh")
 
 
 class CudaGraphs(CudnnSoftmax):
