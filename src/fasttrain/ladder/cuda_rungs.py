@@ -22,6 +22,7 @@ Host syncs inside an epoch: the baseline's, one per step, deliberately; from `+n
 the only read being the epoch's loss after its last step, on the epochs that report it.
 
 Run alone:  python -m fasttrain bench --impl cuda-baseline,+no-sync,+cuda-graphs
+Measured: not yet — written and compiled without a GPU (see README, "The CUDA C++ ladder").
 """
 
 from __future__ import annotations
