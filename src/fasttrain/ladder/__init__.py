@@ -32,6 +32,9 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("numpy-cpu", "numpy_cpu:NumpyCPU"),
     Entry("torch-naive", "torch_naive:TorchNaive", picks_device=True),
     Entry("torch-optimized", "torch_optimized:TorchOptimized", picks_device=True),
+    Entry("torch-graphs", "torch_graphs:TorchGraphs"),
+    Entry("triton-fused", "triton_fused:TritonFused"),
+    Entry("cuda-epoch", "cuda_epoch:CudaEpoch"),
     Entry("numba-fused", "numba_fused:NumbaFused"),
     Entry("floor-gemm", "floor_gemm:FloorGemm"),
 )
