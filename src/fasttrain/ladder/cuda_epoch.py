@@ -37,9 +37,9 @@ def load_library() -> ctypes.CDLL:
 
     lib = build.load(SOURCE)
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    lib.cuda_epoch_train.argtypes = [ptr, ptr, ptr, i32, i32, f32,  # x, y, order, n, bs, lr
-                                     ptr, ptr, ptr, ptr, i32, i32, ptr]  # w, b, stats, scratch,
-    # ctas, cluster, stream
+    # x, y, order, n, bs, lr, w, b, stats, scratch, ctas, cluster, stream
+    lib.cuda_epoch_train.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr, i32, i32,
+                                     ptr]
     lib.cuda_epoch_train.restype = i32
     lib.cuda_epoch_scratch_bytes.argtypes = [i32]
     lib.cuda_epoch_scratch_bytes.restype = ctypes.c_longlong

@@ -137,9 +137,10 @@ class TritonFused(Impl):
         self.b = torch.from_numpy(data.b0).to(dev)
         self.stats = torch.zeros(2, device=dev)
         self.steps = -(-data.n_train // cfg.batch_size)
-        # Compile now (setup time) on scratch weights, one step.
+        # Compile now (setup time): a whole epoch on scratch weights, since Triton specializes
+        # the kernel on its integer arguments' values (== 1, multiple of 16).
         sgd_steps(self.x, self.y, self.orders[0], self.w.clone(), self.b.clone(),
-                  self.stats.clone(), 0, 1, cfg.batch_size, cfg.lr)
+                  self.stats.clone(), 0, self.steps, cfg.batch_size, cfg.lr)
         self.epochs_summed = 0
 
     def train_epoch(self, epoch: int) -> float | None:

@@ -163,7 +163,9 @@ __device__ void train_epoch(Ex& ex, const Args& a, float* sm) {
   __syncthreads();
   widen(0);
   for (int i = tid; i < rows_of(0); i += THREADS) ys[i] = a.y[idx[i]];
-  __syncthreads();
+  // Every CTA of the cluster has started (and is set up) before anyone writes into its shared
+  // memory; a CTA can exit only after the last step's barrier B, after which nothing is remote.
+  ex.sync();
 
   float loss = 0.f, correct = 0.f;
   for (int s = 0; s < steps; ++s) {
