@@ -34,7 +34,8 @@ except ImportError:  # optional: the row reports itself unavailable
     triton = None
 
 READ_LOSS_EVERY = 10
-BLOCK_K = 64  # pixels per chunk: x chunk [128, 64] fp32 = 32 registers a thread at 8 warps
+BLOCK_K = 16  # pixels per chunk: the largest with no register spills at 8 warps (ptxas, sm_90;
+# 32 and 64 spill, as do 4 or 16 warps)
 BLOCK_C = 16  # classes padded to tl.dot's minimum dimension
 NUM_WARPS = 8
 
