@@ -26,7 +26,8 @@ import torch
 from fasttrain.ladder.common import Impl, LadderConfig, LadderData
 
 SOURCE = "cuda_epoch.cu"
-CTAS = 14  # 56 features a CTA: half the per-step arithmetic of 7 CTAs, a wider barrier
+CTAS = 14  # 56 features a CTA: half the per-step arithmetic of 7 CTAs for a wider barrier;
+# chosen before any GPU measurement: benchmarks/sync_cost.py times both
 MAX_BATCH = 128  # one CTA thread pair per row of the batch
 READ_LOSS_EVERY = 10
 
