@@ -123,7 +123,7 @@ class TritonFused(Impl):
         if triton is None:
             return "triton is not installed"
         if not torch.cuda.is_available():
-            return "needs a CUDA GPU (the CPU interpreter is for tests only)"
+            return "needs a CUDA GPU"
         if cfg.batch_size > 128:
             return f"one program holds a batch of at most 128 samples, not {cfg.batch_size}"
         return None
