@@ -40,6 +40,9 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("+fused-loss", "cuda_rungs:FusedLoss"),
     Entry("+cudnn-softmax", "cuda_rungs:CudnnSoftmax"),
     Entry("+cuda-graphs", "cuda_rungs:CudaGraphs"),
+    Entry("torch-graphs", "torch_graphs:TorchGraphs"),
+    Entry("triton-fused", "triton_fused:TritonFused"),
+    Entry("cuda-epoch", "cuda_epoch:CudaEpoch"),
     Entry("numba-fused", "numba_fused:NumbaFused"),
     Entry("floor-gemm", "floor_gemm:FloorGemm"),
 )

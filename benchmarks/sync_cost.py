@@ -1,0 +1,123 @@
+"""The floor under a 469-step epoch on this GPU: what the synchronization between dependent steps
+costs, measured, and how the `cuda-epoch` variants compare.
+
+- cluster barrier (`cluster.sync()`, thread-block cluster, sm_90+) and cooperative grid barrier
+  (`grid.sync()`) over N CTAs: ns per barrier, from the GPU's global timer over ITERS barriers
+  in one kernel;
+- a dependent kernel inside a CUDA graph (what each of torch-graphs' ~7 kernels a step costs at
+  least): µs per node, a graph of 469 one-element kernels replayed;
+- `cuda-epoch` itself as cluster or cooperative grid of 7 or 14 CTAs: ms per epoch (CUDA events,
+  median of the epochs after a warm-up one), to pick the variant the row uses.
+
+    PYTHONPATH=src python benchmarks/sync_cost.py [--data mnist] [--epochs 10] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import sys
+
+import torch
+
+from fasttrain.env import env_block, hardware_line
+
+ITERS = 10_000
+STEPS = 469
+
+
+def barrier_ns(lib, kind: str, ctas: int) -> float | str:
+    """ns per barrier over `ctas` CTAs, or why it could not run."""
+    from fasttrain.ladder.cuda_epoch import stream_handle
+
+    fn = getattr(lib, f"cuda_epoch_bench_{kind}_sync")
+    out = torch.zeros(1, dtype=torch.int64, device="cuda")
+    code = fn(ctas, ITERS, ctypes.c_void_p(out.data_ptr()), stream_handle())
+    if code:
+        return lib.cuda_epoch_error_name(code).decode()
+    fn(ctas, ITERS, ctypes.c_void_p(out.data_ptr()), stream_handle())  # the first was a warm-up
+    return out.item() / ITERS
+
+
+def graph_node_us() -> float:
+    """µs per dependent one-element kernel in a replayed CUDA graph of STEPS kernels."""
+    t = torch.zeros(1, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        t.add_(1)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(STEPS):
+            t.add_(1)
+    return epoch_ms(g.replay, 20) * 1e3 / STEPS
+
+
+def epoch_ms(run, epochs: int) -> float:
+    """Median ms of `run()` timed with CUDA events, after one warm-up call."""
+    run()
+    times = []
+    for _ in range(epochs):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default="mnist", choices=("mnist", "synthetic"))
+    ap.add_argument("--epochs", type=int, default=10, help="timed epochs per cuda-epoch variant")
+    ap.add_argument("--json", metavar="PATH", help="write the figures here")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("sync_cost: needs a CUDA GPU", file=sys.stderr)
+        return 2
+
+    from fasttrain.data import load_dataset
+    from fasttrain.ladder import LadderConfig, make_ladder_data
+    from fasttrain.ladder.cuda_epoch import EpochKernel, has_clusters, load_library
+
+    env = env_block()
+    print(f"sync_cost on {hardware_line(env)}")
+    lib = load_library()
+    kinds = ("cluster", "grid") if has_clusters() else ("grid",)
+    barriers = {f"{k} {n}": barrier_ns(lib, k, n) for k in kinds for n in (2, 4, 7, 8, 14, 16)}
+    for name, v in barriers.items():
+        print(f"  {name:>11} CTAs: " + (f"{v:8.1f} ns per barrier" if isinstance(v, float) else v))
+    node = graph_node_us()
+    print(f"  CUDA graph: {node:.2f} µs per dependent kernel ({STEPS} nodes)")
+
+    cfg = LadderConfig(epochs=args.epochs + 1)
+    data = make_ladder_data(load_dataset(args.data, None, seed=0), cfg)
+    variants = {}
+    for cluster in (k == "cluster" for k in kinds):
+        for ctas in (7, 14):
+            k = EpochKernel(data, cfg, ctas=ctas, cluster=cluster)
+            epoch = iter(range(10**9))
+            try:
+                ms = epoch_ms(lambda k=k, e=epoch: k.run(next(e) % cfg.epochs), args.epochs)
+            except RuntimeError as e:
+                variants[k.variant] = str(e)
+                print(f"  cuda-epoch, {k.variant}: {e}")
+                continue
+            variants[k.variant] = ms
+            print(f"  cuda-epoch, {k.variant}: {ms:.3f} ms/epoch = {ms * 1e3 / STEPS:.2f} µs/step")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"schema": "fasttrain.sync_cost/1", "env": env,
+                       "config": {"iters": ITERS, "steps": STEPS, "data": args.data,
+                                  "epochs": args.epochs},
+                       "barrier_ns": barriers, "graph_node_us": node,
+                       "cuda_epoch_ms": variants}, f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

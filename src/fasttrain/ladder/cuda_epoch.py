@@ -1,0 +1,140 @@
+"""`cuda-epoch`: a whole epoch — 469 dependent SGD steps — in ONE kernel launch, no host in between.
+
+The kernel (`csrc/cuda_epoch.cu`) runs on a thread-block cluster of CTAS CTAs on Hopper (sm_90+):
+each CTA owns a slice of the 784 features and its slice of the weights in shared memory for the
+whole epoch; per step the partial logits meet through distributed shared memory (two cluster
+barriers a step), the softmax is computed by the rows' owners, and the gradient and update stay
+local; the next batch's uint8 pixels are prefetched with cp.async while the step computes. GPUs
+without clusters run the same kernel on a cooperative grid (global-memory inboxes, grid.sync()).
+fp32 arithmetic: the weights equal the float64 reference to float32 rounding.
+
+Built by `fasttrain.ladder.build` (nvcc → cached .so → ctypes) at setup; the training set, labels
+and orders are on the device as uint8 / int32.
+
+Variants the GPU session compares with `benchmarks/sync_cost.py` (the winner is wired in):
+cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each). Not yet timed on a GPU.
+
+Run alone:  python -m fasttrain bench --impl cuda-epoch
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from fasttrain.ladder.common import Impl, LadderConfig, LadderData
+
+SOURCE = "cuda_epoch.cu"
+CTAS = 14  # 56 features a CTA: half the per-step arithmetic of 7 CTAs for a wider barrier;
+# chosen before any GPU measurement: benchmarks/sync_cost.py times both
+MAX_BATCH = 128  # one CTA thread pair per row of the batch
+READ_LOSS_EVERY = 10
+
+
+def load_library() -> ctypes.CDLL:
+    """Build (once, cached) and load the kernel library with its entry points typed."""
+    from fasttrain.ladder import build
+
+    lib = build.load(SOURCE)
+    ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    # x, y, order, n, bs, lr, w, b, stats, scratch, ctas, cluster, stream
+    lib.cuda_epoch_train.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr, i32, i32,
+                                     ptr]
+    lib.cuda_epoch_train.restype = i32
+    lib.cuda_epoch_scratch_bytes.argtypes = [i32]
+    lib.cuda_epoch_scratch_bytes.restype = ctypes.c_longlong
+    lib.cuda_epoch_error_name.argtypes = [i32]
+    lib.cuda_epoch_error_name.restype = ctypes.c_char_p
+    for name in ("cuda_epoch_bench_cluster_sync", "cuda_epoch_bench_grid_sync"):
+        getattr(lib, name).argtypes = [i32, i32, ptr, ptr]
+        getattr(lib, name).restype = i32
+    return lib
+
+
+def check(lib: ctypes.CDLL, code: int, what: str) -> None:
+    if code:
+        name = lib.cuda_epoch_error_name(code).decode()
+        raise RuntimeError(f"{what} failed: CUDA error {code} ({name})")
+
+
+def stream_handle() -> ctypes.c_void_p:
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def has_clusters() -> bool:
+    return torch.cuda.get_device_capability()[0] >= 9
+
+
+class EpochKernel:
+    """The device state of one run and the launch of one epoch."""
+
+    def __init__(self, data: LadderData, cfg: LadderConfig, ctas: int = CTAS,
+                 cluster: bool | None = None):
+        dev = torch.device("cuda")
+        self.lib = load_library()
+        self.n, self.cfg, self.ctas = data.n_train, cfg, ctas
+        self.cluster = has_clusters() if cluster is None else cluster
+        self.x = torch.from_numpy(data.train_x).to(dev).contiguous()  # uint8 [N, 784]
+        self.y = torch.from_numpy(data.train_y).to(dev, torch.int32)
+        self.orders = torch.from_numpy(data.orders).to(dev, torch.int32)  # [epochs, N]
+        self.w = torch.from_numpy(data.w0).to(dev).contiguous()
+        self.b = torch.from_numpy(data.b0).to(dev)
+        self.stats = torch.zeros(2, device=dev)  # (loss sum, correct count) since the last read
+        scratch = self.lib.cuda_epoch_scratch_bytes(ctas)
+        if scratch == 0:
+            raise ValueError(f"cuda-epoch runs on 7 or 14 CTAs, not {ctas}")
+        self.scratch = torch.empty(scratch // 4, device=dev)
+
+    def run(self, epoch: int, w=None, b=None, stats=None) -> None:
+        """One epoch in `orders[epoch]` order on (w, b, stats), by default the run's own."""
+        w, b, stats = (self.w, self.b, self.stats) if w is None else (w, b, stats)
+        p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+        code = self.lib.cuda_epoch_train(
+            p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
+            self.cfg.lr, p(w), p(b), p(stats), p(self.scratch), self.ctas, int(self.cluster),
+            stream_handle())
+        check(self.lib, code, f"cuda_epoch_train ({self.variant})")
+
+    @property
+    def variant(self) -> str:
+        return f"{'cluster' if self.cluster else 'cooperative grid'} of {self.ctas} CTAs"
+
+
+class CudaEpoch(Impl):
+    name = "cuda-epoch"
+    device = "cuda"
+
+    @classmethod
+    def unavailable(cls, env, cfg):
+        if not torch.cuda.is_available():
+            return "needs a CUDA GPU"
+        if cfg.batch_size > MAX_BATCH:
+            return f"one launch holds a batch of at most {MAX_BATCH} samples, not {cfg.batch_size}"
+        from fasttrain.ladder import build
+
+        return build.toolchain_reason()
+
+    def setup(self, data: LadderData, cfg: LadderConfig) -> None:
+        self.data, self.cfg = data, cfg
+        self.kernel = EpochKernel(data, cfg)
+        # Build, load and run one epoch now (setup time) on scratch copies of the weights: a
+        # launch error shows here, and the first timed epoch is not the first launch.
+        k = self.kernel
+        k.run(0, k.w.clone(), k.b.clone(), k.stats.clone())
+        torch.cuda.synchronize()
+        self.epochs_summed = 0
+
+    def train_epoch(self, epoch: int) -> float | None:
+        self.kernel.run(epoch)
+        self.epochs_summed += 1
+        if (epoch + 1) % READ_LOSS_EVERY and epoch + 1 != self.cfg.epochs:
+            return None
+        stats = self.kernel.stats
+        mean = stats[0].item() / (self.data.n_train * self.epochs_summed)  # the one host read
+        stats.zero_()
+        self.epochs_summed = 0
+        return mean
+
+    def params(self):
+        return self.kernel.w.cpu().numpy().copy(), self.kernel.b.cpu().numpy().copy()
