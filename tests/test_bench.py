@@ -192,7 +192,7 @@ def test_cpu_peaks_are_measured_with_every_trial_kept():
     assert len(p["fp32_flops_trials"]) == len(p["bandwidth_trials"]) == 2
     assert p["fp32_flops"] == max(p["fp32_flops_trials"]) > 0
     assert p["bandwidth"] == max(p["bandwidth_trials"]) > 0
-    assert fma_flops(50) == 2 * 10 * 8 * 256 * 50
+    assert fma_flops(50) == 2 * 16 * 8 * 256 * 50
 
 
 def test_source_hash_covers_declared_sources():

@@ -43,7 +43,8 @@ except ImportError:  # optional: the row reports itself unavailable
     numba = None
 
 FLAG_STRIDE = 16  # int64s per barrier flag: one 128-byte slot each, so flags never share a line
-SPINS_BEFORE_YIELD = 2000  # on a shared machine a waiting core gives its slice away eventually
+SPINS_BEFORE_YIELD = 2000
+PREFETCH_AHEAD = 6  # rows  # on a shared machine a waiting core gives its slice away eventually
 
 if numba is not None:
 
@@ -131,22 +132,20 @@ def _forward(x, y, order, w, b, xf, dz, start, nb, i0, i1, inv255, scale):
     """Logits, softmax and loss of samples i0..i1 of the batch; writes their widened rows to xf
     and (p − onehot)/nb to dz; returns their summed loss."""
     n, k_in = order.shape[0], x.shape[1]
-    loss = 0.0
-    for i in range(i0, i1, 2):
-        ia, ib = i, min(i + 1, i1 - 1)  # an odd last sample pairs with itself
-        for q in range(2, 4):  # the rows two pairs ahead: DRAM latency hides behind this pair
-            if start + i + q < n:
-                prefetch_row(x, order[start + i + q])
-        ra, rb = xf[ia], xf[ib]
-        xa, xb = x[order[start + ia]], x[order[start + ib]]
+    for i in range(i0, i1):  # widen my rows once; they stay in L2 for both phases
+        if start + i + PREFETCH_AHEAD < n:  # shuffled rows: DRAM latency hides behind 6 rows
+            prefetch_row(x, order[start + i + PREFETCH_AHEAD])
+        r, xr = xf[i], x[order[start + i]]
         for k in range(k_in):
-            ra[k] = np.float32(xa[k])
-            rb[k] = np.float32(xb[k])
-        for h in range(0, CLASSES, 5):
-            w0, w1, w2, w3, w4 = w[h], w[h + 1], w[h + 2], w[h + 3], w[h + 4]
+            r[k] = np.float32(xr[k])
+    for h in range(0, CLASSES, 5):  # five weight rows (16 KB) stay in L1 for every pair
+        w0, w1, w2, w3, w4 = w[h], w[h + 1], w[h + 2], w[h + 3], w[h + 4]
+        for i in range(i0, i1, 2):
+            ia, ib = i, min(i + 1, i1 - 1)  # an odd last sample pairs with itself
+            ra, rb = xf[ia], xf[ib]
             a0 = a1 = a2 = a3 = a4 = np.float32(0.0)
             c0 = c1 = c2 = c3 = c4 = np.float32(0.0)
-            for k in range(k_in):
+            for k in range(k_in):  # 2 × 5 tile: 7 loads, 10 FMAs
                 u, v = ra[k], rb[k]
                 a0 += u * w0[k]
                 a1 += u * w1[k]
@@ -161,22 +160,23 @@ def _forward(x, y, order, w, b, xf, dz, start, nb, i0, i1, inv255, scale):
             za, zb = dz[ia], dz[ib]
             za[h], za[h + 1], za[h + 2], za[h + 3], za[h + 4] = a0, a1, a2, a3, a4
             zb[h], zb[h + 1], zb[h + 2], zb[h + 3], zb[h + 4] = c0, c1, c2, c3, c4
-        for s in range(ia, ib + 1):
-            z = dz[s]
-            label = y[order[start + s]]
-            for j in range(CLASSES):
-                z[j] = z[j] * inv255 + b[j]
-            zmax = z[0]
-            for j in range(1, CLASSES):
-                zmax = max(zmax, z[j])
-            total = np.float32(0.0)
-            zy = z[label]
-            for j in range(CLASSES):
-                z[j] = np.exp(z[j] - zmax)
-                total += z[j]
-            loss += np.log(total) + zmax - zy
-            for j in range(CLASSES):
-                z[j] = (z[j] / total - np.float32(j == label)) * scale
+    loss = 0.0
+    for i in range(i0, i1):
+        z = dz[i]
+        label = y[order[start + i]]
+        for j in range(CLASSES):
+            z[j] = z[j] * inv255 + b[j]
+        zmax = z[0]
+        for j in range(1, CLASSES):
+            zmax = max(zmax, z[j])
+        total = np.float32(0.0)
+        zy = z[label]
+        for j in range(CLASSES):
+            z[j] = np.exp(z[j] - zmax)
+            total += z[j]
+        loss += np.log(total) + zmax - zy
+        for j in range(CLASSES):
+            z[j] = (z[j] / total - np.float32(j == label)) * scale
     return loss
 
 
