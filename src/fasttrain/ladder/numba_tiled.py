@@ -180,16 +180,21 @@ def _forward(x, y, order, w, b, xf, dz, start, nb, i0, i1, inv255, scale):
     return loss
 
 
-def _update(w, b, xf, dz, nb, c0, c1, coef):
+def _update(w, b, xf, dz, nb, c0, c1, coef, x, ahead):
     """w[c0:c1] += coef · dzᵀ @ xf (coef = −lr/255) and the bias alike: this step's SGD update of
-    the classes this thread owns, four samples per pass over K (a sample past nb adds zero)."""
+    the classes this thread owns, four samples per pass over K (a sample past nb adds zero).
+    Meanwhile the rows `x[ahead]` this thread widens next step are prefetched, two per pass, so
+    that next step's forward finds them in cache instead of waiting on DRAM."""
     k_in = xf.shape[1]
+    n_ahead = ahead.shape[0]
     for j in range(c0, c1):
         acc = np.float32(0.0)
         for i in range(nb):
             acc += dz[i, j]
         b[j] += coef * np.float32(255.0) * acc
     for i in range(0, nb, 4):
+        for q in range(i // 2, min(i // 2 + 2, n_ahead)):
+            prefetch_row(x, ahead[q])
         r0, r1 = xf[i], xf[min(i + 1, nb - 1)]
         r2, r3 = xf[min(i + 2, nb - 1)], xf[min(i + 3, nb - 1)]
         for j in range(c0, c1, 2):
@@ -235,7 +240,10 @@ def _epoch_part(t, n_threads, x, y, order, w, b, lr, batch_size, xf, dz, flags, 
                          np.float32(1.0 / nb))
         generation += 1
         _barrier(flags, t, n_threads, generation)  # every sample's rows and dz are written
-        _update(w, b, xf, dz, nb, c0, c1, coef)
+        nxt = min(start + batch_size, n)  # next step's rows of this thread
+        nnb = min(batch_size, n - nxt)
+        ahead = order[nxt + nnb * t // n_threads: nxt + nnb * (t + 1) // n_threads]
+        _update(w, b, xf, dz, nb, c0, c1, coef, x, ahead)
         generation += 1
         _barrier(flags, t, n_threads, generation)  # every weight row is updated
     loss_out[t] = loss
