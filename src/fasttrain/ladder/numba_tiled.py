@@ -18,8 +18,17 @@ makes every inner loop FMA-bound:
   2 stores, 8 FMAs.
 - 1/255 is folded into the logits and into the update's coefficients.
 
-Versions (epoch ms, MNIST, 2-core EPYC, interleaved with numba-fused in one process):
-  v1  this file                                                         see the README table
+Versions (one thread, ms of CPU time per epoch, MNIST, 2-core EPYC, best of 5-6; CPU time because
+the machine was shared by a dozen processes while this was written — wall times were meaningless):
+  v1  2 × 5 forward tile per sample pair over both class halves; 4 × 2 update tile      ~53
+  v2  rows widened first, then each half of W (16 KB) stays in L1 across all pairs      ~47
+  v3  next step's rows prefetched during the update (same-process A/B: 50 → 44.5)       ~45
+
+Where the remaining time goes (one thread, ~45 ms; the ideal at the forward tile's rate is ~22):
+forward tiles ~11-12 (measured alone at 79-85 GFLOP/s a core: at the FMA ceiling); update tiles
+~16 (55-60 GFLOP/s: a 4-deep FMA chain and two stores per 8 FMAs); softmax ~3.4 (scalar expf,
+600k a epoch); gather, widening and bias ~8.5; tile reductions and loop overhead the rest. With two
+threads each does half, plus 938 barriers and 200 KB of widened rows crossing cores per step.
 
 Run alone:  python -m fasttrain bench --impl numba-tiled
 """
