@@ -11,8 +11,8 @@ from tests.conftest import assert_one_line_error, run_cli
 @pytest.fixture(scope="module")
 def bench_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    argv = ["bench", "--data", "synthetic", "--epochs", "2", "--impl",
-            "numpy-cpu,numba-fused,floor-gemm", "--json", str(out / "r.json"),
+    argv = ["bench", "--data", "synthetic", "--epochs", "2", "--repeats", "2", "--impl",
+            "numpy-cpu,numba-tiled,floor-gemm,roofline", "--json", str(out / "r.json"),
             "--plot", str(out / "r.png"), "--no-progress"]
     assert main(argv) == 0
     return json.loads((out / "r.json").read_text()), out
@@ -20,18 +20,27 @@ def bench_result(tmp_path_factory):
 
 def test_bench_writes_self_describing_json(bench_result):
     result, _ = bench_result
-    assert result["schema"] == "fasttrain.bench/1"
-    assert {"cpu", "cores", "python", "torch", "numpy", "git_commit"} <= result["env"].keys()
+    assert result["schema"] == "fasttrain.bench/2"
+    assert {"cpu", "cores", "python", "torch", "numpy", "git_commit", "cpu_flags", "cpu_threads",
+            "peaks"} <= result["env"].keys()
     assert result["config"]["data"] == "synthetic" and result["config"]["synthetic"] is True
+    assert result["config"]["repeats"] == 2
     rows = {r["impl"]: r for r in result["rows"]}
-    assert list(rows) == ["numpy-cpu", "numba-fused", "floor-gemm"]
-    for r in rows.values():
-        assert r["status"] == "ok"
-        assert 0 < r["epoch_ms_min"] <= r["epoch_ms_median"] <= r["epoch_ms_max"]
-        assert r["total_ms"] == pytest.approx(sum(r["epoch_ms_all"]))
-        assert r["setup_ms"] > 0
+    assert list(rows) == ["numpy-cpu", "numba-tiled", "floor-gemm", "roofline"]
+    for name in ("numpy-cpu", "numba-tiled", "floor-gemm"):
+        r = rows[name]
+        assert r["status"] == "ok" and len(r["repeats"]) == 2
+        assert len(r["source"]["sha256"]) == 64
+        for rep in r["repeats"]:
+            assert 0 < rep["epoch_ms_min"] <= rep["epoch_ms_median"] <= rep["epoch_ms_max"]
+            assert rep["total_ms"] == pytest.approx(sum(rep["epoch_ms_all"]))
+            assert rep["setup_ms"] > 0
+        assert r["epoch_ms_repeat_min"] <= r["epoch_ms"] <= r["epoch_ms_repeat_max"]
+    assert rows["numpy-cpu"]["check"]["ok"] and rows["floor-gemm"]["check"] is None
+    assert rows["roofline"]["roofline"]["flops"] == 4 * 60000 * 784 * 10
+    assert rows["roofline"]["repeats"] == []
     assert rows["numpy-cpu"]["test_accuracy"] > 0.7
-    assert rows["numba-fused"]["test_accuracy"] == pytest.approx(
+    assert rows["numba-tiled"]["test_accuracy"] == pytest.approx(
         rows["numpy-cpu"]["test_accuracy"], abs=0.002)
     assert rows["floor-gemm"]["test_accuracy"] is None
 
@@ -42,9 +51,9 @@ def test_bench_plot_is_a_png(bench_result):
 
 
 def test_bench_table_labels_synthetic_data(capsys):
-    code, out, _ = run_cli(capsys, "bench", "--data", "synthetic", "--epochs", "1",
+    code, out, _ = run_cli(capsys, "bench", "--data", "synthetic", "--quick",
                        "--impl", "floor-gemm", "--no-progress")
-    assert code == 0 and "SYNTHETIC" in out and "floor-gemm" in out
+    assert code == 0 and "SYNTHETIC" in out and "floor-gemm" in out and "2 epochs" in out
 
 
 def test_unavailable_row_is_listed_with_its_reason(monkeypatch, capsys):
@@ -65,6 +74,7 @@ def test_unavailable_row_is_listed_with_its_reason(monkeypatch, capsys):
     (["--lr", "nan"], ["--lr"]),
     (["--lr", "inf"], ["--lr"]),
     (["--epochs", "two"], ["--epochs"]),
+    (["--repeats", "0"], ["--repeats"]),
     (["--data", "cifar"], ["--data"]),
     (["--json", "/nonexistent-dir/r.json"], ["--json", "does not exist"]),
 ])

@@ -1,21 +1,33 @@
 """`fasttrain bench`: the main job — every row of the ladder, timed the same way, one table.
 
-    fasttrain bench                          # every row available here, MNIST, 20 epochs
-    fasttrain bench --impl numpy-cpu,numba-fused --epochs 5 --json out.json --plot out.png
+    fasttrain bench                          # every row available here, MNIST, 20 epochs, 3 repeats
+    fasttrain bench --quick                  # smoke run: 2 epochs, 1 repeat
+    fasttrain bench --impl numpy-cpu,numba-fused --epochs 5 --repeats 5 --json out.json
+
+Every training row is first checked (one step against a float64 reference: `ladder.check`); a
+row that fails is reported failed and never timed. The rows that pass are timed `--repeats` times
+in interleaved order; the table shows the median over repeats and the spread, the JSON keeps
+every repeat. Repeats default to 3: the median of three survives one disturbed run, and three
+passes of the slowest CPU row (torch-naive, ~15 s a pass) keep the default bench near two minutes
+on the 2-core machine this was written on.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import traceback
 
 from fasttrain import ladder
 from fasttrain.errors import UserError
-from fasttrain.timing import synchronizer, time_call, time_epochs
+from fasttrain.ladder.check import check_row
+from fasttrain.timing import repeat_summary, synchronizer, time_call, time_epochs
 
-SCHEMA = "fasttrain.bench/1"
+SCHEMA = "fasttrain.bench/2"
+DEFAULT_EPOCHS, DEFAULT_REPEATS = 20, 3
+QUICK_EPOCHS, QUICK_REPEATS = 2, 1
 
 
 def bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +39,15 @@ def bench_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--impl", default="all", help="comma-separated rows to run (default: all). "
                    f"Known: {', '.join(ladder.NAMES)}")
-    p.add_argument("--epochs", type=int, default=20, help="passes over the training set")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"passes over the training set (default {DEFAULT_EPOCHS}; "
+                   f"{QUICK_EPOCHS} with --quick)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"timed runs of each row, interleaved (default {DEFAULT_REPEATS}; "
+                   f"{QUICK_REPEATS} with --quick); the table shows their median and spread")
+    p.add_argument("--quick", action="store_true",
+                   help=f"smoke run: {QUICK_EPOCHS} epochs, {QUICK_REPEATS} repeat (unless "
+                   "given)")
     p.add_argument("--batch-size", type=int, default=128, help="samples per SGD step")
     p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     p.add_argument("--seed", type=int, default=0, help="seeds the init and the shuffle orders")
@@ -54,30 +74,42 @@ def select(spec: str) -> list[ladder.Entry]:
     return [ladder.entry(n) for n in dict.fromkeys(names)]
 
 
-def run_row(entry: ladder.Entry, data, cfg: ladder.LadderConfig, env: dict, on_epoch=None) -> dict:
-    """Set up, time and evaluate one implementation; never raises for a row's own failure."""
-    row = {"impl": entry.name, "reproduces": None, "report_ms": None, "device": None,
-           "precision": None, "status": "ok", "reason": None}
+def _base_row(entry: ladder.Entry) -> dict:
+    return {"impl": entry.name, "reproduces": None, "report_ms": None, "device": None,
+            "precision": None, "status": "ok", "reason": None, "source": None, "check": None,
+            "repeats": []}
+
+
+def prepare_row(entry: ladder.Entry, data, cfg: ladder.LadderConfig, env: dict) -> dict:
+    """Everything before timing: import, availability, source hash, and the check step. The
+    returned row has status "ok" only when the row may be timed."""
+    row = _base_row(entry)
     try:
         cls = entry.load()
     except ImportError as e:
         return {**row, "status": "unavailable", "reason": f"cannot import: {e}"}
-    row.update(reproduces=cls.reproduces, report_ms=cls.report_ms)
+    row.update(reproduces=cls.reproduces, report_ms=cls.report_ms, device=cls.device,
+               precision=cls.precision, source=entry.source_hash())
     reason = cls.unavailable(env, cfg)
     if reason:
-        return {**row, "device": cls.device, "status": "unavailable", "reason": reason}
-    try:
-        impl = entry.create(cfg.device)
-        sync = synchronizer(impl.device)
-        _, setup_ms = time_call(lambda: impl.setup(data, cfg), sync)
-        times, losses = time_epochs(impl.train_epoch, cfg.epochs, sync, on_epoch)
-        test_loss, test_acc = impl.evaluate()
-    except Exception as e:  # a broken row must not take the others down; keep its traceback
-        traceback.print_exc(file=sys.stderr)
-        return {**row, "status": "failed", "reason": f"{type(e).__name__}: {e}".splitlines()[0]}
+        return {**row, "status": "unavailable", "reason": reason}
+    if cls.trains and not cls.computed:
+        row["check"] = check = check_row(entry, data, cfg)
+        if not check["ok"]:
+            return {**row, "status": "failed", "reason": f"check: {check['error']}"}
+    return row
+
+
+def time_row(entry: ladder.Entry, data, cfg: ladder.LadderConfig, on_epoch=None) -> dict:
+    """One repeat: a fresh instance, set up, timed over every epoch and evaluated. Raises what the
+    row raises (the caller marks the row failed)."""
+    impl = entry.create(cfg.device)
+    sync = synchronizer(impl.device)
+    _, setup_ms = time_call(lambda: impl.setup(data, cfg), sync)
+    times, losses = time_epochs(impl.train_epoch, cfg.epochs, sync, on_epoch)
+    test_loss, test_acc = impl.evaluate()
     read = [x for x in losses if x is not None]
     return {
-        **row,
         "device": impl.device,
         "precision": impl.precision,
         "setup_ms": setup_ms,
@@ -90,6 +122,68 @@ def run_row(entry: ladder.Entry, data, cfg: ladder.LadderConfig, env: dict, on_e
     }
 
 
+def summarize_row(row: dict) -> dict:
+    """The row's figures from its repeats: median and spread of the per-repeat epoch times, the
+    min / median / max over every timed epoch, the median setup; metrics of the first repeat
+    (every repeat trains the same thing from the same start)."""
+    reps = row["repeats"]
+    if row["status"] != "ok" or not reps:
+        return row
+    every = [ms for r in reps for ms in r["epoch_ms_all"]]
+    first = reps[0]
+    return {
+        **row,
+        "device": first["device"],
+        "precision": first["precision"],
+        **repeat_summary([r["epoch_ms"] for r in reps]),
+        "epoch_ms_min": min(every),
+        "epoch_ms_median": statistics.median(every),
+        "epoch_ms_max": max(every),
+        "total_ms": statistics.median([r["total_ms"] for r in reps]),
+        "setup_ms": statistics.median([r["setup_ms"] for r in reps]),
+        **{k: first[k] for k in ("train_loss", "test_accuracy", "test_loss")},
+    }
+
+
+def computed_row(entry: ladder.Entry, row: dict, data, cfg, peaks: dict | None) -> dict:
+    """The roofline: its figure comes from the peaks, not from a clock."""
+    if peaks is None:
+        return {**row, "status": "unavailable", "reason": "no peak figures for this device"}
+    est = entry.create(cfg.device).estimate(data, cfg, peaks)
+    return {**row, "precision": "fp32", "roofline": est, "epoch_ms": est["epoch_ms"],
+            "setup_ms": None, "test_accuracy": None, "test_loss": None}
+
+
+def run_rows(entries, data, cfg, env: dict, repeats: int, console=None, quiet=True) -> list[dict]:
+    """Check every row, then time the rows that passed `repeats` times in interleaved order
+    (all rows once, then all rows again, ...), so slow drifts of the machine — another job
+    starting, the clock throttling — spread over every row instead of landing on one."""
+    rows = [prepare_row(e, data, cfg, env) for e in entries]
+    for e, row in zip(entries, rows, strict=True):
+        _say(console, e.name, row, "check")
+    peaks = None
+    for i, (e, row) in enumerate(zip(entries, rows, strict=True)):
+        if row["status"] == "ok" and e.load().computed:
+            peaks = peaks or env.get("peaks")
+            rows[i] = computed_row(e, row, data, cfg, peaks)
+    timed = [i for i, e in enumerate(entries) if rows[i]["status"] == "ok"
+             and not e.load().computed]
+    for rep in range(repeats):
+        for i in timed:
+            if rows[i]["status"] != "ok":
+                continue  # failed in an earlier repeat
+            label = f"{entries[i].name} {rep + 1}/{repeats}"
+            try:
+                rows[i]["repeats"].append(_time_with_progress(entries[i], data, cfg, console,
+                                                              quiet, label))
+            except Exception as e:  # a broken row must not take the others down; keep traceback
+                traceback.print_exc(file=sys.stderr)
+                rows[i].update(status="failed",
+                               reason=f"repeat {rep + 1}: {type(e).__name__}: {e}".splitlines()[0])
+            _say(console, label, rows[i], "time")
+    return [summarize_row(r) for r in rows]
+
+
 def bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -99,8 +193,14 @@ def bench(args: argparse.Namespace) -> int:
 
     if not math.isfinite(args.lr):
         raise UserError(f"--lr must be a finite number > 0, got {args.lr}")
+    epochs = args.epochs if args.epochs is not None else (
+        QUICK_EPOCHS if args.quick else DEFAULT_EPOCHS)
+    repeats = args.repeats if args.repeats is not None else (
+        QUICK_REPEATS if args.quick else DEFAULT_REPEATS)
+    if repeats <= 0:
+        raise UserError(f"--repeats must be a positive integer, got {repeats}")
     entries = select(args.impl)
-    cfg = ladder.LadderConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+    cfg = ladder.LadderConfig(epochs=epochs, batch_size=args.batch_size, lr=args.lr,
                               seed=args.seed, device=resolve_device(args.device))
     for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
         if path:
@@ -114,13 +214,21 @@ def bench(args: argparse.Namespace) -> int:
     console.print(f"data: {dataset.name} from {dataset.source}: {data.n_train} train / "
                   f"{len(data.test_y)} test" + (" [bold red](synthetic)[/bold red]"
                                                  if dataset.synthetic else ""))
-    rows = [_run_with_progress(e, data, cfg, env, console, args.no_progress) for e in entries]
+    if "roofline" in [e.name for e in entries]:
+        from fasttrain.peaks import machine_peaks
+
+        env["peaks"] = machine_peaks(env, cfg.device)
+        if env["peaks"]:
+            console.print(f"peaks ({env['peaks']['source']}): "
+                          f"{env['peaks']['fp32_flops'] / 1e9:,.0f} GFLOP/s fp32 FMA, "
+                          f"{env['peaks']['bandwidth'] / 1e9:,.1f} GB/s")
+    rows = run_rows(entries, data, cfg, env, repeats, console, args.no_progress)
     result = {
         "schema": SCHEMA,
         "env": env,
         "config": {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
                    "seed": cfg.seed, "data": dataset.name, "synthetic": dataset.synthetic,
-                   "data_source": dataset.source, "device": cfg.device,
+                   "data_source": dataset.source, "device": cfg.device, "repeats": repeats,
                    "impl": [e.name for e in entries]},
         "rows": rows,
     }
@@ -137,24 +245,35 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_with_progress(entry, data, cfg, env, console, quiet: bool) -> dict:
-    """Run one row under a progress bar. The bar advances once per epoch, after the harness has
-    already synchronized and stopped the clock: it adds no host-device sync of its own."""
+def _say(console, label: str, row: dict, stage: str) -> None:
+    """One line per check and per timed repeat on stderr (a log of what ran, in order)."""
+    if console is None:
+        return
+    if row["status"] != "ok":
+        console.print(f"  {label:<22} {row['status']}: {row['reason']}")
+    elif stage == "check" and row.get("check"):
+        console.print(f"  {label:<22} check ok (max |Δ| {row['check']['max_abs_err']:.1e} "
+                      f"vs float64)")
+    elif stage == "time":
+        r = row["repeats"][-1]
+        console.print(f"  {label:<22} {r['epoch_ms']:>10,.2f} ms/epoch   "
+                      f"setup {r['setup_ms']:,.0f} ms")
+
+
+def _time_with_progress(entry, data, cfg, console, quiet: bool, label: str) -> dict:
+    """Time one repeat under a progress bar. The bar advances once per epoch, after the harness
+    has already synchronized and stopped the clock: it adds no host-device sync of its own."""
+    if console is None:
+        return time_row(entry, data, cfg)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    with Progress(TextColumn("{task.description:<16}"), BarColumn(), MofNCompleteColumn(),
+    with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[last]}"), console=console, transient=True,
                   disable=quiet or not console.is_terminal) as progress:
-        task = progress.add_task(entry.name, total=cfg.epochs, last="setup…")
+        task = progress.add_task(label, total=cfg.epochs, last="setup…")
 
         def on_epoch(epoch: int, ms: float, loss) -> None:
             tail = f"  loss {loss:.4f}" if loss is not None else ""
             progress.update(task, advance=1, last=f"{ms:,.1f} ms/epoch{tail}")
 
-        row = run_row(entry, data, cfg, env, on_epoch)
-    if row["status"] == "ok":
-        console.print(f"  {entry.name:<16} {row['epoch_ms']:>10,.2f} ms/epoch   "
-                      f"setup {row['setup_ms']:,.0f} ms")
-    else:
-        console.print(f"  {entry.name:<16} {row['status']}: {row['reason']}")
-    return row
+        return time_row(entry, data, cfg, on_epoch)

@@ -67,6 +67,27 @@ def cpu_name() -> str:
 
 
 @functools.cache
+def cpu_flags() -> str | None:
+    """The CPU's feature flags as the kernel lists them (avx2, fma, avx512f, ...): which SIMD
+    instructions compiled kernels could use, needed to reproduce a CPU figure."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _numba_threads() -> int | None:
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba.get_num_threads()
+
+
+@functools.cache
 def git_commit() -> str | None:
     """The commit of the source tree fasttrain runs from ('+dirty' when it has local changes)."""
     here = Path(__file__).resolve().parent
@@ -96,7 +117,10 @@ def env_block() -> dict:
     block = {
         "cpu": cpu_name(),
         "cores": os.cpu_count(),
+        "cpu_threads": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_flags": cpu_flags(),
         "torch_threads": torch.get_num_threads(),
+        "numba_threads": _numba_threads(),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -46,24 +46,46 @@ def _baseline(rows: list[dict], name: str) -> dict | None:
     return None
 
 
+def _cells(r: dict, base: dict | None, floor: dict | None) -> list[str]:
+    """ms/epoch, spread over repeats, × roofline, setup, speed-up, test acc, test loss."""
+    if r.get("roofline"):
+        rf = r["roofline"]
+        return [_fmt_ms(r["epoch_ms"]), f"{rf['bound']}-bound", "1.0×", "-",
+                f"{base['epoch_ms'] / r['epoch_ms']:.1f}×" if base else "-", "-", "-"]
+    reps = len(r.get("repeats") or ())
+    spread = (f"{_fmt_ms(r['epoch_ms_repeat_min'])}–{_fmt_ms(r['epoch_ms_repeat_max'])}"
+              f" ({reps}×)" if reps > 1 else f"1 run: {_fmt_ms(r['epoch_ms_min'])}–"
+              f"{_fmt_ms(r['epoch_ms_max'])}/epoch")
+    acc = r.get("test_accuracy")
+    has_acc = acc is not None and math.isfinite(acc)
+    return [
+        _fmt_ms(r["epoch_ms"]), spread,
+        f"{r['epoch_ms'] / floor['epoch_ms']:.1f}×" if floor else "-",
+        _fmt_ms(r["setup_ms"]),
+        f"{base['epoch_ms'] / r['epoch_ms']:.1f}×" if base else "-",
+        f"{100 * acc:.2f}%" if has_acc else "-",
+        f"{r['test_loss']:.4f}" if has_acc else "-",
+    ]
+
+
+HEADERS = ("implementation", "device", "precision", "ms/epoch", "spread over repeats",
+           "× roofline", "setup ms", "speed-up", "test acc", "test loss", "report ms/epoch")
+
+
 def bench_table(result: dict, baseline: str = "numpy-cpu") -> Table:
     """The ladder as one table, in the report's order, with the report's figure beside ours."""
     rows, cfg = result["rows"], result["config"]
-    base = _baseline(rows, baseline)
+    base, floor = _baseline(rows, baseline), _baseline(rows, "roofline")
     data = cfg["data"] + (" (SYNTHETIC stand-in, not real data)" if cfg.get("synthetic") else "")
     table = Table(
         title=f"fasttrain bench — {data}, {cfg['epochs']} epochs, batch {cfg['batch_size']}, "
-        f"lr {cfg['lr']}",
-        caption="ms/epoch: mean of the latter half of epochs (min–max over all); setup apart. "
+        f"lr {cfg['lr']}, {cfg.get('repeats', 1)} repeat(s)",
+        caption="ms/epoch: median over repeats of each repeat's latter-half epoch mean; spread: "
+        "min–max over repeats; setup apart; roofline: computed from the measured peaks. "
         + (f"Speed-up vs {baseline}." if base else ""),
     )
-    for col, just in (
-        ("implementation", "left"), ("device", "left"), ("precision", "left"),
-        ("ms/epoch", "right"), ("min–max", "right"), ("total ms", "right"),
-        ("setup ms", "right"), ("speed-up", "right"), ("test acc", "right"),
-        ("test loss", "right"), ("report ms/epoch", "right"),
-    ):
-        table.add_column(col, justify=just)
+    for i, col in enumerate(HEADERS):
+        table.add_column(col, justify="left" if i < 3 else "right")
     for r in rows:
         report = _fmt_ms(r.get("report_ms"))
         if r["status"] != "ok":
@@ -71,43 +93,23 @@ def bench_table(result: dict, baseline: str = "numpy-cpu") -> Table:
                           f"[dim]{r['status']}[/dim]", f"[dim]{r['reason']}[/dim]",
                           *["" for _ in range(5)], report, style="dim")
             continue
-        speedup = f"{base['epoch_ms'] / r['epoch_ms']:.1f}×" if base else "-"
-        acc = r.get("test_accuracy")
-        has_acc = acc is not None and math.isfinite(acc)
-        table.add_row(
-            r["impl"], r["device"], r["precision"], _fmt_ms(r["epoch_ms"]),
-            f"{_fmt_ms(r['epoch_ms_min'])}–{_fmt_ms(r['epoch_ms_max'])}",
-            _fmt_ms(r["total_ms"]), _fmt_ms(r["setup_ms"]), speedup,
-            f"{100 * acc:.2f}%" if has_acc else "-",
-            f"{r['test_loss']:.4f}" if has_acc else "-", report,
-        )
+        table.add_row(r["impl"], r["device"], r["precision"], *_cells(r, base, floor), report)
     return table
 
 
 def bench_markdown(result: dict, baseline: str = "numpy-cpu") -> str:
     """The same table as Markdown, for READMEs and closing notes."""
     rows = result["rows"]
-    base = _baseline(rows, baseline)
-    lines = [
-        "| implementation | device | precision | ms/epoch | min–max | setup ms "
-        f"| speed-up vs {baseline} | test acc | report ms/epoch |",
-        "|---|---|---|--:|--:|--:|--:|--:|--:|",
-    ]
+    base, floor = _baseline(rows, baseline), _baseline(rows, "roofline")
+    heads = [h if h != "speed-up" else f"speed-up vs {baseline}" for h in HEADERS]
+    lines = ["| " + " | ".join(heads) + " |", "|---|---|---|" + "--:|" * (len(heads) - 3)]
     for r in rows:
         report = _fmt_ms(r.get("report_ms"))
         if r["status"] != "ok":
             cells = [r["impl"], r.get("device") or "-", "-", f"{r['status']}: {r['reason']}",
-                     "", "", "", "", report]
+                     *[""] * 6, report]
         else:
-            acc = r.get("test_accuracy")
-            cells = [
-                r["impl"], r["device"], r["precision"], _fmt_ms(r["epoch_ms"]),
-                f"{_fmt_ms(r['epoch_ms_min'])}–{_fmt_ms(r['epoch_ms_max'])}",
-                _fmt_ms(r["setup_ms"]),
-                f"{base['epoch_ms'] / r['epoch_ms']:.1f}×" if base else "-",
-                f"{100 * acc:.2f}%" if acc is not None and math.isfinite(acc) else "-",
-                report,
-            ]
+            cells = [r["impl"], r["device"], r["precision"], *_cells(r, base, floor), report]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -122,18 +124,22 @@ def bench_plot(result: dict, path: str | os.PathLike) -> None:
     rows = [r for r in result["rows"] if r["status"] == "ok"]
     names = [r["impl"] for r in rows][::-1]
     ours = [r["epoch_ms"] for r in rows][::-1]
+    # spread over repeats as an error bar (min–max); none for the computed roofline
+    err = [[r["epoch_ms"] - r.get("epoch_ms_repeat_min", r["epoch_ms"]) for r in rows][::-1],
+           [r.get("epoch_ms_repeat_max", r["epoch_ms"]) - r["epoch_ms"] for r in rows][::-1]]
     theirs = [r.get("report_ms") for r in rows][::-1]
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.6))
     ys = range(len(rows))
-    ax.barh([y + 0.2 for y in ys], ours, height=0.4, label="fasttrain (this run)", color="#1f77b4")
+    ax.barh([y + 0.2 for y in ys], ours, height=0.4, xerr=err, capsize=2,
+            label="fasttrain (this run: median, min–max over repeats)", color="#1f77b4")
     ax.barh([y - 0.2 for y in ys], [t or 0 for t in theirs], height=0.4,
             label="published report (its own hardware)", color="#bbbbbb")
     for y, ms in zip(ys, ours, strict=True):
         ax.text(ms * 1.05, y + 0.2, _fmt_ms(ms), va="center", fontsize=8)
-    floor = _baseline(rows, "floor-gemm")
+    floor = _baseline(rows, "roofline")
     if floor:
         ax.axvline(floor["epoch_ms"], color="#d62728", linestyle="--", linewidth=1,
-                   label="GEMM floor (bare matrix products)")
+                   label="roofline (epoch's FLOPs and bytes at this machine's peaks)")
     ax.set_yticks(list(ys), names)
     ax.set_xscale("log")
     ax.set_xlabel("ms per epoch (log scale, lower is better)")

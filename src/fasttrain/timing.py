@@ -6,6 +6,8 @@
 - Epoch time is the mean over the latter half of the epochs (the report's method: the first half
   absorbs warm-up), reported with min / median / max; total is the wall time of all epochs.
 - Evaluation happens outside the clock.
+- A row is run several times (repeats, interleaved with the other rows by the bench): its figure
+  is the median over repeats of each repeat's epoch time, its spread the min–max over repeats.
 """
 
 from __future__ import annotations
@@ -82,3 +84,17 @@ def time_epochs(
         if on_epoch is not None:
             on_epoch(epoch, ms, result)
     return EpochTimes(tuple(times)), results
+
+
+def repeat_summary(epoch_ms: list[float]) -> dict[str, float]:
+    """Median and spread of a row's per-repeat epoch times (each a latter-half mean). The median
+    is robust to one disturbed repeat; `spread` is (max − min) / median."""
+    if not epoch_ms:
+        raise ValueError("no repeats to summarize")
+    med = statistics.median(epoch_ms)
+    return {
+        "epoch_ms": med,
+        "epoch_ms_repeat_min": min(epoch_ms),
+        "epoch_ms_repeat_max": max(epoch_ms),
+        "spread": (max(epoch_ms) - min(epoch_ms)) / med,
+    }

@@ -1,14 +1,18 @@
 """The report's system — MNIST logistic regression — implemented many ways, one file each.
 
-`REGISTRY` lists the rows in the table's order: the report's own rows first, in the report's order,
-then the rows beyond it, then the reference floor. Modules are imported on first use, so a row whose
-dependencies are missing (numba, a GPU) reports itself unavailable instead of breaking the others.
+`REGISTRY` lists the rows in the table's order: the report's own rows first, in the report's
+order, then the rows beyond it, then the reference lines (`roofline`, computed, is the floor).
+Modules are imported on first use, so a row whose dependencies are missing (numba, a GPU) reports
+itself unavailable instead of breaking the others.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from fasttrain.ladder.common import Impl, LadderConfig, LadderData, make_ladder_data
 
@@ -27,6 +31,19 @@ class Entry:
         cls = self.load()
         return cls(device) if self.picks_device else cls()
 
+    def source_hash(self) -> dict:
+        """sha256 of the row's module and of every file its class lists in `sources` (paths
+        relative to fasttrain/ladder/, e.g. "csrc/sgd_epoch.cu"), so a figure names the code
+        that produced it."""
+        cls = self.load()
+        here = Path(__file__).resolve().parent
+        files = [Path(importlib.import_module(cls.__module__).__file__).resolve()]
+        files += [here / s for s in getattr(cls, "sources", ())]
+        digest = hashlib.sha256()
+        for f in files:
+            digest.update(f.name.encode() + b"\0" + f.read_bytes())
+        return {"sha256": digest.hexdigest(), "files": [os.path.relpath(f, here) for f in files]}
+
 
 REGISTRY: tuple[Entry, ...] = (
     Entry("numpy-cpu", "numpy_cpu:NumpyCPU"),
@@ -44,7 +61,9 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("triton-fused", "triton_fused:TritonFused"),
     Entry("cuda-epoch", "cuda_epoch:CudaEpoch"),
     Entry("numba-fused", "numba_fused:NumbaFused"),
+    Entry("numba-tiled", "numba_tiled:NumbaTiled"),
     Entry("floor-gemm", "floor_gemm:FloorGemm"),
+    Entry("roofline", "roofline:Roofline", picks_device=True),
 )
 NAMES = tuple(e.name for e in REGISTRY)
 

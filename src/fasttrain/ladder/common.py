@@ -111,7 +111,16 @@ class Impl:
     device: str = "cpu"
     precision: str = "fp32"
     trains: bool = True
-    """False for reference lines (the GEMM floor) that time work but learn nothing."""
+    """False for reference lines (the GEMM floor, the roofline) that learn nothing; only rows that
+    train are checked against the float64 reference before they are timed."""
+    computed: bool = False
+    """True for the roofline: its ms/epoch is computed from the machine's peaks, never timed."""
+    sources: tuple[str, ...] = ()
+    """Files besides the row's module that its code is built from (CUDA C++ sources, say), relative
+    to fasttrain/ladder/: hashed into the result JSON so every figure names the code behind it."""
+    check_atol: float | None = None
+    """Tolerance of the check-before-time step against float64; None: decided by `precision`
+    (2e-5 for fp32, 1e-3 for reduced precision)."""
 
     @classmethod
     def unavailable(cls, env: dict, cfg: LadderConfig) -> str | None:

@@ -1,0 +1,205 @@
+"""The bench as an instrument: check before time, interleaved repeats and their statistics, the
+roofline's arithmetic and the peaks it divides by."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from fasttrain import bench, ladder
+from fasttrain.ladder.check import check_row, reference_step
+from fasttrain.ladder.common import LadderConfig, make_ladder_data
+from fasttrain.ladder.numpy_cpu import NumpyCPU
+from fasttrain.ladder.roofline import Roofline, epoch_work, roofline_ms
+from fasttrain.timing import repeat_summary
+from tests.conftest import tiny_images
+
+CALLS: list[str] = []  # (row, method) in the order the bench made them
+
+
+class LoggedNumpy(NumpyCPU):
+    """A correct row that logs its setups and epochs."""
+
+    name = "logged"
+
+    def setup(self, data, cfg):
+        CALLS.append(f"{self.name}:setup")
+        super().setup(data, cfg)
+
+    def train_epoch(self, epoch):
+        CALLS.append(f"{self.name}:epoch")
+        return super().train_epoch(epoch)
+
+
+class OtherLogged(LoggedNumpy):
+    name = "other"
+
+
+class WrongSign(LoggedNumpy):
+    """Deliberately broken: climbs the gradient instead of descending it."""
+
+    name = "wrong-sign"
+
+    def setup(self, data, cfg):
+        super().setup(data, cfg)
+        self.cfg = LadderConfig(epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.lr)
+        self.lr_sign = -1.0
+
+    def train_epoch(self, epoch):
+        w0, b0 = (a.copy() for a in self.params())
+        loss = super().train_epoch(epoch)
+        w, b = self.params()
+        w[...] = 2 * w0 - w  # undo the step and take it backwards
+        b[...] = 2 * b0 - b
+        return loss
+
+
+class RaisesInSetup(LoggedNumpy):
+    name = "raises"
+
+    def setup(self, data, cfg):
+        raise RuntimeError("kernel launch failed")
+
+
+@dataclass(frozen=True)
+class FakeEntry(ladder.Entry):
+    cls: type = None
+
+    def load(self):
+        return self.cls
+
+
+def entry_for(cls):
+    return FakeEntry(cls.name, "unused:Unused", cls=cls)
+
+
+@pytest.fixture
+def tiny_data():
+    cfg = LadderConfig(epochs=2, batch_size=32)
+    return make_ladder_data(tiny_images(n_train=100), cfg), cfg
+
+
+@pytest.mark.parametrize("broken, words", [(WrongSign, "differs from the float64 reference"),
+                                           (RaisesInSetup, "kernel launch failed")])
+def test_broken_row_is_reported_failed_and_never_timed(tiny_data, broken, words):
+    data, cfg = tiny_data
+    CALLS.clear()
+    rows = bench.run_rows([entry_for(broken), entry_for(LoggedNumpy)], data, cfg, {}, repeats=2)
+    bad, good = rows
+    assert bad["status"] == "failed" and words in bad["reason"], bad["reason"]
+    assert bad["reason"].startswith("check:") and bad["repeats"] == [] and "epoch_ms" not in bad
+    # the check took one step (at most); no timed epoch ever ran
+    assert CALLS.count(f"{broken.name}:epoch") <= 1
+    assert CALLS.count(f"{broken.name}:setup") <= 1
+    assert good["status"] == "ok" and len(good["repeats"]) == 2
+
+
+def test_rows_are_checked_then_timed_in_interleaved_repeats(tiny_data):
+    data, cfg = tiny_data
+    CALLS.clear()
+    rows = bench.run_rows([entry_for(LoggedNumpy), entry_for(OtherLogged)], data, cfg, {},
+                          repeats=3)
+    setups = [c.split(":")[0] for c in CALLS if c.endswith(":setup")]
+    # two checks first, then three rounds of (logged, other)
+    assert setups == ["logged", "other"] + ["logged", "other"] * 3
+    for r in rows:
+        assert r["check"]["ok"] and r["check"]["max_abs_err"] <= r["check"]["atol"]
+        assert len(r["repeats"]) == 3
+        assert all(len(rep["epoch_ms_all"]) == cfg.epochs for rep in r["repeats"])
+        per_repeat = sorted(rep["epoch_ms"] for rep in r["repeats"])
+        assert r["epoch_ms"] == per_repeat[1]  # the median of three
+        assert (r["epoch_ms_repeat_min"], r["epoch_ms_repeat_max"]) == (per_repeat[0],
+                                                                        per_repeat[2])
+        every = [ms for rep in r["repeats"] for ms in rep["epoch_ms_all"]]
+        assert r["epoch_ms_min"] == min(every) and r["epoch_ms_max"] == max(every)
+
+
+def test_repeat_summary_median_and_spread():
+    s = repeat_summary([12.0, 10.0, 30.0, 11.0])
+    assert s["epoch_ms"] == 11.5
+    assert (s["epoch_ms_repeat_min"], s["epoch_ms_repeat_max"]) == (10.0, 30.0)
+    assert s["spread"] == pytest.approx(20.0 / 11.5)
+    assert repeat_summary([7.0])["spread"] == 0.0
+    with pytest.raises(ValueError):
+        repeat_summary([])
+
+
+def test_reference_step_matches_float64_autograd(tiny_data):
+    import torch
+
+    from fasttrain.ladder.check import one_batch
+
+    data, cfg = tiny_data
+    small, _ = one_batch(data, cfg)
+    w = torch.tensor(small.w0, dtype=torch.float64, requires_grad=True)
+    b = torch.tensor(small.b0, dtype=torch.float64, requires_grad=True)
+    x = torch.tensor(small.train_x, dtype=torch.float64) / 255
+    loss = torch.nn.functional.cross_entropy(x @ w.T + b, torch.tensor(small.train_y))
+    gw, gb = torch.autograd.grad(loss, (w, b))
+    w_ref, b_ref = reference_step(small, cfg.lr)
+    np.testing.assert_allclose(w_ref, (w - cfg.lr * gw).detach().numpy(), atol=1e-12)
+    np.testing.assert_allclose(b_ref, (b - cfg.lr * gb).detach().numpy(), atol=1e-12)
+    assert small.n_train == cfg.batch_size and small.orders.shape == (1, cfg.batch_size)
+
+
+@pytest.mark.parametrize("name", ["numpy-cpu", "numba-tiled"])
+def test_correct_rows_pass_their_check(tiny_data, name):
+    # (every row is checked by every bench run; the ladder's tests cover each row's step)
+    data, cfg = tiny_data
+    e = ladder.entry(name)
+    if e.load().unavailable({}, cfg):
+        pytest.skip(e.load().unavailable({}, cfg))
+    result = check_row(e, data, cfg)
+    assert result["ok"] and result["max_abs_err"] <= result["atol"], result
+
+
+def test_roofline_arithmetic():
+    work = epoch_work(60000)
+    assert work["flops"] == 2 * 2 * 60000 * 784 * 10  # forward + weight gradient, FMA = 2 FLOPs
+    assert work["bytes"] == 60000 * (784 + 8 + 8)
+    r = roofline_ms(work["flops"], work["bytes"], peak_flops=196e9, bandwidth=20e9)
+    assert r["compute_ms"] == pytest.approx(1e3 * 1.8816e9 / 196e9)  # ~9.6 ms
+    assert r["memory_ms"] == pytest.approx(1e3 * 48e6 / 20e9)  # 2.4 ms
+    assert r["epoch_ms"] == r["compute_ms"] and r["bound"] == "compute"
+    slow_memory = roofline_ms(work["flops"], work["bytes"], peak_flops=196e9, bandwidth=1e9)
+    assert slow_memory["bound"] == "memory" and slow_memory["epoch_ms"] == pytest.approx(48.0)
+
+
+def test_roofline_row_on_a_gpu_uses_the_data_sheet(tiny_data):
+    from fasttrain.env import GPU_PEAKS
+    from fasttrain.peaks import machine_peaks
+
+    data, cfg = tiny_data
+    env = {"gpu": "NVIDIA H100 80GB HBM3"}
+    peaks = machine_peaks(env, "cuda")
+    assert peaks["fp32_flops"] == GPU_PEAKS["H100 SXM"]["fp32"]
+    assert peaks["bandwidth"] == GPU_PEAKS["H100 SXM"]["bw"]
+    est = Roofline("cuda").estimate(data, cfg, peaks)
+    work = epoch_work(data.n_train)
+    assert est["epoch_ms"] == pytest.approx(max(1e3 * work["flops"] / 67e12,
+                                                1e3 * work["bytes"] / 3.35e12))
+    assert machine_peaks({"gpu": "Some Unknown GPU"}, "cuda") is None
+    assert Roofline.unavailable({"gpu": "Some Unknown GPU"},
+                                LadderConfig(device="cuda")) is not None
+
+
+def test_cpu_peaks_are_measured_with_every_trial_kept():
+    pytest.importorskip("numba")
+    from fasttrain.peaks import fma_flops, measure_cpu
+
+    p = measure_cpu(n_threads=1, trials=2, reps=50)
+    assert p["source"] == "measured" and p["threads"] == 1
+    assert len(p["fp32_flops_trials"]) == len(p["bandwidth_trials"]) == 2
+    assert p["fp32_flops"] == max(p["fp32_flops_trials"]) > 0
+    assert p["bandwidth"] == max(p["bandwidth_trials"]) > 0
+    assert fma_flops(50) == 2 * 16 * 8 * 256 * 50
+
+
+def test_source_hash_covers_declared_sources():
+    class WithSources(LoggedNumpy):
+        sources = ("common.py",)
+
+    plain, more = entry_for(LoggedNumpy).source_hash(), entry_for(WithSources).source_hash()
+    assert more["files"][-1] == "common.py" and len(more["files"]) == len(plain["files"]) + 1
+    assert plain["sha256"] != more["sha256"]
+    assert ladder.entry("numba-tiled").source_hash()["files"] == ["numba_tiled.py"]
