@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -65,12 +66,21 @@ class Syncs:
 @contextlib.contextmanager
 def counting_syncs():
     """Count every host–device synchronization torch makes while open, with CUDA's sync debug
-    mode: each one (`.item()`, a blocking copy, `torch.cuda.synchronize`, GradScaler's inf check,
-    ...) emits a warning "called a synchronizing CUDA operation", which is recorded here with the
-    Python line it came from. Warnings from the autograd engine's threads are replayed on the
-    calling thread, so backward's syncs are seen as well."""
+    mode: each one (`.item()`, a blocking copy, a stream sync, GradScaler's inf check, ...) emits
+    a warning "called a synchronizing CUDA operation", which is recorded here with the Python line
+    it came from. Warnings from the autograd engine's threads are replayed on the calling thread,
+    so backward's syncs are seen as well. An explicit `torch.cuda.synchronize()` (a device sync,
+    which the debug mode does not report) is counted by wrapping it."""
     syncs = Syncs()
     previous = torch.cuda.get_sync_debug_mode()
+    original = torch.cuda.synchronize
+
+    def synchronize(*args, **kwargs):
+        caller = sys._getframe(1)
+        syncs.sites[f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno}"] += 1
+        return original(*args, **kwargs)
+
+    torch.cuda.synchronize = synchronize
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -78,6 +88,7 @@ def counting_syncs():
             yield syncs
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+        torch.cuda.synchronize = original
     for w in caught:
         if "synchroniz" in str(w.message):
             syncs.sites[f"{Path(w.filename).name}:{w.lineno}"] += 1

@@ -28,13 +28,14 @@ COMMON = ("--batch-size", "64", "--lr", "1e-3", "--seed", "0", "--epochs", "1")
 # switch set → (flags, relative tolerance of each logged loss against the CPU fp32 run).
 # fp32 on the GPU differs from the CPU only by summation order (1e-6 per op, grown by 16 AdamW
 # steps); TF32 keeps a 10-bit mantissa in matmuls and convolutions; bf16/fp16 autocast 7/10
-# bits, which moves the loss by about a percent within 16 steps.
+# bits, which moves the loss by about a percent within 16 steps; fp16 also skips the first
+# steps whose scaled gradients overflow, which puts it a step or two behind.
 SWITCHES = {
     "bf16-compile": (("--precision", "bf16", "--compile"), 0.05),
     "bf16-compile-cuda-graphs": (("--precision", "bf16", "--compile", "--cuda-graphs"), 0.05),
     # --fused-optimizer: GradScaler hands the inf check to the fused kernel; with a foreach
     # optimizer it reads found_inf on the host every step (see test_fp16_foreach_... below).
-    "fp16": (("--precision", "fp16", "--fused-optimizer"), 0.05),
+    "fp16": (("--precision", "fp16", "--fused-optimizer"), 0.10),
     "tf32": (("--precision", "tf32"), 0.02),
     "dataloader-pinned": (("--data-on-device", "off", "--workers", "2", "--pin-memory"), 2e-3),
 }
