@@ -1,0 +1,85 @@
+"""`scripts/gpu-check` without a GPU: it must refuse to pass (exit 1, the reason in its summary),
+and with --allow-cpu run its CPU steps, skip the GPU ones with the reason, and still write the
+summary and the tarball. On a machine with CUDA these skip: the script runs for real there."""
+
+import importlib.machinery
+import importlib.util
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from fasttrain.cli import build_parser
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu-check"
+no_gpu_here = pytest.mark.skipif(torch.cuda.is_available(),
+                                 reason="a GPU is present: scripts/gpu-check runs for real here")
+
+
+def load_script():
+    loader = importlib.machinery.SourceFileLoader("gpu_check", str(SCRIPT))
+    spec = importlib.util.spec_from_loader("gpu_check", loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up while it loads
+    loader.exec_module(module)
+    return module
+
+
+def run(*argv):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, argv)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_every_fasttrain_step_parses_and_every_script_exists(tmp_path):
+    steps = load_script().plan(tmp_path, "2026-01-01-some-gpu")
+    assert [s.name for s in steps][:3] == ["env", "doctor", "gpu-tests"]
+    for step in steps:
+        if step.argv[1:3] == ["-m", "fasttrain"]:
+            build_parser().parse_args(step.argv[3:])  # a UserError here: a flag that is gone
+        elif step.argv[1].endswith(".py"):
+            assert (ROOT / step.argv[1]).is_file(), step.argv
+        for path in step.outputs:
+            assert "/" not in path or path.startswith("results/2026-01-01-some-gpu"), path
+
+
+@no_gpu_here
+def test_without_a_gpu_it_fails_and_says_why(tmp_path):
+    done = run(tmp_path / "out")
+    assert done.returncode == 1
+    assert "no CUDA GPU" in done.stderr and "nothing measured" in done.stderr
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "**FAILED**" in summary and "NO GPU: torch.cuda.is_available() is False" in summary
+    assert not json.loads((tmp_path / "out" / "summary.json").read_text())["passed"]
+
+
+@pytest.mark.slow
+@no_gpu_here
+def test_allow_cpu_runs_the_cpu_steps_and_skips_the_gpu_ones_with_the_reason(tmp_path):
+    out = tmp_path / "out"
+    done = run(out, "--allow-cpu", "--only", "env,gpu-tests,bench", "--compact")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["results.tar.gz", "summary.json",
+                                                     "summary.md"]
+    summary = json.loads((out / "summary.json").read_text())
+    status = {s["name"]: s for s in summary["steps"]}
+    assert status["env"]["status"] == "ok" and status["gpu-tests"]["status"] == "ok"
+    assert status["bench"]["status"] == "skipped"
+    assert status["bench"]["reason"].startswith("needs a CUDA GPU: torch.cuda.is_available()")
+    assert status["doctor"]["reason"] == "not in --only"
+    # The GPU tests ran and every one skipped, saying why.
+    tests = status["gpu-tests"]["figures"]
+    assert " 0 passed, 0 failed, 0 errors" in tests[0], tests
+    text = (out / "summary.md").read_text()
+    assert "CPU smoke run" in text and "nothing below is a GPU result" in text
+    with tarfile.open(out / "results.tar.gz") as tar:
+        names = set(tar.getnames())
+        junit = tar.extractfile("pytest-gpu.xml").read().decode()
+        env = json.loads(tar.extractfile("env.json").read())
+    assert {"summary.md", "env.json", "logs/env.log", "logs/gpu-tests.log"} <= names
+    assert "CUDA not available" in junit
+    assert env["gpu"] is None and env["torch"] == torch.__version__
