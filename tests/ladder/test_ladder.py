@@ -126,6 +126,8 @@ def test_full_training_accuracy_matches_numpy_within_half_a_point():
     data = make_ladder_data(load_dataset("mnist", real_data_dir()), cfg)
     accs = {}
     for name in TRAINERS:
+        if ladder.entry(name).load().unavailable({}, cfg):
+            continue  # e.g. the CUDA rows without a GPU: the others are still compared
         impl, _ = train(name, data, cfg)
         accs[name] = impl.evaluate()[1]
     assert accs["numpy-cpu"] > 0.91, accs  # logistic regression on MNIST reaches ~92%
