@@ -87,7 +87,7 @@ MODES = {
 
 
 def test_ddp_on_two_ranks_ends_with_the_weights_of_one_process(runs):
-    from fasttrain.engine.trainer import seed_everything
+    from fasttrain.engine.run import seed_everything
     from fasttrain.models import build_model
 
     one = final_weights(runs("single"))

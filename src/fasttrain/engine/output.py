@@ -5,6 +5,7 @@
     OUT/tensorboard/         the same scalars as TensorBoard events (if tensorboard is installed)
     OUT/loss.png             training and test loss against steps
     OUT/weights.safetensors  the final weights (no pickle)
+    OUT/model.json           what `fasttrain.load(OUT)` needs to rebuild the model
     OUT/checkpoints/         see checkpoint.py
 """
 
@@ -49,6 +50,10 @@ class RunDir:
     def write_text(self, name: str, text: str) -> None:
         if self.path:
             write_atomic(self.path / name, text.encode())
+
+    def write_json(self, name: str, value) -> None:
+        if self.path:
+            write_atomic(self.path / name, json.dumps(value).encode())
 
     def log(self, record: dict) -> None:
         if self.path is None:
@@ -103,3 +108,37 @@ class RunDir:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def load(run_dir: str | os.PathLike, model: torch.nn.Module | None = None) -> torch.nn.Module:
+    """The trained module of a finished run: `model` (or the one the run names — a bundled
+    model or a factory import path — rebuilt) with the run's final weights, in eval mode."""
+    from safetensors.torch import load_file
+
+    from fasttrain.engine.inputs import resolve_model
+
+    path = Path(run_dir)
+    weights, about = path / "weights.safetensors", path / "model.json"
+    if not weights.is_file():
+        raise UserError(f"{path}: no weights.safetensors; give the --out folder of a finished "
+                        f"run")
+    if model is None:
+        if not about.is_file():
+            raise UserError(f"{path}: no model.json; pass the module: load(run_dir, model=...)")
+        info = json.loads(about.read_text())
+        if info["model"].startswith("python:"):
+            raise UserError(f"{path} trained a module passed from Python ({info['model']}); "
+                            f"pass a fresh one: fasttrain.load(run_dir, model=...)")
+        shapes = _Shapes(tuple(info["in_shape"]), info["num_classes"])
+        model, _ = resolve_model(info["model"], shapes)
+    try:
+        model.load_state_dict(load_file(weights))
+    except RuntimeError as e:
+        raise UserError(f"{weights} does not fit {type(model).__name__} "
+                        f"({str(e).splitlines()[0]}); pass the model the run trained") from None
+    return model.eval()
+
+
+class _Shapes:
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int):
+        self.in_shape, self.num_classes = in_shape, num_classes
