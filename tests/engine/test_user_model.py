@@ -143,3 +143,27 @@ def test_cli_names_a_bad_import_path(capsys):
     code, _, err = run_cli(capsys, "train", "--model", "no_such_pkg.nets:make", "--device",
                            "cpu")
     assert_one_line_error(code, err, "no_such_pkg", "cannot import")
+
+
+@pytest.mark.slow
+def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path):
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from tests.engine.test_distributed import TORCHRUN
+
+    args = ["-m", "fasttrain", "train", "--model", "tests.engine.usermodel:make", "--data",
+            "tests.engine.usermodel:data", "--loss", "tests.engine.usermodel:huber",
+            "--batch-size", "64", "--accum-steps", "2", "--optimizer", "sgd", "--lr", "0.05",
+            "--max-steps", "16", "--device", "cpu", "--no-progress"]
+    got = {}
+    for name, launcher in (("one", [sys.executable]), ("ddp", TORCHRUN)):
+        extra = ["--parallel", "ddp"] if name == "ddp" else []
+        proc = subprocess.run([*launcher, *args, *extra, "--out", str(tmp_path / name)],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        got[name] = load_file(tmp_path / name / "weights.safetensors")
+    for k, v in got["one"].items():
+        torch.testing.assert_close(got["ddp"][k], v, rtol=1e-5, atol=1e-6, msg=k)

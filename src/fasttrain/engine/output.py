@@ -87,14 +87,16 @@ class RunDir:
 
         records = [json.loads(line) for line in (self.path / "metrics.jsonl").open()]
         train = [(r["step"], r["loss"]) for r in records if r["kind"] == "train" and r["loss"]]
-        test = [(r["step"], r["test_loss"]) for r in records if r["kind"] == "eval"]
         fig, ax = plt.subplots(figsize=(7, 4))
         if train:
             ax.plot(*zip(*train, strict=True), label="train loss (mean since last log)")
-        if test:
-            ax.plot(*zip(*test, strict=True), "o-", label="test loss")
+        for split in ("val", "test"):
+            points = [(r["step"], r[f"{split}_loss"]) for r in records
+                      if r["kind"] == "eval" and r.get(f"{split}_loss") is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), "o-", label=f"{split} loss")
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel("cross-entropy")
+        ax.set_ylabel("loss")
         ax.legend()
         ax.grid(alpha=0.3)
         fig.tight_layout()

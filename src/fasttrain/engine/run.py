@@ -105,7 +105,7 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
         cfg = dataclasses.replace(cfg, model=model)
     if isinstance(data, str):
         cfg = dataclasses.replace(cfg, data=data)
-    elif data is not None:
+    elif data is not None and not hasattr(data, "train_x"):  # a TaskData keeps config.data
         cfg = dataclasses.replace(cfg, data="python:data")
     if isinstance(loss, str):
         cfg = dataclasses.replace(cfg, loss=loss)
