@@ -20,6 +20,8 @@ import torch
 
 from fasttrain.engine.checkpoint import complete
 
+pytestmark = pytest.mark.slow  # subprocesses training hundreds of steps
+
 STEPS = 200
 ARGS = ["--model", "mlp", "--data", "synthetic", "--batch-size", "128", "--max-steps", str(STEPS),
         "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--grad-clip", "0.25",

@@ -167,3 +167,14 @@ def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path):
         got[name] = load_file(tmp_path / name / "weights.safetensors")
     for k, v in got["one"].items():
         torch.testing.assert_close(got["ddp"][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_memory_takes_a_model_given_by_import_path(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "memory", "--model", "tests.engine.usermodel:make", "--data",
+                           "tests.engine.usermodel:data", "--loss", "tests.engine.usermodel:huber",
+                           "--batch-size", "32", "--device", "cpu", "--json",
+                           str(tmp_path / "m.json"))
+    assert code == 0, err
+    row = json.loads((tmp_path / "m.json").read_text())["rows"][0]
+    params = sum(p.numel() for p in usermodel.make().parameters())
+    assert row["params"] == params and row["weights"] == 4 * params

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from fasttrain.errors import UserError
-from fasttrain.files import write_atomic
+from fasttrain.files import write_atomic, write_png
 
 
 class RunDir:
@@ -99,13 +99,7 @@ class RunDir:
         ax.set_ylabel("loss")
         ax.legend()
         ax.grid(alpha=0.3)
-        fig.tight_layout()
-        from io import BytesIO
-
-        buf = BytesIO()
-        fig.savefig(buf, format="png", dpi=110)
-        plt.close(fig)
-        write_atomic(self.path / "loss.png", buf.getvalue())
+        write_png(self.path / "loss.png", fig)
 
     def close(self) -> None:
         if self.tb is not None:
