@@ -93,6 +93,9 @@ def test_run_directory_holds_config_metrics_plot_and_weights(tmp_path):
     saved = load_file(run / "weights.safetensors")
     assert_same_weights(saved, {k: v for k, v in weights(t).items()}, atol=0)
     assert 'model = "mlp"' in (run / "config.toml").read_text()
+    import fasttrain
+
+    assert_same_weights(fasttrain.load(run).state_dict(), weights(t), atol=0)  # rebuilt by name
 
 
 def test_no_host_sync_between_logs(monkeypatch):

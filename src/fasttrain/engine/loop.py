@@ -44,7 +44,7 @@ def step(run, batch, forward=None) -> None:
     (x, y). `forward` replaces run.forward for this step (the lab counts on the eager module)."""
     if torch.is_tensor(batch[0]):
         batch = [batch]
-    forward = forward or run.forward
+    forward = run.forward if forward is None else forward
     accum, last = run.cfg.accum_steps, len(batch) - 1
     for i, (x, y) in enumerate(batch):
         # Gradients are averaged over ranks once per step: the micro-steps before the last
