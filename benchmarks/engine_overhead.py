@@ -18,9 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from fasttrain.data.tasks import load_task
-from fasttrain.engine import TrainConfig, Trainer
+from fasttrain.engine import TrainConfig, build
 from fasttrain.engine.batches import epoch_order
-from fasttrain.engine.trainer import progress_bar
+from fasttrain.engine.callbacks import standard
+from fasttrain.engine.loop import notify, progress_bar, step, step_batches
 from fasttrain.env import env_block, hardware_line
 from fasttrain.models import build_model
 
@@ -56,15 +57,18 @@ def hand_written(task, steps: int):
 def engine(task, steps: int):
     cfg = TrainConfig(model="cnn", data="mnist", batch_size=BATCH, lr=LR, seed=SEED,
                       device="cpu", max_steps=10**9, log_every=10**9, progress=False)
-    trainer = Trainer(cfg, task=task)
-    micro = trainer.step_batches(0)
-    bar = progress_bar(False, 0, 0)
+    r = build(cfg, data=task, verbose=False)
+    micro = step_batches(r, 0)
+    r.bar, r.callbacks = progress_bar(False, 0, 0), standard(r)
 
     def run(n: int, offset: int) -> float:
         t0 = time.perf_counter()
         for _ in range(n):  # the engine's step with all of its bookkeeping, as fit() runs it
-            trainer.advance(next(micro), bar)
-        trainer.loss_sum.item()
+            step(r, next(micro))
+            r.step += 1
+            r.step_in_epoch += 1
+            notify(r, "on_step")
+        r.loss_sum.item()
         return (time.perf_counter() - t0) * 1e3 / n
 
     return run

@@ -17,7 +17,7 @@ import statistics
 
 import torch
 
-from fasttrain.engine import TrainConfig, Trainer
+from fasttrain.engine import TrainConfig, build, fit
 from fasttrain.env import env_block, hardware_line
 
 WORKLOADS = {  # model → (data, batch size, learning rate)
@@ -44,8 +44,8 @@ def measure(model: str, switches: dict, steps: int, device: str) -> dict:
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    trainer = Trainer(cfg)
-    trainer.fit()
+    trainer = build(cfg)
+    fit(trainer)
     logs = [r for r in trainer.history if r["kind"] == "train"][1:]
     row = {"status": "ok", "ms_per_step": statistics.median(r["step_ms"] for r in logs),
            "samples_per_s": statistics.median(r["samples_per_s"] for r in logs)}

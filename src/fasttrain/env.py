@@ -16,7 +16,7 @@ from pathlib import Path
 
 from fasttrain.errors import UserError
 
-DEVICES = ("auto", "cpu", "cuda")
+DEVICES = ("auto", "cpu", "cuda", "mps", "xpu")
 
 # Dense peak throughput (FLOP/s, no sparsity) and HBM bandwidth (B/s) of GPUs we know, from the
 # vendors' data sheets. Used for MFU and roofline figures; unknown GPUs simply get no such figure.
@@ -30,15 +30,23 @@ GPU_PEAKS: dict[str, dict[str, float]] = {
 
 
 def resolve_device(requested: str = "auto") -> str:
-    """'auto' picks CUDA when a GPU is usable, else the CPU; 'cuda' without a GPU is an error."""
+    """The device `requested` names, checked: 'auto' picks cuda, then mps, then xpu, else the
+    CPU; asking for one that torch cannot use here is a UserError. The one device resolver."""
     import torch
 
     if requested not in DEVICES:
         raise UserError(f"unknown device {requested!r}: choose one of {', '.join(DEVICES)}")
+    available = {
+        "cuda": torch.cuda.is_available,
+        "mps": lambda: hasattr(torch.backends, "mps") and torch.backends.mps.is_available(),
+        "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
+        "cpu": lambda: True,
+    }
     if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA GPU is visible to torch; use --device cpu or auto")
+        return next(d for d in ("cuda", "mps", "xpu", "cpu") if available[d]())
+    if not available[requested]():
+        raise UserError(f"--device {requested}: not available on this machine; use --device "
+                        f"auto or cpu (`fasttrain env` lists what torch sees)")
     return requested
 
 

@@ -29,3 +29,16 @@ def write_atomic(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], obj
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_png(path: str | os.PathLike, fig, dpi: int = 110) -> None:
+    """Render a matplotlib figure to `path` atomically and close it: the one PNG writer."""
+    from io import BytesIO
+
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    write_atomic(Path(path), buf.getvalue())

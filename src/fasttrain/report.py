@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.table import Table
 
 from fasttrain.errors import UserError
-from fasttrain.files import write_atomic
+from fasttrain.files import write_atomic, write_png
 
 
 def check_writable(path: str | os.PathLike, flag: str) -> Path:
@@ -149,13 +149,7 @@ def bench_plot(result: dict, path: str | os.PathLike) -> None:
     ax.set_title(f"Logistic regression ladder — data: {data}, {cfg['epochs']} epochs — {hw}",
                  fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    from io import BytesIO
-
-    buf = BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    write_png(path, fig, dpi=120)
 
 
 # -- shared by the lab's commands (memory, experiment) -------------------------------------------
@@ -239,10 +233,4 @@ def panels_plot(path: str | os.PathLike, title: str, panels: list[dict]) -> None
         if len(series) > 1 or next(iter(series)):
             ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    from io import BytesIO
-
-    buf = BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    write_png(path, fig)

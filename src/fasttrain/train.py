@@ -1,8 +1,10 @@
 """`fasttrain train`: train any model with any switch; never lose a run.
 
     fasttrain train --model cnn --data mnist --epochs 2 --precision bf16 --compile --out runs/cnn
+    fasttrain train --model mynets:make_net --data mydata:load --loss mse --out runs/mine
     fasttrain train --config run.toml --lr 3e-4          # flags override the file
     fasttrain train --out runs/cnn --resume auto         # continue after preemption
+    fasttrain train --out runs/cnn --resume auto --epochs 4   # extend a finished run
 
 Exit codes: 0 done; 2 bad input; 3 the loss became non-finite (last good checkpoint kept);
 75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint (requeue with --resume auto).
@@ -24,25 +26,24 @@ def train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from fasttrain.engine import Diverged, Preempted, Trainer
     from fasttrain.engine.config import from_args
+    from fasttrain.engine.loop import Diverged, Preempted, fit
+    from fasttrain.engine.run import build
 
-    trainer = Trainer(from_args(args))
-    say = print if trainer.world.main else (lambda *a, **k: None)  # rank 0 speaks for all
-    say(f"training {trainer.cfg.model} on {trainer.task.name}"
-          f"{' (synthetic)' if trainer.task.synthetic else ''} on {trainer.device}, "
-          f"{trainer.cfg.precision}, {trainer.total_steps} steps of {trainer.cfg.batch_size}",
-          file=sys.stderr)
+    run = build(from_args(args))  # prints what it resolved (rank 0)
+    say = print if run.main else (lambda *a, **k: None)  # rank 0 speaks for all
     try:
-        last = trainer.fit()
+        last = fit(run)
     except (Preempted, Diverged) as e:
         print(f"stopped: {e}", file=sys.stderr)
         return e.exit_code
-    evals = [r for r in trainer.history if r["kind"] == "eval"]
+    if run.stop:
+        say(run.stop, file=sys.stderr)
+    evals = [r for r in run.history if r["kind"] == "eval"]
     if evals:
         summary = ", ".join(f"{k} {v:.4g}" for k, v in evals[-1].items()
-                            if k.startswith("test_"))
-        say(f"done at step {trainer.step}: {summary}")
+                            if k.startswith(("test_", "val_")))
+        say(f"done at step {run.step}: {summary}")
     elif last:
-        say(f"done at step {trainer.step}: loss {last.get('loss', float('nan')):.4g}")
+        say(f"done at step {run.step}: loss {last.get('loss', float('nan')):.4g}")
     return 0

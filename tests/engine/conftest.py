@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from fasttrain.engine import TrainConfig, Trainer
+from fasttrain.engine import TrainConfig, build
+from fasttrain.engine import fit as fit_run
 
 
 def image_task(n_train=256, n_test=64, shape=(1, 28, 28), seed=0, name="tiny"):
@@ -36,7 +37,7 @@ def text_task(n_train_tokens=3600, n_test_tokens=400, vocab=12, block_size=16, s
 
 
 def fit(task=None, **kw):
-    """Train on `task` (default: a tiny image task) and return the trainer."""
+    """Train on `task` (default: a tiny image task) and return the run."""
     kw.setdefault("progress", False)
     kw.setdefault("device", "cpu")
     if task is None:
@@ -45,13 +46,13 @@ def fit(task=None, **kw):
         kw.setdefault("data", "synthetic-text")
         kw.setdefault("model", "gpt")
         kw.setdefault("block_size", task.in_shape[0])
-    trainer = Trainer(TrainConfig(**kw), task=task)
-    trainer.fit()
-    return trainer
+    run = build(TrainConfig(**kw), data=task, verbose=False)
+    fit_run(run)
+    return run
 
 
-def weights(trainer):
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+def weights(run):
+    return {k: v.detach().clone() for k, v in run.model.state_dict().items()}
 
 
 @pytest.fixture

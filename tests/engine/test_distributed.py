@@ -20,6 +20,8 @@ import torch
 
 from fasttrain.engine.checkpoint import complete
 
+pytestmark = pytest.mark.slow  # subprocesses training hundreds of steps
+
 STEPS = 200
 ARGS = ["--model", "mlp", "--data", "synthetic", "--batch-size", "128", "--max-steps", str(STEPS),
         "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--grad-clip", "0.25",
@@ -87,7 +89,7 @@ MODES = {
 
 
 def test_ddp_on_two_ranks_ends_with_the_weights_of_one_process(runs):
-    from fasttrain.engine.trainer import seed_everything
+    from fasttrain.engine.run import seed_everything
     from fasttrain.models import build_model
 
     one = final_weights(runs("single"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fasttrain.engine import TrainConfig, Trainer
+from fasttrain.engine import TrainConfig, build
 from fasttrain.engine.batches import Batches
 from fasttrain.errors import UserError
 from fasttrain.models import MODEL_KINDS
@@ -83,7 +83,7 @@ def test_a_sharded_checkpoint_is_refused_by_a_single_process_run(tmp_path):
     config = {**TrainConfig(**common).to_dict(), "parallel": "fsdp"}
     torch.save({"format": checkpoint.FORMAT, "config": config}, folder / checkpoint.EXTRAS)
     with pytest.raises(UserError, match="--parallel fsdp"):
-        Trainer(TrainConfig(resume="auto", **common), task=image_task())
+        build(TrainConfig(resume="auto", **common), data=image_task(), verbose=False)
 
 
 def test_predicted_rank_memory():

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from fasttrain.engine import Diverged, TrainConfig, Trainer
+from fasttrain.engine import Diverged, TrainConfig, build
+from fasttrain.engine import fit as fit_run
 from fasttrain.errors import UserError
 from fasttrain.models import MODELS
 from tests.engine.conftest import fit, image_task, text_task, weights
@@ -92,6 +93,9 @@ def test_run_directory_holds_config_metrics_plot_and_weights(tmp_path):
     saved = load_file(run / "weights.safetensors")
     assert_same_weights(saved, {k: v for k, v in weights(t).items()}, atol=0)
     assert 'model = "mlp"' in (run / "config.toml").read_text()
+    import fasttrain
+
+    assert_same_weights(fasttrain.load(run).state_dict(), weights(t), atol=0)  # rebuilt by name
 
 
 def test_no_host_sync_between_logs(monkeypatch):
@@ -107,13 +111,21 @@ def test_no_host_sync_between_logs(monkeypatch):
             reads.append(sys._getframe(1).f_code.co_name)
         return original(self)
 
+    original_tolist = torch.Tensor.tolist
+
+    def counting_tolist(self):
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("fasttrain"):
+            reads.append(sys._getframe(1).f_code.co_name)
+        return original_tolist(self)
+
     monkeypatch.setattr(torch.Tensor, "item", counting_item)
-    t = Trainer(TrainConfig(model="mlp", batch_size=16, max_steps=12, log_every=4,
-                            progress=False, device="cpu"), task=image_task())
+    monkeypatch.setattr(torch.Tensor, "tolist", counting_tolist)
+    run = build(TrainConfig(model="mlp", batch_size=16, max_steps=12, log_every=4,
+                            progress=False, device="cpu"), data=image_task(), verbose=False)
     reads.clear()
-    t.fit()
-    # 3 logs + 1 end-of-run evaluation (loss and accuracy: 2 reads)
-    assert reads == ["_log"] * 3 + ["_evaluate"] * 2, reads
+    fit_run(run)
+    # 3 logs + 1 end-of-run evaluation (loss and accuracy together: 1 read)
+    assert reads == ["log"] * 3 + ["evaluate"], reads
 
 
 def test_non_finite_loss_stops_the_run(tmp_path):
@@ -164,27 +176,28 @@ def test_fused_optimizer_equals_the_default_one(optimizer):
 
 
 def test_schedules_warm_up_then_decay():
-    t = Trainer(TrainConfig(model="logreg", data="synthetic", batch_size=32, epochs=20,
-                            max_steps=100,
-                            warmup_steps=10, schedule="cosine", progress=False, device="cpu"),
-                task=image_task())
-    f = [t._lr_factor(s) for s in range(100)]
+    from fasttrain.engine.run import lr_factor
+
+    cfg = TrainConfig(model="logreg", data="synthetic", batch_size=32, epochs=20, max_steps=100,
+                      warmup_steps=10, schedule="cosine", progress=False, device="cpu")
+    run = build(cfg, data=image_task(), verbose=False)
+    f = [lr_factor(run.cfg, run, s) for s in range(100)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(f[10:], f[11:], strict=False)) and f[-1] < 0.01
-    t.cfg.schedule, t.cfg.warmup_steps = "onecycle", 0
-    g = [t._lr_factor(s) for s in range(100)]
+    cfg = TrainConfig(schedule="onecycle", warmup_steps=0)
+    g = [lr_factor(cfg, run, s) for s in range(100)]
     assert max(g) == pytest.approx(1.0) and g.index(max(g)) == 29 and g[-1] < 0.01
 
 
 def test_out_of_memory_names_the_switches_that_would_fit(monkeypatch, capsys):
-    t = Trainer(TrainConfig(model="mlp", batch_size=64, max_steps=3, progress=False,
-                            device="cpu"), task=image_task())
+    run = build(TrainConfig(model="mlp", batch_size=64, max_steps=3, progress=False,
+                            device="cpu"), data=image_task(), verbose=False)
 
     def oom(*args):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(t, "train_step", oom)
+    monkeypatch.setattr(run, "loss_fn", oom)
     with pytest.raises(UserError) as e:
-        t.fit()
+        fit_run(run)
     assert "--accum-steps 2" in str(e.value) and "--activation-checkpointing" in str(e.value)
     assert "weights" in capsys.readouterr().err

@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from fasttrain.engine import TrainConfig, Trainer
+from fasttrain.engine import TrainConfig, build
+from fasttrain.engine.loop import step as engine_step
 from fasttrain.lab import memory as mem
 from tests.conftest import assert_one_line_error, run_cli
 from tests.engine.conftest import image_task, text_task
@@ -24,11 +25,11 @@ def config(**kw) -> TrainConfig:
 
 
 def measure(task=None, **kw) -> mem.Breakdown:
-    return mem.measure(Trainer(config(**kw), task=task or image_task()))
+    return mem.measure(build(config(**kw), data=task or image_task(), verbose=False))
 
 
 def n_params(model: str) -> int:
-    return sum(p.numel() for p in Trainer(config(model=model), task=image_task()).model
+    return sum(p.numel() for p in build(config(model=model), data=image_task(), verbose=False).model
                .parameters())
 
 
@@ -59,9 +60,9 @@ def test_saved_tensors_of_a_tiny_mlp_by_hand():
 
 
 def test_count_leaves_the_trainer_as_it_was():
-    trainer = Trainer(config(model="resnet"), task=image_task())  # BatchNorm buffers
+    trainer = build(config(model="resnet"), data=image_task(), verbose=False)  # BatchNorm
     batches = mem.endless_batches(trainer)
-    trainer.train_step(next(batches))
+    engine_step(trainer, next(batches))
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     rng = torch.get_rng_state()
     mem.count_saved(trainer, next(batches)[0])
@@ -108,7 +109,7 @@ def fixed_step_time(monkeypatch):
 
 
 def predicted(cfg, task, batch: int) -> int:
-    trainer = Trainer(dataclasses.replace(cfg, batch_size=batch), task=task)
+    trainer = build(dataclasses.replace(cfg, batch_size=batch), data=task, verbose=False)
     return mem.measure(trainer).predicted_peak
 
 
@@ -124,14 +125,12 @@ def test_find_batch_size_fits_the_limit_and_the_next_does_not(fixed_step_time):
 
 
 def test_find_batch_size_never_raises_on_out_of_memory(fixed_step_time, monkeypatch):
-    step = Trainer.train_step
-
-    def oom_above_64(self, micro_batches):
+    def oom_above_64(run, micro_batches):
         if micro_batches[0][0].shape[0] > 64:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return step(self, micro_batches)
+        return engine_step(run, micro_batches)
 
-    monkeypatch.setattr(Trainer, "train_step", oom_above_64)
+    monkeypatch.setattr(mem, "step", oom_above_64)
     cfg, task = config(model="logreg"), image_task()
     best, tries = mem.search(lambda b: mem.try_batch(cfg, task, b, 2**40, steps=1),
                              floor=8, unit=8, cap=256)

@@ -34,7 +34,7 @@ def one_thread():
 
 
 def run_profile(task=None, module=None, tweak=None, steps=5, warmup=2, **cfg):
-    """Profile a Trainer built from `cfg` (on `task`), training `module` instead of the model
+    """Profile a Run built from `cfg` (on `task`), training `module` instead of the model
     the config names when one is given; `tweak(trainer)` plants something first."""
     cfg = TrainConfig(**{"device": "cpu", "progress": False, "model": "mlp", **cfg})
     trainer = prof.build_trainer(cfg, task=task, model=module)
@@ -155,21 +155,21 @@ def test_slow_loader_is_input_bound():
 def test_sync_audit_finds_a_planted_item():
     planted = {}
 
-    def plant(trainer):
-        step = trainer.train_step
+    def plant(run):
+        loss_fn = run.loss_fn
 
-        def train_step(micro_batches):
-            step(micro_batches)
+        def loss(output, target):
             planted["line"] = inspect.currentframe().f_lineno + 1
-            trainer.loss_sum.item()  # the planted sync
+            run.loss_sum.item()  # the planted sync
+            return loss_fn(output, target)
 
-        trainer.train_step = train_step
+        run.loss_fn = loss
 
     result = run_profile(image_task(), tweak=plant, model="logreg", batch_size=32, steps=4)
     sites = [s for s in result["syncs"] if s["file"] == __file__]
     assert [(s["call"], s["line"], s["per_step"]) for s in sites] == \
         [(".item()", planted["line"], 1.0)], result["syncs"]
-    assert "trainer.loss_sum.item()" in sites[0]["code"]
+    assert "run.loss_sum.item()" in sites[0]["code"]
     assert result["syncs_are_real"] is False  # on the CPU they are would-be syncs
 
 

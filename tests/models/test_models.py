@@ -185,7 +185,7 @@ def test_checkpointing_twice_wraps_once():
 
 
 def test_checkpointing_needs_blocks():
-    with pytest.raises(TypeError, match="blocks"):
+    with pytest.raises(UserError, match="blocks"):
         apply_activation_checkpointing(torch.nn.Linear(2, 2))
 
 

@@ -34,8 +34,8 @@ TASKS: tuple[str, ...] = (
 class TaskData:
     """One task's train and test data, and what a model needs to know about it."""
 
-    name: str  # one of TASKS
-    kind: str  # "classification" | "language"
+    name: str  # one of TASKS, or a user's label
+    kind: str  # "classification" | "language" | "regression" (a user's float targets)
     train_x: torch.Tensor  # classification: uint8 [N, C, H, W]; language: int64 [T_train] token ids
     train_y: torch.Tensor | None  # classification: int64 [N], values < num_classes; language: None
     test_x: torch.Tensor  # uint8 [M, C, H, W] | int64 [T_test]
@@ -45,6 +45,9 @@ class TaskData:
     source: str  # directory/file it came from, or "synthetic (seed S)"
     synthetic: bool  # True for the stand-ins: every output must say so
     vocab: str | None = None  # language: the characters, index = token id
+    # A validation set apart from the test set (early stopping reads it): same forms as test.
+    val_x: torch.Tensor | None = None
+    val_y: torch.Tensor | None = None
 
 
 def _tensor(a: np.ndarray, dtype: type[np.generic]) -> torch.Tensor:

@@ -1,17 +1,37 @@
-"""The training engine: any model of `fasttrain.models`, every GPU-training technique as a switch.
+"""The training engine: `build(config, model, data) -> Run`, then `fit(run)`.
 
-    from fasttrain.engine import TrainConfig, Trainer
-    Trainer(TrainConfig(model="gpt", data="tinyshakespeare", precision="bf16")).fit()
+    from fasttrain.engine import TrainConfig, build, fit
+    fit(build(TrainConfig(model="gpt", data="tinyshakespeare", precision="bf16")))
+
+config.py (the switches) → run.py (`build`: resolved once, in wrap order) → loop.py (step, fit) with
+callbacks.py (logging, evaluation, checkpoints, preemption, early stopping, run files);
+checkpoint.py holds the checkpoint format, distributed.py the scale-out. Names are imported on
+first use, so that `fasttrain --help` does not import torch.
 """
 
-from fasttrain.engine.config import TrainConfig
-from fasttrain.engine.trainer import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted, Trainer
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "TrainConfig": "config", "build": "run", "Run": "run", "fit": "loop", "step": "loop",
+    "Preempted": "loop", "Diverged": "loop", "EXIT_PREEMPTED": "loop", "EXIT_DIVERGED": "loop",
+    "EarlyStop": "callbacks", "load": "output",
+}
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Train with `cfg`; returns the last metrics record."""
-    return Trainer(cfg).fit()
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'fasttrain.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"fasttrain.engine.{_WHERE[name]}"), name)
 
 
-__all__ = ["TrainConfig", "Trainer", "train", "Preempted", "Diverged", "EXIT_PREEMPTED",
-           "EXIT_DIVERGED"]
+def train(cfg, **kw) -> dict:
+    """Train with `cfg` (and build's keyword arguments); returns the last metrics record."""
+    from fasttrain.engine.loop import fit
+    from fasttrain.engine.run import build
+
+    return fit(build(cfg, **kw))
+
+
+__all__ = [*_WHERE, "train"]

@@ -15,7 +15,9 @@ keeps the whole dataset on its device (small enough here) and gathers only its o
 Evaluation is sharded the same way (ranks take test samples r, r + world, ...) and summed.
 
 Images travel as uint8 (a quarter of float32's bytes, over PCIe too) and become [0, 1] floats on
-the device. A language sample i is the window tokens[i*T : i*T + T] and its targets shifted by one.
+the device: uint8 inputs, and only they, are scaled; float and int64 inputs pass unchanged. A
+language sample i (data without targets) is the window tokens[i*T : i*T + T] and its targets
+shifted by one.
 """
 
 from __future__ import annotations
@@ -68,12 +70,17 @@ class Batches:
         self.device, self.seed = device, seed
         self.rank, self.world, self.batch_size = rank, world, batch_size
         self.micro, self.accum = batch_size // accum_steps // world, accum_steps
-        self.language = task.kind == "language"
-        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.language = task.train_y is None
+        self.scale = task.train_x.dtype == torch.uint8  # pixels; anything else is left alone
+        self.memory_format = (torch.channels_last if channels_last and task.train_x.dim() == 4
+                              else torch.contiguous_format)
         self.on_device = on_device
         src = (lambda t: None if t is None else t.to(device)) if on_device else (lambda t: t)
         self.train = _Samples(src(task.train_x), src(task.train_y), block_size)
         self.test = _Samples(src(task.test_x), src(task.test_y), block_size)
+        val_x = getattr(task, "val_x", None)
+        self.val = (_Samples(src(val_x), src(task.val_y), block_size) if val_x is not None
+                    else None)
         self.workers, self.pin = workers, pin_memory
         self.steps_per_epoch = len(self.train) // batch_size
         if self.steps_per_epoch == 0:
@@ -81,7 +88,7 @@ class Batches:
 
             raise UserError(f"--batch-size {batch_size} is larger than the {len(self.train)} "
                             f"training samples of this dataset; use a smaller batch")
-        if len(self.test) < world:
+        if 0 < len(self.test) < world:
             from fasttrain.errors import UserError
 
             raise UserError(f"the test set has {len(self.test)} samples, fewer than the {world} "
@@ -90,8 +97,10 @@ class Batches:
     def _prepare(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
-        if not self.language:  # uint8 pixels → [0, 1] floats, on the device
+        if self.scale:  # uint8 pixels → [0, 1] floats, on the device
             x = (x.float() / 255).contiguous(memory_format=self.memory_format)
+        elif self.memory_format is torch.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         return x, y
 
     def micro_batches(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
@@ -112,26 +121,23 @@ class Batches:
         for x, y in loader:
             yield self._prepare(x, y)
 
-    @property
-    def eval_targets(self) -> int:
-        """Targets in the whole test set (samples, or tokens for language): what the ranks'
-        shares add up to, known without a collective."""
-        return len(self.test) * (self.test.block if self.language else 1)
+    def eval_batches(self, batch_size: int, split: str = "test") -> Iterator[Batch]:
+        """The whole split ("test" or "val") in order, in batches of `batch_size` (the last one
+        smaller)."""
+        samples = getattr(self, split)
+        for start in range(0, len(samples), batch_size):
+            idx = torch.arange(start, min(start + batch_size, len(samples)))
+            yield self._prepare(*samples[idx])
 
-    def eval_batches(self, batch_size: int) -> Iterator[Batch]:
-        """The whole test set in order, in batches of `batch_size` (the last one smaller)."""
-        for start in range(0, len(self.test), batch_size):
-            idx = torch.arange(start, min(start + batch_size, len(self.test)))
-            yield self._prepare(*self.test[idx])
-
-    def eval_shard(self, batch_size: int) -> Iterator[Batch]:
-        """This rank's share of the test set: samples r, r + world, ... in the SAME number of
+    def eval_shard(self, batch_size: int, split: str = "test") -> Iterator[Batch]:
+        """This rank's share of a split: samples r, r + world, ... in the SAME number of
         batches on every rank (FSDP's forward is a collective), none larger than `batch_size`
         and none empty (shares differ by at most one sample; batch_size ≥ 2)."""
         if self.world == 1:
-            yield from self.eval_batches(batch_size)
+            yield from self.eval_batches(batch_size, split)
             return
-        n = len(self.test)
+        samples = getattr(self, split)
+        n = len(samples)
         count = math.ceil(math.ceil(n / self.world) / batch_size)  # the largest share's batches
         for idx in torch.arange(self.rank, n, self.world).tensor_split(count):
-            yield self._prepare(*self.test[idx])
+            yield self._prepare(*samples[idx])

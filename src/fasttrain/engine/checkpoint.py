@@ -17,6 +17,7 @@ unsharded state, written by rank 0, so they resume on any number of processes.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -33,6 +34,126 @@ from fasttrain.files import write_atomic
 
 _NAME = re.compile(r"^step-(\d{8,})(\.pt)?$")
 EXTRAS = "extras.pt"  # in a sharded checkpoint: everything but the DCP tensors
+# Settings a resumed run must share with the run that wrote the checkpoint, or it would not be
+# the same run. epochs and max_steps may grow: a finished run can be extended.
+RESUME_MUST_MATCH = ("model", "data", "block_size", "batch_size", "accum_steps", "optimizer",
+                     "schedule", "warmup_steps", "seed", "loss", "val_fraction")
+
+
+# -- a Run's state -------------------------------------------------------------------------------
+
+
+def state(run) -> dict[str, Any]:
+    """Everything of `run` but the model and optimizer tensors, as plain data; every rank calls
+    it (the per-rank parts are gathered: dropout streams, the loss summed since the last log)."""
+    ranks = run.world.gather({"rng": rng_state(), "loss_sum": run.loss_sum.detach().cpu()})
+    out = {
+        "format": FORMAT,
+        "config": run.cfg.to_dict(),
+        "scheduler": run.sched.state_dict(),
+        "scaler": run.scaler.state_dict(),
+        "epoch": run.epoch, "step": run.step, "step_in_epoch": run.step_in_epoch,
+        "loss_sum": ranks[0]["loss_sum"], "skipped": run.skipped.cpu(),
+        "last_log_step": run.last_log[1],
+        "rng": ranks[0]["rng"], "world_size": run.world.size,
+    }
+    if run.world.size > 1:
+        out["ranks"] = ranks
+    return out
+
+
+def save_run(run) -> Path | None:
+    """Checkpoint `run` at its step. Every rank calls this at the same step; rank 0 writes
+    (FSDP: every rank its shard). A run whose loss is no longer finite is never saved."""
+    from fasttrain.engine import distributed
+    from fasttrain.engine.loop import Diverged
+
+    if run.checkpoints is None:
+        return None
+    world = run.world
+    # sync: never save a run that has already diverged (summed, so all ranks agree)
+    pending = world.all_sum(run.loss_sum.detach().clone()).item()
+    if not math.isfinite(pending):
+        raise Diverged(f"the training loss became {pending} before step {run.step}; the "
+                       f"last good checkpoint is kept. Try a lower --lr or --grad-clip")
+    extras, keep = state(run), run.cfg.keep_checkpoints
+    if world.parallel == "fsdp":
+        return save_sharded(run.checkpoints, run.step,
+                            distributed.sharded_state(run.model, run.opt), extras, keep,
+                            world.main, world.barrier)
+    optimizer = distributed.optimizer_state(run.opt, world)  # ZeRO-1: a collective
+    path = None
+    if world.main:
+        extras.update(model=run.model.state_dict(), optimizer=optimizer)
+        path = save(run.checkpoints, run.step, extras, keep)
+    world.barrier()  # nobody leaves (or exits on preemption) before the file is in place
+    return path or run.checkpoints / f"step-{run.step:08d}.pt"
+
+
+def resume(run) -> None:
+    """Restore `run` from --resume (a path, or 'auto': the newest complete checkpoint). The one
+    place a run's saved state comes back."""
+    cfg = run.cfg
+    if not cfg.resume:
+        return
+    if cfg.resume == "auto":
+        found = latest(run.checkpoints, map_location=run.device)
+        if found is None:
+            return  # nothing saved yet: a fresh start is the right resume
+        path, saved = found
+    else:
+        path, saved = cfg.resume, load(cfg.resume, map_location=run.device)
+    restore(run, saved, path)
+    if run.world.main:
+        print(f"resumed from {path} (epoch {run.epoch}, step {run.step})")
+
+
+def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> None:
+    """Put `saved` (as `state` made it, with model and optimizer) back into `run`."""
+    from fasttrain.engine import distributed
+
+    cfg, world = run.cfg, run.world
+    config = saved["config"]
+    for key in RESUME_MUST_MATCH:
+        if key in config and config[key] != getattr(cfg, key):
+            raise UserError(f"checkpoint {path} was written with {key}={config[key]!r}, this "
+                            f"run has {getattr(cfg, key)!r}; use the same value to resume, or "
+                            f"start a new --out")
+    sharded, fsdp = bool(saved.get("sharded")), world.parallel == "fsdp"
+    if sharded != fsdp:
+        raise UserError(f"checkpoint {path} is {'sharded' if sharded else 'a single file'} "
+                        f"(written with --parallel {config.get('parallel', 'none')}) and "
+                        f"--parallel {world.parallel} reads only "
+                        f"{'sharded' if fsdp else 'single-file'} ones; resume with --parallel "
+                        f"{'fsdp' if sharded else config.get('parallel', 'none')}")
+    try:
+        if sharded:  # FSDP: each rank reads its shards (DCP), then they are set in place
+            tensors = distributed.sharded_state(run.model, run.opt)
+            load_sharded(Path(path), tensors)
+            distributed.load_sharded_state(run.model, run.opt, tensors)
+        else:
+            run.model.load_state_dict(saved["model"])
+            run.opt.load_state_dict(saved["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise UserError(f"checkpoint {path} does not fit this model/optimizer "
+                        f"({str(e).splitlines()[0]}); resume with the same settings") from None
+    run.sched.load_state_dict(saved["scheduler"])
+    run.scaler.load_state_dict(saved["scaler"])
+    run.epoch, run.step = saved["epoch"], saved["step"]
+    run.step_in_epoch = saved["step_in_epoch"]
+    ranks = saved.get("ranks") or [{"rng": saved["rng"], "loss_sum": saved["loss_sum"]}]
+    if len(ranks) == world.size:
+        mine = ranks[world.rank]
+    else:  # another number of processes: the same logged mean, fresh-looking streams
+        mean = sum(r["loss_sum"] for r in ranks) / len(ranks)
+        mine = {"rng": ranks[0]["rng"], "loss_sum": mean}
+    run.loss_sum.copy_(mine["loss_sum"])
+    run.last_log = (run.last_log[0], saved["last_log_step"])
+    run.skipped.copy_(saved["skipped"])
+    set_rng_state(mine["rng"])
+
+
+# -- files ---------------------------------------------------------------------------------------
 
 
 def rng_state() -> dict[str, Any]:

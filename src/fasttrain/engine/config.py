@@ -39,9 +39,18 @@ def _f(default, help: str, choices: tuple | None = None, group: str = "training"
 @dataclass
 class TrainConfig:
     # -- what to train ------------------------------------------------------------------------
-    model: str = _f("cnn", "model: logreg | mlp | cnn | resnet | gpt", group="model and data")
+    model: str = _f("cnn", "model: logreg | mlp | cnn | resnet | gpt, or your own as an import "
+                    "path pkg.module:factory (a callable with no arguments returning an "
+                    "nn.Module)", group="model and data")
     data: str = _f("mnist", "dataset: mnist | fashion-mnist | cifar10 | tinyshakespeare | "
-                   "synthetic | synthetic-cifar | synthetic-text", group="model and data")
+                   "synthetic | synthetic-cifar | synthetic-text, or pkg.module:factory returning "
+                   "(x, y) tensors, a Dataset, a DataLoader or a dict of 'train'/'val'/'test' "
+                   "splits", group="model and data")
+    loss: str = _f("auto", "loss: auto (cross-entropy for integer targets) | cross_entropy | mse "
+                   "| l1 | pkg.module:fn taking (output, target)", group="model and data")
+    val_fraction: float = _f(0.0, "hold out this fraction of the training set as a validation "
+                             "set (metrics val_*), unless the data brings one",
+                             group="model and data")
     data_dir: str | None = _f(None, "folder holding <dataset>/ (default: $FASTTRAIN_DATA, then "
                               "~/.cache/fasttrain)", group="model and data")
     block_size: int = _f(128, "tokens per training sequence (language models)",
@@ -107,6 +116,11 @@ class TrainConfig:
                             "(TORCHELASTIC_RESTART_COUNT > 0) resumes 'auto' by itself",
                             group="output")
     progress: bool = _f(True, "progress bar (adds no host syncs)", group="output")
+    early_stop: str | None = _f(None, "stop when this evaluation metric (e.g. val_loss, "
+                                "val_accuracy) has not improved for --patience evaluations "
+                                "(losses must fall, other metrics rise)", group="output")
+    patience: int = _f(3, "evaluations without improvement before --early-stop stops",
+                       group="output")
 
     @property
     def micro_batch(self) -> int:
@@ -118,14 +132,15 @@ class TrainConfig:
 
     def validate(self, kinds: dict[str, str] | None = None) -> TrainConfig:
         """Reject bad values and incompatible switches. `kinds` maps model → "classification" |
-        "language" and is passed by the caller that knows the registry."""
+        "language" (default: the bundled models' registry)."""
+        kinds = kinds if kinds is not None else kinds_of()
         for f in fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise UserError(f"--{_flag(f.name)} {getattr(self, f.name)!r}: choose one of "
                                 f"{', '.join(choices)}")
         for name in ("epochs", "batch_size", "accum_steps", "log_every", "keep_checkpoints",
-                     "block_size"):
+                     "block_size", "patience"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{_flag(name)} must be ≥ 1, got {getattr(self, name)}")
         for name in ("max_steps", "warmup_steps", "checkpoint_every", "workers"):
@@ -136,15 +151,23 @@ class TrainConfig:
             if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0):
                 raise UserError(f"--{_flag(name)} must be a finite number "
                                 f"{'> 0' if name == 'lr' else '≥ 0'}, got {v}")
+        if not 0 <= self.val_fraction < 1:
+            raise UserError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
+        for name, given in (("model", self.model), ("data", self.data)):
+            if ":" not in given and given not in _bundled(name):
+                raise UserError(f"--{name} {given!r}: choose one of "
+                                f"{', '.join(_bundled(name))}, or give an import path "
+                                f"pkg.module:factory")
         if self.batch_size % self.accum_steps:
             raise UserError(f"--batch-size {self.batch_size} is not divisible by --accum-steps "
                             f"{self.accum_steps}; choose a batch size that is a multiple of it")
         language = self.data in ("tinyshakespeare", "synthetic-text")
-        if kinds and self.model in kinds and (kinds[self.model] == "language") != language:
+        if (self.model in kinds and ":" not in self.data
+                and (kinds[self.model] == "language") != language):
             fix = ("--data tinyshakespeare or synthetic-text" if kinds[self.model] == "language"
                    else "--model gpt")
             raise UserError(f"--model {self.model} cannot train on --data {self.data}: use {fix}")
-        if self.channels_last and self.model not in CONV_MODELS:
+        if self.channels_last and self.model in kinds and self.model not in CONV_MODELS:
             raise UserError(f"--channels-last only helps convolutions; --model {self.model} has "
                             f"none: drop the flag or use --model cnn/resnet")
         if self.workers and self.data_on_device == "on":
@@ -180,6 +203,20 @@ class TrainConfig:
             raise UserError(f"--batch-size {self.batch_size} (global) is not divisible by "
                             f"{world} processes × --accum-steps {self.accum_steps}; choose a "
                             f"multiple of {world * self.accum_steps}")
+
+
+def kinds_of() -> dict[str, str]:
+    from fasttrain.models import MODEL_KINDS
+
+    return MODEL_KINDS
+
+
+def _bundled(what: str) -> tuple[str, ...]:
+    if what == "model":
+        return tuple(kinds_of())
+    from fasttrain.data.tasks import TASKS
+
+    return TASKS
 
 
 def _flag(name: str) -> str:

@@ -191,14 +191,16 @@ def _restart_store(env: dict[str, int], restarts: int) -> dict[str, Any]:
 
 
 def parallelize(model: nn.Module, world: World, *, activation_checkpointing: bool,
-                compile: bool, cuda_graphs: bool) -> tuple[nn.Module, Callable]:
+                compile: bool, cuda_graphs: bool, checkpoint: tuple[str, ...] = ()
+                ) -> tuple[nn.Module, Callable]:
     """Wrap `model` (already on its device, same initial weights on every rank) and return
     (forward, no_sync): the module the step calls, and the context the non-final micro-steps of
     an accumulated step run under. `model` keeps owning the parameters.
 
     The order is fixed; each step must see the result of the one before:
-      1. activation checkpointing — it replaces the modules of model.blocks, so DDP must bucket,
-         FSDP must shard and compile must trace the final module tree;
+      1. activation checkpointing — it replaces the units of the model (`models.units`: the
+         modules named in `checkpoint`, model.blocks, or a Sequential's children), so DDP must
+         bucket, FSDP must shard and compile must trace the final module tree;
       2. data parallelism — DDP / fully_shard per block, then the root / DataParallel;
       3. torch.compile, of the wrapped module. This is PyTorch's documented recommendation for
          DDP (compile the DDP module: dynamo's DDPOptimizer splits the graph at bucket
@@ -207,10 +209,10 @@ def parallelize(model: nn.Module, world: World, *, activation_checkpointing: boo
          fully_shard instead; with FSDP2 ours also works (its hooks run between compiled
          regions), at the cost of graph breaks at every block.
     """
-    from fasttrain.models import apply_activation_checkpointing
+    from fasttrain.models import apply_activation_checkpointing, units
 
     if activation_checkpointing:  # 1.
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, checkpoint)
     forward: nn.Module = model  # 2.
     no_sync: Callable = contextlib.nullcontext
     if world.parallel in ("ddp", "zero1"):
@@ -226,10 +228,10 @@ def parallelize(model: nn.Module, world: World, *, activation_checkpointing: boo
         from torch.distributed.fsdp import fully_shard
 
         mesh = init_device_mesh(world.device.type, (world.size,))
-        # Each block is a unit of all-gather/reduce-scatter (what overlaps with compute); the
+        # Each unit (a block) is one all-gather/reduce-scatter (what overlaps with compute); the
         # root takes what is left (embeddings, heads, a tied weight).
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
+        for parent, key in units(model, checkpoint):
+            fully_shard(parent.get_submodule(key), mesh=mesh)
         fully_shard(model, mesh=mesh)
         no_sync = lambda: _fsdp_no_sync(model)  # noqa: E731
     elif world.parallel == "dp":

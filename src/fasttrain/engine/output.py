@@ -5,6 +5,7 @@
     OUT/tensorboard/         the same scalars as TensorBoard events (if tensorboard is installed)
     OUT/loss.png             training and test loss against steps
     OUT/weights.safetensors  the final weights (no pickle)
+    OUT/model.json           what `fasttrain.load(OUT)` needs to rebuild the model
     OUT/checkpoints/         see checkpoint.py
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from fasttrain.errors import UserError
-from fasttrain.files import write_atomic
+from fasttrain.files import write_atomic, write_png
 
 
 class RunDir:
@@ -49,6 +50,10 @@ class RunDir:
     def write_text(self, name: str, text: str) -> None:
         if self.path:
             write_atomic(self.path / name, text.encode())
+
+    def write_json(self, name: str, value) -> None:
+        if self.path:
+            write_atomic(self.path / name, json.dumps(value).encode())
 
     def log(self, record: dict) -> None:
         if self.path is None:
@@ -82,24 +87,54 @@ class RunDir:
 
         records = [json.loads(line) for line in (self.path / "metrics.jsonl").open()]
         train = [(r["step"], r["loss"]) for r in records if r["kind"] == "train" and r["loss"]]
-        test = [(r["step"], r["test_loss"]) for r in records if r["kind"] == "eval"]
         fig, ax = plt.subplots(figsize=(7, 4))
         if train:
             ax.plot(*zip(*train, strict=True), label="train loss (mean since last log)")
-        if test:
-            ax.plot(*zip(*test, strict=True), "o-", label="test loss")
+        for split in ("val", "test"):
+            points = [(r["step"], r[f"{split}_loss"]) for r in records
+                      if r["kind"] == "eval" and r.get(f"{split}_loss") is not None]
+            if points:
+                ax.plot(*zip(*points, strict=True), "o-", label=f"{split} loss")
         ax.set_xlabel("optimizer step")
-        ax.set_ylabel("cross-entropy")
+        ax.set_ylabel("loss")
         ax.legend()
         ax.grid(alpha=0.3)
-        fig.tight_layout()
-        from io import BytesIO
-
-        buf = BytesIO()
-        fig.savefig(buf, format="png", dpi=110)
-        plt.close(fig)
-        write_atomic(self.path / "loss.png", buf.getvalue())
+        write_png(self.path / "loss.png", fig)
 
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+
+
+def load(run_dir: str | os.PathLike, model: torch.nn.Module | None = None) -> torch.nn.Module:
+    """The trained module of a finished run: `model` (or the one the run names — a bundled
+    model or a factory import path — rebuilt) with the run's final weights, in eval mode."""
+    from safetensors.torch import load_file
+
+    from fasttrain.engine.inputs import resolve_model
+
+    path = Path(run_dir)
+    weights, about = path / "weights.safetensors", path / "model.json"
+    if not weights.is_file():
+        raise UserError(f"{path}: no weights.safetensors; give the --out folder of a finished "
+                        f"run")
+    if model is None:
+        if not about.is_file():
+            raise UserError(f"{path}: no model.json; pass the module: load(run_dir, model=...)")
+        info = json.loads(about.read_text())
+        if info["model"].startswith("python:"):
+            raise UserError(f"{path} trained a module passed from Python ({info['model']}); "
+                            f"pass a fresh one: fasttrain.load(run_dir, model=...)")
+        shapes = _Shapes(tuple(info["in_shape"]), info["num_classes"])
+        model, _ = resolve_model(info["model"], shapes)
+    try:
+        model.load_state_dict(load_file(weights))
+    except RuntimeError as e:
+        raise UserError(f"{weights} does not fit {type(model).__name__} "
+                        f"({str(e).splitlines()[0]}); pass the model the run trained") from None
+    return model.eval()
+
+
+class _Shapes:
+    def __init__(self, in_shape: tuple[int, ...], num_classes: int):
+        self.in_shape, self.num_classes = in_shape, num_classes

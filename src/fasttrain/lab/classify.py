@@ -221,14 +221,11 @@ def count_step(trainer, batches: Iterator[list], peaks: Peaks) -> Work:
     runs the parameter-owning module, not a compiled one: FLOPs and bytes are those of the eager
     graph, an upper bound on bytes once `--compile` fuses ops (the gap is what fusion buys). The
     step is real (the weights move), like any other profiling step."""
-    forward = trainer.forward
-    trainer.forward = trainer.model
+    from fasttrain.engine.loop import step
+
     counter = _Counter(peaks)
-    try:
-        with counter:
-            trainer.train_step(next(batches))
-    finally:
-        trainer.forward = forward
+    with counter:
+        step(trainer, next(batches), forward=trainer.model)
     return counter.work
 
 

@@ -181,11 +181,10 @@ def provoke_mismatch(device: torch.device) -> dict:
 
 def diagnose() -> dict:
     """Everything `fasttrain doctor` reports, as the JSON it prints."""
-    from fasttrain.engine.trainer import resolve_device
-    from fasttrain.env import env_block
+    from fasttrain.env import env_block, resolve_device
 
     found = devices()
-    best = resolve_device("auto")  # what `--device auto` trains on
+    best = torch.device(resolve_device("auto"))  # what `--device auto` trains on
     checks = [check_placement(best), provoke_mismatch(best)]
     gpu = any(d["kind"] != "cpu" for d in found)
     return {"schema": SCHEMA, "env": env_block(), "gpu_found": gpu, "devices": found,

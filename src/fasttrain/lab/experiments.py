@@ -66,35 +66,28 @@ def _finite(x: float | None) -> float | None:
 def evaluate(trainer) -> tuple[float, float]:
     """(test loss, test accuracy) over the whole test split, under the run's autocast; token
     accuracy for language models."""
-    trainer.model.eval()
-    total = torch.zeros((), device=trainer.device, dtype=torch.float64)
-    correct = torch.zeros((), device=trainer.device, dtype=torch.int64)
-    count = 0
-    for x, y in trainer.batches.eval_batches(max(trainer.cfg.micro_batch, 256)):
-        with trainer.autocast:
-            logits = trainer.forward(x)
-        logits = logits.float()
-        total += trainer.loss_fn(logits, y).double() * y.numel()
-        correct += (logits.argmax(-1) == y).sum()
-        count += y.numel()
-    trainer.model.train()
-    return total.item() / max(count, 1), correct.item() / max(count, 1)  # sync: once
+    from fasttrain.engine.callbacks import evaluate as engine_evaluate
+
+    result = engine_evaluate(trainer, "test")  # the engine's own evaluation: one sync
+    accuracy = next((v for k, v in result.items() if k.endswith("accuracy")), None)
+    return result.get("test_loss", math.nan), accuracy
 
 
 def measure_run(cfg, task, opts: Options, evaluate_after: bool = True,
                 extra: Callable | None = None) -> dict:
     """Train `opts.warmup` untimed and `opts.steps` timed steps with `cfg`; the row's numbers.
     `extra(trainer)` adds fields before the trainer is let go (e.g. its weights)."""
-    from fasttrain.engine import Trainer
+    from fasttrain.engine.loop import step
+    from fasttrain.engine.run import build
     from fasttrain.timing import synchronizer, time_call
 
-    trainer = Trainer(cfg, task=task)
+    trainer = build(cfg, data=task, verbose=False)
     dev = trainer.device
     cuda = dev.type == "cuda"
     sync = synchronizer(dev.type)
     batches = mem.endless_batches(trainer)
     for _ in range(opts.warmup):
-        trainer.train_step(next(batches))
+        step(trainer, next(batches))
     if cuda:
         sync()
         torch.cuda.reset_peak_memory_stats(dev)  # the peak of the timed steps, data included
@@ -104,7 +97,7 @@ def measure_run(cfg, task, opts: Options, evaluate_after: bool = True,
         if i == opts.steps - tail:
             trainer.loss_sum.zero_()
         # The next batch's gather is part of a step, as in the engine's own loop.
-        ms.append(time_call(lambda: trainer.train_step(next(batches)), sync)[1])
+        ms.append(time_call(lambda: step(trainer, next(batches)), sync)[1])
     final_loss = trainer.loss_sum.item() / tail
     if cuda:
         peak, peak_by = torch.cuda.max_memory_allocated(dev), "cuda allocator"
@@ -176,9 +169,9 @@ def _note(precision: str, device: torch.device) -> str | None:
 
 
 def run_precision(cfg, task, opts: Options) -> list[dict]:
-    from fasttrain.engine.trainer import resolve_device
+    from fasttrain.env import resolve_device
 
-    dev = resolve_device(cfg.device)
+    dev = torch.device(resolve_device(cfg.device))
     rows = []
     for p in PRECISIONS:
         label = {"precision": p, "device": dev.type, "note": _note(p, dev)}

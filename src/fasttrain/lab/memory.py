@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fasttrain.engine.loop import step
 from fasttrain.errors import UserError
 
 SCHEMA = "fasttrain.memory/1"
@@ -101,7 +102,7 @@ def _is_weight_cast(t: torch.Tensor, params: set[int]) -> bool:
 
 
 def count_saved(trainer, micro_batch, autocast=None) -> Saved:
-    """Run one forward/backward of `micro_batch` as `trainer.train_step` would (autocast, loss
+    """Run one forward/backward of `micro_batch` as `step` would (autocast, loss
     scaling), counting every storage saved for backward once, parameters excluded (they are
     `weights`). Leaves the trainer as it found it: no gradients, same buffers, same RNG stream."""
     model, dev = trainer.model, trainer.device
@@ -266,12 +267,11 @@ def breakdown(trainer, micro_batches: list, measured_peak: int | None = None,
                      measured_peak=measured_peak, measured_by=how, **parts)
 
 
-def endless_batches(trainer) -> Iterator[list]:
-    """The trainer's optimizer-step batches, epoch after epoch, for as many steps as wanted."""
-    epoch = 0
-    while True:
-        yield from trainer.step_batches(epoch)
-        epoch += 1
+def endless_batches(run) -> Iterator[list]:
+    """The run's optimizer-step batches, epoch after epoch, for as many steps as wanted."""
+    from fasttrain.engine.loop import endless_batches
+
+    return endless_batches(run)
 
 
 def measure(trainer, batches: Iterator[list] | None = None) -> Breakdown:
@@ -283,7 +283,7 @@ def measure(trainer, batches: Iterator[list] | None = None) -> Breakdown:
     micro_batches = next(batches)
     for _ in range(_WARMUP_MAX):
         scale = trainer.scaler.get_scale() if trainer.scaler.is_enabled() else None
-        trainer.train_step(micro_batches)
+        step(trainer, micro_batches)
         if scale is None or trainer.scaler.get_scale() >= scale:  # a step that was not skipped
             break
     if not cuda:
@@ -296,7 +296,7 @@ def measure(trainer, batches: Iterator[list] | None = None) -> Breakdown:
     # residents is cuBLAS workspaces and small state.
     workspace = max(0, torch.cuda.memory_allocated(dev) - resident)
     torch.cuda.reset_peak_memory_stats(dev)
-    trainer.train_step(micro_batches)
+    step(trainer, micro_batches)
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev)
     return breakdown(trainer, micro_batches, measured_peak=peak, workspace=workspace)
@@ -319,7 +319,7 @@ class Try:
 
 def free_memory() -> None:
     """Return what a finished try held: compiled code (which references the module it traced),
-    Python references (a Trainer holds reference cycles), then the allocator's cached blocks."""
+    Python references (a Run holds reference cycles), then the allocator's cached blocks."""
     torch.compiler.reset()
     gc.collect()
     if torch.cuda.is_available():
@@ -339,10 +339,10 @@ def try_batch(cfg, task, batch: int, usable: int, steps: int) -> Try:
 
 
 def _try(cfg, task, batch: int, usable: int, steps: int) -> Try:
-    from fasttrain.engine import Trainer
+    from fasttrain.engine.run import build
     from fasttrain.timing import synchronizer, time_call
 
-    trainer = Trainer(dataclasses.replace(cfg, batch_size=batch), task=task)
+    trainer = build(dataclasses.replace(cfg, batch_size=batch), data=task, verbose=False)
     dev = trainer.device
     cuda = dev.type == "cuda"
     batches = endless_batches(trainer)
@@ -353,7 +353,7 @@ def _try(cfg, task, batch: int, usable: int, steps: int) -> Try:
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
     sync = synchronizer(dev.type)
-    ms = [time_call(lambda: trainer.train_step(next(batches)), sync)[1] for _ in range(steps)]
+    ms = [time_call(lambda: step(trainer, next(batches)), sync)[1] for _ in range(steps)]
     peak = max(b.measured_peak, torch.cuda.max_memory_allocated(dev)) if cuda else b.predicted_peak
     sps = batch / (statistics.median(ms) / 1e3)
     if peak > usable:
@@ -417,6 +417,7 @@ def lab_config(args: argparse.Namespace, command: str):
     gpt) and its synthetic stand-in otherwise — never a download; outputs say which."""
     from fasttrain.data.tasks import load_task
     from fasttrain.engine.config import from_args, load_toml
+    from fasttrain.engine.inputs import resolve_data
     from fasttrain.models import MODEL_KINDS
 
     cfg = from_args(args)
@@ -428,7 +429,7 @@ def lab_config(args: argparse.Namespace, command: str):
     given = "data" in vars(args) or bool(args.config and "data" in load_toml(args.config))
     if given:
         cfg = cfg.validate(MODEL_KINDS)
-        return cfg, load_task(cfg.data, cfg.data_dir, seed=cfg.seed, block_size=cfg.block_size)
+        return cfg, resolve_data(cfg.data, cfg)  # a bundled name or pkg.module:factory
     real, stand_in = (("tinyshakespeare", "synthetic-text")
                       if MODEL_KINDS.get(cfg.model) == "language" else ("mnist", "synthetic"))
     cfg = dataclasses.replace(cfg, data=real).validate(MODEL_KINDS)
@@ -547,9 +548,9 @@ def memory(args: argparse.Namespace) -> int:
     if args.json:
         report.check_writable(args.json, "--json")
     cfg, task = lab_config(args, "memory")
-    from fasttrain.engine.trainer import resolve_device
+    from fasttrain.env import resolve_device
 
-    cuda = resolve_device(cfg.device).type == "cuda"
+    cuda = resolve_device(cfg.device) == "cuda"
     if args.find_batch_size:
         if args.floor < 1 or args.floor % cfg.accum_steps:
             raise UserError(f"--floor {args.floor} must be a positive multiple of --accum-steps "
@@ -568,7 +569,7 @@ def memory(args: argparse.Namespace) -> int:
     result = {"schema": SCHEMA, "env": env, "config": config, "rows": []}
     if args.find_batch_size:
         if cuda:
-            total = torch.cuda.get_device_properties(resolve_device(cfg.device)).total_memory
+            total = torch.cuda.get_device_properties(0).total_memory
             limit = min(limit or total, total)
         usable = int(limit * (1 - args.margin))
         config.update(floor=args.floor, try_steps=args.try_steps, usable_bytes=usable)
@@ -601,9 +602,9 @@ def memory(args: argparse.Namespace) -> int:
             out.print(f"best batch size: {best.batch} ({best.samples_per_s:,.0f} samples/s, "
                       f"peak {report.fmt_bytes(best.peak)})")
     else:
-        from fasttrain.engine import Trainer
+        from fasttrain.engine.run import build
 
-        b = measure(Trainer(cfg, task=task))
+        b = measure(build(cfg, data=task, verbose=False))
         result["rows"] = [{"kind": "breakdown", **b.to_dict()}]
         out.print(breakdown_table(b, f"fasttrain memory — {cfg.model} on {data_label(task)}, "
                                   f"batch {cfg.batch_size}, {cfg.precision}, {cfg.optimizer}"))

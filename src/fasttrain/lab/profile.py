@@ -4,7 +4,8 @@
     fasttrain profile --model cnn --data mnist --precision bf16 --compile --trace cnn.json \\
                       --json cnn-profile.json --plot cnn-util.png
 
-Takes every `fasttrain train` switch. Builds the Trainer, runs --profile-warmup steps untraced
+Takes every `fasttrain train` switch (a user's --model pkg.module:factory too). Builds the Run
+through `fasttrain.build`, runs --profile-warmup steps untraced
 (compilation, allocator, caches), counts one eager step's FLOPs and bytes, then runs --steps steps
 under torch.profiler (CPU and, with a GPU, CUDA activities; shapes recorded, no stacks) and prints:
 
@@ -43,8 +44,6 @@ import argparse
 import bisect
 import contextlib
 import functools
-import inspect
-import itertools
 import linecache
 import os
 import statistics
@@ -58,6 +57,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, record_function
 
+from fasttrain.engine.loop import step
 from fasttrain.errors import UserError
 from fasttrain.lab.classify import classify, count_step, device_peaks, next_switches
 from fasttrain.timing import synchronizer
@@ -120,46 +120,18 @@ def profile(args: argparse.Namespace) -> int:
 
 
 def build_trainer(cfg, task=None, model: torch.nn.Module | None = None):
-    """The engine's Trainer for `cfg` (and `task`); `model` replaces the model it names."""
-    from fasttrain.engine import Trainer
+    """The engine's Run for `cfg`, with `task` and `model` injected where given: the public
+    path (`build`), so a user's model is profiled exactly as it trains."""
+    from fasttrain.engine.run import build
 
-    trainer = Trainer(cfg, task=task)
-    if model is not None:
-        swap_model(trainer, model)
-    return trainer
+    return build(cfg, model=model, data=task, verbose=False)
 
 
-def swap_model(trainer, model: torch.nn.Module) -> None:
-    """Train `model` (a module taking the task's batches) instead of the configured one: for
-    planted cases and experiments, without changing the engine. What depends on the parameters
-    is rebuilt through public API, in the engine's order: layout → checkpointing → compile →
-    optimizer → schedule → clipping."""
-    from fasttrain.models import apply_activation_checkpointing
-
-    cfg = trainer.cfg
-    model = model.to(trainer.device)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    if cfg.activation_checkpointing:
-        apply_activation_checkpointing(model)
-    trainer.model = trainer.forward = model
-    if cfg.compile or cfg.cuda_graphs:
-        trainer.forward = torch.compile(model, mode="reduce-overhead" if cfg.cuda_graphs
-                                        else None)
-    accepted = inspect.signature(type(trainer.opt)).parameters
-    defaults = {k: v for k, v in trainer.opt.defaults.items() if k in accepted}
-    trainer.opt = type(trainer.opt)(model.parameters(), **defaults)
-    trainer.sched = torch.optim.lr_scheduler.LambdaLR(trainer.opt, trainer.sched.lr_lambdas[0])
-    params = [p for p in model.parameters() if p.requires_grad]
-    trainer.clip = ((lambda: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True))
-                    if cfg.grad_clip else (lambda: None))
-    trainer.flops_per_step = float("nan")  # unknown to the engine; profile counts its own
-
-
-def _batches_forever(trainer):
+def _batches_forever(run):
     """Optimizer steps' micro-batches, epoch after epoch: profiling ignores epochs/max_steps."""
-    for epoch in itertools.count():
-        yield from trainer.step_batches(epoch)
+    from fasttrain.engine.loop import endless_batches
+
+    return endless_batches(run)
 
 
 # -- the sync audit ------------------------------------------------------------------------------
@@ -423,7 +395,7 @@ def profile_trainer(trainer, steps: int = 10, warmup: int = 3, trace: str | None
     untraced = []
     for _ in range(warmup):
         t0 = time.perf_counter()
-        trainer.train_step(next(batches))
+        step(trainer, next(batches))
         sync()
         untraced.append(time.perf_counter() - t0)
     peaks = device_peaks(device, cfg.precision)
@@ -441,7 +413,7 @@ def profile_trainer(trainer, steps: int = 10, warmup: int = 3, trace: str | None
             with record_function(STEP):
                 with record_function(INPUT):
                     micro_batches = next(batches)
-                trainer.train_step(micro_batches)
+                step(trainer, micro_batches)
                 sync()  # the step's kernels end inside its window
     if trace:
         prof.export_chrome_trace(str(trace))

@@ -157,13 +157,7 @@ def plot_samples(summary: dict, path: str | os.PathLike) -> str | None:
     for ax in (util, mem):
         ax.grid(alpha=0.3)
     fig.suptitle(f"NVML, every {summary['period_s'] * 1e3:.0f} ms")
-    fig.tight_layout()
-    from io import BytesIO
+    from fasttrain.files import write_png
 
-    from fasttrain.files import write_atomic
-
-    buf = BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    write_png(path, fig)
     return None

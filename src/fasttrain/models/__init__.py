@@ -171,24 +171,59 @@ def _add_inner(module, state_dict, prefix, local_metadata, strict, missing, unex
         state_dict[ours + key[len(prefix):]] = state_dict.pop(key)
 
 
-def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
-    """Wrap every module of `model.blocks` in `Checkpointed`, in place, and return `model`.
+def units(model: nn.Module, names: tuple[str, ...] | list[str] = ()) -> list[tuple]:
+    """The modules worth checkpointing (and FSDP-sharding) one by one, as (parent, key) pairs:
+    each module named in `names` (a ModuleList or Sequential named stands for its children), else
+    each module of `model.blocks` (the bundled models), else each child of a model that is itself
+    an nn.Sequential or nn.ModuleList. [] when none of these applies."""
+    def children(container: nn.Module) -> list[tuple]:
+        return [(container, k) for k, _ in container.named_children()]
 
-    Activations inside a block are then recomputed in backward instead of stored: peak memory
-    falls to roughly the blocks' inputs plus one block's internals, for about one extra forward.
+    if names:
+        found = []
+        for name in names:
+            try:
+                module = model.get_submodule(name)
+            except AttributeError:
+                raise UserError(f"activation checkpointing: {type(model).__name__} has no "
+                                f"submodule {name!r}; name one of "
+                                f"{', '.join(n for n, _ in model.named_children())}") from None
+            if isinstance(module, nn.Sequential | nn.ModuleList):
+                found += children(module)
+            else:
+                parent, _, key = name.rpartition(".")
+                found.append((model.get_submodule(parent) if parent else model, key))
+        return found
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList):
+        return children(blocks)
+    if isinstance(model, nn.Sequential | nn.ModuleList):
+        return children(model)
+    return []
+
+
+def apply_activation_checkpointing(model: nn.Module, names: tuple[str, ...] | list[str] = ()
+                                   ) -> nn.Module:
+    """Wrap every unit of `model` (see `units`) in `Checkpointed`, in place, and return `model`.
+
+    Activations inside a unit are then recomputed in backward instead of stored: peak memory
+    falls to roughly the units' inputs plus one unit's internals, for about one extra forward.
     Gradients are unchanged (dropout replays its masks: checkpoint restores the RNG state).
     Wrapping twice is a no-op. Apply it before torch.compile and before FSDP/DDP wrapping.
 
     BatchNorm's running statistics also match: the recomputation leaves buffers as it found them.
     """
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList):
-        raise TypeError(f"{type(model).__name__} has no `blocks` ModuleList to checkpoint")
-    for i, block in enumerate(blocks):
-        if not isinstance(block, Checkpointed):
-            blocks[i] = Checkpointed(block)
+    found = units(model, names)
+    if not found:
+        raise UserError(f"activation checkpointing: {type(model).__name__} has no `blocks` "
+                        f"ModuleList and is not an nn.Sequential; name the modules to "
+                        f"checkpoint: build(..., checkpoint=['layer1', ...])")
+    for parent, key in found:
+        module = parent.get_submodule(key)
+        if not isinstance(module, Checkpointed):
+            parent.register_module(key, Checkpointed(module))
     return model
 
 
 __all__ = ["MODELS", "MODEL_KINDS", "build_model", "apply_activation_checkpointing",
-           "Checkpointed", "model_class", "model_options", "param_count"]
+           "Checkpointed", "units", "model_class", "model_options", "param_count"]

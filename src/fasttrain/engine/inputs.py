@@ -1,0 +1,204 @@
+"""What a user hands to `build`: a model, data and a loss, by name, by import path or as objects.
+
+    build(cfg, model=MyNet(), data=(x, y))                       # tensors: a training set
+    build(cfg, model=MyNet(), data={"train": ds, "val": (vx, vy), "test": loader})
+    fasttrain train --model mypkg.nets:make_net --data mypkg.data:load --loss mypkg.nets:loss
+
+Data becomes one `TaskData` of tensors whatever its form: a Dataset (or a DataLoader's dataset)
+is read once, sample by sample, into tensors, so it must fit in host memory; the engine then
+gathers batches by index (on the device when they fit). Inputs are never rescaled silently:
+uint8 inputs are images and become [0, 1] floats (÷255), floating inputs pass unchanged, int64
+inputs are indices (tokens) and pass unchanged; any other dtype is refused with the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from fasttrain.errors import UserError
+
+_X_DTYPES = "uint8 (images, scaled to [0, 1]), float32/bf16/fp16 (unchanged) or int64 (token ids)"
+
+
+def import_object(path: str, flag: str) -> Any:
+    """`pkg.module:name` → the object. The working directory is importable, as with
+    `python -m`, so that `--model mynets:make` finds ./mynets.py from the console script too."""
+    module, sep, name = path.partition(":")
+    if not sep or not module or not name:
+        raise UserError(f"{flag} {path!r}: give a bundled name or an import path "
+                        f"'package.module:callable'")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        raise UserError(f"{flag} {path}: cannot import {module} ({e}); check the module path and "
+                        f"that it is importable from {os.getcwd()}") from None
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise UserError(f"{flag} {path}: {module} has no {name!r}; check the name after ':'")
+        obj = getattr(obj, part)
+    return obj
+
+
+def call_factory(path: str, flag: str) -> Any:
+    """Import `path` and call it with no arguments (a factory)."""
+    factory = import_object(path, flag)
+    if not callable(factory):
+        raise UserError(f"{flag} {path}: {type(factory).__name__} is not callable; point at a "
+                        f"function taking no arguments")
+    return factory()
+
+
+def resolve_model(model: nn.Module | str, task) -> tuple[nn.Module, str]:
+    """(module, label): a bundled name is built for `task`'s shapes, an import path called."""
+    from fasttrain.models import MODELS, build_model
+
+    if isinstance(model, nn.Module):
+        return model, f"{type(model).__module__}.{type(model).__qualname__}"
+    if model in MODELS:
+        return build_model(model, in_shape=task.in_shape, num_classes=task.num_classes), model
+    made = call_factory(model, "--model")
+    if not isinstance(made, nn.Module):
+        raise UserError(f"--model {model} returned a {type(made).__name__}, not a torch.nn.Module;"
+                        f" return the model from the factory")
+    return made, model
+
+
+def resolve_loss(loss: Callable | str, task) -> Callable:
+    """The loss callable `(output, target) -> scalar`. 'auto' is cross-entropy over the last
+    dimension for integer targets (classes, tokens)."""
+    import torch.nn.functional as F
+
+    if callable(loss):
+        return loss
+    if loss == "auto":
+        if task.train_y is not None and task.train_y.is_floating_point():
+            raise UserError("float targets need a loss: pass loss=torch.nn.functional.mse_loss "
+                            "(or --loss mse / --loss pkg.module:fn)")
+        return cross_entropy
+    named = {"cross_entropy": cross_entropy, "mse": F.mse_loss, "l1": F.l1_loss}
+    if loss in named:
+        return named[loss]
+    fn = import_object(loss, "--loss")
+    if not callable(fn):
+        raise UserError(f"--loss {loss}: not callable; point at a function (output, target)")
+    return fn
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every target: [B, C] vs [B] and [B, T, V] vs [B, T] alike."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+
+def resolve_data(data, cfg):
+    """A `TaskData` from a bundled name, an import path (a factory returning data), a TaskData,
+    (x, y) tensors, a Dataset, a DataLoader or a dict of splits {"train", "val", "test"}."""
+    from fasttrain.data.tasks import TASKS, TaskData, load_task
+
+    if isinstance(data, str):
+        if data in TASKS:
+            task = load_task(data, cfg.data_dir, seed=cfg.seed, block_size=cfg.block_size)
+            return split_validation(task, cfg.val_fraction, cfg.seed)
+        data, label = call_factory(data, "--data"), data
+    else:
+        label = "python"
+    if not isinstance(data, TaskData):
+        splits = data if isinstance(data, dict) else {"train": data}
+        unknown = set(splits) - {"train", "val", "test"}
+        if unknown or "train" not in splits:
+            raise UserError(f"data splits are 'train' (required), 'val' and 'test'; got "
+                            f"{sorted(splits)}")
+        tensors = {k: _tensors(v, k) for k, v in splits.items()}
+        data = _task(label, tensors)
+    return split_validation(data, cfg.val_fraction, cfg.seed)
+
+
+def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    from torch.utils.data import DataLoader, Dataset
+
+    if isinstance(split, DataLoader):
+        split = split.dataset  # the engine batches and shuffles itself (seeded, sharded)
+    if isinstance(split, tuple | list) and len(split) == 2 and all(map(torch.is_tensor, split)):
+        x, y = split
+    elif isinstance(split, Dataset):
+        try:
+            samples = [split[i] for i in range(len(split))]
+            x = torch.stack([torch.as_tensor(s[0]) for s in samples])
+            y = torch.stack([torch.as_tensor(s[1]) for s in samples])
+        except (TypeError, IndexError, RuntimeError) as e:
+            raise UserError(f"{name} data: a Dataset must have a length and give (input, target) "
+                            f"pairs of equal shapes ({e})") from None
+    else:
+        raise UserError(f"{name} data: give (x, y) tensors, a Dataset or a DataLoader, not "
+                        f"{type(split).__name__}")
+    check_split(x, y, name)
+    return x, y
+
+
+def check_split(x: torch.Tensor, y: torch.Tensor, name: str) -> None:
+    """Refuse what would fail later, or silently train on the wrong numbers."""
+    if len(x) != len(y):
+        raise UserError(f"{name} data: {len(x)} inputs but {len(y)} targets; give one target per "
+                        f"input")
+    if len(x) == 0:
+        raise UserError(f"{name} data is empty")
+    if x.dtype == torch.float64:
+        raise UserError(f"{name} inputs are float64 and the model float32: convert with "
+                        f"x.float()")
+    if not (x.dtype in (torch.uint8, torch.int64) or x.is_floating_point()):
+        raise UserError(f"{name} inputs are {x.dtype}; use {_X_DTYPES}")
+    if y.dtype == torch.float64:
+        raise UserError(f"{name} targets are float64: convert with y.float()")
+    if not (y.dtype == torch.int64 or y.is_floating_point()):
+        raise UserError(f"{name} targets are {y.dtype}; use int64 class indices (y.long()) or "
+                        f"float values")
+
+
+def _task(label: str, splits: dict[str, tuple[torch.Tensor, torch.Tensor]]):
+    from fasttrain.data.tasks import TaskData
+
+    x, y = splits["train"]
+    test = splits.get("test") or splits.get("val") or (x[:0], y[:0])
+    val = splits.get("val") if "test" in splits else None
+    for split, name in ((test, "test"), (val, "val")):
+        if split is not None and split[0].shape[1:] != x.shape[1:]:
+            raise UserError(f"{name} inputs have shape {tuple(split[0].shape[1:])}, train inputs "
+                            f"{tuple(x.shape[1:])}; give every split the same sample shape")
+    classes = int(y.max()) + 1 if y.dtype == torch.int64 else 0
+    return TaskData(name=label, kind="classification" if classes else "regression",
+                    train_x=x, train_y=y, test_x=test[0], test_y=test[1], num_classes=classes,
+                    in_shape=tuple(x.shape[1:]), source=label, synthetic=False,
+                    val_x=val[0] if val else None, val_y=val[1] if val else None)
+
+
+def split_validation(task, fraction: float, seed: int):
+    """Hold out `fraction` of the training samples (a seeded draw; for a token stream, its
+    tail) as the validation set, unless the data brings one."""
+    if not fraction or task.val_x is not None:
+        return task
+    if task.train_y is None:  # language: a contiguous tail keeps the windows whole
+        cut = int(len(task.train_x) * (1 - fraction))
+        return dataclasses.replace(task, train_x=task.train_x[:cut], val_x=task.train_x[cut:])
+    n = len(task.train_y)
+    held = int(n * fraction)
+    if held < 1 or held == n:
+        raise UserError(f"--val-fraction {fraction} of {n} samples leaves an empty split; "
+                        f"choose a fraction between {1 / n:.2g} and {1 - 1 / n:.2g}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 17))
+    train, val = order[held:].sort().values, order[:held].sort().values
+    return dataclasses.replace(task, train_x=task.train_x[train], train_y=task.train_y[train],
+                               val_x=task.train_x[val], val_y=task.train_y[val])

@@ -1,0 +1,197 @@
+"""`step(run, batch)` and `fit(run, callbacks)`: the training loop, straight-line.
+
+Each switch became an object at build (a context manager, a scaler that may be disabled, a clip
+function that may do nothing); the step's one branch is whether fp16's scaler counts skips.
+`fit` runs steps and tells the callbacks (callbacks.py) what happened; logging, evaluation,
+checkpoints, preemption, early stopping and the run directory's files are callbacks, in that
+order.
+
+Host–device syncs happen only at log steps (the loss is summed on the device in between, and
+all-reduced over ranks at the log), at evaluation, and at checkpoints.
+
+Exit codes of `fasttrain train` (for schedulers that requeue): 0 done; 2 bad input; 3 the loss
+became non-finite (the last good checkpoint is kept); 75 preempted by SIGTERM/SIGUSR1, a
+checkpoint was saved at the step boundary — run again with `--resume auto`. Under torchrun
+every rank exits 75 (torchrun itself reports any non-zero worker exit as its own failure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+
+import torch
+
+from fasttrain.errors import UserError
+
+EXIT_DIVERGED = 3
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later"
+_NO_CONTEXT = contextlib.nullcontext()  # reusable: entered once per final micro-step
+
+
+class Preempted(Exception):
+    exit_code = EXIT_PREEMPTED
+
+
+class Diverged(Exception):
+    exit_code = EXIT_DIVERGED
+
+
+def step(run, batch, forward=None) -> None:
+    """One optimizer step on `batch`: a list of `accum_steps` micro-batches (x, y), or one
+    (x, y). `forward` replaces run.forward for this step (the lab counts on the eager module)."""
+    if torch.is_tensor(batch[0]):
+        batch = [batch]
+    forward = run.forward if forward is None else forward
+    accum, last = run.cfg.accum_steps, len(batch) - 1
+    for i, (x, y) in enumerate(batch):
+        # Gradients are averaged over ranks once per step: the micro-steps before the last
+        # only accumulate locally (DDP/FSDP no_sync; nothing to skip for one process).
+        with run.no_sync() if i < last else _NO_CONTEXT:
+            with run.autocast:
+                loss = run.loss_fn(forward(x), y) / accum
+            run.scaler.scale(loss).backward()
+        run.loss_sum += loss.detach()
+    run.scaler.unscale_(run.opt)  # so that clipping sees true gradients (no-op unless fp16)
+    run.clip()
+    if run.scaler.is_enabled():
+        # A skipped step shows as a smaller scale after update(); compared on the device (the
+        # scaler's own scale tensor) so that counting adds no sync.
+        before = run.scaler._scale.clone()
+        run.scaler.step(run.opt)  # skips the update if fp16 gradients overflowed
+        run.scaler.update()
+        run.skipped.add_((run.scaler._scale < before).to(torch.int64))
+    else:
+        run.opt.step()
+    run.opt.zero_grad(set_to_none=True)
+    run.sched.step()
+
+
+def step_batches(run, epoch: int) -> Iterator[list]:
+    """The micro-batches of each remaining optimizer step of `epoch`, one list per step."""
+    group: list = []
+    for batch in run.batches.micro_batches(epoch, run.step_in_epoch):
+        group.append(batch)
+        if len(group) == run.cfg.accum_steps:
+            yield group
+            group = []
+
+
+def endless_batches(run) -> Iterator[list]:
+    """Optimizer steps' micro-batches, epoch after epoch, for as many steps as wanted (the lab)."""
+    epoch = 0
+    while True:
+        yield from step_batches(run, epoch)
+        epoch += 1
+
+
+def notify(run, event: str, *args) -> None:
+    """Call `event` on every callback of the running fit (in order)."""
+    for cb in run.callbacks:
+        getattr(cb, event, _ignore)(run, *args)
+
+
+def _ignore(*_):
+    return None
+
+
+def fit(run, callbacks=(), standard: bool = True) -> dict:
+    """Train to the end, an early stop, a preemption or a divergence; returns the last record.
+
+    `callbacks` run after the standard ones (log, evaluate, early stop, checkpoint, preempt,
+    run files); `standard=False` runs only yours."""
+    from fasttrain.engine import callbacks as cb
+
+    run.callbacks = [*(cb.standard(run) if standard else []), *callbacks]
+    run.bar = bar = progress_bar(run.cfg.progress and run.main, run.total_steps, run.step)
+    run.last_log = (time.perf_counter(), run.last_log[1])
+    together = False  # did every rank get here the same way (the end, or an agreed stop)?
+    try:
+        with bar, _signals(run):
+            notify(run, "on_start")
+            while (run.epoch < run.cfg.epochs and run.step < run.total_steps
+                   and run.stop is None):
+                for batch in step_batches(run, run.epoch):
+                    step(run, batch)
+                    run.step += 1
+                    run.step_in_epoch += 1
+                    bar.advance()
+                    notify(run, "on_step")
+                    if run.step >= run.total_steps or run.stop is not None:
+                        break
+                if run.step_in_epoch >= run.batches.steps_per_epoch:
+                    run.epoch += 1
+                    run.step_in_epoch = 0
+                    notify(run, "on_epoch_end")
+            notify(run, "on_end")
+        together = True
+    except (Preempted, Diverged):
+        together = True  # raised on every rank at the same step
+        raise
+    except torch.OutOfMemoryError:
+        from fasttrain.engine.memory import explain_oom
+
+        raise UserError(explain_oom(run)) from None
+    finally:
+        run.rundir.close()
+        run.world.close(together)
+    return run.history[-1] if run.history else {}
+
+
+@contextlib.contextmanager
+def _signals(run):
+    """SIGTERM / SIGUSR1 (a scheduler's warning before the kill) only set a flag: the Preemption
+    callback checkpoints at the next step boundary, where the state is consistent."""
+    import signal
+
+    def request_stop(signum, frame):
+        run.stop_signal = signum
+
+    wanted = [signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+    try:
+        previous = {s: signal.signal(s, request_stop) for s in wanted}
+    except ValueError:  # not the main thread: leave signals to the caller
+        previous = {}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class _Bar:
+    """A rich progress bar driven from the loop. It only counts steps and shows the text of the
+    last log: it never reads a device tensor, so it adds no sync."""
+
+    def __init__(self, enabled: bool, total: int, done: int):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                 TimeRemainingColumn(), TextColumn("{task.description}"),
+                                 disable=not enabled, transient=False)
+        self.task = self.progress.add_task("", total=total, completed=done)
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def advance(self) -> None:
+        self.progress.advance(self.task)
+
+    def describe(self, text: str) -> None:
+        self.progress.update(self.task, description=text)
+
+
+def progress_bar(enabled: bool, total: int, done: int) -> _Bar:
+    return _Bar(enabled and sys.stderr.isatty(), total, done)

@@ -1,0 +1,308 @@
+"""`build(config, model, data) -> Run`: every switch validated and resolved once, in wrap order.
+
+    run = build(TrainConfig(precision="bf16", compile=True), model=MyNet(), data=(x, y),
+                loss=torch.nn.functional.mse_loss)
+    fit(run)
+
+The config is validated before any process group is joined or data loaded. Then, in order (each
+depends on the one before): process group (torchrun's, for --parallel ddp/fsdp/zero1; it decides
+the device) → seed → device → precision (autocast, GradScaler, TF32) → data (this rank's share)
+→ loss and metrics → model (the same initial weights on every rank) → channels_last →
+parallelize: activation checkpointing → DDP / fully_shard / DataParallel → compile (see
+distributed.parallelize) → optimizer (ZeRO-1 partitions it) → schedule → clip → run directory →
+resume (after everything it restores exists). The bundled models and datasets go through this
+same path: a name is only looked up in its registry (`inputs.resolve_model`/`resolve_data`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fasttrain.engine import distributed, inputs
+from fasttrain.engine.batches import Batches
+from fasttrain.engine.config import TrainConfig
+from fasttrain.engine.output import RunDir
+from fasttrain.errors import UserError
+
+Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Run:
+    """The resolved objects of one training run, and where it stands. `build` makes it; `step`,
+    `fit`, callbacks and the lab read it."""
+
+    cfg: TrainConfig
+    world: distributed.World
+    device: torch.device
+    autocast: Any  # a context manager: torch.autocast or a null context
+    scaler: torch.amp.GradScaler  # disabled unless fp16
+    data: Any  # the TaskData trained on
+    batches: Batches
+    model: nn.Module  # owns the parameters: saved, loaded, measured
+    forward: nn.Module  # what the step calls: model wrapped by DDP/FSDP/compile
+    no_sync: Callable  # the context of non-final micro-steps
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    clip: Callable[[], Any]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    metrics: dict[str, Metric]
+    total_steps: int
+    flops_per_step: float | None  # for MFU: counted only where a peak FLOP/s is known
+    rundir: RunDir
+    checkpoints: Path | None
+
+    def __init__(self) -> None:
+        self.epoch = self.step = self.step_in_epoch = 0
+        self.last_log = (time.perf_counter(), 0)  # (clock, step) of the last train log
+        self.history: list[dict] = []
+        self.stop: str | None = None  # set (e.g. by early stopping) to end fit() cleanly
+        self.stop_signal: int | None = None  # SIGTERM/SIGUSR1 received: preempt
+        self.callbacks: list = []  # fit()'s, while it runs
+
+    @property
+    def main(self) -> bool:
+        return self.world.main
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def build(config: TrainConfig | None = None, model: nn.Module | str | None = None,
+          data=None, *, loss: Callable | str | None = None,
+          metrics: dict[str, Metric] | None = None, checkpoint: tuple[str, ...] = (),
+          verbose: bool = True, **overrides) -> Run:
+    """A Run for `config` (or `TrainConfig(**overrides)`; overrides also apply to a config).
+
+    model: an nn.Module, a bundled name or 'pkg.module:factory' (default: config.model).
+    data: (x, y) tensors, a Dataset, a DataLoader, a dict of 'train'/'val'/'test' splits of
+        those, a TaskData, a bundled name or 'pkg.module:factory' (default: config.data).
+    loss: a callable (output, target) -> scalar, or a name as for --loss (default: config.loss).
+    metrics: name -> callable (output, target) -> scalar mean, evaluated as test_<name> and
+        val_<name> beside the defaults (accuracy for integer targets).
+    checkpoint: names of the submodules to recompute under --activation-checkpointing (default:
+        model.blocks, or each child of an nn.Sequential).
+    """
+    cfg = dataclasses.replace(config or TrainConfig(), **overrides)
+    if isinstance(model, nn.Module):  # recorded (config.toml, resume checks) by its class
+        cfg = dataclasses.replace(cfg, model=f"python:{type(model).__qualname__}")
+    elif model is not None:
+        cfg = dataclasses.replace(cfg, model=model)
+    if isinstance(data, str):
+        cfg = dataclasses.replace(cfg, data=data)
+    elif data is not None and not hasattr(data, "train_x"):  # a TaskData keeps config.data
+        cfg = dataclasses.replace(cfg, data="python:data")
+    if isinstance(loss, str):
+        cfg = dataclasses.replace(cfg, loss=loss)
+    elif loss is not None:
+        cfg = dataclasses.replace(cfg, loss=f"python:{getattr(loss, '__name__', 'loss')}")
+    cfg = cfg.validate()
+    for flag, path in (("--model", cfg.model), ("--data", cfg.data), ("--loss", cfg.loss)):
+        if ":" in path and not path.startswith("python:"):
+            inputs.import_object(path, flag)  # a bad import path fails before any data loads
+    from fasttrain.env import resolve_device
+
+    world = distributed.init(cfg.parallel, torch.device(resolve_device(cfg.device)))
+    try:
+        return _setup(cfg, world, model if model is not None else cfg.model,
+                      data if data is not None else cfg.data,
+                      loss if loss is not None else cfg.loss, metrics or {}, tuple(checkpoint),
+                      verbose)
+    except BaseException:
+        world.close()  # a UserError on one rank must not leave the group behind
+        raise
+
+
+def _setup(cfg: TrainConfig, world, model, data, loss, metrics: dict, names: tuple,
+           verbose: bool) -> Run:
+    from fasttrain.engine import checkpoint
+
+    if world.restarts and cfg.out and not cfg.resume:
+        # torchrun restarted the workers after a failure (--max-restarts): continue from the
+        # last complete checkpoint rather than from scratch.
+        cfg = dataclasses.replace(cfg, resume="auto")
+    run = Run()
+    run.cfg, run.world = cfg, world
+    seed_everything(cfg.seed)
+    if cfg.deterministic:
+        # cuBLAS needs a fixed workspace to be deterministic; must be set before it starts.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=False)
+        torch.backends.cudnn.benchmark = False
+    run.device = dev = world.device  # cuda:LOCAL_RANK under torchrun on GPUs
+    run.autocast, run.scaler = _precision(cfg, dev)
+
+    run.data = task = inputs.resolve_data(data, cfg)
+    run.batches = Batches(task, dev, cfg.batch_size, cfg.accum_steps, cfg.seed,
+                          on_device=_data_on_device(cfg, dev, task), workers=cfg.workers,
+                          pin_memory=cfg.pin_memory, channels_last=cfg.channels_last,
+                          block_size=cfg.block_size, rank=world.rank, world=world.size)
+    run.loss_fn = inputs.resolve_loss(loss, task)
+    run.metrics = {**default_metrics(task), **metrics}
+
+    module, label = inputs.resolve_model(model, task)
+    run.label = label
+    module = module.to(dev)
+    if cfg.channels_last:
+        module = module.to(memory_format=torch.channels_last)
+    run.flops_per_step = _count_flops(run, module)  # on the plain module: exact, once
+    run.model = module
+    # activation checkpointing → DDP / fully_shard / DataParallel → compile, in that order.
+    run.forward, run.no_sync = distributed.parallelize(
+        module, world, activation_checkpointing=cfg.activation_checkpointing,
+        compile=cfg.compile, cuda_graphs=cfg.cuda_graphs, checkpoint=names)
+    if world.size > 1:
+        # Same weights everywhere (seeded above), but each rank's dropout masks its own
+        # samples with its own stream.
+        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * world.rank)
+
+    run.opt = _optimizer(cfg, module, world)
+    run.total_steps = cfg.epochs * run.batches.steps_per_epoch
+    if cfg.max_steps:
+        run.total_steps = min(run.total_steps, cfg.max_steps)
+    run.sched = torch.optim.lr_scheduler.LambdaLR(run.opt, lambda s: lr_factor(cfg, run, s))
+    params = [p for p in module.parameters() if p.requires_grad]  # sharded ones under FSDP
+    run.clip = ((lambda: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True))
+                if cfg.grad_clip else (lambda: None))
+    run.loss_sum = torch.zeros((), device=dev)
+    run.skipped = torch.zeros((), device=dev, dtype=torch.int64)
+
+    run.rundir = RunDir(cfg.out if world.main else None)  # rank 0 writes the run directory
+    # Every rank takes part in checkpoints (collectives; FSDP shards): all need the path.
+    run.checkpoints = Path(cfg.out) / "checkpoints" if cfg.out else None
+    checkpoint.resume(run)
+    run.rundir.write_text("config.toml", _toml(cfg))
+    run.rundir.write_json("model.json", {"model": label, "in_shape": list(task.in_shape),
+                                         "num_classes": task.num_classes})
+    if verbose and world.main:
+        print(describe(run), file=sys.stderr)
+    return run
+
+
+def describe(run: Run) -> str:
+    """The derived values that matter, in one line (rank 0 prints it at build)."""
+    cfg, b, task = run.cfg, run.batches, run.data
+    used = {"fp16": "fp16 autocast + GradScaler", "bf16": "bf16 autocast",
+            "tf32": "TF32 matmuls"}.get(cfg.precision, "fp32")
+    return (f"training {run.label} on {task.name}{' (synthetic)' if task.synthetic else ''} on "
+            f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}: "
+            f"micro-batch {b.micro} per process × {cfg.accum_steps} accumulation × "
+            f"{run.world.size} process(es); data "
+            f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}")
+
+
+def default_metrics(task) -> dict[str, Metric]:
+    """Accuracy for integer targets (classes, or tokens for language); none for float ones."""
+    if task.train_y is not None and task.train_y.is_floating_point():
+        return {}
+    return {"token_accuracy" if task.train_y is None else "accuracy": accuracy}
+
+
+def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (output.argmax(-1) == target).float().mean()
+
+
+def _precision(cfg: TrainConfig, dev: torch.device):
+    if cfg.precision == "tf32" and dev.type != "cuda":
+        raise UserError(f"--precision tf32 is a mode of NVIDIA tensor cores; on {dev.type} "
+                        f"use fp32 or bf16")
+    if cfg.cuda_graphs and dev.type != "cuda":
+        raise UserError(f"--cuda-graphs needs a CUDA GPU, not {dev.type}; drop the flag")
+    if cfg.pin_memory and dev.type != "cuda":
+        raise UserError("--pin-memory speeds up host-to-GPU copies; on "
+                        f"{dev.type} there are none: drop the flag")
+    if dev.type == "cuda":
+        tf32 = cfg.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    low = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
+    autocast = torch.autocast(dev.type, dtype=low) if low else contextlib.nullcontext()
+    # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
+    return autocast, torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
+
+
+def _data_on_device(cfg: TrainConfig, dev: torch.device, task) -> bool:
+    if cfg.data_on_device != "auto":
+        return cfg.data_on_device == "on"
+    if cfg.workers:
+        return False  # asking for workers means asking for the DataLoader path
+    if dev.type != "cuda":
+        return True  # host memory is the device's memory: nothing to copy per step
+    size = sum(t.numel() * t.element_size() for t in (task.train_x, task.train_y, task.test_x,
+                                                      task.test_y, task.val_x, task.val_y)
+               if t is not None)
+    free, _ = torch.cuda.mem_get_info(dev)
+    return size < free / 4
+
+
+def _optimizer(cfg: TrainConfig, model: nn.Module, world) -> torch.optim.Optimizer:
+    kw = {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
+          "fused": True if cfg.fused_optimizer else None}
+    try:
+        if cfg.optimizer == "sgd":
+            return distributed.optimizer(torch.optim.SGD, model.parameters(), world,
+                                         momentum=cfg.momentum, **kw)
+        return distributed.optimizer(torch.optim.AdamW, model.parameters(), world, **kw)
+    except RuntimeError as e:  # fused kernels exist only for some devices and dtypes
+        raise UserError(f"--fused-optimizer is not supported here ({e}); drop the flag") \
+            from None
+
+
+def lr_factor(cfg: TrainConfig, run: Run, step: int) -> float:
+    """The schedule: linear warm-up, then constant, cosine, or onecycle's annealing. Reads
+    run.total_steps when called, so that an extended run (--epochs N larger) decays to its end."""
+    total, warm = max(run.total_steps, 1), cfg.warmup_steps
+    if cfg.schedule == "onecycle" and not warm:
+        warm = max(1, int(0.3 * total))
+    if step < warm:
+        return (step + 1) / warm
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine / the annealing of onecycle
+
+
+def _count_flops(run: Run, model: nn.Module) -> float | None:
+    """FLOPs of one optimizer step (forward + backward of every micro-batch), counted once by
+    torch's FLOP counter on a real micro-batch: the numerator of MFU. Only where MFU can be
+    computed (a CUDA GPU whose peak is known): elsewhere the count would cost setup time for a
+    figure that is null."""
+    from fasttrain.env import gpu_peaks
+
+    if run.device.type != "cuda" or not gpu_peaks(torch.cuda.get_device_name(run.device)):
+        return None
+    from torch.utils.flop_counter import FlopCounterMode
+
+    # One rank's micro-batch, scaled to the whole step of all ranks (FLOPs are linear in the
+    # batch): the count never holds more than one rank's activations.
+    x, y = next(iter(run.batches.eval_batches(run.batches.micro, "train")))
+    counter = FlopCounterMode(display=False)
+    # Eval mode and a forked RNG: counting must not move BatchNorm statistics or the random
+    # stream, or the run would differ from one that does not count.
+    with torch.random.fork_rng(devices=[run.device]), counter:
+        model.eval()
+        run.loss_fn(model(x), y).backward()
+    model.train()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops()) * run.cfg.accum_steps * run.batches.world
+
+
+def _toml(cfg: TrainConfig) -> str:
+    from fasttrain.engine.config import to_toml
+
+    return to_toml(cfg)
