@@ -65,17 +65,17 @@ def test_nvml_sampler_returns_samples_during_a_run(logreg_profile):
 
 def _profile(module=None, tweak=None, steps=5, warmup=3, n_train=1024, **cfg):
     """Profile the engine's trainer on CUDA, training `module` instead of the configured model
-    when given; `tweak(trainer)` plants something first (the lab's Python API, as the CPU tests
+    when given; `tweak(run)` plants something first (the lab's Python API, as the CPU tests
     of tests/lab/test_profile.py use it)."""
     from fasttrain.engine import TrainConfig
     from fasttrain.lab import profile as prof
     from tests.engine.conftest import image_task
 
     cfg = TrainConfig(**{"device": "cuda", "progress": False, "model": "mlp", **cfg})
-    trainer = prof.build_trainer(cfg, task=image_task(n_train=n_train), model=module)
+    run = prof.build_trainer(cfg, task=image_task(n_train=n_train), model=module)
     if tweak:
-        tweak(trainer)
-    return prof.profile_trainer(trainer, steps=steps, warmup=warmup)
+        tweak(run)
+    return prof.profile_trainer(run, steps=steps, warmup=warmup)
 
 
 def test_a_large_matmul_is_compute_bound():
@@ -93,15 +93,15 @@ def test_a_large_matmul_is_compute_bound():
 def test_a_planted_sync_is_found_at_its_line():
     planted = {}
 
-    def plant(trainer):
-        step = trainer.train_step
+    def plant(run):
+        loss_fn = run.loss_fn
 
-        def train_step(micro_batches):
-            step(micro_batches)
+        def loss(output, target):
             planted["line"] = inspect.currentframe().f_lineno + 1
-            trainer.loss_sum.item()  # the planted sync
+            run.loss_sum.item()  # the planted sync
+            return loss_fn(output, target)
 
-        trainer.train_step = train_step
+        run.loss_fn = loss
 
     result = _profile(tweak=plant, model="logreg", batch_size=128, steps=4)
     sites = [s for s in result["syncs"] if s["file"] == __file__]
