@@ -134,8 +134,8 @@ def bench_plot(result: dict, path: str | os.PathLike) -> None:
             label="fasttrain (this run: median, min–max over repeats)", color="#1f77b4")
     ax.barh([y - 0.2 for y in ys], [t or 0 for t in theirs], height=0.4,
             label="published report (its own hardware)", color="#bbbbbb")
-    for y, ms in zip(ys, ours, strict=True):
-        ax.text(ms * 1.05, y + 0.2, _fmt_ms(ms), va="center", fontsize=8)
+    for y, ms, hi in zip(ys, ours, err[1], strict=True):  # the label right of the error bar
+        ax.text((ms + hi) * 1.05, y + 0.2, _fmt_ms(ms), va="center", fontsize=8)
     floor = _baseline(rows, "roofline")
     if floor:
         ax.axvline(floor["epoch_ms"], color="#d62728", linestyle="--", linewidth=1,

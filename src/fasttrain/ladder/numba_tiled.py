@@ -14,8 +14,8 @@ makes every inner loop FMA-bound:
   held across the K loop: a 2 × 5 tile, 10 accumulators, 7 loads per 10 FMAs.
 - Weight gradient + update, classes split: thread t owns weight rows c0..c1 and adds
   −lr·dL/dW straight into them (no gradient buffer, no reduction: the forward of this step has
-  finished on every core by the barrier), four samples × two classes per K loop: 6 loads,
-  2 stores, 8 FMAs.
+  finished on every core by the barrier), eight samples × one class per K loop: 9 loads,
+  1 store, 8 FMAs, the eight rows staying in L1 across the classes.
 - 1/255 is folded into the logits and into the update's coefficients.
 
 Versions (one thread, ms of CPU time per epoch, MNIST, 2-core EPYC, best of 5-6; CPU time because
@@ -23,11 +23,15 @@ the machine was shared by a dozen processes while this was written — wall time
   v1  2 × 5 forward tile per sample pair over both class halves; 4 × 2 update tile      ~53
   v2  rows widened first, then each half of W (16 KB) stays in L1 across all pairs      ~47
   v3  next step's rows prefetched during the update (same-process A/B: 50 → 44.5)       ~45
+  v4  update tile 8 samples × 1 class instead of 4 × 2 (alone: 54-65 vs 40-45 GFLOP/s
+      in one process; whole epoch A/B: 46.2 → 42.6 best, 52.3 → 45.1 median). Same
+      weights to the bit: both add the samples' terms to w[j, k] in sample order       ~43
 
-Where the remaining time goes (one thread, ~45 ms; the ideal at the forward tile's rate is ~22):
+Where the remaining time goes (one thread, ~43 ms; the ideal at the forward tile's rate is ~22):
 forward tiles ~11-12 (measured alone at 79-85 GFLOP/s a core: at the FMA ceiling); update tiles
-~16 (55-60 GFLOP/s: a 4-deep FMA chain and two stores per 8 FMAs); softmax ~3.4 (scalar expf,
-600k a epoch); gather, widening and bias ~8.5; tile reductions and loop overhead the rest. With two
+~15 (55-65 GFLOP/s: each w[j, k] takes a dependent chain of 8 FMAs, and 9 loads per 8 FMAs);
+softmax ~3.4 (scalar expf, 600k an epoch; a polynomial exp written for Numba ran slower, not
+vectorized); gather, widening and bias ~8.5; tile reductions and loop overhead the rest. With two
 threads each does half, plus 938 barriers and 200 KB of widened rows crossing cores per step.
 
 Run alone:  python -m fasttrain bench --impl numba-tiled
@@ -191,44 +195,37 @@ def _forward(x, y, order, w, b, xf, dz, start, nb, i0, i1, inv255, scale):
 
 def _update(w, b, xf, dz, nb, c0, c1, coef, x, ahead):
     """w[c0:c1] += coef · dzᵀ @ xf (coef = −lr/255) and the bias alike: this step's SGD update of
-    the classes this thread owns, four samples per pass over K (a sample past nb adds zero).
-    Meanwhile the rows `x[ahead]` this thread widens next step are prefetched, two per pass, so
+    the classes this thread owns, eight samples per pass over K (a sample past nb adds zero).
+    Meanwhile the rows `x[ahead]` this thread widens next step are prefetched, four per pass, so
     that next step's forward finds them in cache instead of waiting on DRAM."""
     k_in = xf.shape[1]
     n_ahead = ahead.shape[0]
+    zero = np.float32(0.0)
     for j in range(c0, c1):
-        acc = np.float32(0.0)
+        acc = zero
         for i in range(nb):
             acc += dz[i, j]
         b[j] += coef * np.float32(255.0) * acc
-    for i in range(0, nb, 4):
-        for q in range(i // 2, min(i // 2 + 2, n_ahead)):
+    last = nb - 1
+    for i in range(0, nb, 8):
+        for q in range(i // 2, min(i // 2 + 4, n_ahead)):
             prefetch_row(x, ahead[q])
-        r0, r1 = xf[i], xf[min(i + 1, nb - 1)]
-        r2, r3 = xf[min(i + 2, nb - 1)], xf[min(i + 3, nb - 1)]
-        for j in range(c0, c1, 2):
-            if j + 1 < c1:
-                wa, wb = w[j], w[j + 1]
-                a0 = dz[i, j] * coef
-                a1 = dz[i + 1, j] * coef if i + 1 < nb else np.float32(0.0)
-                a2 = dz[i + 2, j] * coef if i + 2 < nb else np.float32(0.0)
-                a3 = dz[i + 3, j] * coef if i + 3 < nb else np.float32(0.0)
-                e0 = dz[i, j + 1] * coef
-                e1 = dz[i + 1, j + 1] * coef if i + 1 < nb else np.float32(0.0)
-                e2 = dz[i + 2, j + 1] * coef if i + 2 < nb else np.float32(0.0)
-                e3 = dz[i + 3, j + 1] * coef if i + 3 < nb else np.float32(0.0)
-                for k in range(k_in):
-                    u0, u1, u2, u3 = r0[k], r1[k], r2[k], r3[k]
-                    wa[k] += a0 * u0 + a1 * u1 + a2 * u2 + a3 * u3
-                    wb[k] += e0 * u0 + e1 * u1 + e2 * u2 + e3 * u3
-            else:
-                wa = w[j]
-                a0 = dz[i, j] * coef
-                a1 = dz[i + 1, j] * coef if i + 1 < nb else np.float32(0.0)
-                a2 = dz[i + 2, j] * coef if i + 2 < nb else np.float32(0.0)
-                a3 = dz[i + 3, j] * coef if i + 3 < nb else np.float32(0.0)
-                for k in range(k_in):
-                    wa[k] += a0 * r0[k] + a1 * r1[k] + a2 * r2[k] + a3 * r3[k]
+        r0, r1, r2, r3 = xf[i], xf[min(i + 1, last)], xf[min(i + 2, last)], xf[min(i + 3, last)]
+        r4, r5 = xf[min(i + 4, last)], xf[min(i + 5, last)]
+        r6, r7 = xf[min(i + 6, last)], xf[min(i + 7, last)]
+        for j in range(c0, c1):  # eight rows (25 KB) stay in L1 across my classes
+            wj = w[j]
+            a0 = dz[i, j] * coef
+            a1 = dz[i + 1, j] * coef if i + 1 < nb else zero
+            a2 = dz[i + 2, j] * coef if i + 2 < nb else zero
+            a3 = dz[i + 3, j] * coef if i + 3 < nb else zero
+            a4 = dz[i + 4, j] * coef if i + 4 < nb else zero
+            a5 = dz[i + 5, j] * coef if i + 5 < nb else zero
+            a6 = dz[i + 6, j] * coef if i + 6 < nb else zero
+            a7 = dz[i + 7, j] * coef if i + 7 < nb else zero
+            for k in range(k_in):  # 8 × 1 tile: 9 loads, 1 store, 8 FMAs
+                wj[k] += (a0 * r0[k] + a1 * r1[k] + a2 * r2[k] + a3 * r3[k]
+                          + a4 * r4[k] + a5 * r5[k] + a6 * r6[k] + a7 * r7[k])
 
 
 def _epoch_part(t, n_threads, x, y, order, w, b, lr, batch_size, xf, dz, flags, loss_out):
