@@ -103,6 +103,7 @@ class EpochKernel:
 
 class CudaEpoch(Impl):
     name = "cuda-epoch"
+    sources = ("csrc/cuda_epoch.cu",)  # the kernel its figures come from
     device = "cuda"
 
     @classmethod
