@@ -86,14 +86,19 @@ def bench_table(result: dict, baseline: str = "numpy-cpu") -> Table:
     )
     for i, col in enumerate(HEADERS):
         table.add_column(col, justify="left" if i < 3 else "right")
+    # Reasons go under the table, numbered once each (the GPU rows on a CPU share one): inside
+    # a numeric column they would wrap every row into several lines.
+    notes: dict[str, int] = {}
     for r in rows:
         report = _fmt_ms(r.get("report_ms"))
         if r["status"] != "ok":
-            table.add_row(r["impl"], r.get("device") or "-", "-",
-                          f"[dim]{r['status']}[/dim]", f"[dim]{r['reason']}[/dim]",
-                          *["" for _ in range(5)], report, style="dim")
+            note = notes.setdefault(f"{r['status']}: {r['reason']}", len(notes) + 1)
+            table.add_row(r["impl"], r.get("device") or "-", "-", f"{r['status']} [{note}]",
+                          *["" for _ in range(6)], report, style="dim")
             continue
         table.add_row(r["impl"], r["device"], r["precision"], *_cells(r, base, floor), report)
+    table.caption = "\n".join([table.caption, *(f"[{n}] {t}" for t, n in notes.items())])
+    table.caption_justify = "left"
     return table
 
 
