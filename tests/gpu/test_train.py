@@ -33,9 +33,8 @@ COMMON = ("--batch-size", "64", "--lr", "1e-3", "--seed", "0", "--epochs", "1")
 SWITCHES = {
     "bf16-compile": (("--precision", "bf16", "--compile"), 0.05),
     "bf16-compile-cuda-graphs": (("--precision", "bf16", "--compile", "--cuda-graphs"), 0.05),
-    # --fused-optimizer: GradScaler hands the inf check to the fused kernel; with a foreach
-    # optimizer it reads found_inf on the host every step (see test_fp16_foreach_... below).
-    "fp16": (("--precision", "fp16", "--fused-optimizer"), 0.10),
+    # fp16 takes the fused optimizer on CUDA by itself (see test_fp16_does_not_sync_... below).
+    "fp16": (("--precision", "fp16"), 0.10),
     "tf32": (("--precision", "tf32"), 0.02),
     "dataloader-pinned": (("--data-on-device", "off", "--workers", "2", "--pin-memory"), 2e-3),
 }
@@ -103,11 +102,9 @@ def test_train_on_cuda_tracks_cpu_and_never_syncs_between_logs(model, switch, tm
         f"{LOG} steps: {short}; {2 * LOG} steps: {long}")
 
 
-@pytest.mark.xfail(strict=True, reason="fp16 with a foreach optimizer: GradScaler.step reads "
-                   "found_inf with .item() every step (torch/amp/grad_scaler.py, "
-                   "_maybe_opt_step); the engine should use the fused optimizer under fp16 on "
-                   "CUDA, which takes the inf check on the device")
-def test_fp16_foreach_optimizer_does_not_sync_every_step(tmp_path):
+def test_fp16_does_not_sync_every_step_without_the_fused_flag(tmp_path):
+    # GradScaler with a foreach optimizer would read found_inf with .item() every step; the
+    # engine takes the fused optimizer under fp16 on CUDA so that it does not.
     flags = ("--precision", "fp16")
     train(tmp_path / "warm", *_flags("cnn", "cuda", LOG, LOG, *flags))
     with counting_syncs() as short:

@@ -251,8 +251,13 @@ def _data_on_device(cfg: TrainConfig, dev: torch.device, task) -> bool:
 
 
 def _optimizer(cfg: TrainConfig, model: nn.Module, world) -> torch.optim.Optimizer:
+    # fp16 on CUDA takes the fused kernel even unasked: with a foreach optimizer GradScaler.step
+    # reads its inf check on the host (`.item()`, a sync every step); the fused kernel skips the
+    # update on the device instead. Not under FSDP, whose sharded parameters it does not take.
+    fp16_cuda = (cfg.precision == "fp16" and world.device.type == "cuda"
+                 and cfg.parallel != "fsdp")
     kw = {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
-          "fused": True if cfg.fused_optimizer else None}
+          "fused": True if cfg.fused_optimizer or fp16_cuda else None}
     try:
         if cfg.optimizer == "sgd":
             return distributed.optimizer(torch.optim.SGD, model.parameters(), world,
