@@ -5,7 +5,11 @@
     fasttrain train --out runs/cnn --resume auto         # continue after preemption
 
 Exit codes: 0 done; 2 bad input; 3 the loss became non-finite (last good checkpoint kept);
-75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint (requeue with --resume auto).
+75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint (requeue with --resume auto); 130
+stopped by Ctrl-C after saving a checkpoint (a second Ctrl-C aborts at once).
+
+One --out holds one run: an --out that already holds one is refused unless --resume is given,
+and two processes never write the same --out at once (see engine/rundir.py).
 """
 
 from __future__ import annotations
@@ -24,10 +28,17 @@ def train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from fasttrain.engine import Diverged, Preempted, Trainer
+    from fasttrain.engine import Trainer
     from fasttrain.engine.config import from_args
+    from fasttrain.engine.signals import StopSignals
 
-    trainer = Trainer(from_args(args))
+    with StopSignals() as stop:  # from before setup: a signal during setup stops cleanly too
+        return _fit(Trainer(from_args(args), stop=stop))
+
+
+def _fit(trainer) -> int:
+    from fasttrain.engine import Diverged, Preempted
+
     say = print if trainer.world.main else (lambda *a, **k: None)  # rank 0 speaks for all
     say(f"training {trainer.cfg.model} on {trainer.task.name}"
           f"{' (synthetic)' if trainer.task.synthetic else ''} on {trainer.device}, "

@@ -5,7 +5,8 @@
 """
 
 from fasttrain.engine.config import TrainConfig
-from fasttrain.engine.trainer import EXIT_DIVERGED, EXIT_PREEMPTED, Diverged, Preempted, Trainer
+from fasttrain.engine.signals import EXIT_PREEMPTED
+from fasttrain.engine.trainer import EXIT_DIVERGED, Diverged, Preempted, Trainer
 
 
 def train(cfg: TrainConfig) -> dict:

@@ -156,11 +156,17 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
     """Read a checkpoint (tensors and plain values only); a bad file is a one-line UserError.
     For a sharded checkpoint (a folder) this is its extras, marked `"sharded": True`: the
     tensors are read later, by `load_sharded`, into the sharded model."""
+    from fasttrain.engine.resume import validate_state
+
     p = Path(path)
-    if p.is_dir():
-        state = load(p / EXTRAS, map_location)
-        state["sharded"] = True
-        return state
+    sharded = p.is_dir()
+    state = _load_file(p / EXTRAS if sharded else p, map_location)
+    state["sharded"] = sharded
+    validate_state(state, p)  # issue 13: every field the restore reads, with its type
+    return state
+
+
+def _load_file(p: Path, map_location) -> dict[str, Any]:
     if not p.is_file():
         raise UserError(f"checkpoint {p}: no such file; give an existing path or --resume auto")
     try:

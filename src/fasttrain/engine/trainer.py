@@ -28,7 +28,6 @@ import dataclasses
 import math
 import os
 import random
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,23 +36,23 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fasttrain.engine import checkpoint, distributed
+from fasttrain.engine import agree, checkpoint, distributed, resume
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.output import RunDir
+from fasttrain.engine.signals import EXIT_PREEMPTED, StopSignals
 from fasttrain.errors import UserError
 
 EXIT_DIVERGED = 3
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later"
 _NO_CONTEXT = contextlib.nullcontext()  # reusable: entered once per final micro-step
-# Settings a resumed run must share with the run that wrote the checkpoint, or it would not be
-# the same run.
-_RESUME_MUST_MATCH = ("model", "data", "block_size", "batch_size", "accum_steps", "optimizer",
-                      "schedule", "warmup_steps", "seed", "epochs", "max_steps")
 
 
 class Preempted(Exception):
-    exit_code = EXIT_PREEMPTED
+    """Stopped by a signal at a step boundary (75 SIGTERM/SIGUSR1, 130 Ctrl-C)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_PREEMPTED):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class Diverged(Exception):
@@ -83,16 +82,22 @@ def seed_everything(seed: int) -> None:
 
 class Trainer:
     """`Trainer(cfg).fit()`. `task` replaces `cfg.data` with data of your own (a
-    `fasttrain.data.TaskData`); everything else comes from `cfg`."""
+    `fasttrain.data.TaskData`); everything else comes from `cfg`. `stop`: signal handlers the
+    caller installed already (so that a signal during setup is not lost); else fit installs
+    its own."""
 
-    def __init__(self, cfg: TrainConfig, task=None):
+    def __init__(self, cfg: TrainConfig, task=None, stop: StopSignals | None = None):
         from fasttrain.models import MODEL_KINDS
+
+        self.stop = stop or StopSignals()  # issue 13: SIGTERM/SIGUSR1/SIGINT → flag
 
         cfg = cfg.validate(MODEL_KINDS)
         self.world = distributed.init(cfg.parallel, resolve_device(cfg.device))
         try:
             self._setup(cfg, task)
         except BaseException:
+            if getattr(self, "run", None) is not None:
+                self.run.close()  # give the run directory's lock back (in-process callers)
             self.world.close()  # a UserError on one rank must not leave the group behind
             raise
 
@@ -149,20 +154,20 @@ class Trainer:
                                                              foreach=True))
                      if cfg.grad_clip else (lambda: None))
 
-        self.run = RunDir(cfg.out if world.main else None)  # rank 0 writes the run directory
+        # rank 0 writes (and claims: rundir.py) the run directory; its error stops every rank.
+        self.run = agree.together(world, RunDir, cfg.out if world.main else None, bool(cfg.resume))
         # Every rank takes part in checkpoints (collectives; FSDP shards): all need the path.
         self.checkpoints = Path(cfg.out) / "checkpoints" if cfg.out else None
         # A stop request is acted on only when all ranks agree on the step (see advance).
-        self._stop_now = ((lambda: self.stop_signal is not None) if world.size == 1 else
+        self._stop_now = ((lambda: self.stop.requested) if world.size == 1 else
                           (lambda: self.step % cfg.log_every == 0
-                           and world.any(self.stop_signal is not None)))
+                           and world.any(self.stop.requested)))
         self.epoch = self.step = self.step_in_epoch = 0
         self._tick = (time.perf_counter(), 0)  # (clock, step) of the last log
         self.loss_sum = torch.zeros((), device=dev)
         self.skipped = torch.zeros((), device=dev, dtype=torch.int64)
-        self.stop_signal: int | None = None
         self.history: list[dict] = []
-        self._resume()
+        agree.together(world, self._resume)  # issue 13: a bad checkpoint stops every rank
         self.run.write_text("config.toml", _toml(cfg))
 
     # -- setup ----------------------------------------------------------------------------------
@@ -293,7 +298,9 @@ class Trainer:
         self._tick = (time.perf_counter(), self._tick[1])
         together = False  # did every rank get here the same way (the end, or an agreed stop)?
         try:
-            with progress as bar, self._signals():
+            with progress as bar, self.stop:
+                if self.world.any(self.stop.requested):  # a signal during setup
+                    self._stopped()
                 while self.epoch < cfg.epochs and self.step < self.total_steps:
                     for micro_batches in self.step_batches(self.epoch):
                         self.advance(micro_batches, bar)
@@ -337,27 +344,14 @@ class Trainer:
         if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
             self._checkpoint()
         if self._stop_now():
+            self._stopped()
+
+    def _stopped(self) -> None:
+        """Every rank, at the same step boundary: checkpoint (if there is a step to save), stop."""
+        if self.step:
             self._checkpoint()
-            raise Preempted(f"signal {self.stop_signal}: checkpoint saved at step {self.step}; "
-                            f"run again with --resume auto")
-
-    @contextlib.contextmanager
-    def _signals(self):
-        """SIGTERM / SIGUSR1 (a scheduler's warning before the kill) only set a flag: the loop
-        checkpoints at the next step boundary, where the state is consistent."""
-        def request_stop(signum, frame):
-            self.stop_signal = signum
-
-        wanted = [signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
-        try:
-            previous = {s: signal.signal(s, request_stop) for s in wanted}
-        except ValueError:  # not the main thread: leave signals to the caller
-            previous = {}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        raise Preempted(self.stop.message(self.step, saved=self.checkpoints is not None),
+                        self.stop.exit_code)
 
     # -- reads (the only host syncs) ------------------------------------------------------------
 
@@ -455,6 +449,7 @@ class Trainer:
                               "loss_sum": self.loss_sum.detach().cpu()})
         state = {
             "format": checkpoint.FORMAT,
+            "metrics_records": self.run.records,  # issue 13: metrics.jsonl lines seen (rank 0)
             "config": self.cfg.to_dict(),
             "scheduler": self.sched.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -489,11 +484,7 @@ class Trainer:
         else:
             path, state = cfg.resume, checkpoint.load(cfg.resume, map_location=self.device)
         saved = state["config"]
-        for key in _RESUME_MUST_MATCH:
-            if saved.get(key) != getattr(cfg, key):
-                raise UserError(f"checkpoint {path} was written with {key}={saved.get(key)!r}, "
-                                f"this run has {getattr(cfg, key)!r}; use the same value to "
-                                f"resume, or start a new --out")
+        changed = resume.check_config(saved, cfg, path)  # issue 13: refuse or list changes
         sharded, fsdp = bool(state.get("sharded")), self.world.parallel == "fsdp"
         if sharded != fsdp:
             raise UserError(f"checkpoint {path} is {'sharded' if sharded else 'a single file'} "
@@ -509,12 +500,13 @@ class Trainer:
             else:
                 self.model.load_state_dict(state["model"])
                 self.opt.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as e:
+            self.sched.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise UserError(f"checkpoint {path} does not fit this model/optimizer "
-                            f"({str(e).splitlines()[0]}); resume with the same settings") \
-                from None
-        self.sched.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
+                            f"({(str(e).splitlines() or [type(e).__name__])[0]}); resume with "
+                            f"the same settings") from None
+        resume.apply_lr(self.opt, self.sched, cfg.lr)  # issue 13: a changed --lr is honoured
         self.epoch, self.step = state["epoch"], state["step"]
         self.step_in_epoch = state["step_in_epoch"]
         ranks = state.get("ranks") or [{"rng": state["rng"], "loss_sum": state["loss_sum"]}]
@@ -526,9 +518,15 @@ class Trainer:
         self.loss_sum.copy_(mine["loss_sum"])
         self._tick = (time.perf_counter(), state["last_log_step"])
         self.skipped.copy_(state["skipped"])
-        checkpoint.set_rng_state(mine["rng"])
+        try:
+            checkpoint.set_rng_state(mine["rng"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"checkpoint {path} has a damaged random state ({e}); resume from "
+                            f"another checkpoint") from None
+        self.run.truncate_metrics(state.get("metrics_records"), self.step)  # issue 13
         if self.world.main:
-            print(f"resumed from {path} (epoch {self.epoch}, step {self.step})")
+            print(f"resumed from {path} (epoch {self.epoch}, step {self.step})"
+                  + (f"; changed: {', '.join(changed)}" if changed else ""))
 
 
 def _toml(cfg: TrainConfig) -> str:
