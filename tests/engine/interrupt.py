@@ -19,6 +19,7 @@ from fasttrain.files import write_atomic
 
 def main() -> int:
     name, step, argv = sys.argv[1], int(sys.argv[2]), sys.argv[sys.argv.index("--") + 1:]
+    sent: list[str] = []
 
     def write(path, data):
         number = int(path.name[5:13])
@@ -29,7 +30,8 @@ def main() -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
             return write_atomic(path, cut_short)
         write_atomic(path, data)
-        if number == step and name != "SIGKILL":
+        if number == step and name != "SIGKILL" and not sent:  # once: the stop saves STEP again
+            sent.append(name)
             for s in ("SIGINT", "SIGINT") if name == "SIGINT2" else (name,):
                 os.kill(os.getpid(), getattr(signal, s))
 

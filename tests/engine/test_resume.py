@@ -14,8 +14,8 @@ import torch
 from fasttrain.engine import EXIT_PREEMPTED
 from fasttrain.engine.checkpoint import complete
 
-STEPS = 120
-AT = 60  # the checkpoint after which the run is interrupted
+STEPS = 80
+AT = 40  # the checkpoint after which the run is interrupted
 ARGS = ["--model", "cnn", "--data", "synthetic", "--batch-size", "32", "--max-steps", str(STEPS),
         "--checkpoint-every", "20", "--log-every", "40", "--lr", "1e-3", "--seed", "5",
         "--device", "cpu", "--no-progress"]

@@ -161,6 +161,15 @@ def test_metrics_hold_each_step_once_after_a_resume(capsys, run8):
     assert evals == sorted(set(evals))
 
 
+def test_a_resume_with_no_checkpoint_yet_starts_the_metrics_afresh(capsys, run8):
+    import shutil
+
+    shutil.rmtree(run8 / "checkpoints")  # as if killed before its first checkpoint
+    code, _, err = train(capsys, run8, "--max-steps", "8", "--resume", "auto")
+    assert code == 0, err
+    assert [r["step"] for r in records(run8) if r["kind"] == "train"] == [2, 4, 6, 8]
+
+
 def test_a_torn_last_line_is_repaired(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"kind": "train", "step": 2, "loss": 1.0}\n{"kind": "train", "st')

@@ -478,8 +478,9 @@ class Trainer:
             return
         if cfg.resume == "auto":
             found = checkpoint.latest(self.checkpoints, map_location=self.device)
-            if found is None:
-                return  # nothing saved yet: a fresh start is the right resume
+            if found is None:  # nothing saved yet: a fresh start is the right resume,
+                self.run.truncate_metrics(0, 0)  # without the records of the start it repeats
+                return
             path, state = found
         else:
             path, state = cfg.resume, checkpoint.load(cfg.resume, map_location=self.device)
