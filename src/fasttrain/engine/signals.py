@@ -59,7 +59,7 @@ class StopSignals:
 
     def message(self, step: int, saved: bool) -> str:
         """What a stopped run tells the user: where it stopped and whether it can continue."""
-        name = signal.Signals(self.signum).name if self.signum else "a stop request"
+        name = f"signal {signal.Signals(self.signum).name}" if self.signum else "a stop request"
         if step == 0:
             return f"{name}: stopped before the first step; nothing to save yet"
         if saved:
