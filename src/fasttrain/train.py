@@ -7,7 +7,11 @@
     fasttrain train --out runs/cnn --resume auto --epochs 4   # extend a finished run
 
 Exit codes: 0 done; 2 bad input; 3 the loss became non-finite (last good checkpoint kept);
-75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint (requeue with --resume auto).
+75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint (requeue with --resume auto); 130
+stopped by Ctrl-C after saving a checkpoint (a second Ctrl-C aborts at once).
+
+One --out holds one run: an --out that already holds one is refused unless --resume is given,
+and two processes never write the same --out at once (see engine/rundir.py).
 """
 
 from __future__ import annotations
@@ -29,14 +33,17 @@ def train(args: argparse.Namespace) -> int:
     from fasttrain.engine.config import from_args
     from fasttrain.engine.loop import Diverged, Preempted, fit
     from fasttrain.engine.run import build
+    from fasttrain.engine.signals import StopSignals
 
-    run = build(from_args(args))  # prints what it resolved (rank 0)
+    # Handlers from before setup: a signal during setup stops cleanly too.
+    with StopSignals() as stop:
+        run = build(from_args(args), signals=stop)  # prints what it resolved (rank 0)
+        try:
+            last = fit(run)
+        except (Preempted, Diverged) as e:
+            print(f"stopped: {e}", file=sys.stderr)
+            return e.exit_code
     say = print if run.main else (lambda *a, **k: None)  # rank 0 speaks for all
-    try:
-        last = fit(run)
-    except (Preempted, Diverged) as e:
-        print(f"stopped: {e}", file=sys.stderr)
-        return e.exit_code
     if run.stop:
         say(run.stop, file=sys.stderr)
     evals = [r for r in run.history if r["kind"] == "eval"]

@@ -15,7 +15,8 @@ import importlib
 
 _WHERE = {
     "TrainConfig": "config", "build": "run", "Run": "run", "fit": "loop", "step": "loop",
-    "Preempted": "loop", "Diverged": "loop", "EXIT_PREEMPTED": "loop", "EXIT_DIVERGED": "loop",
+    "Preempted": "loop", "Diverged": "loop", "EXIT_DIVERGED": "loop",
+    "EXIT_PREEMPTED": "signals", "EXIT_INTERRUPTED": "signals", "StopSignals": "signals",
     "EarlyStop": "callbacks", "load": "output",
 }
 

@@ -192,19 +192,30 @@ def checkpoint(run) -> None:
 
 
 class Preemption:
-    """Acts on the flag the signal handler of `fit` sets. One process: at the next step; several:
-    at a log step, where all ranks agree (a collective), so that all checkpoint the same step."""
+    """Acts on the flag the signal handlers (run.signals, signals.py) set. One process: at the
+    next step boundary; several: at a log step, where all ranks agree (a collective), so that
+    all checkpoint the same step. A signal that came during setup stops before the first step."""
+
+    def on_start(self, run) -> None:
+        if run.world.any(run.signals.requested):
+            self.stop(run)
 
     def on_step(self, run) -> None:
         if run.world.size == 1:
-            stop = run.stop_signal is not None
+            stop = run.signals.requested
         else:
             stop = (run.step % run.cfg.log_every == 0
-                    and run.world.any(run.stop_signal is not None))
+                    and run.world.any(run.signals.requested))
         if stop:
+            self.stop(run)
+
+    @staticmethod
+    def stop(run) -> None:
+        """Every rank, at the same step boundary: checkpoint (if there is a step to save), stop."""
+        if run.step:
             checkpoint(run)
-            raise Preempted(f"signal {run.stop_signal}: checkpoint saved at step {run.step}; "
-                            f"run again with --resume auto")
+        raise Preempted(run.signals.message(run.step, saved=run.checkpoints is not None),
+                        run.signals.exit_code)
 
 
 class RunFiles:

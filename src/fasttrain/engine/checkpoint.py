@@ -34,10 +34,6 @@ from fasttrain.files import write_atomic
 
 _NAME = re.compile(r"^step-(\d{8,})(\.pt)?$")
 EXTRAS = "extras.pt"  # in a sharded checkpoint: everything but the DCP tensors
-# Settings a resumed run must share with the run that wrote the checkpoint, or it would not be
-# the same run. epochs and max_steps may grow: a finished run can be extended.
-RESUME_MUST_MATCH = ("model", "data", "block_size", "batch_size", "accum_steps", "optimizer",
-                     "schedule", "warmup_steps", "seed", "loss", "val_fraction")
 
 
 # -- a Run's state -------------------------------------------------------------------------------
@@ -49,6 +45,7 @@ def state(run) -> dict[str, Any]:
     ranks = run.world.gather({"rng": rng_state(), "loss_sum": run.loss_sum.detach().cpu()})
     out = {
         "format": FORMAT,
+        "metrics_records": run.rundir.records,  # metrics.jsonl lines seen (rank 0's count)
         "config": run.cfg.to_dict(),
         "scheduler": run.sched.state_dict(),
         "scaler": run.scaler.state_dict(),
@@ -98,27 +95,27 @@ def resume(run) -> None:
         return
     if cfg.resume == "auto":
         found = latest(run.checkpoints, map_location=run.device)
-        if found is None:
-            return  # nothing saved yet: a fresh start is the right resume
+        if found is None:  # nothing saved yet: a fresh start is the right resume,
+            run.rundir.truncate_metrics(0, 0)  # without the records of the start it repeats
+            return
         path, saved = found
     else:
         path, saved = cfg.resume, load(cfg.resume, map_location=run.device)
-    restore(run, saved, path)
+    changed = restore(run, saved, path)
+    run.rundir.truncate_metrics(saved.get("metrics_records"), run.step)
     if run.world.main:
-        print(f"resumed from {path} (epoch {run.epoch}, step {run.step})")
+        print(f"resumed from {path} (epoch {run.epoch}, step {run.step})"
+              + (f"; changed: {', '.join(changed)}" if changed else ""))
 
 
-def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> None:
-    """Put `saved` (as `state` made it, with model and optimizer) back into `run`."""
-    from fasttrain.engine import distributed
+def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list[str]:
+    """Put `saved` (as `state` made it, with model and optimizer) back into `run`; the settings
+    the user changed since (resume.MAY_CHANGE) are applied, and returned as 'name old → new'."""
+    from fasttrain.engine import distributed, resume
 
     cfg, world = run.cfg, run.world
     config = saved["config"]
-    for key in RESUME_MUST_MATCH:
-        if key in config and config[key] != getattr(cfg, key):
-            raise UserError(f"checkpoint {path} was written with {key}={config[key]!r}, this "
-                            f"run has {getattr(cfg, key)!r}; use the same value to resume, or "
-                            f"start a new --out")
+    changed = resume.check_config(config, cfg, path)  # refuses what would make another run
     sharded, fsdp = bool(saved.get("sharded")), world.parallel == "fsdp"
     if sharded != fsdp:
         raise UserError(f"checkpoint {path} is {'sharded' if sharded else 'a single file'} "
@@ -134,11 +131,13 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> None
         else:
             run.model.load_state_dict(saved["model"])
             run.opt.load_state_dict(saved["optimizer"])
-    except (RuntimeError, ValueError, KeyError) as e:
+        run.sched.load_state_dict(saved["scheduler"])
+        run.scaler.load_state_dict(saved["scaler"])
+    except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserError(f"checkpoint {path} does not fit this model/optimizer "
-                        f"({str(e).splitlines()[0]}); resume with the same settings") from None
-    run.sched.load_state_dict(saved["scheduler"])
-    run.scaler.load_state_dict(saved["scaler"])
+                        f"({(str(e).splitlines() or [type(e).__name__])[0]}); resume with the "
+                        f"same settings") from None
+    resume.apply_lr(run.opt, run.sched, cfg.lr)  # a changed --lr is honoured
     run.epoch, run.step = saved["epoch"], saved["step"]
     run.step_in_epoch = saved["step_in_epoch"]
     ranks = saved.get("ranks") or [{"rng": saved["rng"], "loss_sum": saved["loss_sum"]}]
@@ -150,7 +149,12 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> None
     run.loss_sum.copy_(mine["loss_sum"])
     run.last_log = (run.last_log[0], saved["last_log_step"])
     run.skipped.copy_(saved["skipped"])
-    set_rng_state(mine["rng"])
+    try:
+        set_rng_state(mine["rng"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"checkpoint {path} has a damaged random state ({e}); resume from "
+                        f"another checkpoint") from None
+    return changed
 
 
 # -- files ---------------------------------------------------------------------------------------
@@ -277,11 +281,17 @@ def load(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str
     """Read a checkpoint (tensors and plain values only); a bad file is a one-line UserError.
     For a sharded checkpoint (a folder) this is its extras, marked `"sharded": True`: the
     tensors are read later, by `load_sharded`, into the sharded model."""
+    from fasttrain.engine.resume import validate_state
+
     p = Path(path)
-    if p.is_dir():
-        state = load(p / EXTRAS, map_location)
-        state["sharded"] = True
-        return state
+    sharded = p.is_dir()
+    state = _load_file(p / EXTRAS if sharded else p, map_location)
+    state["sharded"] = sharded
+    validate_state(state, p)  # issue 13: every field the restore reads, with its type
+    return state
+
+
+def _load_file(p: Path, map_location) -> dict[str, Any]:
     if not p.is_file():
         raise UserError(f"checkpoint {p}: no such file; give an existing path or --resume auto")
     try:

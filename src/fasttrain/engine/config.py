@@ -30,6 +30,9 @@ OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "cosine", "onecycle")
 CONV_MODELS = ("cnn", "resnet")
 PARALLEL = ("none", "ddp", "fsdp", "zero1", "dp")
+SEED_MAX = 2**32 - 1
+INT_MAX = 2**31 - 1  # counts (steps, samples, tokens) beyond this overflow torch's int32 indices
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _f(default, help: str, choices: tuple | None = None, group: str = "training"):
@@ -148,9 +151,11 @@ class TrainConfig:
                 raise UserError(f"--{_flag(name)} must be ≥ 0, got {getattr(self, name)}")
         for name in ("lr", "momentum", "weight_decay", "grad_clip"):
             v = getattr(self, name)
-            if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0):
+            # Training runs in float32 (or less): a value it cannot hold would overflow to inf.
+            if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0) or v > FLOAT32_MAX:
                 raise UserError(f"--{_flag(name)} must be a finite number "
-                                f"{'> 0' if name == 'lr' else '≥ 0'}, got {v}")
+                                f"{'> 0' if name == 'lr' else '≥ 0'} that float32 can hold "
+                                f"(≤ 3.4e38), got {v}")
         if not 0 <= self.val_fraction < 1:
             raise UserError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
         for name, given in (("model", self.model), ("data", self.data)):
@@ -158,6 +163,12 @@ class TrainConfig:
                 raise UserError(f"--{name} {given!r}: choose one of "
                                 f"{', '.join(_bundled(name))}, or give an import path "
                                 f"pkg.module:factory")
+        if not 0 <= self.seed <= SEED_MAX:  # NumPy and torch seeds are unsigned 32-bit
+            raise UserError(f"--seed must be in 0…{SEED_MAX} (2³²−1), got {self.seed}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name != "seed" and _type_of(f) is int and v > INT_MAX:
+                raise UserError(f"--{_flag(f.name)} {v} is out of range; give at most {INT_MAX}")
         if self.batch_size % self.accum_steps:
             raise UserError(f"--batch-size {self.batch_size} is not divisible by --accum-steps "
                             f"{self.accum_steps}; choose a batch size that is a multiple of it")

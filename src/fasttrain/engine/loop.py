@@ -10,9 +10,10 @@ Host–device syncs happen only at log steps (the loss is summed on the device i
 all-reduced over ranks at the log), at evaluation, and at checkpoints.
 
 Exit codes of `fasttrain train` (for schedulers that requeue): 0 done; 2 bad input; 3 the loss
-became non-finite (the last good checkpoint is kept); 75 preempted by SIGTERM/SIGUSR1, a
-checkpoint was saved at the step boundary — run again with `--resume auto`. Under torchrun
-every rank exits 75 (torchrun itself reports any non-zero worker exit as its own failure).
+became non-finite (the last good checkpoint is kept); 75 preempted by SIGTERM/SIGUSR1, 130
+stopped by Ctrl-C, a checkpoint saved at the step boundary — run again with `--resume auto`
+(signals.py). Under torchrun every rank exits the same way (torchrun itself reports any non-zero
+worker exit as its own failure).
 """
 
 from __future__ import annotations
@@ -24,15 +25,19 @@ from collections.abc import Iterator
 
 import torch
 
+from fasttrain.engine.signals import EXIT_PREEMPTED
 from fasttrain.errors import UserError
 
 EXIT_DIVERGED = 3
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later"
 _NO_CONTEXT = contextlib.nullcontext()  # reusable: entered once per final micro-step
 
 
 class Preempted(Exception):
-    exit_code = EXIT_PREEMPTED
+    """Stopped by a signal at a step boundary (75 SIGTERM/SIGUSR1, 130 Ctrl-C)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_PREEMPTED):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class Diverged(Exception):
@@ -109,7 +114,7 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
     run.last_log = (time.perf_counter(), run.last_log[1])
     together = False  # did every rank get here the same way (the end, or an agreed stop)?
     try:
-        with bar, _signals(run):
+        with bar, run.signals:  # SIGTERM/SIGUSR1/SIGINT only set a flag (signals.py)
             notify(run, "on_start")
             while (run.epoch < run.cfg.epochs and run.step < run.total_steps
                    and run.stop is None):
@@ -138,27 +143,6 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
         run.rundir.close()
         run.world.close(together)
     return run.history[-1] if run.history else {}
-
-
-@contextlib.contextmanager
-def _signals(run):
-    """SIGTERM / SIGUSR1 (a scheduler's warning before the kill) only set a flag: the Preemption
-    callback checkpoints at the next step boundary, where the state is consistent."""
-    import signal
-
-    def request_stop(signum, frame):
-        run.stop_signal = signum
-
-    wanted = [signal.SIGTERM] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
-    try:
-        previous = {s: signal.signal(s, request_stop) for s in wanted}
-    except ValueError:  # not the main thread: leave signals to the caller
-        previous = {}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 class _Bar:

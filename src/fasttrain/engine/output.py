@@ -7,6 +7,7 @@
     OUT/weights.safetensors  the final weights (no pickle)
     OUT/model.json           what `fasttrain.load(OUT)` needs to rebuild the model
     OUT/checkpoints/         see checkpoint.py
+    OUT/.lock                held (flock) while a process writes the run; see rundir.py
 """
 
 from __future__ import annotations
@@ -24,16 +25,24 @@ from fasttrain.files import write_atomic, write_png
 
 
 class RunDir:
-    def __init__(self, path: str | os.PathLike | None):
+    """`resume`: the run continues one already in `path` (else `path` must hold no run)."""
+
+    def __init__(self, path: str | os.PathLike | None, resume: bool = False):
+        from fasttrain.engine import rundir
+
         self.path = Path(path) if path else None
         self.tb = None
+        self.claim = None
+        self.records = 0  # complete lines in metrics.jsonl: a checkpoint stores the count
         if self.path is None:
             return
+        self.claim = rundir.claim(self.path, resume)  # type checks, reuse, lock, clean-up
+        self.records = self.claim.metrics_records
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=self.path):  # fail now, not after an hour
                 pass
         except OSError as e:
+            self.close()
             raise UserError(f"--out {self.path}: cannot write there ({e.strerror or e}); "
                             f"choose another folder") from None
         try:
@@ -60,8 +69,14 @@ class RunDir:
             return
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                  for k, v in record.items()}
-        with open(self.path / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(clean) + "\n")
+        try:
+            with open(self.path / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(clean) + "\n")
+        except OSError as e:  # a torn line this leaves is cut off on resume (metrics_log)
+            from fasttrain.files import write_error
+
+            raise write_error(self.path / "metrics.jsonl", e) from None
+        self.records += 1
         if self.tb is not None:
             prefix = record.get("kind", "train")
             for k, v in record.items():
@@ -101,9 +116,19 @@ class RunDir:
         ax.grid(alpha=0.3)
         write_png(self.path / "loss.png", fig)
 
+    def truncate_metrics(self, records: int | None, step: int) -> None:
+        """On resume: keep the metrics the checkpoint had seen (see metrics_log.truncate)."""
+        if self.path is not None:
+            from fasttrain.engine import metrics_log
+
+            self.records = metrics_log.truncate(self.path / "metrics.jsonl", records, step)
+
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
+        if self.claim is not None:
+            self.claim.release()
 
 
 def load(run_dir: str | os.PathLike, model: torch.nn.Module | None = None) -> torch.nn.Module:

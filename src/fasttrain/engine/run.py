@@ -31,10 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from fasttrain.engine import distributed, inputs
+from fasttrain.engine import agree, distributed, inputs
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.output import RunDir
+from fasttrain.engine.signals import StopSignals
 from fasttrain.errors import UserError
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -69,7 +70,7 @@ class Run:
         self.last_log = (time.perf_counter(), 0)  # (clock, step) of the last train log
         self.history: list[dict] = []
         self.stop: str | None = None  # set (e.g. by early stopping) to end fit() cleanly
-        self.stop_signal: int | None = None  # SIGTERM/SIGUSR1 received: preempt
+        self.signals = StopSignals()  # SIGTERM/SIGUSR1/SIGINT received: stop (signals.py)
         self.callbacks: list = []  # fit()'s, while it runs
 
     @property
@@ -86,7 +87,7 @@ def seed_everything(seed: int) -> None:
 def build(config: TrainConfig | None = None, model: nn.Module | str | None = None,
           data=None, *, loss: Callable | str | None = None,
           metrics: dict[str, Metric] | None = None, checkpoint: tuple[str, ...] = (),
-          verbose: bool = True, **overrides) -> Run:
+          verbose: bool = True, signals: StopSignals | None = None, **overrides) -> Run:
     """A Run for `config` (or `TrainConfig(**overrides)`; overrides also apply to a config).
 
     model: an nn.Module, a bundled name or 'pkg.module:factory' (default: config.model).
@@ -97,6 +98,8 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
         val_<name> beside the defaults (accuracy for integer targets).
     checkpoint: names of the submodules to recompute under --activation-checkpointing (default:
         model.blocks, or each child of an nn.Sequential).
+    signals: stop-signal handlers the caller installed already (`with StopSignals() as s:`), so
+        that a signal during build is not lost; else fit installs the Run's own.
     """
     cfg = dataclasses.replace(config or TrainConfig(), **overrides)
     if isinstance(model, nn.Module):  # recorded (config.toml, resume checks) by its class
@@ -118,17 +121,21 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
     from fasttrain.env import resolve_device
 
     world = distributed.init(cfg.parallel, torch.device(resolve_device(cfg.device)))
+    run = Run()
+    run.signals = signals or run.signals
     try:
-        return _setup(cfg, world, model if model is not None else cfg.model,
+        return _setup(run, cfg, world, model if model is not None else cfg.model,
                       data if data is not None else cfg.data,
                       loss if loss is not None else cfg.loss, metrics or {}, tuple(checkpoint),
                       verbose)
     except BaseException:
+        if getattr(run, "rundir", None) is not None:
+            run.rundir.close()  # give the run directory's lock back (in-process callers)
         world.close()  # a UserError on one rank must not leave the group behind
         raise
 
 
-def _setup(cfg: TrainConfig, world, model, data, loss, metrics: dict, names: tuple,
+def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, names: tuple,
            verbose: bool) -> Run:
     from fasttrain.engine import checkpoint
 
@@ -136,7 +143,6 @@ def _setup(cfg: TrainConfig, world, model, data, loss, metrics: dict, names: tup
         # torchrun restarted the workers after a failure (--max-restarts): continue from the
         # last complete checkpoint rather than from scratch.
         cfg = dataclasses.replace(cfg, resume="auto")
-    run = Run()
     run.cfg, run.world = cfg, world
     seed_everything(cfg.seed)
     if cfg.deterministic:
@@ -182,10 +188,11 @@ def _setup(cfg: TrainConfig, world, model, data, loss, metrics: dict, names: tup
     run.loss_sum = torch.zeros((), device=dev)
     run.skipped = torch.zeros((), device=dev, dtype=torch.int64)
 
-    run.rundir = RunDir(cfg.out if world.main else None)  # rank 0 writes the run directory
+    # Rank 0 writes (and claims: rundir.py) the run directory; its error stops every rank.
+    run.rundir = agree.together(world, RunDir, cfg.out if world.main else None, bool(cfg.resume))
     # Every rank takes part in checkpoints (collectives; FSDP shards): all need the path.
     run.checkpoints = Path(cfg.out) / "checkpoints" if cfg.out else None
-    checkpoint.resume(run)
+    agree.together(world, checkpoint.resume, run)  # a bad checkpoint stops every rank
     run.rundir.write_text("config.toml", _toml(cfg))
     run.rundir.write_json("model.json", {"model": label, "in_shape": list(task.in_shape),
                                          "num_classes": task.num_classes})

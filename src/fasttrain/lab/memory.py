@@ -595,10 +595,7 @@ def memory(args: argparse.Namespace) -> int:
         result["best_batch_size"] = best.batch if best else None
         out.print(search_table(tries, cuda, f"fasttrain memory --find-batch-size — "
                                f"{cfg.model} on {data_label(task)}, {cfg.precision}"))
-        if best is None:
-            out.print(f"even batch {args.floor} does not fit: lower --floor, or try "
-                      f"--activation-checkpointing / --precision bf16")
-        else:
+        if best is not None:
             out.print(f"best batch size: {best.batch} ({best.samples_per_s:,.0f} samples/s, "
                       f"peak {report.fmt_bytes(best.peak)})")
     else:
@@ -615,4 +612,8 @@ def memory(args: argparse.Namespace) -> int:
     if args.json:
         report.write_json(args.json, result)
         print(f"wrote {args.json}", file=sys.stderr)
+    if args.find_batch_size and result["best_batch_size"] is None:  # a search that found nothing
+        raise UserError(f"even batch {args.floor} does not fit in "
+                        f"{report.fmt_bytes(config['usable_bytes'])}: lower --floor, or try "
+                        f"--activation-checkpointing / --precision bf16")
     return 0

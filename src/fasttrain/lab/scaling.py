@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -133,7 +134,7 @@ def link(spec: str, latency_us: float) -> Link:
         gbs = float(spec)
     except ValueError:
         gbs = -1.0
-    if not gbs > 0:
+    if not 0 < gbs < math.inf:
         raise UserError(f"interconnect {spec!r}: give one of {', '.join(LINKS)} or a bandwidth "
                         f"in GB/s (e.g. 100)")
     return Link(f"{gbs:g} GB/s", gbs * 1e9, latency_us * 1e-6)
@@ -393,6 +394,10 @@ def run(args: argparse.Namespace) -> int:
     from fasttrain.env import env_block, hardware_line
     from fasttrain.models import MODEL_KINDS
 
+    for flag in ("mfu", "peak_tflops", "step_floor_ms", "latency_us"):
+        if not math.isfinite(getattr(args, flag)):
+            raise UserError(f"--{flag.replace('_', '-')} must be a finite number, got "
+                            f"{getattr(args, flag)}")
     if not 0 < args.mfu <= 1:
         raise UserError(f"--mfu must be in (0, 1], got {args.mfu}")
     for flag in ("gpus_per_node", "steps"):

@@ -1,0 +1,83 @@
+"""Resuming honours the user: what may change on resume is applied, the rest is refused.
+
+A checkpoint fixes what makes a run *that* run (model, data, batch, optimizer and its
+hyper-parameters, schedule shape, seed): resuming with another value is refused with one line.
+What a user legitimately changes when continuing — the learning rate (the advice after a
+divergence is "try a lower --lr"), the schedule's length (--epochs / --max-steps, to extend a
+run), log and checkpoint cadence, --grad-clip, how many checkpoints to keep — is applied to the
+restored optimizer and scheduler, recorded in config.toml and reported in one line.
+
+`validate_state` checks a loaded checkpoint's fields and their types, so that a crafted or
+damaged file with the right format tag is one clear error, not a KeyError deep in the restore.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fasttrain.errors import UserError
+
+MUST_MATCH = ("model", "data", "block_size", "batch_size", "accum_steps", "optimizer",
+              "momentum", "weight_decay", "schedule", "warmup_steps", "seed", "loss",
+              "val_fraction")
+MAY_CHANGE = ("lr", "epochs", "max_steps", "log_every", "checkpoint_every", "grad_clip",
+              "keep_checkpoints")
+
+
+def check_config(saved: dict[str, Any], cfg, path) -> list[str]:
+    """Refuse a resume that would be another run; the changed settings as 'name old → new'."""
+    for key in MUST_MATCH:
+        if saved.get(key) != getattr(cfg, key):
+            raise UserError(f"checkpoint {path} was written with {key}={saved.get(key)!r}, this "
+                            f"run has {getattr(cfg, key)!r}; use the same value to resume, or "
+                            f"start a new --out")
+    return [f"{k} {saved.get(k)!r} → {getattr(cfg, k)!r}" for k in MAY_CHANGE
+            if k in saved and saved[k] != getattr(cfg, k)]
+
+
+def apply_lr(opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR,
+             lr: float) -> None:
+    """Make `lr` the peak learning rate of a restored optimizer and LambdaLR schedule.
+
+    Both restore the checkpoint's lr (the scheduler's base_lrs, the groups' initial_lr and lr);
+    set them from `lr` and recompute the current lr exactly as LambdaLR does
+    (base_lr × factor(step)), so an unchanged lr gives bit-identical values."""
+    sched.base_lrs = [lr for _ in opt.param_groups]
+    for group, factor in zip(opt.param_groups, sched.lr_lambdas, strict=True):
+        group["initial_lr"] = lr
+        group["lr"] = lr * factor(sched.last_epoch)
+    sched._last_lr = [g["lr"] for g in opt.param_groups]
+
+
+_INT = (int,)
+# field → accepted types; "model"/"optimizer" are absent from sharded checkpoints (DCP holds them).
+FIELDS: dict[str, tuple[type, ...]] = {
+    "config": (dict,), "scheduler": (dict,), "scaler": (dict,), "epoch": _INT, "step": _INT,
+    "step_in_epoch": _INT, "loss_sum": (torch.Tensor,), "skipped": (torch.Tensor,),
+    "last_log_step": _INT, "rng": (dict,), "world_size": _INT,
+}
+TENSORS = {"model": (dict,), "optimizer": (dict,)}
+RNG = {"torch_cpu": (torch.Tensor,), "torch_cuda": (list,), "numpy": (dict,), "python": (dict,)}
+
+
+def validate_state(state: dict[str, Any], path) -> None:
+    """Every field the restore reads is present with the right type (and the counters are
+    non-negative); else one UserError naming the first bad field."""
+    wanted = dict(FIELDS) if state.get("sharded") else {**FIELDS, **TENSORS}
+    for where, fields, obj in (("", wanted, state), ("rng.", RNG, state.get("rng"))):
+        for key, types in fields.items():
+            v = obj.get(key) if isinstance(obj, dict) else None
+            if not isinstance(v, types) or isinstance(v, bool):
+                raise UserError(f"checkpoint {path} is damaged or was not written by fasttrain "
+                                f"train: field {where}{key} is "
+                                f"{'missing' if v is None else type(v).__name__}; resume from "
+                                f"another checkpoint or start a new --out")
+    for key in ("epoch", "step", "step_in_epoch", "last_log_step", "world_size"):
+        if state[key] < 0 or (key == "world_size" and state[key] < 1):
+            raise UserError(f"checkpoint {path} is damaged: {key} = {state[key]}; resume from "
+                            f"another checkpoint or start a new --out")
+    if not isinstance(state["config"].get("seed"), int):
+        raise UserError(f"checkpoint {path} is damaged: its config has no seed; resume from "
+                        f"another checkpoint or start a new --out")
