@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser(argv).parse_args(argv)
         return int(args.func(args) or 0)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        # One write: under torchrun the ranks share stderr, and print's separate newline
+        # would let their lines run together.
+        sys.stderr.write(f"error: {e}\n")
         return UserError.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

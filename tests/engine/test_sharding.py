@@ -80,8 +80,11 @@ def test_a_sharded_checkpoint_is_refused_by_a_single_process_run(tmp_path):
                   out=str(tmp_path))
     folder = tmp_path / "checkpoints" / "step-00000001"
     folder.mkdir(parents=True)
-    config = {**TrainConfig(**common).to_dict(), "parallel": "fsdp"}
-    torch.save({"format": checkpoint.FORMAT, "config": config}, folder / checkpoint.EXTRAS)
+    # A complete sharded checkpoint's extras (every field a restore reads), as FSDP writes them.
+    fresh = build(TrainConfig(**{**common, "out": None}), data=image_task(), verbose=False)
+    extras = checkpoint.state(fresh)
+    extras["config"] = {**extras["config"], "parallel": "fsdp", "out": str(tmp_path)}
+    torch.save(extras, folder / checkpoint.EXTRAS)
     with pytest.raises(UserError, match="--parallel fsdp"):
         build(TrainConfig(resume="auto", **common), data=image_task(), verbose=False)
 
