@@ -14,10 +14,12 @@ import torch
 from fasttrain.engine import EXIT_PREEMPTED
 from fasttrain.engine.checkpoint import complete
 
-STEPS = 80
-AT = 40  # the checkpoint after which the run is interrupted
-ARGS = ["--model", "cnn", "--data", "synthetic", "--batch-size", "32", "--max-steps", str(STEPS),
-        "--checkpoint-every", "20", "--log-every", "40", "--lr", "1e-3", "--seed", "5",
+# Small and short: what is tested is the stop/restore path, not the model (each run is a
+# subprocess; the whole file must stay cheap: about 50 s on 2 cores).
+STEPS = 12
+AT = 6  # the checkpoint after which the run is interrupted
+ARGS = ["--model", "mlp", "--data", "synthetic", "--batch-size", "32", "--max-steps", str(STEPS),
+        "--checkpoint-every", "3", "--log-every", "6", "--lr", "1e-3", "--seed", "5",
         "--device", "cpu", "--no-progress"]
 
 
@@ -53,7 +55,7 @@ def test_resume_after_interruption_is_bit_identical(tmp_path, uninterrupted, how
     assert got == code, log
     assert complete(tmp_path / "checkpoints")[-1][0] == step
     if how == "SIGKILL":  # the next checkpoint's write was cut short: its temp file is there
-        assert list((tmp_path / "checkpoints").glob(f".step-{AT + 20:08d}.pt.*.tmp"))
+        assert list((tmp_path / "checkpoints").glob(f".step-{AT + 3:08d}.pt.*.tmp"))
     else:
         assert f"checkpoint saved at step {step}" in log and "--resume auto" in log, log
     got, log = run(tmp_path, "--resume", "auto")

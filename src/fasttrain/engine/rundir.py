@@ -35,7 +35,7 @@ from fasttrain.errors import UserError
 
 LOCK = ".lock"
 # What a run writes into OUT, and what kind of entry each is.
-FILES = ("config.toml", "metrics.jsonl", "weights.safetensors", "loss.png")
+FILES = ("config.toml", "metrics.jsonl", "weights.safetensors", "loss.png", "model.json")
 FOLDERS = ("checkpoints", "tensorboard")
 
 
