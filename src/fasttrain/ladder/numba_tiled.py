@@ -56,8 +56,8 @@ except ImportError:  # optional: the row reports itself unavailable
     numba = None
 
 FLAG_STRIDE = 16  # int64s per barrier flag: one 128-byte slot each, so flags never share a line
-SPINS_BEFORE_YIELD = 2000
-PREFETCH_AHEAD = 6  # rows  # on a shared machine a waiting core gives its slice away eventually
+SPINS_BEFORE_YIELD = 2000  # on a shared machine a waiting core gives its slice away eventually
+PREFETCH_AHEAD = 6  # rows
 
 if numba is not None:
 
@@ -106,26 +106,8 @@ if numba is not None:
 
         return types.void(), codegen
 
-    @intrinsic
-    def prefetch_row(typingctx, array, row):
-        """Start loading the 784 bytes of array[row] (shuffled rows defeat the hardware
-        prefetcher; the hint never faults and never waits)."""
-
-        def codegen(context, builder, sig, args):
-            array_type = sig.args[0]
-            arr = context.make_array(array_type)(context, builder, args[0])
-            zero = context.get_constant(types.intp, 0)
-            base = cgutils.get_item_pointer(context, builder, array_type, arr, [args[1], zero])
-            i32 = ir.IntType(32)
-            fn = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [base.type, i32, i32, i32]),
-                "llvm.prefetch.p0")
-            for offset in range(0, 784, 64):
-                line = builder.gep(base, [context.get_constant(types.intp, offset)])
-                builder.call(fn, [line, i32(0), i32(3), i32(1)])
-            return context.get_dummy_value()
-
-        return types.void(array, row), codegen
+    # The same software prefetch of a shuffled row as the fused row's.
+    from fasttrain.ladder.numba_fused import prefetch_row
 
 
 def _barrier(flags, t, n_threads, generation):
