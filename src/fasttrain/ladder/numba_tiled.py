@@ -273,7 +273,6 @@ def threads_for(cores: int) -> int:
 class NumbaTiled(Impl):
     name = "numba-tiled"
     precision = "fp32, u8 input"
-    sources = ("numba_fused.py",)  # its prefetch intrinsic lives there
 
     @classmethod
     def unavailable(cls, env, cfg):
