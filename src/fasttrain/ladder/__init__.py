@@ -62,6 +62,7 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("cuda-epoch", "cuda_epoch:CudaEpoch"),
     Entry("numba-fused", "numba_fused:NumbaFused"),
     Entry("numba-tiled", "numba_tiled:NumbaTiled"),
+    Entry("cpp-tiled", "cpp_tiled:CppTiled"),
     Entry("floor-gemm", "floor_gemm:FloorGemm"),
     Entry("roofline", "roofline:Roofline", picks_device=True),
 )

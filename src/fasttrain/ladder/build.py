@@ -12,6 +12,9 @@ folders they were found in.
     build.toolchain_reason(libs=("cublas",))   # None, or why it cannot build here (one line)
     build.compile("rungs_kernels.cu", arch="sm_90a")  # → Path of the .so (no GPU needed)
     build.load("rungs_kernels.cu")             # → ctypes.CDLL, built for the current GPU
+
+The CPU rows' C++ (`cpu_epoch.cpp`) is built the same way by g++ with -march=native
+(`compile_cpu`), keyed by what -march=native means on the machine.
 """
 
 from __future__ import annotations
@@ -181,13 +184,19 @@ def compile(source: str, *, libs=(), arch: str | None = None, out_dir=None) -> P
     for name in libs:
         inc_dir, lib_dir, soname = _find_lib(name, nvcc)
         cmd += [f"-I{inc_dir}", f"-L{lib_dir}", f"-l:{soname}", "-Xlinker", f"-rpath,{lib_dir}"]
+    return _cached_build(src, f"{src.stem}-{arch}", cmd, nvcc_version(nvcc), out_dir)
+
+
+def _cached_build(src: Path, stem: str, cmd: list[str], version: str, out_dir=None) -> Path:
+    """Run `cmd -o OUT src` into the cache unless a library of the same key is there; the key
+    hashes the source, the local headers it includes, the command and the compiler's version."""
     h = hashlib.sha256()
     for f in (src, *_local_headers(src)):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
-    h.update("\0".join([*cmd[1:], nvcc_version(nvcc)]).encode())
+    h.update("\0".join([*cmd[1:], version]).encode())
     out = Path(out_dir) if out_dir is not None else cache_dir()
     out.mkdir(parents=True, exist_ok=True)
-    so = out / f"{src.stem}-{arch}-{h.hexdigest()[:16]}.so"
+    so = out / f"{stem}-{h.hexdigest()[:16]}.so"
     with open(out / f"{so.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same key
         if so.is_file():
@@ -197,8 +206,8 @@ def compile(source: str, *, libs=(), arch: str | None = None, out_dir=None) -> P
         try:
             r = subprocess.run([*cmd, "-o", tmp, str(src)], capture_output=True, text=True)
             if r.returncode != 0:
-                raise RuntimeError(f"nvcc failed on {source} (exit {r.returncode}):\n"
-                                   f"{r.stderr.strip()}")
+                raise RuntimeError(f"{Path(cmd[0]).name} failed on {src.name} (exit "
+                                   f"{r.returncode}):\n{r.stderr.strip()}")
             os.replace(tmp, so)  # atomic: a reader sees no .so or a whole one
         finally:
             if os.path.exists(tmp):
@@ -206,12 +215,51 @@ def compile(source: str, *, libs=(), arch: str | None = None, out_dir=None) -> P
     return so
 
 
+# The CPU rows' C++: this machine's instruction set (-march=native); contraction into FMA allowed,
+# no -ffast-math (the vectorized exp rounds with a magic constant that reassociation would undo).
+CPU_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-pthread",
+             "-ffp-contract=fast", "-fno-math-errno")
+
+
+def cpu_toolchain_reason() -> str | None:
+    """None when g++ can build the CPU rows' C++ here, else a one-line reason."""
+    return None if shutil.which("g++") else "g++ not found on PATH (install gcc's C++ compiler)"
+
+
+@functools.cache
+def _gxx_target(gxx: str) -> str:
+    """g++'s version and what -march=native means on this machine (its enabled ISA options): the
+    same source built on another CPU is another library."""
+    version = subprocess.run([gxx, "--version"], capture_output=True, text=True, check=True)
+    target = subprocess.run([gxx, "-march=native", "-Q", "--help=target"], capture_output=True,
+                            text=True, check=True)
+    return version.stdout.splitlines()[0] + "\0" + target.stdout
+
+
+def compile_cpu(source: str, *, extra=(), out_dir=None) -> Path:
+    """Compile csrc/<source> (C++) with g++ for this CPU into the cache; returns the .so. `extra`
+    flags come last (the tests build narrower vectors with e.g. -mno-avx512f)."""
+    reason = cpu_toolchain_reason()
+    if reason:
+        raise Unavailable(reason)
+    gxx = shutil.which("g++")
+    src = CSRC / source
+    if not src.is_file():
+        raise FileNotFoundError(src)
+    target = _gxx_target(gxx)
+    march = next((ln.split()[-1] for ln in target.splitlines() if ln.strip().startswith("-march=")),
+                 "native")
+    return _cached_build(src, f"{src.stem}-{march}", [gxx, *CPU_FLAGS, *extra], target,
+                         out_dir if out_dir is not None else cache_dir().parent / "cpp")
+
+
 _loaded: dict[tuple[str, tuple[str, ...]], ctypes.CDLL] = {}
 
 
 def load(source: str, *, libs=()) -> ctypes.CDLL:
-    """compile() for the current GPU, then load it (once per process)."""
+    """compile() for the current GPU (compile_cpu() for a .cpp), then load it once per process."""
     key = (source, tuple(libs))
     if key not in _loaded:
-        _loaded[key] = ctypes.CDLL(str(compile(source, libs=libs)))
+        so = compile_cpu(source) if source.endswith(".cpp") else compile(source, libs=libs)
+        _loaded[key] = ctypes.CDLL(str(so))
     return _loaded[key]

@@ -1,0 +1,412 @@
+// cpp-tiled: one epoch of the ladder's model (784→10 logistic regression, softmax cross-entropy,
+// SGD) on the CPU's cores, written for the FMA units. Built on first use by g++ with
+// -march=native (fasttrain/ladder/build.py), so the vector width is this machine's: 16 floats with
+// AVX-512, 8 with AVX2, 4 otherwise. GCC's portable vector extensions, no intrinsics.
+//
+// The work is split by FEATURES, not by samples: thread t owns a slice of the 784 inputs and the
+// same slice of every weight row, for the whole epoch, in its own memory. Per step:
+//
+//   widen     my slice of each of the batch's uint8 rows → float32, once (stays in L2)
+//   forward   partial logits of my features for every sample: tiles of (VW/2 samples × 2
+//             classes) = VW accumulators along k, reduced across lanes by one shuffle tree
+//   barrier   the ONLY one of the step: partial logits are double-buffered by step parity
+//   softmax   every thread, redundantly, over all samples (samples along the lanes), so the
+//             gradient of the logits never has to cross cores
+//   update    my weight slice += −lr/255 · dZᵀ·X, tiles of (5 classes × TKU chunks) accumulated
+//             over the batch in registers: no gradient buffer, no reduction between cores
+//   prefetch  the next step's rows (my slice of them) into L2, spread over the update
+//
+// Pixels are widened without scaling (exact integers 0..255); 1/255 is folded into the logits and
+// the update. fp32 throughout: the weights match the float64 reference to float32 rounding.
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <sched.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+constexpr int VW = 16;
+#elif defined(__AVX__)
+constexpr int VW = 8;
+#else
+constexpr int VW = 4;
+#endif
+
+constexpr int CLASSES = 10;
+constexpr int TS = VW / 2;                // forward tile: TS samples × 2 classes = VW accumulators
+#ifndef TCU_
+#define TCU_ 5
+#endif
+constexpr int TCU = TCU_;                    // update tile: TCU classes ...
+#ifndef TKU_
+#define TKU_ (VW >= 16 ? 4 : 2)
+#endif
+constexpr int TKU = TKU_;     // ... × TKU chunks of VW features
+constexpr int SPINS_BEFORE_YIELD = 4000;  // a waiting core gives its slice away eventually
+
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+typedef float vf_u __attribute__((vector_size(VW * 4), aligned(4), may_alias));
+typedef uint8_t vb_u __attribute__((vector_size(VW), aligned(1), may_alias));
+
+static inline vf load(const float* p) { return *reinterpret_cast<const vf_u*>(p); }
+static inline void store(float* p, vf v) { *reinterpret_cast<vf_u*>(p) = v; }
+// VW pixels → floats. GCC 12 widens a vector of bytes lane by lane, so the one instruction that
+// does it is named where the machine has it (the only intrinsics in this file).
+static inline vf widen(const uint8_t* p) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)));
+#elif defined(__AVX2__)
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+#else
+    return __builtin_convertvector(*reinterpret_cast<const vb_u*>(p), vf);
+#endif
+}
+template <size_t... I>
+static inline vf splat(float s, std::index_sequence<I...>) { return vf{((void)I, s)...}; }
+static inline vf splat(float s) { return splat(s, std::make_index_sequence<VW>{}); }
+
+static inline void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+// ---- lane reduction: VW vectors in, one vector out whose lane L is the sum of input L's lanes --
+
+// One level of the tree: each 2S-lane block of the result holds a's block folded (its two S-lane
+// halves added) followed by b's. After log2(VW) levels input i sits in lane bitreverse(i).
+constexpr int fold_lane(int s, int i) {
+    return (i % (2 * s) < s ? 0 : VW) + i / (2 * s) * 2 * s + i % s;
+}
+template <int S, size_t... I>
+static inline vf fold(vf a, vf b, std::index_sequence<I...>) {
+    return __builtin_shufflevector(a, b, fold_lane(S, I)...) +
+           __builtin_shufflevector(a, b, (fold_lane(S, I) + S)...);
+}
+constexpr int bitreverse(int i) {
+    int r = 0;
+    for (int bit = 1, top = VW / 2; bit < VW; bit <<= 1, top >>= 1)
+        if (i & bit) r |= top;
+    return r;
+}
+template <int S>
+static inline void fold_level(vf* v, int n) {  // v[0..n) → v[0..n/2)
+    for (int i = 0; i < n / 2; i++)
+        v[i] = fold<S>(v[2 * i], v[2 * i + 1], std::make_index_sequence<VW>{});
+    if constexpr (S > 1) fold_level<S / 2>(v, n / 2);
+}
+template <size_t... I>
+static inline vf sum_lanes_of_each(const vf* acc, std::index_sequence<I...>) {
+    vf v[VW] = {acc[bitreverse(I)]...};
+    fold_level<VW / 2>(v, VW);
+    return v[0];
+}
+static inline vf sum_lanes_of_each(const vf* acc) {
+    return sum_lanes_of_each(acc, std::make_index_sequence<VW>{});
+}
+
+// Keeps v in a register: the compiler would rather fold a load into every FMA that uses it,
+// which costs a load per FMA where the tiles are built for fewer.
+static inline void in_register(vf& v) { asm("" : "+v"(v)); }
+
+// ---- exp and log, vectorized, for the softmax and the loss -----------------------------------
+
+static inline vf vexp(vf x) {  // x ≤ 0 here; relative error ~1e-7 (Cephes' expf polynomial)
+    x = x < -87.0f ? splat(-87.0f) : x;
+    const float magic = 12582912.0f;  // 1.5·2²³: adding it rounds to an integer in the low bits
+    vf t = x * 1.44269504f + magic;
+    vf n = t - magic;
+    vf r = x - n * 0.693359375f - n * -2.12194440e-4f;
+    vf p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    vi scale = ((vi)t - 0x4B400000 + 127) << 23;  // 2ⁿ
+    return p * (vf)scale;
+}
+
+static inline vf vlog(vf s) {  // s ≥ 1 here (a softmax denominator); relative error ~1e-7
+    vi bits = (vi)s;
+    vi e = (bits >> 23) - 127;
+    vf m = (vf)((bits & 0x7FFFFF) | 0x3F800000);  // s = 2^e · m, m in [1, 2)
+    vi big = m > 1.41421356f;
+    m = big ? m * 0.5f : m;
+    e = big ? e + 1 : e;
+    vf u = (m - 1.0f) / (m + 1.0f);  // log m = 2·atanh(u), |u| ≤ 0.172
+    vf u2 = u * u;
+    vf series = ((((u2 * (1.0f / 9) + 1.0f / 7) * u2 + 1.0f / 5) * u2 + 1.0f / 3) * u2 + 1.0f);
+    return __builtin_convertvector(e, vf) * 0.693147181f + 2.0f * u * series;
+}
+
+// ---- the barrier -------------------------------------------------------------------------------
+
+struct alignas(128) Flag {
+    std::atomic<long> generation{0};
+};
+
+static void barrier(Flag* flags, int t, int n_threads, long generation) {
+    flags[t].generation.store(generation, std::memory_order_release);
+    for (int u = 0; u < n_threads; u++) {
+        int spins = 0;
+        while (flags[u].generation.load(std::memory_order_acquire) < generation) {
+            pause();
+            if (++spins == SPINS_BEFORE_YIELD) {
+                sched_yield();
+                spins = 0;
+            }
+        }
+    }
+}
+
+// ---- one thread's share ------------------------------------------------------------------------
+
+struct Shared {
+    const uint8_t* x;       // [n_total, k_in] pixels
+    const int64_t* y;       // [n_total] labels
+    const int64_t* order;   // [n] this epoch's visiting order
+    int64_t n;
+    int k_in, batch, bpv, n_threads;
+    float lr;
+    float* w;               // [10, k_in], updated at the end
+    float* b;               // [10]
+    float* zp;              // [2 parities][n_threads][10][bpv] partial logits
+    Flag* flags;
+    double loss;            // thread 0's sum
+};
+
+static inline int round_up(int a, int m) { return (a + m - 1) / m * m; }
+
+struct Worker {
+    const Shared& sh;
+    int t, k0, ks, nch;     // my features k0..k0+ks: nch chunks of VW
+    float* w;               // [10][ks] my weight slice
+    float* xf;              // [batch rounded to TS][ks] widened rows of this step
+    float* g;               // [10][bpv] dLoss/dlogits of this step (with 1/nb)
+    int32_t* lab;           // [bpv] labels of this step, -1 past nb
+    float b[CLASSES];       // every thread keeps the bias, updated identically
+
+    // Forward: zp[j][n] = Σ_k xf[n][k]·w[j][k] over my features, for n < round_up(nb, TS).
+    void forward(int nb, float* zp) const {
+        for (int n0 = 0; n0 < nb; n0 += TS) {  // TS rows (TS·ks floats) stay in L1 ...
+            for (int j0 = 0; j0 < CLASSES; j0 += 2) {  // ... across the five class pairs
+                vf acc[VW] = {};  // acc[c·TS + s]: sample n0+s, class j0+c
+                const float* w0 = w + j0 * ks;
+                const float* w1 = w0 + ks;
+                for (int k = 0; k < ks; k += VW) {  // TS + 2 loads, 2·TS FMAs
+                    vf a = load(w0 + k), c = load(w1 + k);
+                    for (int s = 0; s < TS; s++) {
+                        vf xv = load(xf + (n0 + s) * ks + k);
+                        in_register(xv);
+                        acc[s] += xv * a;
+                        acc[TS + s] += xv * c;
+                    }
+                }
+                vf r = sum_lanes_of_each(acc);
+                for (int s = 0; s < TS; s++) {
+                    zp[j0 * sh.bpv + n0 + s] = r[s];
+                    zp[(j0 + 1) * sh.bpv + n0 + s] = r[TS + s];
+                }
+            }
+        }
+    }
+
+    // Softmax of the summed logits, samples along the lanes; g = (p − onehot)/nb, 0 past nb.
+    // Returns the summed loss of the step's samples.
+    double softmax(int nb, const float* zp_step) const {
+        const float inv255 = 1.0f / 255.0f, inv_nb = 1.0f / nb;
+        vi iota;
+        for (int i = 0; i < VW; i++) iota[i] = i;
+        vf loss = {};
+        for (int n = 0; n < nb; n += VW) {
+            vf z[CLASSES];
+            for (int j = 0; j < CLASSES; j++) {
+                vf sum = {};
+                for (int u = 0; u < sh.n_threads; u++)
+                    sum += load(zp_step + (u * CLASSES + j) * sh.bpv + n);
+                z[j] = sum * inv255 + b[j];
+            }
+            vf m = z[0];
+            for (int j = 1; j < CLASSES; j++) m = z[j] > m ? z[j] : m;
+            vi label;
+            memcpy(&label, lab + n, sizeof label);
+            vf total = {}, z_label = {};
+            for (int j = 0; j < CLASSES; j++) {
+                z_label = label == j ? z[j] : z_label;
+                z[j] = vexp(z[j] - m);
+                total += z[j];
+            }
+            vf inv_total = 1.0f / total;
+            vi valid = (iota + n) < nb;
+            for (int j = 0; j < CLASSES; j++) {
+                vf onehot = label == j ? splat(1.0f) : splat(0.0f);
+                store(g + j * sh.bpv + n, valid ? (z[j] * inv_total - onehot) * inv_nb : vf{});
+            }
+            loss += valid ? vlog(total) + m - z_label : vf{};
+        }
+        double sum = 0;
+        for (int i = 0; i < VW; i++) sum += loss[i];
+        return sum;
+    }
+
+    // w[j][k] += coef · Σ_n g[j][n]·xf[n][k] for classes j0..j0+4 and chunks c0..c0+TK−1.
+    template <int TK>
+    void update_tile(int nb, int j0, int c0, float coef) {
+        vf acc[TCU][TK] = {};
+        for (int n = 0; n < nb; n++) {  // TK + TCU loads, TK·TCU FMAs
+            vf xv[TK];
+            for (int q = 0; q < TK; q++) xv[q] = load(xf + n * ks + (c0 + q) * VW);
+            for (int j = 0; j < TCU; j++) {
+                vf gj = splat(g[(j0 + j) * sh.bpv + n]);
+                in_register(gj);
+                for (int q = 0; q < TK; q++) acc[j][q] += gj * xv[q];
+            }
+        }
+        for (int j = 0; j < TCU; j++)
+            for (int q = 0; q < TK; q++) {
+                float* p = w + (j0 + j) * ks + (c0 + q) * VW;
+                store(p, load(p) + coef * acc[j][q]);
+            }
+    }
+
+    // The update of my slice; meanwhile the next step's rows (my slice of them) are prefetched.
+    void update(int nb, const int64_t* next_rows, int next_nb) {
+        const float coef = -sh.lr / 255.0f;
+        int tiles = 0;
+        for (int c0 = 0; c0 < nch; c0 += TKU) tiles++;
+        tiles *= CLASSES / TCU;
+        int tile = 0, fetched = 0;
+        for (int j0 = 0; j0 < CLASSES; j0 += TCU) {
+            for (int c0 = 0; c0 < nch; c0 += TKU, tile++) {
+                int upto = next_nb * (tile + 1) / tiles;  // an even share of the rows per tile
+                for (; fetched < upto; fetched++) {
+                    const uint8_t* row = sh.x + next_rows[fetched] * sh.k_in + k0;
+                    for (int k = 0; k < ks; k += 64) __builtin_prefetch(row + k, 0, 2);
+                    __builtin_prefetch(row + ks - 1, 0, 2);
+                }
+                if (c0 + TKU <= nch)
+                    update_tile<TKU>(nb, j0, c0, coef);
+                else
+                    for (int c = c0; c < nch; c++) update_tile<1>(nb, j0, c, coef);
+            }
+        }
+        for (int j = 0; j < CLASSES; j++) {
+            float sum = 0;
+            for (int n = 0; n < nb; n++) sum += g[j * sh.bpv + n];
+            b[j] += -sh.lr * sum;
+        }
+    }
+
+    void widen_rows(const int64_t* rows, int nb) {
+        for (int n = 0; n < nb; n++) {
+            const uint8_t* src = sh.x + rows[n] * sh.k_in + k0;
+            float* dst = xf + n * ks;
+            for (int k = 0; k < ks; k += VW) store(dst + k, widen(src + k));
+            lab[n] = (int32_t)sh.y[rows[n]];
+        }
+        for (int n = nb; n < sh.bpv; n++) lab[n] = -1;
+    }
+
+    void run(Shared& shm) {
+        long generation = 0;
+        double loss = 0;
+        for (int64_t start = 0, step = 0; start < sh.n; start += sh.batch, step++) {
+            int nb = (int)std::min<int64_t>(sh.batch, sh.n - start);
+            int64_t next = start + nb;
+            int next_nb = (int)std::min<int64_t>(sh.batch, sh.n - next);
+            float* zp = sh.zp + (step & 1) * sh.n_threads * CLASSES * sh.bpv;
+            widen_rows(sh.order + start, nb);
+            forward(round_up(nb, TS), zp + t * CLASSES * sh.bpv);
+            barrier(sh.flags, t, sh.n_threads, ++generation);
+            double step_loss = softmax(nb, zp);
+            if (t == 0) loss += step_loss;
+            update(nb, sh.order + next, next_nb);
+        }
+        for (int j = 0; j < CLASSES; j++)
+            memcpy(sh.w + j * sh.k_in + k0, w + j * ks, ks * sizeof(float));
+        if (t == 0) {
+            memcpy(sh.b, b, sizeof b);
+            shm.loss = loss;
+        }
+    }
+};
+
+template <typename T>
+static T* alloc(size_t count) {  // zeroed, 64-byte aligned
+    size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
+    void* p = aligned_alloc(64, bytes);
+    if (p) memset(p, 0, bytes);
+    return static_cast<T*>(p);
+}
+
+static void thread_main(Shared& sh, int t) {
+    int nch_all = sh.k_in / VW;
+    int c0 = nch_all * t / sh.n_threads, c1 = nch_all * (t + 1) / sh.n_threads;
+    int bt = round_up(sh.batch, TS);
+    Worker me{sh, t, c0 * VW, (c1 - c0) * VW, c1 - c0, nullptr, nullptr, nullptr, nullptr, {}};
+    // Allocated by the thread that uses them: its pages are local to its core.
+    me.w = alloc<float>((size_t)CLASSES * me.ks);
+    me.xf = alloc<float>((size_t)bt * me.ks);
+    me.g = alloc<float>((size_t)CLASSES * sh.bpv);
+    me.lab = alloc<int32_t>((size_t)sh.bpv);
+    if (me.w && me.xf && me.g && me.lab) {  // (allocation failure is checked by the caller first)
+        for (int j = 0; j < CLASSES; j++)
+            memcpy(me.w + j * me.ks, sh.w + j * sh.k_in + me.k0, me.ks * sizeof(float));
+        memcpy(me.b, sh.b, sizeof me.b);
+        me.run(sh);
+    }
+    free(me.w);
+    free(me.xf);
+    free(me.g);
+    free(me.lab);
+}
+
+extern "C" {
+
+int cpu_epoch_vector_width() { return VW; }
+
+// Chunks of VW features a thread needs at least; more threads than k_in / VW are not used.
+int cpu_epoch_max_threads(int k_in) { return k_in / VW; }
+
+// One epoch in `order`; w [10, k_in] and b [10] updated in place; *loss_sum receives the summed
+// training loss. Returns 0, or 1 for bad arguments, 2 when memory cannot be allocated.
+int cpu_epoch_train(const uint8_t* x, const int64_t* y, const int64_t* order, int64_t n, int k_in,
+                    int batch, float lr, float* w, float* b, int n_threads, double* loss_sum) {
+    if (n <= 0 || batch <= 0 || k_in <= 0 || k_in % VW != 0 || n_threads <= 0) return 1;
+    if (n_threads > k_in / VW) n_threads = k_in / VW;
+    int bpv = round_up(batch, VW);
+    float* zp = alloc<float>((size_t)2 * n_threads * CLASSES * bpv);
+    Flag* flags = new (std::nothrow) Flag[n_threads];
+    // Every thread's buffers are at most this large; try them here so a failure is an error code.
+    void* probe = alloc<float>((size_t)round_up(batch, TS) * k_in + CLASSES * (k_in + bpv) + bpv);
+    if (!zp || !flags || !probe) {
+        free(zp);
+        free(probe);
+        delete[] flags;
+        return 2;
+    }
+    free(probe);
+    Shared sh{x, y, order, n, k_in, batch, bpv, n_threads, lr, w, b, zp, flags, 0.0};
+    std::vector<std::thread> others;
+    for (int t = 1; t < n_threads; t++) others.emplace_back(thread_main, std::ref(sh), t);
+    thread_main(sh, 0);  // the calling thread is thread 0
+    for (auto& th : others) th.join();
+    *loss_sum = sh.loss;
+    free(zp);
+    delete[] flags;
+    return 0;
+}
+
+}  // extern "C"
