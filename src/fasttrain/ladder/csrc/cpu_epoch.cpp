@@ -198,28 +198,46 @@ struct Worker {
     int32_t* lab;           // [bpv] labels of this step, -1 past nb
     float b[CLASSES];       // every thread keeps the bias, updated identically
 
-    // Forward: zp[j][n] = Σ_k xf[n][k]·w[j][k] over my features, for n < round_up(nb, TS).
-    void forward(int nb, float* zp) const {
-        for (int n0 = 0; n0 < nb; n0 += TS) {  // TS rows (TS·ks floats) stay in L1 ...
-            for (int j0 = 0; j0 < CLASSES; j0 += 2) {  // ... across the five class pairs
-                vf acc[VW] = {};  // acc[c·TS + s]: sample n0+s, class j0+c
-                const float* w0 = w + j0 * ks;
-                const float* w1 = w0 + ks;
-                for (int k = 0; k < ks; k += VW) {  // TS + 2 loads, 2·TS FMAs
-                    vf a = load(w0 + k), c = load(w1 + k);
-                    for (int s = 0; s < TS; s++) {
-                        vf xv = load(xf + (n0 + s) * ks + k);
-                        in_register(xv);
-                        acc[s] += xv * a;
-                        acc[TS + s] += xv * c;
-                    }
+    // Logits of classes j0, j0+1 for samples n0..n0+TS−1 over my features, into zp. WIDEN: the
+    // rows are read as pixels from `src` and widened on the way (and kept in xf for the rest).
+    template <bool WIDEN>
+    void forward_tile(int n0, int j0, const uint8_t* const* src, float* zp) const {
+        vf acc[VW] = {};  // acc[c·TS + s]: sample n0+s, class j0+c
+        const float* w0 = w + j0 * ks;
+        const float* w1 = w0 + ks;
+        float* rows = xf + n0 * ks;
+        for (int k = 0; k < ks; k += VW) {  // TS + 2 loads, 2·TS FMAs
+            vf a = load(w0 + k), c = load(w1 + k);
+            for (int s = 0; s < TS; s++) {
+                vf xv;
+                if constexpr (WIDEN) {
+                    xv = widen(src[s] + k);
+                    store(rows + s * ks + k, xv);
+                } else {
+                    xv = load(rows + s * ks + k);
                 }
-                vf r = sum_lanes_of_each(acc);
-                for (int s = 0; s < TS; s++) {
-                    zp[j0 * sh.bpv + n0 + s] = r[s];
-                    zp[(j0 + 1) * sh.bpv + n0 + s] = r[TS + s];
-                }
+                in_register(xv);
+                acc[s] += xv * a;
+                acc[TS + s] += xv * c;
             }
+        }
+        vf r = sum_lanes_of_each(acc);
+        for (int s = 0; s < TS; s++) {
+            zp[j0 * sh.bpv + n0 + s] = r[s];
+            zp[(j0 + 1) * sh.bpv + n0 + s] = r[TS + s];
+        }
+    }
+
+    // Partial logits zp[j][n] = Σ_k x[n][k]·w[j][k] over my features for the step's rows, TS rows
+    // at a time: widened by the first class pair, then in L1 for the other four. A last tile
+    // past nb repeats the last row (finite; its logits are never read).
+    void forward(const int64_t* rows, int nb, float* zp) const {
+        for (int n0 = 0; n0 < nb; n0 += TS) {
+            const uint8_t* src[TS];
+            for (int s = 0; s < TS; s++)
+                src[s] = sh.x + rows[std::min(n0 + s, nb - 1)] * sh.k_in + k0;
+            forward_tile<true>(n0, 0, src, zp);
+            for (int j0 = 2; j0 < CLASSES; j0 += 2) forward_tile<false>(n0, j0, src, zp);
         }
     }
 
@@ -309,14 +327,8 @@ struct Worker {
         }
     }
 
-    void widen_rows(const int64_t* rows, int nb) {
-        for (int n = 0; n < nb; n++) {
-            const uint8_t* src = sh.x + rows[n] * sh.k_in + k0;
-            float* dst = xf + n * ks;
-            for (int k = 0; k < ks; k += VW) store(dst + k, widen(src + k));
-            lab[n] = (int32_t)sh.y[rows[n]];
-        }
-        for (int n = nb; n < sh.bpv; n++) lab[n] = -1;
+    void labels(const int64_t* rows, int nb) {
+        for (int n = 0; n < sh.bpv; n++) lab[n] = n < nb ? (int32_t)sh.y[rows[n]] : -1;
     }
 
     void run(Shared& shm) {
@@ -327,8 +339,8 @@ struct Worker {
             int64_t next = start + nb;
             int next_nb = (int)std::min<int64_t>(sh.batch, sh.n - next);
             float* zp = sh.zp + (step & 1) * sh.n_threads * CLASSES * sh.bpv;
-            widen_rows(sh.order + start, nb);
-            forward(round_up(nb, TS), zp + t * CLASSES * sh.bpv);
+            labels(sh.order + start, nb);
+            forward(sh.order + start, nb, zp + t * CLASSES * sh.bpv);
             barrier(sh.flags, t, sh.n_threads, ++generation);
             double step_loss = softmax(nb, zp);
             if (t == 0) loss += step_loss;
