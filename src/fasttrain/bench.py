@@ -119,6 +119,7 @@ def time_row(entry: ladder.Entry, data, cfg: ladder.LadderConfig, on_epoch=None)
         "train_loss_per_epoch": losses,
         "test_accuracy": test_acc,
         "test_loss": test_loss,
+        "details": impl.details(),
     }
 
 
@@ -141,7 +142,7 @@ def summarize_row(row: dict) -> dict:
         "epoch_ms_max": max(every),
         "total_ms": statistics.median([r["total_ms"] for r in reps]),
         "setup_ms": statistics.median([r["setup_ms"] for r in reps]),
-        **{k: first[k] for k in ("train_loss", "test_accuracy", "test_loss")},
+        **{k: first.get(k) for k in ("train_loss", "test_accuracy", "test_loss", "details")},
     }
 
 

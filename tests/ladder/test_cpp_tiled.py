@@ -121,3 +121,12 @@ def test_missing_gxx_makes_the_row_unavailable(monkeypatch):
     assert reason and "g++" in reason
     with pytest.raises(build.Unavailable, match="g\\+\\+"):
         build.compile_cpu(cpp_tiled.SOURCE)
+
+
+def test_the_row_records_how_it_was_built_and_run():
+    cfg = LadderConfig(epochs=1, batch_size=32)
+    impl = cpp_tiled.CppTiled()
+    impl.setup(make_ladder_data(tiny_images(n_train=64), cfg), cfg)
+    d = impl.details()
+    assert d["vector_width"] in (4, 8, 16) and d["threads"] >= 1
+    assert d["compiler"].startswith("g++") and "-march=native" in d["flags"] and d["march"]

@@ -236,6 +236,21 @@ def _gxx_target(gxx: str) -> str:
     return version.stdout.splitlines()[0] + "\0" + target.stdout
 
 
+def cpu_build_info() -> dict:
+    """The compiler, its flags and what -march=native meant: kept with the CPU rows' figures."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        return {}
+    target = _gxx_target(gxx)
+    march = next((ln.split()[-1] for ln in target.splitlines() if ln.strip().startswith("-march=")),
+                 "native")
+    isa = sorted(ln.split()[0] for ln in target.splitlines()
+                 if ln.strip().startswith("-m") and ln.split()[-1] == "[enabled]"
+                 and re.match(r"-m(avx|fma|sse)", ln.strip()))
+    return {"compiler": target.split("\0")[0], "flags": list(CPU_FLAGS), "march": march,
+            "isa": isa}
+
+
 def compile_cpu(source: str, *, extra=(), out_dir=None) -> Path:
     """Compile csrc/<source> (C++) with g++ for this CPU into the cache; returns the .so. `extra`
     flags come last (the tests build narrower vectors with e.g. -mno-avx512f)."""
@@ -246,10 +261,8 @@ def compile_cpu(source: str, *, extra=(), out_dir=None) -> Path:
     src = CSRC / source
     if not src.is_file():
         raise FileNotFoundError(src)
-    target = _gxx_target(gxx)
-    march = next((ln.split()[-1] for ln in target.splitlines() if ln.strip().startswith("-march=")),
-                 "native")
-    return _cached_build(src, f"{src.stem}-{march}", [gxx, *CPU_FLAGS, *extra], target,
+    march = cpu_build_info()["march"]
+    return _cached_build(src, f"{src.stem}-{march}", [gxx, *CPU_FLAGS, *extra], _gxx_target(gxx),
                          out_dir if out_dir is not None else cache_dir().parent / "cpp")
 
 

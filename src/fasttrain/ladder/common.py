@@ -139,6 +139,11 @@ class Impl:
         """Current (weight [10, 784], bias [10]) as float32 NumPy arrays on the host."""
         raise NotImplementedError
 
+    def details(self) -> dict:
+        """How this instance runs, after setup (threads, vector width, compiler and flags...):
+        recorded with the row's figures so that they can be reproduced."""
+        return {}
+
     def evaluate(self) -> tuple[float, float]:
         """(test loss, test accuracy), outside the clock, computed the same way for every row."""
         w, b = self.params()

@@ -87,3 +87,10 @@ class CppTiled(Impl):
 
     def params(self):
         return self.w, self.b
+
+    def details(self) -> dict:
+        from fasttrain.ladder import build
+
+        width = self.lib.cpu_epoch_vector_width()
+        return {"threads": min(self.threads, IN_FEATURES // width), "vector_width": width,
+                **build.cpu_build_info()}

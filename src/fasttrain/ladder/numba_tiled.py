@@ -293,3 +293,6 @@ class NumbaTiled(Impl):
 
     def params(self):
         return self.w, self.b
+
+    def details(self) -> dict:
+        return {"threads": self.threads}
