@@ -130,3 +130,15 @@ def test_the_row_records_how_it_was_built_and_run():
     d = impl.details()
     assert d["vector_width"] in (4, 8, 16) and d["threads"] >= 1
     assert d["compiler"].startswith("g++") and "-march=native" in d["flags"] and d["march"]
+
+
+def test_the_phase_benchmark_builds_against_the_rows_source_and_runs(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "cpu_epoch_phases.cpp"
+    exe = tmp_path / "phases"
+    subprocess.run(["g++", *build.CPU_FLAGS[:3], "-pthread", "-o", str(exe), str(src)],
+                   check=True, capture_output=True)
+    out = subprocess.run([str(exe), "2", "1"], check=True, capture_output=True, text=True).stdout
+    assert "epoch" in out and "[t1 forward" in out
