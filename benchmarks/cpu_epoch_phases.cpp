@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     std::shuffle(order.begin(), order.end(), rng);
     std::vector<float> w(CLASSES * K), b(CLASSES);
     for (auto& v : w) v = (rng() % 1000) * 1e-5f;
-    const int bpv = round_up(B, VW), bt = round_up(B, TS), nch = K / VW;
+    const int bpv = logits_stride(B), bt = round_up(B, TS), nch = K / VW;
     printf("vector width %d, %d threads, ms per epoch\n", VW, T);
     for (int rep = 0; rep < reps; rep++) {
         float* zp = alloc<float>((size_t)2 * T * CLASSES * bpv);
