@@ -141,4 +141,4 @@ def test_the_phase_benchmark_builds_against_the_rows_source_and_runs(tmp_path):
     subprocess.run(["g++", *build.CPU_FLAGS[:3], "-pthread", "-o", str(exe), str(src)],
                    check=True, capture_output=True)
     out = subprocess.run([str(exe), "2", "1"], check=True, capture_output=True, text=True).stdout
-    assert "epoch" in out and "[t1 forward" in out
+    assert "epoch" in out and "[t1 labels" in out and "update" in out

@@ -344,7 +344,10 @@ struct Worker {
         for (int n = 0; n < sh.bpv; n++) lab[n] = n < nb ? (int32_t)sh.y[rows[n]] : -1;
     }
 
-    void run(Shared& shm) {
+    // The epoch. `phase(i)` is called after phase i of every step (0 labels, 1 forward,
+    // 2 barrier, 3 softmax, 4 update): nothing here, a clock in benchmarks/cpu_epoch_phases.cpp.
+    template <class Phase>
+    void run(Shared& shm, Phase&& phase) {
         long generation = 0;
         double loss = 0;
         for (int64_t start = 0, step = 0; start < sh.n; start += sh.batch, step++) {
@@ -353,11 +356,16 @@ struct Worker {
             int next_nb = (int)std::min<int64_t>(sh.batch, sh.n - next);
             float* zp = sh.zp + (step & 1) * sh.n_threads * CLASSES * sh.bpv;
             labels(sh.order + start, nb);
+            phase(0);
             forward(sh.order + start, nb, zp + t * CLASSES * sh.bpv);
+            phase(1);
             barrier(sh.flags, t, sh.n_threads, ++generation);
+            phase(2);
             double step_loss = softmax(nb, zp);
             if (t == 0) loss += step_loss;
+            phase(3);
             update(nb, sh.order + next, next_nb);
+            phase(4);
         }
         for (int j = 0; j < CLASSES; j++)
             memcpy(sh.w + j * sh.k_in + k0, w + j * ks, ks * sizeof(float));
@@ -390,7 +398,7 @@ static void thread_main(Shared& sh, int t) {
         for (int j = 0; j < CLASSES; j++)
             memcpy(me.w + j * me.ks, sh.w + j * sh.k_in + me.k0, me.ks * sizeof(float));
         memcpy(me.b, sh.b, sizeof me.b);
-        me.run(sh);
+        me.run(sh, [](int) {});
     }
     free(me.w);
     free(me.xf);
