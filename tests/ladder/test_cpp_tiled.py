@@ -30,7 +30,6 @@ def library(width, tmp_path_factory):
     so = build.compile_cpu(cpp_tiled.SOURCE, extra=WIDTHS[width],
                            out_dir=tmp_path_factory.getbasetemp() / "cpp")
     lib = ctypes.CDLL(str(so))
-    lib.cpu_epoch_vector_width.restype = ctypes.c_int
     for name, typed in vars(cpp_tiled.load_library()).items():  # same signatures as the row's
         if name.startswith("cpu_epoch_") and hasattr(typed, "argtypes"):
             getattr(lib, name).argtypes, getattr(lib, name).restype = typed.argtypes, typed.restype
@@ -60,12 +59,13 @@ def test_every_vector_width_trains_like_float64(width, tmp_path_factory):
         assert all(np.isfinite(losses)) and losses[1] < losses[0]
 
 
-def test_more_threads_than_feature_chunks_are_not_used(tmp_path_factory):
+def test_more_threads_than_it_uses_train_the_same(tmp_path_factory):
     lib = library("native", tmp_path_factory)
     cfg = LadderConfig(epochs=1, batch_size=64)
     data = make_ladder_data(tiny_images(n_train=64), cfg)
-    chunks = 784 // lib.cpu_epoch_vector_width()
-    few, many = train(lib, data, cfg, 2), train(lib, data, cfg, chunks + 5)
+    most = lib.cpu_epoch_max_threads(784)
+    assert 1 <= most <= 784 // lib.cpu_epoch_vector_width() // 4
+    few, many = train(lib, data, cfg, 2), train(lib, data, cfg, most + 5)
     np.testing.assert_allclose(few[0], many[0], atol=ATOL, rtol=0)
 
 

@@ -39,6 +39,8 @@ def load_library() -> ctypes.CDLL:
                                     ptr, i32, ctypes.POINTER(ctypes.c_double)]
     lib.cpu_epoch_train.restype = i32
     lib.cpu_epoch_vector_width.restype = i32
+    lib.cpu_epoch_max_threads.argtypes = [i32]
+    lib.cpu_epoch_max_threads.restype = i32
     return lib
 
 
@@ -91,6 +93,6 @@ class CppTiled(Impl):
     def details(self) -> dict:
         from fasttrain.ladder import build
 
-        width = self.lib.cpu_epoch_vector_width()
-        return {"threads": min(self.threads, IN_FEATURES // width), "vector_width": width,
+        return {"threads": min(self.threads, self.lib.cpu_epoch_max_threads(IN_FEATURES)),
+                "vector_width": self.lib.cpu_epoch_vector_width(),
                 **build.cpu_build_info()}
