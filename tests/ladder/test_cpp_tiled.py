@@ -15,8 +15,10 @@ from tests.ladder.test_ladder import ATOL, reference_sgd
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found on PATH")
 
-# What the machine can run of the widths: -march=native picks the widest.
-WIDTHS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",)}
+# What the machine can run of the widths (-march=native picks the widest), and the lane shuffles
+# GCC before 12 is limited to (__builtin_shuffle instead of __builtin_shufflevector).
+WIDTHS = {"native": (), "avx2": ("-mno-avx512f",), "sse": ("-mno-avx",),
+          "gcc11-shuffles": ("-DFASTTRAIN_OLD_SHUFFLE",)}
 
 
 def cpu_has(flag: str) -> bool:
@@ -113,6 +115,16 @@ def test_compile_error_carries_gxx_message(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match=r"g\+\+ failed on bad.cpp"):
         build.compile_cpu("bad.cpp", out_dir=tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("*.so")), "no half-written library is left"
+
+
+def test_a_compiler_that_cannot_build_it_makes_the_row_unavailable(monkeypatch):
+    def fails(source, **kw):
+        raise RuntimeError("g++ failed on cpu_epoch.cpp (exit 1):\nerror: too old\nmore")
+
+    monkeypatch.setattr(build, "compile_cpu", fails)
+    reason = cpp_tiled.CppTiled.unavailable({}, LadderConfig())
+    assert reason.startswith("g++ cannot build csrc/cpu_epoch.cpp here") and "\n" not in reason
+    assert "error: too old" in reason
 
 
 def test_missing_gxx_makes_the_row_unavailable(monkeypatch):

@@ -66,9 +66,21 @@ class CppTiled(Impl):
 
     @classmethod
     def unavailable(cls, env, cfg):
+        """No g++, or a g++ that cannot build the source (too old, not x86/ARM...): the build is
+        tried here (cached), so that a compiler's limits read as a reason, not a failed row."""
         from fasttrain.ladder import build
 
-        return build.cpu_toolchain_reason()
+        reason = build.cpu_toolchain_reason()
+        if reason:
+            return reason
+        try:
+            build.compile_cpu(SOURCE)
+        except RuntimeError as e:
+            lines = str(e).splitlines()
+            first_error = next((ln.strip() for ln in lines if "error" in ln),
+                               lines[-1] if lines else "")
+            return f"g++ cannot build csrc/{SOURCE} here: {first_error}"
+        return None
 
     def setup(self, data: LadderData, cfg: LadderConfig) -> None:
         self.data, self.cfg = data, cfg

@@ -96,11 +96,19 @@ static inline void pause() {
 constexpr int fold_lane(int s, int i) {
     return (i % (2 * s) < s ? 0 : VW) + i / (2 * s) * 2 * s + i % s;
 }
+#if defined(__clang__) || (__GNUC__ >= 12 && !defined(FASTTRAIN_OLD_SHUFFLE))
 template <int S, size_t... I>
 static inline vf fold(vf a, vf b, std::index_sequence<I...>) {
     return __builtin_shufflevector(a, b, fold_lane(S, I)...) +
            __builtin_shufflevector(a, b, (fold_lane(S, I) + S)...);
 }
+#else  // GCC before 12 (Ubuntu 22.04's 11, say) has only __builtin_shuffle, with a mask vector
+template <int S, size_t... I>
+static inline vf fold(vf a, vf b, std::index_sequence<I...>) {
+    return __builtin_shuffle(a, b, vi{fold_lane(S, I)...}) +
+           __builtin_shuffle(a, b, vi{(fold_lane(S, I) + S)...});
+}
+#endif
 constexpr int bitreverse(int i) {
     int r = 0;
     for (int bit = 1, top = VW / 2; bit < VW; bit <<= 1, top >>= 1)
