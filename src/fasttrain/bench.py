@@ -142,7 +142,7 @@ def summarize_row(row: dict) -> dict:
         "epoch_ms_max": max(every),
         "total_ms": statistics.median([r["total_ms"] for r in reps]),
         "setup_ms": statistics.median([r["setup_ms"] for r in reps]),
-        **{k: first.get(k) for k in ("train_loss", "test_accuracy", "test_loss", "details")},
+        **{k: first[k] for k in ("train_loss", "test_accuracy", "test_loss", "details")},
     }
 
 

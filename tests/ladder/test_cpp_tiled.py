@@ -31,11 +31,7 @@ def library(width, tmp_path_factory):
         pytest.skip("this CPU has no AVX2")
     so = build.compile_cpu(cpp_tiled.SOURCE, extra=WIDTHS[width],
                            out_dir=tmp_path_factory.getbasetemp() / "cpp")
-    lib = ctypes.CDLL(str(so))
-    for name, typed in vars(cpp_tiled.load_library()).items():  # same signatures as the row's
-        if name.startswith("cpu_epoch_") and hasattr(typed, "argtypes"):
-            getattr(lib, name).argtypes, getattr(lib, name).restype = typed.argtypes, typed.restype
-    return lib
+    return cpp_tiled.typed(ctypes.CDLL(str(so)))
 
 
 def train(lib, data, cfg, threads):

@@ -236,18 +236,22 @@ def _gxx_target(gxx: str) -> str:
     return version.stdout.splitlines()[0] + "\0" + target.stdout
 
 
+def _march(target: str) -> str:
+    """What -march=native resolved to, from _gxx_target's listing (e.g. 'znver3')."""
+    return next((ln.split()[-1] for ln in target.splitlines() if ln.strip().startswith("-march=")),
+                "native")
+
+
 def cpu_build_info() -> dict:
     """The compiler, its flags and what -march=native meant: kept with the CPU rows' figures."""
     gxx = shutil.which("g++")
     if gxx is None:
         return {}
     target = _gxx_target(gxx)
-    march = next((ln.split()[-1] for ln in target.splitlines() if ln.strip().startswith("-march=")),
-                 "native")
     isa = sorted(ln.split()[0] for ln in target.splitlines()
                  if ln.strip().startswith("-m") and ln.split()[-1] == "[enabled]"
                  and re.match(r"-m(avx|fma|sse)", ln.strip()))
-    return {"compiler": target.split("\0")[0], "flags": list(CPU_FLAGS), "march": march,
+    return {"compiler": target.split("\0")[0], "flags": list(CPU_FLAGS), "march": _march(target),
             "isa": isa}
 
 
@@ -261,8 +265,8 @@ def compile_cpu(source: str, *, extra=(), out_dir=None) -> Path:
     src = CSRC / source
     if not src.is_file():
         raise FileNotFoundError(src)
-    march = cpu_build_info()["march"]
-    return _cached_build(src, f"{src.stem}-{march}", [gxx, *CPU_FLAGS, *extra], _gxx_target(gxx),
+    target = _gxx_target(gxx)
+    return _cached_build(src, f"{src.stem}-{_march(target)}", [gxx, *CPU_FLAGS, *extra], target,
                          out_dir if out_dir is not None else cache_dir().parent / "cpp")
 
 

@@ -7,9 +7,10 @@ the GIL. What it does differently from `numba-tiled` (the design is in the sourc
 - Features split across cores, not samples or classes: each core owns a slice of the 784 inputs
   and that slice of every weight row for the whole epoch, so the weight gradient never crosses
   cores and a step needs ONE barrier (partial logits, double-buffered by step parity).
-- Every inner loop is a register tile: forward VW/2 samples × 2 classes (VW accumulators, reduced
-  across lanes by one shuffle tree), update 5 classes × 4 chunks of features accumulated over the
-  whole batch in registers, then added to the weights once.
+- Every inner loop is a register tile: forward 8 samples × 2 classes (16 accumulators with
+  AVX-512, 6 × 2 with 16 registers; reduced across lanes by shuffle trees), update 5 classes × 4
+  vectors of features accumulated over the whole batch in registers, then added to the weights
+  once.
 - Softmax and loss vectorized along the samples (polynomial exp and log), computed redundantly by
   every core instead of exchanged.
 
@@ -32,7 +33,11 @@ def load_library() -> ctypes.CDLL:
     """Build (once, cached) and load the library with its entry points typed."""
     from fasttrain.ladder import build
 
-    lib = build.load(SOURCE)
+    return typed(build.load(SOURCE))
+
+
+def typed(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """`lib` (a build of csrc/cpu_epoch.cpp) with its entry points' signatures declared."""
     ptr, i32 = ctypes.c_void_p, ctypes.c_int
     # x, y, order, n, k_in, batch, lr, w, b, threads, loss_sum
     lib.cpu_epoch_train.argtypes = [ptr, ptr, ptr, ctypes.c_int64, i32, i32, ctypes.c_float, ptr,
@@ -85,7 +90,8 @@ class CppTiled(Impl):
     def setup(self, data: LadderData, cfg: LadderConfig) -> None:
         self.data, self.cfg = data, cfg
         self.lib = load_library()  # the build (seconds, once per machine) is setup time
-        assert data.train_x.shape[1] == IN_FEATURES and data.train_x.flags.c_contiguous
+        assert data.train_x.shape[1] == IN_FEATURES
+        # (the library reads raw pointers: C order and these dtypes, without copies when so already)
         self.x = np.ascontiguousarray(data.train_x, np.uint8)
         self.y = np.ascontiguousarray(data.train_y, np.int64)
         self.orders = np.ascontiguousarray(data.orders, np.int64)
