@@ -265,7 +265,9 @@ __device__ void train_epoch(Ex& ex, const Args& a, float* sm) {
         wv.w -= acc.w * inv255;
         *wp = wv;
       }
-      if (tid >= THREADS - C) {  // a warp the gradient leaves idle updates the bias
+      // The last C threads sum the bias gradient: 280..287 are otherwise idle, 278 and 279
+      // have already added their gradient unit above.
+      if (tid >= THREADS - C) {
         const int cb = tid - (THREADS - C);
         float db = 0.f;
         for (int row = 0; row < nb; ++row) db += ex.read(g + row * C + cb);
