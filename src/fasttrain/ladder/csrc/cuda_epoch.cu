@@ -266,7 +266,7 @@ __device__ void train_epoch(Ex& ex, const Args& a, float* sm) {
         *wp = wv;
       }
       // The last C threads sum the bias gradient: 280..287 are otherwise idle, 278 and 279
-      // have already added their gradient unit above.
+      // have already done their share of the weight gradient above.
       if (tid >= THREADS - C) {
         const int cb = tid - (THREADS - C);
         float db = 0.f;
