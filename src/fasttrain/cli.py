@@ -33,7 +33,7 @@ COMMANDS = (
     ("fasttrain.lab.doctor", "doctor", "devices, fast dtypes, versions, placement checks"),
     ("fasttrain.lab.profile", "profile", "profile training steps: top ops, idle time, syncs, "
      "and what bounds the step"),
-    ("fasttrain.lab.memory", "memory", "where a training step's memory goes; "
+    ("fasttrain.commands.memory", "memory", "where a training step's memory goes; "
      "--find-batch-size"),
     ("fasttrain.lab.experiments", "experiment", "the course lab's exercises, measured: "
      "precision, memory, e2e; and multi-process scaling"),

@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
+from fasttrain.commands.common import lab_config
 from fasttrain.engine import TrainConfig
 from fasttrain.errors import UserError
 from fasttrain.lab import experiments as ex
-from fasttrain.lab import memory as mem
 from tests.conftest import requires_mnist, run_cli
 from tests.engine.conftest import image_task
 
@@ -107,7 +107,7 @@ def test_default_data_falls_back_to_the_labelled_stand_in(monkeypatch):
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    cfg, task = mem.lab_config(p.parse_args(["--model", "logreg"]), "experiment")
+    cfg, task = lab_config(p.parse_args(["--model", "logreg"]), "experiment")
     assert cfg.data == "synthetic" and task.synthetic
 
 
@@ -119,7 +119,7 @@ def test_default_data_is_mnist_when_present():
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    cfg, task = mem.lab_config(p.parse_args(["--model", "cnn"]), "experiment")
+    cfg, task = lab_config(p.parse_args(["--model", "cnn"]), "experiment")
     assert cfg.data == "mnist" and not task.synthetic
 
 

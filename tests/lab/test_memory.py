@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from fasttrain.engine import TrainConfig, build
+from fasttrain.engine.loop import endless_batches
 from fasttrain.engine.loop import step as engine_step
+from fasttrain.lab import batch_size as bs
 from fasttrain.lab import memory as mem
 from tests.conftest import assert_one_line_error, run_cli
 from tests.engine.conftest import image_task, text_task
@@ -59,15 +61,15 @@ def test_saved_tensors_of_a_tiny_mlp_by_hand():
     assert b.weight_copies == 0 and b.inputs == 0  # both inputs were saved, so counted once
 
 
-def test_count_leaves_the_trainer_as_it_was():
-    trainer = build(config(model="resnet"), data=image_task(), verbose=False)  # BatchNorm
-    batches = mem.endless_batches(trainer)
-    engine_step(trainer, next(batches))
-    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+def test_count_leaves_the_run_as_it_was():
+    run = build(config(model="resnet"), data=image_task(), verbose=False)  # BatchNorm
+    batches = endless_batches(run)
+    engine_step(run, next(batches))
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
     rng = torch.get_rng_state()
-    mem.count_saved(trainer, next(batches)[0])
-    assert all(torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
-    assert all(p.grad is None for p in trainer.model.parameters())
+    mem.count_saved(run, next(batches)[0])
+    assert all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())
+    assert all(p.grad is None for p in run.model.parameters())
     assert torch.equal(rng, torch.get_rng_state())
 
 
@@ -99,6 +101,28 @@ def test_seed_formula_for_this_model():
     assert seed["mixed"]["total"] == 4 * P + 2 * P + 2 * P + 8 * P + A // 2
 
 
+def test_predict_builds_the_run_and_agrees_with_measure():
+    # The one prediction `memory` and `plan` share: same parts as measuring a Run built by hand.
+    cfg = config(model="mlp", optimizer="adamw")
+    by_hand = mem.measure(build(cfg, data=image_task(), verbose=False))
+    predicted = mem.predict(cfg, data=image_task())
+    assert predicted == by_hand
+
+
+def test_counted_for_cuda_rounds_blocks_and_adds_foreach_temporaries():
+    # logreg: weight 10×784 fp32 (31,360 B → 31,744 in 512-byte blocks), bias 40 B → 512.
+    cfg = config(model="logreg", optimizer="adamw")
+    cpu = mem.predict(cfg, data=image_task())
+    gpu = mem.predict(cfg, data=image_task(), device_type="cuda")
+    blocks = 31_744 + 512
+    assert cpu.weights == 4 * 7850 and gpu.weights == blocks
+    assert gpu.gradients == blocks and gpu.optimizer == 2 * blocks  # exp_avg, exp_avg_sq
+    assert cpu.step_temp == 31_360 and gpu.step_temp == blocks  # per tensor vs foreach: all
+    assert cpu.data == 0 and gpu.data > 0  # the dataset, resident on the device in memory
+    assert gpu.device == "cuda (counted on cpu)"
+    assert gpu.predicted_peak > cpu.predicted_peak
+
+
 @pytest.fixture
 def fixed_step_time(monkeypatch):
     """Every timed step takes 1 ms, so samples/s grows with the batch: the search then stops
@@ -109,14 +133,14 @@ def fixed_step_time(monkeypatch):
 
 
 def predicted(cfg, task, batch: int) -> int:
-    trainer = build(dataclasses.replace(cfg, batch_size=batch), data=task, verbose=False)
-    return mem.measure(trainer).predicted_peak
+    run = build(dataclasses.replace(cfg, batch_size=batch), data=task, verbose=False)
+    return mem.measure(run).predicted_peak
 
 
 def test_find_batch_size_fits_the_limit_and_the_next_does_not(fixed_step_time):
     cfg, task = config(model="logreg"), image_task()
     usable = (predicted(cfg, task, 40) + predicted(cfg, task, 48)) // 2
-    best, tries = mem.search(lambda b: mem.try_batch(cfg, task, b, usable, steps=1),
+    best, tries = bs.search(lambda b: bs.try_batch(cfg, task, b, usable, steps=1),
                              floor=8, unit=8, cap=256)
     assert best.batch == 40 and best.fits
     assert predicted(cfg, task, best.batch) <= usable < predicted(cfg, task, best.batch + 8)
@@ -130,9 +154,9 @@ def test_find_batch_size_never_raises_on_out_of_memory(fixed_step_time, monkeypa
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return engine_step(run, micro_batches)
 
-    monkeypatch.setattr(mem, "step", oom_above_64)
+    monkeypatch.setattr(bs, "step", oom_above_64)
     cfg, task = config(model="logreg"), image_task()
-    best, tries = mem.search(lambda b: mem.try_batch(cfg, task, b, 2**40, steps=1),
+    best, tries = bs.search(lambda b: bs.try_batch(cfg, task, b, 2**40, steps=1),
                              floor=8, unit=8, cap=256)
     assert best.batch == 64
     assert {t.batch: t.reason for t in tries if not t.fits} == {
@@ -142,21 +166,17 @@ def test_find_batch_size_never_raises_on_out_of_memory(fixed_step_time, monkeypa
 def test_search_prefers_throughput_over_size():
     # Fits everywhere, fastest at 32: the search must not return the largest batch.
     sps = {8: 100.0, 16: 180.0, 32: 250.0, 64: 200.0, 48: 240.0, 40: 245.0}
-    best, tries = mem.search(lambda b: mem.Try(b, True, sps[b]), floor=8, unit=8, cap=1024)
+    best, tries = bs.search(lambda b: bs.Try(b, True, sps[b]), floor=8, unit=8, cap=1024)
     assert best.batch == 32
     assert [t.batch for t in tries] == [8, 16, 32, 64, 48, 40]
 
 
 def test_search_when_the_floor_does_not_fit():
-    best, tries = mem.search(lambda b: mem.Try(b, False, reason="x"), floor=8, unit=8, cap=64)
+    best, tries = bs.search(lambda b: bs.Try(b, False, reason="x"), floor=8, unit=8, cap=64)
     assert best is None and [t.batch for t in tries] == [8]
 
 
 # -- the command ---------------------------------------------------------------------------------
-
-
-
-
 
 
 BASE = ("memory", "--model", "logreg", "--data", "synthetic", "--device", "cpu")

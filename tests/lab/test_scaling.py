@@ -1,6 +1,5 @@
 """The scaling experiment's model of a data-parallel step (fasttrain.lab.scaling), and its command
-in prediction mode. (Kept here, beside the engine's distributed tests, until the lab's owner
-wires `scaling` into `fasttrain experiment` and moves it to tests/lab/.)"""
+(`fasttrain experiment scaling`, fasttrain.commands.scaling) in prediction mode and measured."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import json
 
 import pytest
 
+from fasttrain.cli import main
 from fasttrain.errors import UserError
 from fasttrain.lab import scaling
 
@@ -48,8 +48,8 @@ def test_bad_interconnect_is_a_user_error():
 
 def test_prediction_mode_writes_json_for_the_bundled_models(tmp_path, capsys):
     out = tmp_path / "s.json"
-    assert scaling.main(["--predict-only", "--predict-models", "mlp,gpt-124m", "--json",
-                         str(out)]) == 0
+    assert main(["experiment", "scaling", "--predict-only", "--predict-models", "mlp,gpt-124m",
+                 "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["schema"] == "fasttrain.experiment/1" and result["rows"] == []
     rows = {(r["model"], r["nodes"]): r for r in result["predicted"]}
@@ -62,9 +62,9 @@ def test_prediction_mode_writes_json_for_the_bundled_models(tmp_path, capsys):
 def test_measured_rows_of_one_and_two_processes(tmp_path):
     """One real sweep: ddp on 1 and 2 CPU processes, a few steps each."""
     out = tmp_path / "s.json"
-    assert scaling.main(["--model", "logreg", "--data", "synthetic", "--device", "cpu",
-                         "--modes", "ddp,dp", "--procs", "1,2", "--steps", "5",
-                         "--predict-models", "logreg", "--json", str(out)]) == 0
+    assert main(["experiment", "scaling", "--model", "logreg", "--data", "synthetic",
+                 "--device", "cpu", "--modes", "ddp,dp", "--procs", "1,2", "--steps", "5",
+                 "--predict-models", "logreg", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     ddp = [r for r in rows if r["mode"] == "ddp"]
     assert [r["status"] for r in ddp] == ["ok", "ok"], rows

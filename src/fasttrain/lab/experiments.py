@@ -34,8 +34,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fasttrain.commands.common import data_label, gib_arg, lab_config
 from fasttrain.errors import UserError
 from fasttrain.lab import memory as mem
+from fasttrain.lab.batch_size import train_samples
 
 SCHEMA = "fasttrain.experiment/1"
 EXPERIMENTS = ("precision", "memory", "e2e")
@@ -77,7 +79,7 @@ def measure_run(cfg, task, opts: Options, evaluate_after: bool = True,
                 extra: Callable | None = None) -> dict:
     """Train `opts.warmup` untimed and `opts.steps` timed steps with `cfg`; the row's numbers.
     `extra(trainer)` adds fields before the trainer is let go (e.g. its weights)."""
-    from fasttrain.engine.loop import step
+    from fasttrain.engine.loop import endless_batches, step
     from fasttrain.engine.run import build
     from fasttrain.timing import synchronizer, time_call
 
@@ -85,7 +87,7 @@ def measure_run(cfg, task, opts: Options, evaluate_after: bool = True,
     dev = trainer.device
     cuda = dev.type == "cuda"
     sync = synchronizer(dev.type)
-    batches = mem.endless_batches(trainer)
+    batches = endless_batches(trainer)
     for _ in range(opts.warmup):
         step(trainer, next(batches))
     if cuda:
@@ -101,7 +103,7 @@ def measure_run(cfg, task, opts: Options, evaluate_after: bool = True,
     final_loss = trainer.loss_sum.item() / tail
     if cuda:
         peak, peak_by = torch.cuda.max_memory_allocated(dev), "cuda allocator"
-        data = mem.resident_data(trainer, cuda=True)  # in the peak: the dataset on the GPU
+        data = mem.resident_data(trainer)  # in the peak: the dataset on the GPU
     else:
         data = 0
         peak, peak_by = mem.breakdown(trainer, next(batches)).measured_peak, "hook count"
@@ -192,7 +194,7 @@ def _weights(trainer) -> dict:
 
 def run_memory(cfg, task, opts: Options) -> list[dict]:
     rows: list[dict] = []
-    cap = mem.train_samples(task, cfg.block_size)
+    cap = train_samples(task, cfg.block_size)
     # 1. Throughput and peak per batch size: stop at the first that does not fit.
     for b in opts.batches:
         label = {"part": "sweep", "label": f"batch {b}", "batch_size": b}
@@ -417,8 +419,8 @@ def _batches(spec: str) -> tuple[int, ...]:
 
 
 def experiment_parser(sub: argparse._SubParsersAction) -> None:
+    from fasttrain.commands import scaling
     from fasttrain.engine.config import add_arguments
-    from fasttrain.lab import scaling
 
     p = sub.add_parser("experiment", help="the seed lab's exercises, measured: precision, "
                        "memory, e2e; and multi-process scaling", description=__doc__,
@@ -451,9 +453,9 @@ def experiment(args: argparse.Namespace) -> int:
     from fasttrain.env import env_block, hardware_line
 
     if args.name == "scaling":  # torchrun launches and a step model: its own module
-        from fasttrain.lab import scaling
+        from fasttrain.commands.scaling import scaling
 
-        return scaling.run(args)
+        return scaling(args)
     if args.steps < 1:
         raise UserError(f"--steps must be ≥ 1, got {args.steps}")
     if args.timing_warmup < 0:
@@ -462,16 +464,16 @@ def experiment(args: argparse.Namespace) -> int:
         raise UserError(f"--accum must be ≥ 1, got {args.accum}")
     opts = Options(steps=args.steps, warmup=args.timing_warmup, batches=_batches(args.batches),
                    accum=args.accum,
-                   memory_limit=mem.gib_arg("--memory-limit", args.memory_limit))
+                   memory_limit=gib_arg("--memory-limit", args.memory_limit))
     for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
         if path:
             report.check_writable(path, flag)
-    cfg, task = mem.lab_config(args, "experiment")
+    cfg, task = lab_config(args, "experiment")
     check(args.name, cfg, opts)
     err = Console(stderr=True)
     env = env_block()
     err.print(f"[bold]fasttrain experiment {args.name}[/bold] on {hardware_line(env)}")
-    err.print(f"data: {mem.data_label(task)} from {task.source}")
+    err.print(f"data: {data_label(task)} from {task.source}")
     rows = run(args.name, cfg, task, opts)
     result = {"schema": SCHEMA, "experiment": args.name, "env": env,
               "config": {**cfg.to_dict(), "data_source": task.source,

@@ -1,9 +1,10 @@
-"""`fasttrain memory`: where a training step's memory goes, part by part, beside the measured peak,
-and the batch size that trains fastest in the memory there is.
+"""The memory model of one training step: where its bytes go, part by part, beside the measured
+peak. `fasttrain memory` and `fasttrain plan` print it (fasttrain.commands); this module is the
+model and its measurement only.
 
-    fasttrain memory --model cnn --batch-size 64 --precision bf16
-    fasttrain memory --model gpt --data synthetic-text --find-batch-size             # CUDA
-    fasttrain memory --model cnn --find-batch-size --memory-limit 2                  # CPU, GiB
+    b = predict(TrainConfig(model="cnn", batch_size=64, precision="bf16"))   # builds the Run
+    b = measure(run)                      # a Run of yours: one warm-up step, then the count
+    b.predicted_peak, b.to_dict()
 
 The parts (bytes, exact for this model and these switches; on CUDA each tensor is rounded up to the
 caching allocator's 512-byte blocks, as `max_memory_allocated` counts them):
@@ -37,25 +38,25 @@ unsplit. It aims at 10% of the measured peak; that is untested here (no GPU).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import gc
-import math
-import statistics
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from fasttrain.engine.loop import step
-from fasttrain.errors import UserError
+from fasttrain.engine.loop import endless_batches, step
 
-SCHEMA = "fasttrain.memory/1"
+if TYPE_CHECKING:
+    from torch import nn
+
+    from fasttrain.engine.config import TrainConfig
+    from fasttrain.engine.run import Run
+
 _BLOCK = 512  # the CUDA caching allocator's rounding: every block is a multiple of 512 bytes
 _WARMUP_MAX = 8  # fp16: steps skipped by the GradScaler (overflow) create no optimizer state
-_MIN_GAIN = 0.02  # throughput must beat the best by 2% to count as better: timing noise
 
 
 # -- counting bytes ------------------------------------------------------------------------------
@@ -101,12 +102,13 @@ def _is_weight_cast(t: torch.Tensor, params: set[int]) -> bool:
     return any(id(getattr(n, "variable", None)) in params for n, _ in fn.next_functions if n)
 
 
-def count_saved(trainer, micro_batch, autocast=None) -> Saved:
+def count_saved(run: Run, micro_batch, autocast=None, device_type: str | None = None) -> Saved:
     """Run one forward/backward of `micro_batch` as `step` would (autocast, loss
     scaling), counting every storage saved for backward once, parameters excluded (they are
-    `weights`). Leaves the trainer as it found it: no gradients, same buffers, same RNG stream."""
-    model, dev = trainer.model, trainer.device
-    cuda = dev.type == "cuda"
+    `weights`), in bytes as `device_type` (default: the run's device) would hold them. Leaves the
+    run as it found it: no gradients, same buffers, same RNG stream."""
+    model, dev = run.model, run.device
+    cuda = (device_type or dev.type) == "cuda"
     owned = set(_storages([*model.parameters(), *model.buffers()]))
     params = {id(p) for p in model.parameters()}
     saved: dict[int, int] = {}
@@ -124,17 +126,17 @@ def count_saved(trainer, micro_batch, autocast=None) -> Saved:
     x, y = micro_batch
     # CUDA graphs replay from a static memory pool and do not run hooks: count on the eager
     # module, which saves the same tensors (compile's fusions aside).
-    forward = trainer.model if trainer.cfg.cuda_graphs else trainer.forward
+    forward = run.model if run.cfg.cuda_graphs else run.forward
     buffers = [(b, b.clone()) for b in model.buffers()]  # BatchNorm statistics must not move
-    autocast = autocast if autocast is not None else trainer.autocast
-    with torch.random.fork_rng(devices=[dev] if cuda else []):
+    autocast = autocast if autocast is not None else run.autocast
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         # Hooks for the forward only: backward's recomputation (checkpointing) saves nothing.
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            loss = trainer.loss_fn(forward(x), y) / trainer.cfg.accum_steps
-        trainer.scaler.scale(loss).backward()
+            loss = run.loss_fn(forward(x), y) / run.cfg.accum_steps
+        run.scaler.scale(loss).backward()
     grads = _bytes([p.grad for p in model.parameters() if p.grad is not None], cuda)
     del loss
-    trainer.opt.zero_grad(set_to_none=True)
+    run.opt.zero_grad(set_to_none=True)
     with torch.no_grad():
         for b, value in buffers:
             b.copy_(value)
@@ -149,27 +151,31 @@ def _optimizer_bytes(opt: torch.optim.Optimizer, cuda: bool) -> int:
                    if torch.is_tensor(t) and t.dim() > 0], cuda)
 
 
-def _step_temp(trainer, cuda: bool) -> int:
+def _step_temp(run: Run, device_type: str) -> int:
     """Bytes the optimizer allocates during its step (see torch/optim/adam.py, sgd.py): foreach
     AdamW makes one fp32 temporary per parameter (sqrt of the second moment); SGD only with
     weight decay (grad + wd·w). Fused kernels make none; the CPU's per-tensor loop one at a time."""
-    cfg = trainer.cfg
+    cfg = run.cfg
     if cfg.fused_optimizer or not (cfg.optimizer == "adamw" or cfg.weight_decay > 0):
         return 0
-    sizes = [_alloc(p.nbytes, cuda) for p in trainer.model.parameters() if p.requires_grad]
+    sizes = [_alloc(p.nbytes, device_type == "cuda") for p in run.model.parameters()
+             if p.requires_grad]
     if not sizes:
         return 0
-    foreach = trainer.device.type in ("cuda", "xpu")  # torch's foreach kernels: not on the CPU
+    foreach = device_type in ("cuda", "xpu")  # torch's foreach kernels: not on the CPU
     return sum(sizes) if foreach else max(sizes)
 
 
-def resident_data(trainer, cuda: bool) -> int:
-    """Bytes of the dataset kept on an accelerator (0 on the CPU, or on the DataLoader path)."""
-    b = trainer.batches
-    if trainer.device.type == "cpu" or not b.on_device:
+def resident_data(run: Run, device_type: str | None = None) -> int:
+    """Bytes of the dataset kept on an accelerator of `device_type` (default: the run's; 0 on the
+    CPU, whose memory is the host's either way, or on the DataLoader path)."""
+    device_type = device_type or run.device.type
+    b = run.batches
+    if device_type == "cpu" or not b.on_device:
         return 0
     return _bytes([b.train.x, b.train.y, b.test.x, b.test.y,
-                   getattr(b.train, "offsets", None), getattr(b.test, "offsets", None)], cuda)
+                   getattr(b.train, "offsets", None), getattr(b.test, "offsets", None)],
+                  device_type == "cuda")
 
 
 # -- the breakdown -------------------------------------------------------------------------------
@@ -228,30 +234,37 @@ class Breakdown:
                 "error": self.error, "seed_formula": self.seed_formula()}
 
 
-def breakdown(trainer, micro_batches: list, measured_peak: int | None = None,
-              workspace: int = 0) -> Breakdown:
-    """The parts for a trainer that has taken at least one step (so its optimizer state exists).
-    Without `measured_peak` (the CPU), the hook-based count stands in for the measurement."""
+def breakdown(run: Run, micro_batches: list, measured_peak: int | None = None,
+              workspace: int = 0, device_type: str | None = None) -> Breakdown:
+    """The parts for a run that has taken at least one step (so its optimizer state exists).
+    Without `measured_peak` (the CPU), the hook-based count stands in for the measurement.
+
+    `device_type` (default: the run's device) is the device the bytes are counted for: "cuda"
+    counts a CPU run's tensors as a GPU would hold them — 512-byte allocator blocks, foreach
+    optimizer temporaries, the dataset resident when the run keeps it on its device — which is
+    how `plan` predicts a GPU it does not have. What a CPU run cannot see stays out: workspaces
+    (give `workspace`), and autocast's choice of ops, which differs between CPU and CUDA."""
     from fasttrain.models import param_count
 
-    cfg, dev = trainer.cfg, trainer.device
-    cuda = dev.type == "cuda"
-    model = trainer.model
-    count = count_saved(trainer, micro_batches[0])
+    cfg, dev = run.cfg, run.device
+    device_type = device_type or dev.type
+    cuda = device_type == "cuda"
+    model = run.model
+    count = count_saved(run, micro_batches[0], device_type=device_type)
     fp32 = count if cfg.precision in ("fp32", "tf32") else count_saved(
-        trainer, micro_batches[0], contextlib.nullcontext())
+        run, micro_batches[0], contextlib.nullcontext(), device_type)
     inputs = {p: n for p, n in _storages(t for mb in micro_batches for t in mb).items()
               if p not in count.storages}
     parts = dict(
         weights=_bytes([*model.parameters(), *model.buffers()], cuda),
         gradients=count.gradients,
-        optimizer=_optimizer_bytes(trainer.opt, cuda),
+        optimizer=_optimizer_bytes(run.opt, cuda),
         activations=count.activations,
         weight_copies=count.weight_copies,
         inputs=sum(_alloc(n, cuda) for n in inputs.values()),
-        data=resident_data(trainer, cuda),
+        data=resident_data(run, device_type),
         workspace=workspace,
-        step_temp=_step_temp(trainer, cuda),
+        step_temp=_step_temp(run, device_type),
     )
     if measured_peak is None:
         measured_peak = sum(parts[k] for k in ("weights", "gradients", "optimizer",
@@ -260,360 +273,65 @@ def breakdown(trainer, micro_batches: list, measured_peak: int | None = None,
                "optimizer state + tensors saved for backward + inputs")
     else:
         how = "torch.cuda.max_memory_allocated around one full step"
-    return Breakdown(device=str(dev), precision=cfg.precision, optimizer_name=cfg.optimizer,
+    where = str(dev) if device_type == dev.type else f"{device_type} (counted on {dev})"
+    return Breakdown(device=where, precision=cfg.precision, optimizer_name=cfg.optimizer,
                      momentum=cfg.momentum, batch_size=cfg.batch_size, micro_batch=cfg.micro_batch,
                      params=param_count(model),
                      activations_fp32=fp32.activations + fp32.weight_copies,
                      measured_peak=measured_peak, measured_by=how, **parts)
 
 
-def endless_batches(run) -> Iterator[list]:
-    """The run's optimizer-step batches, epoch after epoch, for as many steps as wanted."""
-    from fasttrain.engine.loop import endless_batches
-
-    return endless_batches(run)
-
-
-def measure(trainer, batches: Iterator[list] | None = None) -> Breakdown:
+def measure(run: Run, batches: Iterator[list] | None = None,
+            device_type: str | None = None) -> Breakdown:
     """Warm up (one step, or more while fp16 skips them), then — on CUDA — measure one full
-    step's peak, then count the parts. Consumes its steps from `batches`."""
-    batches = batches if batches is not None else endless_batches(trainer)
-    dev = trainer.device
+    step's peak, then count the parts (for `device_type`, see `breakdown`). Consumes its steps
+    from `batches` (default: the run's own, from its first epoch)."""
+    batches = batches if batches is not None else endless_batches(run)
+    dev = run.device
     cuda = dev.type == "cuda"
     micro_batches = next(batches)
     for _ in range(_WARMUP_MAX):
-        scale = trainer.scaler.get_scale() if trainer.scaler.is_enabled() else None
-        step(trainer, micro_batches)
-        if scale is None or trainer.scaler.get_scale() >= scale:  # a step that was not skipped
+        scale = run.scaler.get_scale() if run.scaler.is_enabled() else None
+        step(run, micro_batches)
+        if scale is None or run.scaler.get_scale() >= scale:  # a step that was not skipped
             break
     if not cuda:
-        return breakdown(trainer, micro_batches)
+        return breakdown(run, micro_batches, device_type=device_type)
     torch.cuda.synchronize(dev)
-    resident = (_bytes([*trainer.model.parameters(), *trainer.model.buffers()], True)
-                + _optimizer_bytes(trainer.opt, True) + resident_data(trainer, True)
+    resident = (_bytes([*run.model.parameters(), *run.model.buffers()], True)
+                + _optimizer_bytes(run.opt, True) + resident_data(run, True)
                 + _bytes([t for mb in micro_batches for t in mb], True))
     # Gradients were freed by the warm-up step (set_to_none): what is left beyond the known
     # residents is cuBLAS workspaces and small state.
     workspace = max(0, torch.cuda.memory_allocated(dev) - resident)
     torch.cuda.reset_peak_memory_stats(dev)
-    step(trainer, micro_batches)
+    step(run, micro_batches)
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev)
-    return breakdown(trainer, micro_batches, measured_peak=peak, workspace=workspace)
+    return breakdown(run, micro_batches, measured_peak=peak, workspace=workspace)
 
 
-# -- finding the batch size ----------------------------------------------------------------------
 
 
-@dataclass
-class Try:
-    """One batch size tried: did it fit, how fast was it, and the peak it was judged on."""
+def predict(cfg: TrainConfig, model: nn.Module | str | None = None, data=None, *,
+            loss=None, device_type: str | None = None) -> Breakdown:
+    """The breakdown of one step for `cfg`, with `model`, `data` and `loss` injected where given
+    (as `fasttrain.engine.build` takes them): builds the Run on the configured device, measures
+    it (`measure`), and lets it go before returning. `device_type` as for `breakdown`."""
+    from fasttrain.engine.run import build
 
-    batch: int
-    fits: bool
-    samples_per_s: float | None = None
-    peak: int | None = None  # CUDA: measured; CPU: predicted (what "fits" was judged on)
-    predicted: int | None = None
-    reason: str | None = None  # why it does not fit
+    run = build(cfg, model=model, data=data, loss=loss, verbose=False)
+    try:
+        return measure(run, device_type=device_type)
+    finally:
+        del run
+        free_memory()
 
 
 def free_memory() -> None:
-    """Return what a finished try held: compiled code (which references the module it traced),
+    """Return what a finished Run held: compiled code (which references the module it traced),
     Python references (a Run holds reference cycles), then the allocator's cached blocks."""
     torch.compiler.reset()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def try_batch(cfg, task, batch: int, usable: int, steps: int) -> Try:
-    """Build a trainer at `batch`, measure it and time `steps` real steps after the warm-up.
-    Out of memory — anywhere, construction included — is "does not fit", never a crash."""
-    try:
-        result = _try(cfg, task, batch, usable, steps)
-    except torch.OutOfMemoryError:
-        result = Try(batch, False, reason="out of memory")
-    # After the except block: its traceback (and the frames holding the tensors) is gone.
-    free_memory()
-    return result
-
-
-def _try(cfg, task, batch: int, usable: int, steps: int) -> Try:
-    from fasttrain.engine.run import build
-    from fasttrain.timing import synchronizer, time_call
-
-    trainer = build(dataclasses.replace(cfg, batch_size=batch), data=task, verbose=False)
-    dev = trainer.device
-    cuda = dev.type == "cuda"
-    batches = endless_batches(trainer)
-    b = measure(trainer, batches)
-    if not cuda and b.predicted_peak > usable:
-        return Try(batch, False, peak=b.predicted_peak, predicted=b.predicted_peak,
-                   reason="predicted peak over the limit")
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(dev)
-    sync = synchronizer(dev.type)
-    ms = [time_call(lambda: step(trainer, next(batches)), sync)[1] for _ in range(steps)]
-    peak = max(b.measured_peak, torch.cuda.max_memory_allocated(dev)) if cuda else b.predicted_peak
-    sps = batch / (statistics.median(ms) / 1e3)
-    if peak > usable:
-        return Try(batch, False, sps, peak, b.predicted_peak, "peak over the safety margin")
-    return Try(batch, True, sps, peak, b.predicted_peak)
-
-
-def search(try_fn: Callable[[int], Try], floor: int, unit: int, cap: int,
-           min_gain: float = _MIN_GAIN) -> tuple[Try | None, list[Try]]:
-    """The batch with the highest samples/s that fits — not merely the largest.
-
-    Doubles from `floor` while the batch fits and throughput improves by more than `min_gain`,
-    then bisects (in multiples of `unit`) between the best batch and the first one that failed or
-    was slower. `cap` (the training set) bounds every try. Returns (best or None, every try)."""
-    tries: list[Try] = []
-
-    def attempt(b: int) -> Try:
-        t = try_fn(b)
-        tries.append(t)
-        return t
-
-    def better(t: Try, best: Try | None) -> bool:
-        return t.fits and (best is None or t.samples_per_s > best.samples_per_s * (1 + min_gain))
-
-    best, b = None, floor
-    while b <= cap:
-        t = attempt(b)
-        if not better(t, best):
-            break
-        best, b = t, 2 * b
-    if best is None:
-        return None, tries
-    lo, hi = best.batch, min(b, cap + unit)  # hi: failed, slower, or past the training set
-    while hi - lo > unit:
-        mid = lo + max(unit, (hi - lo) // 2 // unit * unit)
-        if mid > cap:  # the engine cannot build a batch larger than the training set
-            hi = mid
-            continue
-        t = attempt(mid)
-        if better(t, best):
-            best, lo = t, mid
-        else:
-            hi = mid
-    return best, tries
-
-
-def train_samples(task, block_size: int) -> int:
-    """How many samples one epoch has: the largest batch the engine can build."""
-    if task.kind == "language":
-        return (len(task.train_x) - 1) // block_size
-    return len(task.train_y)
-
-
-# -- shared by the lab commands ------------------------------------------------------------------
-
-
-def lab_config(args: argparse.Namespace, command: str):
-    """The TrainConfig of a lab command, with its data loaded once: (cfg, task).
-
-    Without --data, the dataset is the real one when it is on disk (mnist, tinyshakespeare for
-    gpt) and its synthetic stand-in otherwise — never a download; outputs say which."""
-    from fasttrain.data.tasks import load_task
-    from fasttrain.engine.config import from_args, load_toml
-    from fasttrain.engine.inputs import resolve_data
-    from fasttrain.models import MODEL_KINDS
-
-    cfg = from_args(args)
-    if cfg.out or cfg.resume:
-        raise UserError(f"fasttrain {command} writes no run directory: drop --out/--resume "
-                        f"(results go to --json PATH)")
-    if getattr(cfg, "parallel", "none") != "none":
-        raise UserError(f"fasttrain {command} measures one process: drop --parallel")
-    given = "data" in vars(args) or bool(args.config and "data" in load_toml(args.config))
-    if given:
-        cfg = cfg.validate(MODEL_KINDS)
-        return cfg, resolve_data(cfg.data, cfg)  # a bundled name or pkg.module:factory
-    real, stand_in = (("tinyshakespeare", "synthetic-text")
-                      if MODEL_KINDS.get(cfg.model) == "language" else ("mnist", "synthetic"))
-    cfg = dataclasses.replace(cfg, data=real).validate(MODEL_KINDS)
-    try:
-        task = load_task(real, cfg.data_dir, seed=cfg.seed, block_size=cfg.block_size,
-                         download=False)
-    except UserError:
-        cfg = dataclasses.replace(cfg, data=stand_in)
-        task = load_task(stand_in, seed=cfg.seed, block_size=cfg.block_size)
-    return cfg, task
-
-
-def data_label(task) -> str:
-    return task.name + (" (SYNTHETIC stand-in, not real data)" if task.synthetic else "")
-
-
-def gib_arg(flag: str, value: float | None) -> int | None:
-    """A --memory-limit in GiB as bytes, after checking it."""
-    if value is None:
-        return None
-    if not math.isfinite(value) or value <= 0:
-        raise UserError(f"{flag} must be a positive number of GiB, got {value}")
-    return int(value * 2**30)
-
-
-# -- tables ------------------------------------------------------------------------------------
-
-
-_PARTS = (("weights", "weights (parameters, buffers)"),
-          ("weight_copies", "half weight copies (saved)"),
-          ("gradients", "gradients"),
-          ("optimizer", "optimizer state"),
-          ("activations", "activations (saved for backward)"),
-          ("inputs", "inputs (not saved)"),
-          ("data", "dataset on the device"),
-          ("workspace", "workspace (measured)"),
-          ("step_temp", "optimizer step temporaries"))
-
-
-def breakdown_table(b: Breakdown, title: str):
-    """Parts as rows: this run's exact bytes beside the seed lab's fp32 and mixed formula."""
-    from fasttrain import report
-
-    seed = b.seed_formula()
-    rows = [{"part": label, "ours": getattr(b, key), "fp32": seed["fp32"].get(key),
-             "mixed": seed["mixed"].get(key)} for key, label in _PARTS]
-    rows.append({"part": "predicted peak", "ours": b.predicted_peak,
-                 "fp32": seed["fp32"]["total"], "mixed": seed["mixed"]["total"]})
-    rows.append({"part": "measured peak", "ours": b.measured_peak, "fp32": None, "mixed": None})
-    fmt = report.fmt_bytes
-    error = (f"prediction error {b.error:+.1%} (the goal: within 10%)" if b.device.startswith(
-        "cuda") else "on the CPU the two differ only by the step temporaries")
-    caption = (f"measured: {b.measured_by}. Predicted peak = weights + optimizer + data + "
-               f"workspace + inputs + gradients + max(activations + copies, step temporaries); "
-               f"{error}. Seed formula: P = {b.params:,} parameters, weights + "
-               f"gradients + optimizer + activations (mixed: + half copy, half gradients, half "
-               f"the fp32 activations; torch autocast keeps fp32 gradients). Micro-batch "
-               f"{b.micro_batch} on {b.device}.")
-    return report.rows_table(title, [
-        ("part", lambda r: r["part"]),
-        ("this run", lambda r: fmt(r["ours"])),
-        ("seed formula, fp32", lambda r: fmt(r["fp32"])),
-        ("seed formula, mixed", lambda r: fmt(r["mixed"])),
-    ], rows, caption)
-
-
-def search_table(tries: list[Try], cuda: bool, title: str):
-    from fasttrain import report
-
-    judged = "measured (CUDA allocator)" if cuda else "predicted (CPU: hook count)"
-    return report.rows_table(title, [
-        ("batch", lambda r: r["batch"]),
-        ("fits", lambda r: "yes" if r["fits"] else f"no: {r['reason']}"),
-        ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}" if r["samples_per_s"] else "-"),
-        ("peak", lambda r: report.fmt_bytes(r["peak"])),
-        ("predicted", lambda r: report.fmt_bytes(r["predicted"])),
-    ], [dataclasses.asdict(t) for t in tries], caption=f"fit judged on the peak {judged}; "
-        f"each try: one warm-up step, then timed steps (median)")
-
-
-# -- the command ---------------------------------------------------------------------------------
-
-
-def memory_parser(sub: argparse._SubParsersAction) -> None:
-    from fasttrain.engine.config import add_arguments
-
-    p = sub.add_parser("memory", help="where a training step's memory goes, predicted part by "
-                       "part beside the measured peak; --find-batch-size",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("memory")
-    g.add_argument("--find-batch-size", action="store_true",
-                   help="search for the batch size with the highest samples/s that fits")
-    g.add_argument("--memory-limit", type=float, metavar="GIB",
-                   help="memory to fit in, GiB (required on the CPU for --find-batch-size; on "
-                   "CUDA at most the device's memory, which is the default)")
-    g.add_argument("--margin", type=float, default=0.1, metavar="FRACTION",
-                   help="safety margin kept free, a fraction of the limit (default: 0.1)")
-    g.add_argument("--floor", type=int, default=8, metavar="N",
-                   help="first batch size of the search (default: 8)")
-    g.add_argument("--try-steps", type=int, default=3, metavar="N",
-                   help="timed steps per try, after one warm-up step (default: 3)")
-    g.add_argument("--json", metavar="PATH", help="write the result JSON here")
-    add_arguments(p)
-    p.set_defaults(func=memory)
-
-
-def memory(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from fasttrain import report
-    from fasttrain.env import env_block
-
-    limit = gib_arg("--memory-limit", args.memory_limit)
-    if not 0 <= args.margin < 1:
-        raise UserError(f"--margin must be a fraction in [0, 1), got {args.margin}")
-    if args.json:
-        report.check_writable(args.json, "--json")
-    cfg, task = lab_config(args, "memory")
-    from fasttrain.env import resolve_device
-
-    cuda = resolve_device(cfg.device) == "cuda"
-    if args.find_batch_size:
-        if args.floor < 1 or args.floor % cfg.accum_steps:
-            raise UserError(f"--floor {args.floor} must be a positive multiple of --accum-steps "
-                            f"{cfg.accum_steps}")
-        if args.try_steps < 1:
-            raise UserError(f"--try-steps must be ≥ 1, got {args.try_steps}")
-        if not cuda and limit is None:
-            raise UserError("--find-batch-size on the CPU needs --memory-limit GiB: the CPU "
-                            "allocator keeps no statistics, so fit is judged from the predicted "
-                            "peak against the limit you give")
-    out, err = report.wide_console(), Console(stderr=True)
-    env = env_block()
-    config = {**cfg.to_dict(), "data_source": task.source, "synthetic": task.synthetic,
-              "find_batch_size": args.find_batch_size, "memory_limit_gib": args.memory_limit,
-              "margin": args.margin}
-    result = {"schema": SCHEMA, "env": env, "config": config, "rows": []}
-    if args.find_batch_size:
-        if cuda:
-            total = torch.cuda.get_device_properties(0).total_memory
-            limit = min(limit or total, total)
-        usable = int(limit * (1 - args.margin))
-        config.update(floor=args.floor, try_steps=args.try_steps, usable_bytes=usable)
-        err.print(f"searching batch sizes for {cfg.model} on {data_label(task)}, {cfg.precision}, "
-                  f"usable memory {report.fmt_bytes(usable)} "
-                  f"({report.fmt_bytes(limit)} less {args.margin:.0%} margin)")
-
-        def one(batch: int) -> Try:
-            t = try_batch(cfg, task, batch, usable, args.try_steps)
-            err.print(f"  batch {t.batch:>6}: {'fits' if t.fits else 'does not fit'}"
-                      + (f", {t.samples_per_s:,.0f} samples/s" if t.samples_per_s else "")
-                      + (f", peak {report.fmt_bytes(t.peak)}" if t.peak else "")
-                      + (f" ({t.reason})" if t.reason else ""))
-            return t
-
-        unit = math.lcm(8, cfg.accum_steps)
-        cap = train_samples(task, cfg.block_size)
-        if args.floor > cap:
-            raise UserError(f"--floor {args.floor} is more than the {cap} training samples of "
-                            f"{task.name}; choose a smaller floor")
-        best, tries = search(one, args.floor, unit, cap)
-        result["rows"] = [{"kind": "try", **dataclasses.asdict(t)} for t in tries]
-        result["best_batch_size"] = best.batch if best else None
-        out.print(search_table(tries, cuda, f"fasttrain memory --find-batch-size — "
-                               f"{cfg.model} on {data_label(task)}, {cfg.precision}"))
-        if best is not None:
-            out.print(f"best batch size: {best.batch} ({best.samples_per_s:,.0f} samples/s, "
-                      f"peak {report.fmt_bytes(best.peak)})")
-    else:
-        from fasttrain.engine.run import build
-
-        b = measure(build(cfg, data=task, verbose=False))
-        result["rows"] = [{"kind": "breakdown", **b.to_dict()}]
-        out.print(breakdown_table(b, f"fasttrain memory — {cfg.model} on {data_label(task)}, "
-                                  f"batch {cfg.batch_size}, {cfg.precision}, {cfg.optimizer}"))
-        if limit is not None:
-            fits = b.predicted_peak <= limit * (1 - args.margin)
-            out.print(f"fits in {report.fmt_bytes(limit)} less {args.margin:.0%} margin: "
-                      f"{'yes' if fits else 'no'}")
-    if args.json:
-        report.write_json(args.json, result)
-        print(f"wrote {args.json}", file=sys.stderr)
-    if args.find_batch_size and result["best_batch_size"] is None:  # a search that found nothing
-        raise UserError(f"even batch {args.floor} does not fit in "
-                        f"{report.fmt_bytes(config['usable_bytes'])}: lower --floor, or try "
-                        f"--activation-checkpointing / --precision bf16")
-    return 0

@@ -1,10 +1,12 @@
-"""`fasttrain experiment scaling`: throughput and per-rank memory on 1…N processes, measured, and
-beside it a model of the data-parallel step that predicts multi-GPU and multi-node speed-up for
-a model size and an interconnect before renting them.
+"""Data-parallel scaling: a model of the data-parallel step that predicts multi-GPU and multi-node
+speed-up for a model size and an interconnect before renting them, and its measurement, the
+throughput and per-rank memory of 1…N processes. `fasttrain experiment scaling` prints both
+(fasttrain.commands.scaling); `fasttrain plan` uses the model.
 
-    python -m fasttrain.lab.scaling --model mlp --data synthetic --procs 1,2 --json s.json
-    python -m fasttrain.lab.scaling --predict-only             # the bundled models, 8 and 2×8 GPUs
-    python -m fasttrain.lab.scaling --predict-only --intra pcie4 --gpus-per-node 4 --nodes 1
+    params, flops = count(SPECS[5])                 # gpt-124m: on the meta device
+    t = step_time(compute_s, 4 * params, n=16, via=link("ib-ndr", 5.0))
+    row = predict(spec, 8, 2, link("nvlink4", 5), link("ib-ndr", 5), mfu=0.4, peak=989e12,
+                  floor_s=3e-4)
 
 Measured: for each process count N (--procs) and mode (--modes ddp,zero1,fsdp) it launches
 `torchrun --standalone --nproc-per-node N -m fasttrain train --parallel MODE` with the engine
@@ -38,21 +40,19 @@ and backward, reduce-scatter of gradients): it is the DDP model.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from fasttrain.errors import UserError
 
-SCHEMA = "fasttrain.experiment/1"
 MODES = ("ddp", "zero1", "fsdp", "dp")
 DDP_FIRST_BUCKET = 2**20  # bytes: DDP starts with a small bucket so that communication starts early
 DDP_BUCKET = 25 * 2**20  # bytes: DDP's bucket_cap_mb default
@@ -178,6 +178,10 @@ def step_time(compute_s: float, grad_bytes: int, n: int, via: Link) -> dict[str,
 
 def predict(spec: Spec, gpus_per_node: int, nodes: int, intra: Link, inter: Link, mfu: float,
             peak: float, floor_s: float) -> dict:
+    """One row of the prediction for `spec` on `nodes` × `gpus_per_node` GPUs: compute time from
+    its counted FLOPs at `mfu` of `peak` FLOP/s (at least `floor_s` seconds), the all-reduce over
+    `intra` within one node or `inter` across nodes, and (`step_time`) what of it is exposed.
+    Seconds, bytes and FLOPs; speed-up and efficiency against one GPU at the same batch per GPU."""
     params, flops = count(spec)
     n = gpus_per_node * nodes
     via = inter if nodes > 1 else intra
@@ -192,6 +196,7 @@ def predict(spec: Spec, gpus_per_node: int, nodes: int, intra: Link, inter: Link
 
 
 def unavailable(mode: str, n: int, device: str) -> str | None:
+    """Why `n` processes of `mode` cannot run here on `device` ("auto", "cuda", "cpu"), or None."""
     cuda = device in ("auto", "cuda") and torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
     if mode == "dp":
@@ -240,6 +245,8 @@ def measure(cfg, mode: str, n: int, steps: int, workdir: Path) -> dict:
 
 
 def measure_all(cfg, modes: tuple[str, ...], procs: tuple[int, ...], steps: int) -> list[dict]:
+    """Every (mode, process count) row, then each ok row's speed-up and efficiency against the
+    same mode's fewest processes (weak scaling)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="fasttrain-scaling-") as tmp:
         for mode in modes:
@@ -252,210 +259,3 @@ def measure_all(cfg, modes: tuple[str, ...], procs: tuple[int, ...], steps: int)
             r["speedup"] = r["samples_per_s"] / base["samples_per_s"] * base["procs"]
             r["efficiency"] = r["speedup"] / r["procs"]
     return rows
-
-
-# -- output -------------------------------------------------------------------------------------
-
-
-def _b(n) -> str:
-    from fasttrain.report import fmt_bytes
-
-    return "-" if n is None else fmt_bytes(n)
-
-
-def measured_table(result: dict):
-    from fasttrain import report
-
-    cfg = result["config"]
-    title = (f"measured: {cfg['model']} on {cfg['data']}, {cfg['batch_size']} samples per "
-             f"process per step, {cfg['optimizer']}, {cfg['device']}")
-    return report.rows_table(title, [
-        ("mode", lambda r: r["mode"]), ("procs", lambda r: r["procs"]),
-        ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
-        ("ms/step", lambda r: f"{r['step_ms']:.3g}"),
-        ("speed-up", lambda r: f"{r['speedup']:.2f}×"),
-        ("weights/rank", lambda r: _b(r["param_bytes"])),
-        ("grads/rank", lambda r: _b(r["grad_bytes"])),
-        ("optimizer/rank", lambda r: _b(r["optimizer_bytes"])),
-        ("peak rank 0", lambda r: _b(r["peak_bytes"])),
-    ], result["rows"], caption="speed-up: samples/s against the same mode on the fewest "
-        "processes, × their count (weak scaling). Bytes: rank 0's training state.",
-        label_columns=2)
-
-
-def predicted_table(result: dict):
-    from fasttrain import report
-
-    o = result["options"]
-    return report.rows_table(
-        f"predicted: DDP step on H100s at {o['mfu']:.0%} MFU of {o['peak_tflops']:g} TFLOP/s",
-        _predicted_columns(), result["predicted"], caption=_predicted_caption(o),
-        label_columns=2)
-
-
-def _predicted_columns():
-    return [
-        ("model", lambda r: r["model"]), ("GPUs", lambda r: _gpus(r)),
-        ("params", lambda r: _count(r["params"])),
-        ("batch/GPU", lambda r: r["batch_per_gpu"]),
-        ("compute ms", lambda r: f"{1e3 * r['compute_s']:.3g}"),
-        ("all-reduce ms", lambda r: f"{1e3 * r['allreduce_s']:.3g}"),
-        ("exposed ms", lambda r: f"{1e3 * r['exposed_s']:.3g}"),
-        ("speed-up", lambda r: f"{r['speedup']:.2f}×"),
-        ("efficiency", lambda r: f"{r['efficiency']:.0%}"),
-    ]
-
-
-def _count(n: int) -> str:
-    return f"{n / 1e9:.3g} B" if n >= 1e9 else f"{n / 1e6:.3g} M"
-
-
-def _gpus(r: dict) -> str:
-    per = r["gpus"] // r["nodes"]
-    where = f"{r['nodes']}×{per}" if r["nodes"] > 1 else str(per)
-    return f"{where} ({r['interconnect']})"
-
-
-def _predicted_caption(o: dict) -> str:
-    return (f"compute: FLOPs of forward + backward (torch's counter) ÷ ({o['mfu']:.0%} × "
-            f"{o['peak_tflops']:g} TFLOP/s), at least {o['step_floor_ms']:g} ms; all-reduce: "
-            f"ring over fp32 gradients, {o['latency_us']:g} µs per ring step; exposed: what "
-            f"outlasts backward with DDP's buckets (1 MiB, then 25 MiB). batch/GPU: images, or "
-            f"sequences of the model's block size for gpt.")
-
-
-def predicted_markdown(result: dict) -> str:
-    """The prediction table as Markdown (docs/distributed.md)."""
-    cols = _predicted_columns()
-    lines = ["| " + " | ".join(h for h, _ in cols) + " |",
-             "|" + "|".join("---" if i < 2 else "--:" for i in range(len(cols))) + "|"]
-    lines += ["| " + " | ".join(str(f(r)) for _, f in cols) + " |" for r in result["predicted"]]
-    return "\n".join(lines) + "\n\n" + _predicted_caption(result["options"]) + "\n"
-
-
-# -- the command ----------------------------------------------------------------------------------
-
-
-def _ints(flag: str, spec: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(s) for s in spec.split(",") if s.strip())
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise UserError(f"{flag} {spec!r}: give positive integers separated by commas, e.g. 1,2")
-    return tuple(sorted(set(values)))
-
-
-def _names(flag: str, spec: str, known) -> tuple[str, ...]:
-    names = tuple(s.strip() for s in spec.split(",") if s.strip())
-    bad = [s for s in names if s not in known]
-    if bad or not names:
-        raise UserError(f"{flag} {spec!r}: choose from {', '.join(known)}")
-    return names
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The scaling experiment's own flags (none clash with the engine's or `experiment`'s)."""
-    g = p.add_argument_group("scaling")
-    default_procs = ",".join(str(2**i) for i in range(8) if 2**i <= torch.cuda.device_count()) \
-        if torch.cuda.is_available() else "1,2"
-    g.add_argument("--procs", default=default_procs, metavar="LIST",
-                   help="process counts to measure (default here: %(default)s)")
-    g.add_argument("--modes", default="ddp,zero1,fsdp", metavar="LIST",
-                   help=f"--parallel modes to measure, of {', '.join(MODES)} (default: "
-                   "%(default)s)")
-    g.add_argument("--predict-only", action="store_true", help="skip the measured runs")
-    g.add_argument("--predict-models", default=",".join(s.label for s in SPECS), metavar="LIST",
-                   help="models to predict for (default: %(default)s)")
-    g.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
-                   help="GPUs per node of the prediction (default: 8)")
-    g.add_argument("--nodes", default="1,2", metavar="LIST",
-                   help="node counts of the prediction (default: 1,2)")
-    g.add_argument("--intra", default="nvlink4", metavar="LINK",
-                   help=f"link within a node: {', '.join(LINKS)} or GB/s (default: nvlink4)")
-    g.add_argument("--inter", default="ib-ndr", metavar="LINK",
-                   help="link between nodes, per GPU (default: ib-ndr)")
-    g.add_argument("--latency-us", type=float, default=5.0, metavar="US",
-                   help="latency per ring step (default: 5)")
-    g.add_argument("--mfu", type=float, default=0.4, help="model FLOP utilization assumed for "
-                   "compute (default: 0.4)")
-    g.add_argument("--peak-tflops", type=float, default=H100_BF16 / 1e12, metavar="TF",
-                   help="peak FLOP/s of one GPU, in TFLOP/s (default: H100 SXM bf16, 989)")
-    g.add_argument("--step-floor-ms", type=float, default=0.3, metavar="MS",
-                   help="shortest step assumed: eager launch overhead (default: 0.3)")
-
-
-def run(args: argparse.Namespace) -> int:
-    """`fasttrain experiment scaling` (and `python -m fasttrain.lab.scaling`)."""
-    from rich.console import Console
-
-    from fasttrain import report
-    from fasttrain.engine.config import from_args
-    from fasttrain.env import env_block, hardware_line
-    from fasttrain.models import MODEL_KINDS
-
-    for flag in ("mfu", "peak_tflops", "step_floor_ms", "latency_us"):
-        if not math.isfinite(getattr(args, flag)):
-            raise UserError(f"--{flag.replace('_', '-')} must be a finite number, got "
-                            f"{getattr(args, flag)}")
-    if not 0 < args.mfu <= 1:
-        raise UserError(f"--mfu must be in (0, 1], got {args.mfu}")
-    for flag in ("gpus_per_node", "steps"):
-        if getattr(args, flag) < 1:
-            raise UserError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
-    if args.peak_tflops <= 0 or args.step_floor_ms < 0 or args.latency_us < 0:
-        raise UserError("--peak-tflops must be > 0, --step-floor-ms and --latency-us ≥ 0")
-    if args.json:
-        report.check_writable(args.json, "--json")
-    intra, inter = link(args.intra, args.latency_us), link(args.inter, args.latency_us)
-    labels = _names("--predict-models", args.predict_models, [s.label for s in SPECS])
-    nodes = _ints("--nodes", args.nodes)
-    modes = _names("--modes", args.modes, MODES)
-    procs = _ints("--procs", args.procs)
-    cfg = from_args(args)
-    if not args.predict_only:
-        cfg.validate(MODEL_KINDS)  # the base switches; each run re-checks with its --parallel
-    err = Console(stderr=True)
-    env = env_block()
-    err.print(f"[bold]fasttrain experiment scaling[/bold] on {hardware_line(env)}")
-    options = {"steps": args.steps, "procs": procs, "modes": modes, "mfu": args.mfu,
-               "peak_tflops": args.peak_tflops, "step_floor_ms": args.step_floor_ms,
-               "latency_us": args.latency_us, "gpus_per_node": args.gpus_per_node,
-               "nodes": nodes, "intra": asdict(intra), "inter": asdict(inter)}
-    rows = [] if args.predict_only else measure_all(cfg, modes, procs, args.steps)
-    predicted = [predict(s, args.gpus_per_node, k, intra, inter, args.mfu,
-                         args.peak_tflops * 1e12, args.step_floor_ms / 1e3)
-                 for s in SPECS if s.label in labels for k in nodes]
-    result = {"schema": SCHEMA, "experiment": "scaling", "env": env, "config": cfg.to_dict(),
-              "options": options, "rows": rows, "predicted": predicted}
-    console = report.wide_console()
-    if rows:
-        console.print(measured_table(result))
-    console.print(predicted_table(result))
-    if args.json:
-        report.write_json(args.json, result)
-        err.print(f"wrote {args.json}")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point until `fasttrain experiment` lists `scaling`."""
-    from fasttrain.cli import _Parser
-    from fasttrain.engine.config import add_arguments as engine_arguments
-
-    p = _Parser(prog="python -m fasttrain.lab.scaling", description=__doc__,
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=20, metavar="S",
-                   help="timed steps per measured run, after as many untimed (default: 20)")
-    p.add_argument("--json", metavar="PATH", help="write the result JSON here")
-    add_arguments(p)
-    engine_arguments(p)
-    try:
-        return run(p.parse_args(argv))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return UserError.exit_code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""The batch size that trains fastest in the memory there is: each try builds a Run, measures its
+step (`fasttrain.lab.memory`) and times a few real steps; the search doubles, then bisects, on
+samples/s among the batches that fit. `fasttrain memory --find-batch-size` prints it.
+
+On CUDA a batch fits when the allocator's measured peak stays under the usable memory; on the CPU,
+whose allocator keeps no statistics, when the predicted peak does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fasttrain.engine.loop import endless_batches, step
+from fasttrain.lab.memory import free_memory, measure
+
+_MIN_GAIN = 0.02  # throughput must beat the best by 2% to count as better: timing noise
+
+
+@dataclass
+class Try:
+    """One batch size tried: did it fit, how fast was it, and the peak it was judged on."""
+
+    batch: int
+    fits: bool
+    samples_per_s: float | None = None
+    peak: int | None = None  # CUDA: measured; CPU: predicted (what "fits" was judged on)
+    predicted: int | None = None
+    reason: str | None = None  # why it does not fit
+
+
+def try_batch(cfg, task, batch: int, usable: int, steps: int) -> Try:
+    """Build a run at `batch`, measure it and time `steps` real steps after the warm-up.
+    Out of memory — anywhere, construction included — is "does not fit", never a crash."""
+    try:
+        result = _try(cfg, task, batch, usable, steps)
+    except torch.OutOfMemoryError:
+        result = Try(batch, False, reason="out of memory")
+    # After the except block: its traceback (and the frames holding the tensors) is gone.
+    free_memory()
+    return result
+
+
+def _try(cfg, task, batch: int, usable: int, steps: int) -> Try:
+    from fasttrain.engine.run import build
+    from fasttrain.timing import synchronizer, time_call
+
+    run = build(dataclasses.replace(cfg, batch_size=batch), data=task, verbose=False)
+    dev = run.device
+    cuda = dev.type == "cuda"
+    batches = endless_batches(run)
+    b = measure(run, batches)
+    if not cuda and b.predicted_peak > usable:
+        return Try(batch, False, peak=b.predicted_peak, predicted=b.predicted_peak,
+                   reason="predicted peak over the limit")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)
+    sync = synchronizer(dev.type)
+    ms = [time_call(lambda: step(run, next(batches)), sync)[1] for _ in range(steps)]
+    peak = max(b.measured_peak, torch.cuda.max_memory_allocated(dev)) if cuda else b.predicted_peak
+    sps = batch / (statistics.median(ms) / 1e3)
+    if peak > usable:
+        return Try(batch, False, sps, peak, b.predicted_peak, "peak over the safety margin")
+    return Try(batch, True, sps, peak, b.predicted_peak)
+
+
+def search(try_fn: Callable[[int], Try], floor: int, unit: int, cap: int,
+           min_gain: float = _MIN_GAIN) -> tuple[Try | None, list[Try]]:
+    """The batch with the highest samples/s that fits — not merely the largest.
+
+    Doubles from `floor` while the batch fits and throughput improves by more than `min_gain`,
+    then bisects (in multiples of `unit`) between the best batch and the first one that failed or
+    was slower. `cap` (the training set) bounds every try. Returns (best or None, every try)."""
+    tries: list[Try] = []
+
+    def attempt(b: int) -> Try:
+        t = try_fn(b)
+        tries.append(t)
+        return t
+
+    def better(t: Try, best: Try | None) -> bool:
+        return t.fits and (best is None or t.samples_per_s > best.samples_per_s * (1 + min_gain))
+
+    best, b = None, floor
+    while b <= cap:
+        t = attempt(b)
+        if not better(t, best):
+            break
+        best, b = t, 2 * b
+    if best is None:
+        return None, tries
+    lo, hi = best.batch, min(b, cap + unit)  # hi: failed, slower, or past the training set
+    while hi - lo > unit:
+        mid = lo + max(unit, (hi - lo) // 2 // unit * unit)
+        if mid > cap:  # the engine cannot build a batch larger than the training set
+            hi = mid
+            continue
+        t = attempt(mid)
+        if better(t, best):
+            best, lo = t, mid
+        else:
+            hi = mid
+    return best, tries
+
+
+def train_samples(task, block_size: int) -> int:
+    """How many samples one epoch has: the largest batch the engine can build."""
+    if task.kind == "language":
+        return (len(task.train_x) - 1) // block_size
+    return len(task.train_y)
