@@ -30,8 +30,8 @@ COMMANDS = (
      "and time each"),
     ("fasttrain.train", "train", "train a model with any combination of speed switches"),
     ("fasttrain.env", "env", "print hardware, versions and commit (the env block)"),
-    ("fasttrain.lab.doctor", "doctor", "devices, fast dtypes, versions, placement checks"),
-    ("fasttrain.lab.profile", "profile", "profile training steps: top ops, idle time, syncs, "
+    ("fasttrain.commands.doctor", "doctor", "devices, fast dtypes, versions, placement checks"),
+    ("fasttrain.commands.profile", "profile", "profile training steps: top ops, idle time, syncs, "
      "and what bounds the step"),
     ("fasttrain.commands.memory", "memory", "where a training step's memory goes; "
      "--find-batch-size"),

@@ -64,18 +64,18 @@ def test_nvml_sampler_returns_samples_during_a_run(logreg_profile):
 
 
 def _profile(module=None, tweak=None, steps=5, warmup=3, n_train=1024, **cfg):
-    """Profile the engine's trainer on CUDA, training `module` instead of the configured model
+    """Profile the engine's Run on CUDA, training `module` instead of the configured model
     when given; `tweak(run)` plants something first (the lab's Python API, as the CPU tests
     of tests/lab/test_profile.py use it)."""
-    from fasttrain.engine import TrainConfig
+    from fasttrain.engine import TrainConfig, build
     from fasttrain.lab import profile as prof
     from tests.engine.conftest import image_task
 
     cfg = TrainConfig(**{"device": "cuda", "progress": False, "model": "mlp", **cfg})
-    run = prof.build_trainer(cfg, task=image_task(n_train=n_train), model=module)
+    run = build(cfg, model=module, data=image_task(n_train=n_train), verbose=False)
     if tweak:
         tweak(run)
-    return prof.profile_trainer(run, steps=steps, warmup=warmup)
+    return prof.profile_run(run, steps=steps, warmup=warmup)
 
 
 def test_a_large_matmul_is_compute_bound():

@@ -11,11 +11,8 @@ import pytest
 import fasttrain.lab
 
 LAB = Path(fasttrain.lab.__file__).parent
-# doctor is a command of its own (its checks, parser and table in one short module); sampler's
-# plot imports matplotlib, not rich.
-SPLIT_LATER = ("experiments", "profile")  # their commands move to fasttrain.commands next
-MODELS = sorted(p.stem for p in LAB.glob("*.py")
-                if p.stem not in ("__init__", "doctor", *SPLIT_LATER))
+SPLIT_LATER = ("experiments",)  # their commands move to fasttrain.commands next
+MODELS = sorted(p.stem for p in LAB.glob("*.py") if p.stem not in ("__init__", *SPLIT_LATER))
 BANNED = ("argparse", "rich", "fasttrain.commands", "fasttrain.report", "fasttrain.cli")
 
 

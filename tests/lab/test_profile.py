@@ -19,8 +19,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from fasttrain.cli import main
-from fasttrain.engine import TrainConfig
+from fasttrain.engine import TrainConfig, build
 from fasttrain.lab import profile as prof
+from fasttrain.lab import trace
 from fasttrain.lab.classify import OpWork, Peaks, Work, classify
 from tests.engine.conftest import image_task
 
@@ -35,12 +36,12 @@ def one_thread():
 
 def run_profile(task=None, module=None, tweak=None, steps=5, warmup=2, **cfg):
     """Profile a Run built from `cfg` (on `task`), training `module` instead of the model
-    the config names when one is given; `tweak(trainer)` plants something first."""
+    the config names when one is given; `tweak(run)` plants something first."""
     cfg = TrainConfig(**{"device": "cpu", "progress": False, "model": "mlp", **cfg})
-    trainer = prof.build_trainer(cfg, task=task, model=module)
+    run = build(cfg, model=module, data=task, verbose=False)
     if tweak:
-        tweak(trainer)
-    return prof.profile_trainer(trainer, steps=steps, warmup=warmup)
+        tweak(run)
+    return prof.profile_run(run, steps=steps, warmup=warmup)
 
 
 def describe(result):
@@ -88,9 +89,9 @@ def test_profile_json_is_self_describing(logreg_cli):
 
 def test_trace_is_written_and_plot_is_not_on_cpu(logreg_cli, capsys):
     _, out = logreg_cli
-    trace = json.loads((out / "trace.json").read_text())
-    names = {e.get("name") for e in trace["traceEvents"]}
-    assert prof.STEP in names and "aten::addmm" in names
+    chrome = json.loads((out / "trace.json").read_text())
+    names = {e.get("name") for e in chrome["traceEvents"]}
+    assert trace.STEP in names and "aten::addmm" in names
     assert not (out / "util.png").exists()  # no GPU: the plot says so and writes nothing
 
 
@@ -132,15 +133,15 @@ def test_normalization_heavy_model_is_memory_bound():
 
 
 def test_slow_loader_is_input_bound():
-    def slow_loader(trainer):
-        fast = trainer.batches.micro_batches
+    def slow_loader(run):
+        fast = run.batches.micro_batches
 
         def micro_batches(epoch, start_step=0):
             for batch in fast(epoch, start_step):
                 time.sleep(0.02)  # a loader that cannot keep up
                 yield batch
 
-        trainer.batches.micro_batches = micro_batches
+        run.batches.micro_batches = micro_batches
 
     result = run_profile(image_task(), tweak=slow_loader, model="logreg", data_on_device="off",
                          batch_size=32)
@@ -193,12 +194,12 @@ def test_sync_audit_counts_user_calls_only_and_restores_tensor():
 
 
 def test_union_and_coverage():
-    merged = prof._union([(5, 7), (0, 2), (1, 3), (6, 9)])
+    merged = trace._union([(5, 7), (0, 2), (1, 3), (6, 9)])
     assert merged == [(0, 3), (5, 9)]
     starts = [s for s, _ in merged]
-    assert prof._covered(merged, starts, 2, 6) == 2.0  # [2, 3] and [5, 6]
-    assert prof._covered(merged, starts, 3, 5) == 0.0
-    assert prof._covered(merged, starts, -1, 10) == 7.0
+    assert trace._covered(merged, starts, 2, 6) == 2.0  # [2, 3] and [5, 6]
+    assert trace._covered(merged, starts, 3, 5) == 0.0
+    assert trace._covered(merged, starts, -1, 10) == 7.0
 
 
 def test_classify_by_hand():

@@ -40,10 +40,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+if TYPE_CHECKING:
+    from fasttrain.engine.run import Run
 
 MIXED_BELOW = 0.5  # a winner with less than half the step does not dominate it
 
@@ -212,7 +216,7 @@ class _Counter(TorchDispatchMode):
         return out
 
 
-def count_step(trainer, batches: Iterator[list], peaks: Peaks) -> Work:
+def count_step(run: Run, batches: Iterator[list], peaks: Peaks) -> Work:
     """Fetch one step's micro-batches from `batches` and run that optimizer step eagerly under a
     counting mode; return what it asked of the device.
 
@@ -225,7 +229,7 @@ def count_step(trainer, batches: Iterator[list], peaks: Peaks) -> Work:
 
     counter = _Counter(peaks)
     with counter:
-        step(trainer, next(batches), forward=trainer.model)
+        step(run, next(batches), forward=run.model)
     return counter.work
 
 

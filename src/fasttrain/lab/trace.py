@@ -1,0 +1,113 @@
+"""What a torch.profiler trace says about training steps: each step's time split into input
+(waiting for the batch), busy (the device inside an op) and idle (neither); the operators that took
+it; and the time of named ops inside chosen steps. `fasttrain.lab.profile` records the trace with
+its ranges STEP and INPUT around each step and its fetch.
+
+"The device" is the GPU when training on one: busy = the union of its kernel, memcpy and memset
+intervals. On the CPU it is the CPU: busy = the union of the intervals of aten ops (and compiled
+graphs), so that idle is the time outside any op — Python, autograd bookkeeping, the loop.
+Times in the trace are µs.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from torch.autograd import DeviceType
+
+STEP, INPUT = "fasttrain.step", "fasttrain.input"  # our ranges in the trace
+_CPU_OPS = ("aten::", "## Call CompiledFxGraph")  # CPU events that are the device's work
+
+
+def _is_device_op(event, device_type: str) -> bool:
+    if device_type == "cuda":
+        # Kernels, memcpy, memset; not the GPU-timeline copies of our record_function ranges.
+        return (event.device_type == DeviceType.CUDA
+                and not getattr(event, "is_user_annotation", False)
+                and "annotation" not in str(getattr(event, "activity_type", "")))
+    return event.device_type == DeviceType.CPU and event.name.startswith(_CPU_OPS)
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def _covered(merged: list[tuple[float, float]], starts: list[float], lo: float, hi: float) -> float:
+    """Length of [lo, hi] covered by the sorted, disjoint intervals `merged`."""
+    total, i = 0.0, max(bisect.bisect_right(starts, lo) - 1, 0)
+    while i < len(merged) and merged[i][0] < hi:
+        total += max(0.0, min(hi, merged[i][1]) - max(lo, merged[i][0]))
+        i += 1
+    return total
+
+
+def windows(events, name: str) -> list[tuple[float, float]]:
+    return sorted((e.time_range.start, e.time_range.end) for e in events if e.name == name)
+
+
+def step_rows(events, device_type: str) -> list[dict]:
+    """Per traced step: wall, input (waiting), busy and idle (ms), and device ops (count)."""
+    ops = [(e.time_range.start, e.time_range.end) for e in events
+           if _is_device_op(e, device_type)]
+    busy = _union(ops)
+    starts = [s for s, _ in busy]
+    op_starts = sorted(s for s, _ in ops)
+    rows = []
+    for i, ((lo, hi), (in_lo, in_hi)) in enumerate(zip(windows(events, STEP),
+                                                       windows(events, INPUT), strict=True)):
+        in_busy = _covered(busy, starts, in_lo, in_hi)
+        wall, on = hi - lo, _covered(busy, starts, lo, hi)
+        waiting = (in_hi - in_lo) - in_busy
+        rows.append({"step": i, "wall_ms": wall / 1e3, "input_ms": waiting / 1e3,
+                     "busy_ms": on / 1e3, "idle_ms": (wall - on - waiting) / 1e3,
+                     "ops": bisect.bisect_left(op_starts, hi) - bisect.bisect_left(op_starts, lo)})
+    return rows
+
+
+def steady_steps(rows: list[dict]) -> list[int]:
+    """The faster half of the traced steps (indices). A neighbour on the machine can only slow a
+    step down, never speed it up, so the fastest steps are the least disturbed (timeit's reason
+    for taking the minimum); the class is computed on them."""
+    ranked = sorted(range(len(rows)), key=lambda i: rows[i]["wall_ms"])
+    return sorted(ranked[:max(1, (len(rows) + 1) // 2)])
+
+
+def op_times(events, device_type: str, names, windows: list[tuple[float, float]]
+             ) -> dict[str, float]:
+    """name → seconds per step inside the outermost events named in `names` (an event inside
+    another counted op is part of that op's time) that start in one of the step `windows` (µs):
+    wall time on the CPU, the time of the kernels they and their children launched on a GPU."""
+    names, found = set(names), {}
+    windows = sorted(windows)
+    lows = [lo for lo, _ in windows]
+    for e in events:
+        if e.device_type != DeviceType.CPU or e.name not in names:
+            continue
+        i = bisect.bisect_right(lows, e.time_range.start) - 1
+        if i < 0 or e.time_range.start > windows[i][1]:
+            continue
+        parent = e.cpu_parent
+        while parent is not None and parent.name not in names:
+            parent = parent.cpu_parent
+        if parent is None:
+            us = e.device_time_total if device_type == "cuda" else e.time_range.elapsed_us()
+            found[e.name] = found.get(e.name, 0.0) + us * 1e-6 / len(windows)
+    return found
+
+
+
+def top_ops(prof, device_type: str, steps: int, step_ms: float, k: int) -> list[dict]:
+    attr = "self_device_time_total" if device_type == "cuda" else "self_cpu_time_total"
+    rows = [a for a in prof.key_averages() if a.device_type == DeviceType.CPU
+            and not a.key.startswith("fasttrain.") and getattr(a, attr) > 0]
+    rows.sort(key=lambda a: getattr(a, attr), reverse=True)
+    return [{"op": a.key, "calls_per_step": a.count / steps,
+             "self_ms_per_step": getattr(a, attr) / 1e3 / steps,
+             "share_of_step": getattr(a, attr) / 1e3 / steps / step_ms if step_ms else None}
+            for a in rows[:k]]
