@@ -35,7 +35,7 @@ COMMANDS = (
      "and what bounds the step"),
     ("fasttrain.commands.memory", "memory", "where a training step's memory goes; "
      "--find-batch-size"),
-    ("fasttrain.lab.experiments", "experiment", "the course lab's exercises, measured: "
+    ("fasttrain.commands.experiment", "experiment", "the course lab's exercises, measured: "
      "precision, memory, e2e; and multi-process scaling"),
 )
 

@@ -24,8 +24,8 @@ def config(**kw) -> TrainConfig:
 
 
 def test_precision_rows_on_the_cpu():
-    rows = {r["precision"]: r for r in ex.run("precision", config(model="mlp"), image_task(),
-                                              TINY)}
+    rows = {r["precision"]: r for r in ex.run_experiment("precision", config(model="mlp"),
+                                                         image_task(), TINY)}
     assert list(rows) == ["fp32", "tf32", "fp16", "bf16"]
     assert rows["tf32"]["status"] == "unavailable" and "TF32" in rows["tf32"]["reason"]
     for p in ("fp32", "fp16", "bf16"):
@@ -40,7 +40,7 @@ def test_precision_rows_on_the_cpu():
 
 def test_memory_experiment_sweep_accumulation_and_checkpointing():
     opts = ex.Options(steps=1, warmup=1, batches=(8, 16, 512), accum=4)
-    rows = ex.run("memory", config(model="cnn", batch_size=16), image_task(), opts)
+    rows = ex.run_experiment("memory", config(model="cnn", batch_size=16), image_task(), opts)
     sweep = [r for r in rows if r["part"] == "sweep"]
     assert [r["status"] for r in sweep] == ["ok", "ok", "skipped"]  # 512 > 256 samples
     assert sweep[1]["peak_bytes"] > sweep[0]["peak_bytes"]
@@ -56,14 +56,14 @@ def test_memory_experiment_sweep_accumulation_and_checkpointing():
 
 def test_memory_sweep_stops_at_the_limit():
     opts = ex.Options(steps=1, warmup=1, batches=(16, 32, 64), accum=2, memory_limit=1)
-    sweep = [r for r in ex.run("memory", config(model="logreg"), image_task(), opts)
+    sweep = [r for r in ex.run_experiment("memory", config(model="logreg"), image_task(), opts)
              if r["part"] == "sweep"]
     assert [r["status"] for r in sweep] == ["over limit"]  # then stopped: larger fit even less
 
 
 def test_e2e_runs_the_cpu_row_and_lists_gpu_rows():
-    rows = {r["row"]: r for r in ex.run("e2e", config(model="cnn", batch_size=16),
-                                        image_task(), TINY)}
+    rows = {r["row"]: r for r in ex.run_experiment("e2e", config(model="cnn", batch_size=16),
+                                                   image_task(), TINY)}
     assert list(rows) == ["cpu-fp32", "cuda-fp32", "cuda-fp16", "cuda-bf16"]
     cpu = rows["cpu-fp32"]
     assert cpu["status"] == "ok" and cpu["speedup_vs_cpu"] == 1.0
@@ -84,8 +84,8 @@ def test_a_failing_row_does_not_stop_the_others(monkeypatch):
         return real(cfg, *a, **kw)
 
     monkeypatch.setattr(ex, "measure_run", flaky)
-    rows = {r["precision"]: r for r in ex.run("precision", config(model="logreg"),
-                                              image_task(), TINY)}
+    rows = {r["precision"]: r for r in ex.run_experiment("precision", config(model="logreg"),
+                                                         image_task(), TINY)}
     assert rows["bf16"]["status"] == "failed" and rows["bf16"]["reason"] == "out of memory"
     assert rows["fp32"]["status"] == "ok"
 

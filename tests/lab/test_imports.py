@@ -11,8 +11,7 @@ import pytest
 import fasttrain.lab
 
 LAB = Path(fasttrain.lab.__file__).parent
-SPLIT_LATER = ("experiments",)  # their commands move to fasttrain.commands next
-MODELS = sorted(p.stem for p in LAB.glob("*.py") if p.stem not in ("__init__", *SPLIT_LATER))
+MODELS = sorted(p.stem for p in LAB.glob("*.py") if p.stem != "__init__")
 BANNED = ("argparse", "rich", "fasttrain.commands", "fasttrain.report", "fasttrain.cli")
 
 

@@ -5,8 +5,7 @@ and the batch size that trains fastest in the memory there is.
     fasttrain memory --model gpt --data synthetic-text --find-batch-size             # CUDA
     fasttrain memory --model cnn --find-batch-size --memory-limit 2                  # CPU, GiB
 
-The model (fasttrain.lab.memory) and the search (fasttrain.lab.batch_size) are below; this module
-is the command: its flags, checks and tables.
+The search is fasttrain.lab.batch_size; what a breakdown counts and how (fasttrain.lab.memory):
 """
 
 from __future__ import annotations

@@ -18,11 +18,9 @@ from dataclasses import asdict
 
 import torch
 
+from fasttrain.commands.experiment import SCHEMA
 from fasttrain.errors import UserError
 from fasttrain.lab.scaling import H100_BF16, LINKS, MODES, SPECS, link, measure_all, predict
-
-SCHEMA = "fasttrain.experiment/1"
-
 
 # -- output -------------------------------------------------------------------------------------
 

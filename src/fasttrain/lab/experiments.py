@@ -1,8 +1,6 @@
-"""`fasttrain experiment precision|memory|e2e`: the seed lab's exercises, measured on this machine.
-
-    fasttrain experiment precision --model cnn --steps 50 --json p.json --plot p.png
-    fasttrain experiment memory --model gpt --batches 16,32,64,128 --accum 4
-    fasttrain experiment e2e                      # cnn on MNIST (synthetic when it is absent)
+"""The seed lab's exercises, measured on this machine: rows of runs that differ in one switch.
+`run_experiment(name, cfg, task, opts)` returns them; `fasttrain experiment precision|memory|e2e`
+prints them (fasttrain.commands.experiment).
 
 - precision: fp32, tf32, fp16 + GradScaler, bf16 on the same model, data and seed: ms/step,
   peak memory, final loss, test accuracy, loss-scale events. (--precision is the variable here.)
@@ -23,7 +21,6 @@ as unavailable, with the reason.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import statistics
@@ -31,15 +28,18 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from fasttrain.commands.common import data_label, gib_arg, lab_config
+from fasttrain.engine.loop import endless_batches, step
 from fasttrain.errors import UserError
 from fasttrain.lab import memory as mem
 from fasttrain.lab.batch_size import train_samples
 
-SCHEMA = "fasttrain.experiment/1"
+if TYPE_CHECKING:
+    from fasttrain.engine.run import Run
+
 EXPERIMENTS = ("precision", "memory", "e2e")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 # The seed lab's Exercise 4 "Expected Results" (its own, unnamed GPU; MNIST classifier).
@@ -65,12 +65,12 @@ def _finite(x: float | None) -> float | None:
 
 
 @torch.no_grad()
-def evaluate(trainer) -> tuple[float, float]:
+def evaluate(run: Run) -> tuple[float, float | None]:
     """(test loss, test accuracy) over the whole test split, under the run's autocast; token
     accuracy for language models."""
     from fasttrain.engine.callbacks import evaluate as engine_evaluate
 
-    result = engine_evaluate(trainer, "test")  # the engine's own evaluation: one sync
+    result = engine_evaluate(run, "test")  # the engine's own evaluation: one sync
     accuracy = next((v for k, v in result.items() if k.endswith("accuracy")), None)
     return result.get("test_loss", math.nan), accuracy
 
@@ -78,18 +78,17 @@ def evaluate(trainer) -> tuple[float, float]:
 def measure_run(cfg, task, opts: Options, evaluate_after: bool = True,
                 extra: Callable | None = None) -> dict:
     """Train `opts.warmup` untimed and `opts.steps` timed steps with `cfg`; the row's numbers.
-    `extra(trainer)` adds fields before the trainer is let go (e.g. its weights)."""
-    from fasttrain.engine.loop import endless_batches, step
+    `extra(run)` adds fields before the run is let go (e.g. its weights)."""
     from fasttrain.engine.run import build
     from fasttrain.timing import synchronizer, time_call
 
-    trainer = build(cfg, data=task, verbose=False)
-    dev = trainer.device
+    run = build(cfg, data=task, verbose=False)
+    dev = run.device
     cuda = dev.type == "cuda"
     sync = synchronizer(dev.type)
-    batches = endless_batches(trainer)
+    batches = endless_batches(run)
     for _ in range(opts.warmup):
-        step(trainer, next(batches))
+        step(run, next(batches))
     if cuda:
         sync()
         torch.cuda.reset_peak_memory_stats(dev)  # the peak of the timed steps, data included
@@ -97,39 +96,39 @@ def measure_run(cfg, task, opts: Options, evaluate_after: bool = True,
     ms = []
     for i in range(opts.steps):
         if i == opts.steps - tail:
-            trainer.loss_sum.zero_()
+            run.loss_sum.zero_()
         # The next batch's gather is part of a step, as in the engine's own loop.
-        ms.append(time_call(lambda: step(trainer, next(batches)), sync)[1])
-    final_loss = trainer.loss_sum.item() / tail
+        ms.append(time_call(lambda: step(run, next(batches)), sync)[1])
+    final_loss = run.loss_sum.item() / tail
     if cuda:
         peak, peak_by = torch.cuda.max_memory_allocated(dev), "cuda allocator"
-        data = mem.resident_data(trainer)  # in the peak: the dataset on the GPU
+        data = mem.resident_data(run)  # in the peak: the dataset on the GPU
     else:
         data = 0
-        peak, peak_by = mem.breakdown(trainer, next(batches)).measured_peak, "hook count"
+        peak, peak_by = mem.breakdown(run, next(batches)).measured_peak, "hook count"
     median = statistics.median(ms)
     row = {"device": dev.type, "precision": cfg.precision, "batch_size": cfg.batch_size,
            "accum_steps": cfg.accum_steps, "ms_per_step": median, "ms_per_step_min": min(ms),
            "ms_per_step_max": max(ms), "samples_per_s": cfg.batch_size / (median / 1e3),
-           "steps_per_epoch": trainer.batches.steps_per_epoch, "peak_bytes": peak,
+           "steps_per_epoch": run.batches.steps_per_epoch, "peak_bytes": peak,
            "peak_by": peak_by, "data_bytes": data, "final_loss": _finite(final_loss),
            "test_loss": None, "test_accuracy": None, "loss_scale": None, "skipped_steps": None}
-    if trainer.scaler.is_enabled():
-        row.update(loss_scale=trainer.scaler.get_scale(), skipped_steps=int(trainer.skipped))
+    if run.scaler.is_enabled():
+        row.update(loss_scale=run.scaler.get_scale(), skipped_steps=int(run.skipped))
     if evaluate_after:
-        loss, acc = evaluate(trainer)
+        loss, acc = evaluate(run)
         row.update(test_loss=_finite(loss), test_accuracy=acc)
     if extra is not None:
-        row.update(extra(trainer))
+        row.update(extra(run))
     return row
 
 
-def guarded(label: dict, run: Callable[[], dict]) -> dict:
-    """`run()` as a row: ok, unavailable (the engine refused the switches: its one line), or
+def guarded(label: dict, measure: Callable[[], dict]) -> dict:
+    """`measure()` as a row: ok, unavailable (the engine refused the switches: its one line), or
     failed (out of memory, or an internal error, whose traceback is printed). Never raises."""
     failure = None
     try:
-        return {**label, "status": "ok", "reason": None, **run()}
+        return {**label, "status": "ok", "reason": None, **measure()}
     except UserError as e:
         return {**label, "status": "unavailable", "reason": str(e)}
     except torch.OutOfMemoryError:
@@ -187,9 +186,9 @@ def run_precision(cfg, task, opts: Options) -> list[dict]:
     return rows
 
 
-def _weights(trainer) -> dict:
+def _weights(run: Run) -> dict:
     return {"_weights": {k: v.detach().float().cpu().clone()
-                         for k, v in trainer.model.state_dict().items()}}
+                         for k, v in run.model.state_dict().items()}}
 
 
 def run_memory(cfg, task, opts: Options) -> list[dict]:
@@ -287,203 +286,7 @@ def check(name: str, cfg, opts: Options) -> None:
                         f"{opts.accum}; choose a batch size that is a multiple of it")
 
 
-def run(name: str, cfg, task, opts: Options) -> list[dict]:
+def run_experiment(name: str, cfg, task, opts: Options) -> list[dict]:
     """The rows of experiment `name` (see the module docstring)."""
     check(name, cfg, opts)
     return RUNNERS[name](cfg, task, opts)
-
-
-# -- tables and plots ----------------------------------------------------------------------------
-
-
-def _ms(r: dict) -> str:
-    ms = r.get("ms_per_step")
-    return "-" if ms is None else f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
-
-
-def _peak(r: dict) -> str:
-    from fasttrain.report import fmt_bytes
-
-    data = r.get("data_bytes")
-    return fmt_bytes(r["peak_bytes"]) + (f" (data {fmt_bytes(data)})" if data else "")
-
-
-def _num(v, fmt: str = "{:.4f}") -> str:
-    return "-" if v is None else fmt.format(v)
-
-
-def table(result: dict):
-    from fasttrain import report
-
-    name, rows, cfg = result["experiment"], result["rows"], result["config"]
-    data = cfg["data"] + (" (SYNTHETIC stand-in, not real data)" if cfg.get("synthetic") else "")
-    title = (f"fasttrain experiment {name} — {cfg['model']} on {data}, batch "
-             f"{cfg['batch_size']}, {cfg['optimizer']}, {result['options']['steps']} timed steps")
-    peak_note = ("peak: CUDA allocator over the timed steps (the dataset kept on the GPU "
-                 "included, shown apart); on the CPU the hook-based count (weights + gradients + "
-                 "optimizer state + saved tensors + inputs)")
-    if name == "precision":
-        return report.rows_table(title, [
-            ("precision", lambda r: r["precision"]), ("device", lambda r: r["device"]),
-            ("ms/step", _ms), ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
-            ("peak", _peak),
-            ("final loss", lambda r: _num(r["final_loss"])),
-            ("test acc", lambda r: _num(r["test_accuracy"], "{:.2%}")),
-            ("loss scale / skipped", lambda r: "-" if r["loss_scale"] is None
-             else f"{r['loss_scale']:g} / {r['skipped_steps']}"),
-            ("note", lambda r: r.get("note") or ""),
-        ], rows, caption=f"ms/step: median. {peak_note}.", label_columns=2)
-    if name == "memory":
-        return report.rows_table(title, [
-            ("part", lambda r: r["part"]), ("setting", lambda r: r["label"]),
-            ("ms/step", _ms), ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
-            ("peak", _peak),
-            ("max |Δw| vs batch B", lambda r: _num(r.get("max_abs_dweight"), "{:.2e}")),
-            ("memory saved / time lost", lambda r: "-" if "memory_saved" not in r
-             else f"{r['memory_saved']:.0%} / {r['time_lost']:+.0%}"),
-        ], rows, caption=f"{peak_note}. Accumulation: weights compared after the same "
-            f"{result['options']['warmup'] + result['options']['steps']} steps.",
-            label_columns=2)
-    return report.rows_table(title, [
-        ("setup", lambda r: r["label"]),
-        ("ms/step", _ms), ("s/epoch", lambda r: f"{r['s_per_epoch']:,.1f}"),
-        ("speed-up vs CPU", lambda r: _num(r.get("speedup_vs_cpu"), "{:.1f}×")),
-        ("peak", _peak),
-        ("memory ÷ vs GPU fp32", lambda r: _num(r.get("memory_vs_gpu_fp32"), "{:.2f}×")),
-        ("test acc", lambda r: _num(r["test_accuracy"], "{:.2%}")),
-        ("seed lab expects", lambda r: _seed(r.get("seed_expected"))),
-    ], rows, caption=f"s/epoch extrapolated from the median step × steps per epoch. "
-        f"{peak_note}. Seed lab: its own GPU, 'CPU 120 s/epoch, GPU 4.8×, GPU+FP16 8×, "
-        f"memory 8.2 → 4.7 GB'.")
-
-
-def _seed(s: dict | None) -> str:
-    if not s:
-        return "-"
-    bits = [f"{s['s_per_epoch']:g} s/epoch"]
-    if "speedup" in s:
-        bits.append(f"{s['speedup']:g}×")
-    if "memory_gb" in s:
-        bits.append(f"{s['memory_gb']:g} GB")
-    return ", ".join(bits)
-
-
-def plot(result: dict, path) -> None:
-    from fasttrain import report
-
-    name = result["experiment"]
-    ok = [r for r in result["rows"] if r["status"] == "ok"]
-    mib = [r["peak_bytes"] / 2**20 for r in ok]
-    if name == "precision":
-        x = [r["precision"] for r in ok]
-        panels = [{"title": "ms per step (lower is better)", "x": x,
-                   "y": [r["ms_per_step"] for r in ok], "ylabel": "ms"},
-                  {"title": "peak memory", "x": x, "y": mib, "ylabel": "MiB"},
-                  {"title": "test accuracy", "x": x, "y": [r["test_accuracy"] for r in ok]}]
-    elif name == "memory":
-        sweep = [r for r in ok if r["part"] == "sweep"]
-        others = [r for r in ok if r["part"] != "sweep"]
-        bx = [r["batch_size"] for r in sweep]
-        panels = [{"title": "throughput", "kind": "line", "x": bx, "logx": True,
-                   "y": [r["samples_per_s"] for r in sweep], "xlabel": "batch size",
-                   "ylabel": "samples/s"},
-                  {"title": "peak memory", "kind": "line", "x": bx, "logx": True,
-                   "y": [r["peak_bytes"] / 2**20 for r in sweep], "xlabel": "batch size",
-                   "ylabel": "MiB"},
-                  {"title": "accumulation and checkpointing: peak memory",
-                   "x": [f"{r['part'][:5]} {r['label']}" for r in others],
-                   "y": [r["peak_bytes"] / 2**20 for r in others], "ylabel": "MiB"}]
-    else:
-        x = [r["label"] for r in ok]
-        panels = [{"title": "seconds per epoch (extrapolated)", "x": x, "logy": True,
-                   "y": [r["s_per_epoch"] for r in ok], "ylabel": "s"},
-                  {"title": "peak memory", "x": x, "y": mib, "ylabel": "MiB"}]
-    env, cfg = result["env"], result["config"]
-    data = cfg["data"] + (" (synthetic)" if cfg.get("synthetic") else "")
-    report.panels_plot(path, f"experiment {name}: {cfg['model']} on {data} — "
-                       f"{env.get('gpu') or env.get('cpu')}", panels)
-
-
-# -- the command ---------------------------------------------------------------------------------
-
-
-def _batches(spec: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(s) for s in spec.split(",") if s.strip())
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise UserError(f"--batches {spec!r}: give positive integers separated by commas, e.g. "
-                        f"16,32,64")
-    return tuple(sorted(set(values)))
-
-
-def experiment_parser(sub: argparse._SubParsersAction) -> None:
-    from fasttrain.commands import scaling
-    from fasttrain.engine.config import add_arguments
-
-    p = sub.add_parser("experiment", help="the seed lab's exercises, measured: precision, "
-                       "memory, e2e; and multi-process scaling", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", choices=(*EXPERIMENTS, "scaling"),
-                   metavar="{precision,memory,e2e,scaling}", help="which experiment")
-    g = p.add_argument_group("experiment")
-    g.add_argument("--steps", type=int, default=Options.steps, metavar="N",
-                   help=f"timed optimizer steps per row (default: {Options.steps})")
-    g.add_argument("--timing-warmup", type=int, default=Options.warmup, metavar="N",
-                   help=f"untimed steps before them (default: {Options.warmup})")
-    g.add_argument("--batches", default=",".join(map(str, Options.batches)), metavar="LIST",
-                   help="memory: batch sizes of the sweep (default: %(default)s)")
-    g.add_argument("--accum", type=int, default=Options.accum, metavar="K",
-                   help="memory: compare --batch-size B with B/K × K accumulation "
-                   f"(default: {Options.accum})")
-    g.add_argument("--memory-limit", type=float, metavar="GIB",
-                   help="memory: stop the sweep at a peak above this many GiB")
-    g.add_argument("--json", metavar="PATH", help="write the result JSON here")
-    g.add_argument("--plot", metavar="PATH", help="write a PNG plot here")
-    scaling.add_arguments(p)
-    add_arguments(p)
-    p.set_defaults(func=experiment)
-
-
-def experiment(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from fasttrain import report
-    from fasttrain.env import env_block, hardware_line
-
-    if args.name == "scaling":  # torchrun launches and a step model: its own module
-        from fasttrain.commands.scaling import scaling
-
-        return scaling(args)
-    if args.steps < 1:
-        raise UserError(f"--steps must be ≥ 1, got {args.steps}")
-    if args.timing_warmup < 0:
-        raise UserError(f"--timing-warmup must be ≥ 0, got {args.timing_warmup}")
-    if args.accum < 1:
-        raise UserError(f"--accum must be ≥ 1, got {args.accum}")
-    opts = Options(steps=args.steps, warmup=args.timing_warmup, batches=_batches(args.batches),
-                   accum=args.accum,
-                   memory_limit=gib_arg("--memory-limit", args.memory_limit))
-    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
-        if path:
-            report.check_writable(path, flag)
-    cfg, task = lab_config(args, "experiment")
-    check(args.name, cfg, opts)
-    err = Console(stderr=True)
-    env = env_block()
-    err.print(f"[bold]fasttrain experiment {args.name}[/bold] on {hardware_line(env)}")
-    err.print(f"data: {data_label(task)} from {task.source}")
-    rows = run(args.name, cfg, task, opts)
-    result = {"schema": SCHEMA, "experiment": args.name, "env": env,
-              "config": {**cfg.to_dict(), "data_source": task.source,
-                         "synthetic": task.synthetic},
-              "options": dataclasses.asdict(opts), "rows": rows}
-    report.wide_console().print(table(result))
-    if args.json:
-        report.write_json(args.json, result)
-        err.print(f"wrote {args.json}")
-    if args.plot:
-        plot(result, args.plot)
-        err.print(f"wrote {args.plot}")
-    return 0
