@@ -12,11 +12,15 @@ import dataclasses
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from fasttrain.engine.loop import endless_batches, step
 from fasttrain.lab.memory import free_memory, measure
+
+if TYPE_CHECKING:
+    from fasttrain.engine.config import TrainConfig
 
 _MIN_GAIN = 0.02  # throughput must beat the best by 2% to count as better: timing noise
 
@@ -33,7 +37,7 @@ class Try:
     reason: str | None = None  # why it does not fit
 
 
-def try_batch(cfg, task, batch: int, usable: int, steps: int) -> Try:
+def try_batch(cfg: TrainConfig, task, batch: int, usable: int, steps: int) -> Try:
     """Build a run at `batch`, measure it and time `steps` real steps after the warm-up.
     Out of memory — anywhere, construction included — is "does not fit", never a crash."""
     try:
@@ -45,7 +49,7 @@ def try_batch(cfg, task, batch: int, usable: int, steps: int) -> Try:
     return result
 
 
-def _try(cfg, task, batch: int, usable: int, steps: int) -> Try:
+def _try(cfg: TrainConfig, task, batch: int, usable: int, steps: int) -> Try:
     from fasttrain.engine.run import build
     from fasttrain.timing import synchronizer, time_call
 

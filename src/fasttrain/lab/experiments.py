@@ -38,6 +38,7 @@ from fasttrain.lab import memory as mem
 from fasttrain.lab.batch_size import train_samples
 
 if TYPE_CHECKING:
+    from fasttrain.engine.config import TrainConfig
     from fasttrain.engine.run import Run
 
 EXPERIMENTS = ("precision", "memory", "e2e")
@@ -75,7 +76,7 @@ def evaluate(run: Run) -> tuple[float, float | None]:
     return result.get("test_loss", math.nan), accuracy
 
 
-def measure_run(cfg, task, opts: Options, evaluate_after: bool = True,
+def measure_run(cfg: TrainConfig, task, opts: Options, evaluate_after: bool = True,
                 extra: Callable | None = None) -> dict:
     """Train `opts.warmup` untimed and `opts.steps` timed steps with `cfg`; the row's numbers.
     `extra(run)` adds fields before the run is let go (e.g. its weights)."""
@@ -169,7 +170,7 @@ def _note(precision: str, device: torch.device) -> str | None:
 # -- the experiments -----------------------------------------------------------------------------
 
 
-def run_precision(cfg, task, opts: Options) -> list[dict]:
+def run_precision(cfg: TrainConfig, task, opts: Options) -> list[dict]:
     from fasttrain.env import resolve_device
 
     dev = torch.device(resolve_device(cfg.device))
@@ -191,7 +192,7 @@ def _weights(run: Run) -> dict:
                          for k, v in run.model.state_dict().items()}}
 
 
-def run_memory(cfg, task, opts: Options) -> list[dict]:
+def run_memory(cfg: TrainConfig, task, opts: Options) -> list[dict]:
     rows: list[dict] = []
     cap = train_samples(task, cfg.block_size)
     # 1. Throughput and peak per batch size: stop at the first that does not fit.
@@ -243,7 +244,7 @@ def run_memory(cfg, task, opts: Options) -> list[dict]:
     return rows + ckpt
 
 
-def run_e2e(cfg, task, opts: Options) -> list[dict]:
+def run_e2e(cfg: TrainConfig, task, opts: Options) -> list[dict]:
     rows = []
     for key, label, device, precision in (
         ("cpu-fp32", "CPU", "cpu", "fp32"),
@@ -277,7 +278,7 @@ def run_e2e(cfg, task, opts: Options) -> list[dict]:
 RUNNERS = {"precision": run_precision, "memory": run_memory, "e2e": run_e2e}
 
 
-def check(name: str, cfg, opts: Options) -> None:
+def check(name: str, cfg: TrainConfig, opts: Options) -> None:
     """Reject what would fail part-way, before any work."""
     if name not in RUNNERS:
         raise UserError(f"unknown experiment {name!r}; choose one of {', '.join(EXPERIMENTS)}")
@@ -286,7 +287,7 @@ def check(name: str, cfg, opts: Options) -> None:
                         f"{opts.accum}; choose a batch size that is a multiple of it")
 
 
-def run_experiment(name: str, cfg, task, opts: Options) -> list[dict]:
+def run_experiment(name: str, cfg: TrainConfig, task, opts: Options) -> list[dict]:
     """The rows of experiment `name` (see the module docstring)."""
     check(name, cfg, opts)
     return RUNNERS[name](cfg, task, opts)

@@ -48,10 +48,14 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from fasttrain.errors import UserError
+
+if TYPE_CHECKING:
+    from fasttrain.engine.config import TrainConfig
 
 MODES = ("ddp", "zero1", "fsdp", "dp")
 DDP_FIRST_BUCKET = 2**20  # bytes: DDP starts with a small bucket so that communication starts early
@@ -209,7 +213,7 @@ def unavailable(mode: str, n: int, device: str) -> str | None:
     return None
 
 
-def measure(cfg, mode: str, n: int, steps: int, workdir: Path) -> dict:
+def measure(cfg: TrainConfig, mode: str, n: int, steps: int, workdir: Path) -> dict:
     """One torchrun (or, for dp, one process) run; the row of its timed interval."""
     from fasttrain.engine.config import to_toml
 
@@ -244,7 +248,8 @@ def measure(cfg, mode: str, n: int, steps: int, workdir: Path) -> dict:
             "peak_bytes": None if peak is None else int(peak * 2**30)}
 
 
-def measure_all(cfg, modes: tuple[str, ...], procs: tuple[int, ...], steps: int) -> list[dict]:
+def measure_all(cfg: TrainConfig, modes: tuple[str, ...], procs: tuple[int, ...],
+                steps: int) -> list[dict]:
     """Every (mode, process count) row, then each ok row's speed-up and efficiency against the
     same mode's fewest processes (weak scaling)."""
     rows = []
