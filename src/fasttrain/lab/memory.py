@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fasttrain.engine.loop import endless_batches, step
+from fasttrain.engine.tree import leaves
 
 if TYPE_CHECKING:
     from torch import nn
@@ -253,7 +254,7 @@ def breakdown(run: Run, micro_batches: list, measured_peak: int | None = None,
     count = count_saved(run, micro_batches[0], device_type=device_type)
     fp32 = count if cfg.precision in ("fp32", "tf32") else count_saved(
         run, micro_batches[0], contextlib.nullcontext(), device_type)
-    inputs = {p: n for p, n in _storages(t for mb in micro_batches for t in mb).items()
+    inputs = {p: n for p, n in _storages(leaves(micro_batches)).items()
               if p not in count.storages}
     parts = dict(
         weights=_bytes([*model.parameters(), *model.buffers()], cuda),
@@ -300,7 +301,7 @@ def measure(run: Run, batches: Iterator[list] | None = None,
     torch.cuda.synchronize(dev)
     resident = (_bytes([*run.model.parameters(), *run.model.buffers()], True)
                 + _optimizer_bytes(run.opt, True) + resident_data(run, True)
-                + _bytes([t for mb in micro_batches for t in mb], True))
+                + _bytes(leaves(micro_batches), True))
     # Gradients were freed by the warm-up step (set_to_none): what is left beyond the known
     # residents is cuBLAS workspaces and small state.
     workspace = max(0, torch.cuda.memory_allocated(dev) - resident)
