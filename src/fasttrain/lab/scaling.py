@@ -125,6 +125,8 @@ def count(spec: Spec) -> tuple[int, float]:
 
 @dataclass(frozen=True)
 class Link:
+    """An interconnect as the ring all-reduce sees it (see `link` for the named ones)."""
+
     name: str
     bandwidth: float  # bytes/s per GPU per direction
     latency: float = 5e-6  # seconds per ring step
@@ -163,7 +165,10 @@ def buckets(nbytes: int) -> list[int]:
 
 
 def step_time(compute_s: float, grad_bytes: int, n: int, via: Link) -> dict[str, float]:
-    """Compute, total all-reduce, exposed all-reduce and step time (seconds) of one step."""
+    """One data-parallel step on `n` GPUs whose one-GPU step takes `compute_s` seconds and whose
+    gradients are `grad_bytes` (4 · params for fp32): {"compute_s", "allreduce_s" (all buckets),
+    "exposed_s" (what outlasts backward), "step_s"}, seconds. The model for any compute estimate
+    (a roofline's, a measured step's): `predict` feeds it the FLOP count of a bundled model."""
     backward = BACKWARD_SHARE * compute_s
     forward = compute_s - backward
     done = ready = 0.0
