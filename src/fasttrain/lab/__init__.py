@@ -1,6 +1,7 @@
-"""The lab: commands that measure and explain rather than train.
+"""The lab: models of the machine and their measurements, built on the engine and never changing it.
 
-`doctor` (what devices this machine has and whether tensors land where they should), `profile`
-(where a training step's time goes and what limits it), `sampler` (GPU utilization and memory
-over time, from NVML). They build on the engine and never change it.
+memory (+ batch_size): a step's bytes, part by part, and the fastest batch that fits; scaling: the
+data-parallel step on N GPUs; profile (+ trace, classify): where a step's time goes and what bounds
+it; experiments: the seed lab's exercises; doctor: devices and placement; sampler: NVML over time.
+None imports argparse or rich: the commands that print them live in `fasttrain.commands`.
 """
