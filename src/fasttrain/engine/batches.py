@@ -134,6 +134,9 @@ class Batches:
         for i, (x, y) in enumerate(loader, first):
             yield self._prepare(x, y, (epoch, i))
 
+    def close(self) -> None:
+        """Nothing outlives an epoch here: each epoch's DataLoader ends with it."""
+
     def has_split(self, split: str) -> bool:
         samples = getattr(self, split)
         return samples is not None and len(samples) > 0

@@ -68,7 +68,8 @@ def resolve_model(model: nn.Module | str, task) -> tuple[nn.Module, str]:
     if isinstance(model, nn.Module):
         return model, f"{type(model).__module__}.{type(model).__qualname__}"
     if model in MODELS:
-        if not task.in_shape or (task.kind == "classification" and not task.num_classes):
+        if not task.in_shape or (getattr(task, "kind", "") == "classification"
+                                 and not task.num_classes):
             raise UserError(f"--model {model} needs the input shape and the number of classes; "
                             f"this streamed data tells neither (give the Dataset a `classes` "
                             f"list, as ImageFolder has) or pass your own nn.Module")

@@ -143,6 +143,7 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
 
         raise UserError(explain_oom(run)) from None
     finally:
+        run.batches.close()  # persistent DataLoader workers would hold the run directory's lock
         run.rundir.close()
         run.world.close(together)
     return run.history[-1] if run.history else {}

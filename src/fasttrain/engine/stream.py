@@ -292,6 +292,14 @@ class Stream:
             t.record_stream(step_stream)  # allocated on the copy stream, used on this one
         return self.finish(moved)
 
+    def close(self) -> None:
+        """Stop persistent workers now (at the end of fit): forked, they hold copies of every
+        open file, the run directory's lock among them, until they exit."""
+        workers = getattr(self.loader, "_iterator", None)  # DataLoader keeps them there
+        if workers is not None and hasattr(workers, "_shutdown_workers"):
+            workers._shutdown_workers()
+            self.loader._iterator = None
+
     # -- evaluation ------------------------------------------------------------------------------
 
     def has_split(self, split: str) -> bool:
