@@ -129,6 +129,24 @@ def test_a_stream_without_length_runs_for_max_steps_and_counts_passes():
     one_line(e, "--max-steps")
 
 
+class Noisy(torch.utils.data.IterableDataset):
+    """A stream whose items draw random numbers as they are made (a random transform)."""
+
+    def __iter__(self):
+        return ((torch.rand(3), i % 4) for i in range(80))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_resumed_stream_skips_what_was_trained_on_and_gives_the_same_batches(workers):
+    whole = [x for x, _ in stream_of(Noisy(), workers=workers).micro_batches(1)]
+    torch.rand(5)  # the model's stream moves: the data's must not care
+    tail = [x for x, _ in stream_of(Noisy(), workers=workers).micro_batches(1, start_step=4)]
+    assert len(whole) == 10 and len(tail) == 6
+    assert all(torch.equal(a, b) for a, b in zip(whole[4:], tail, strict=True))
+    other = [x for x, _ in stream_of(Noisy(), workers=workers).micro_batches(2)]
+    assert not torch.equal(other[0], whole[0])  # another pass, other draws
+
+
 class Records(Dataset):
     """Hugging Face-style samples: a dict of tensors and a string."""
 

@@ -25,6 +25,8 @@ Order and randomness (what makes resume exact and N processes equal one):
   epoch, rank) + worker and restarted each pass (persistent_workers is off for a stream: a worker
   must learn the epoch). A resumed pass skips the micro-batches already trained on by reading
   them: the same batches come back if the stream yields the same items for the same epoch.
+  (Under torchrun a stream without length never ends a pass (see Stream.endless): a resume
+  reads again everything trained on since the start.)
 - With no workers the data's random draws run on their own saved streams, apart from the model's
   dropout stream: neither moves the other.
 
