@@ -114,3 +114,15 @@ def test_augment_is_refused_for_data_that_is_not_images():
     with pytest.raises(UserError) as e:
         fasttrain.build(data="synthetic-text", model="gpt", augment="flip", device="cpu")
     assert "text" in str(e.value)
+
+
+def test_cli_trains_with_augment_and_refuses_a_bad_spec(capsys):
+    from tests.conftest import assert_one_line_error, run_cli
+
+    common = ["--data", "synthetic", "--model", "cnn", "--batch-size", "32", "--max-steps",
+              "2", "--device", "cpu", "--no-progress"]
+    code, _, err = run_cli(capsys, "train", *common, "--augment", "flip,crop:2")
+    assert code == 0, err
+    assert "data in memory (a bundled dataset)" in err
+    code, _, err = run_cli(capsys, "train", *common, "--augment", "crop:x")
+    assert_one_line_error(code, err, "--augment", "crop:P")

@@ -47,8 +47,9 @@ class TrainConfig:
                     "nn.Module)", group="model and data")
     data: str = _f("mnist", "dataset: mnist | fashion-mnist | cifar10 | tinyshakespeare | "
                    "synthetic | synthetic-cifar | synthetic-text, or pkg.module:factory returning "
-                   "(x, y) tensors, a Dataset, a DataLoader or a dict of 'train'/'val'/'test' "
-                   "splits", group="model and data")
+                   "(x, y) tensors (held in memory), a Dataset, an IterableDataset or a "
+                   "DataLoader (streamed: read afresh every epoch) or a dict of "
+                   "'train'/'val'/'test' splits", group="model and data")
     loss: str = _f("auto", "loss: auto (cross-entropy for integer targets) | cross_entropy | mse "
                    "| l1 | pkg.module:fn taking (output, target)", group="model and data")
     val_fraction: float = _f(0.0, "hold out this fraction of the training set as a validation "
@@ -100,7 +101,8 @@ class TrainConfig:
                            group="speed")
     data_on_device: str = _f("auto", "keep the dataset on the device (auto: when it fits in a "
                              "quarter of free memory)", ON_OFF_AUTO, group="speed")
-    workers: int = _f(0, "DataLoader worker processes (host-side loading path)", group="speed")
+    workers: int = _f(0, "DataLoader worker processes (streamed data, or in-memory data kept on "
+                      "the host)", group="speed")
     pin_memory: bool = _f(False, "page-locked host batches for async copies (CUDA, DataLoader "
                           "path)", group="speed")
     activation_checkpointing: bool = _f(False, "recompute block activations in backward instead "
