@@ -310,3 +310,18 @@ def test_an_iterable_stream_trains_and_evaluates_under_torchrun(tmp_path):
 
 def test_plain_is_importable():
     assert plain()(torch.zeros(2, 1, 4, 4)).shape == (2, 4)
+
+
+def test_a_dataloader_of_a_stream_of_whole_batches_is_dealt_batch_by_batch():
+    class Batched(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return ((torch.arange(i * 8, i * 8 + 8).float()[:, None], torch.zeros(8).long())
+                    for i in range(12))
+
+    s = stream_of(DataLoader(Batched(), batch_size=None, num_workers=2))
+    seen = [int(v) for x, _ in s.micro_batches(0) for v in x[:, 0]]
+    assert sorted(seen) == list(range(96))
+    with pytest.raises(UserError) as e:
+        sampler = torch.utils.data.BatchSampler(range(64), 4, False)
+        stream_of(DataLoader(Flipped(64), batch_sampler=sampler), world=2)
+    one_line(e, "BatchSampler", "2 processes")

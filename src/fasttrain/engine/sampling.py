@@ -73,6 +73,7 @@ class Split:
     batch_size: int | None = None  # the user's DataLoader's, checked against the micro-batch
     as_built: DataLoader | None = None
     shuffle: bool = True
+    batched: bool = False  # a stream whose items are whole batches (DataLoader batch_size=None)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -85,15 +86,17 @@ def make_split(obj, name: str, world: int) -> Split:
         kw = {k: getattr(obj, k) for k in _LOADER_KEEPS}
         if not kw["num_workers"]:
             kw["prefetch_factor"], kw["persistent_workers"] = None, False
-        iterable = isinstance(obj.dataset, IterableDataset)
-        sampler = obj.sampler
-        if iterable or isinstance(sampler, RandomSampler | SequentialSampler):
-            return Split(obj.dataset, iterable, kw, obj.batch_size,
+        if isinstance(obj.dataset, IterableDataset):
+            return Split(obj.dataset, True, kw, obj.batch_size, batched=obj.batch_size is None)
+        sampler = obj.sampler if obj.batch_size is not None else obj.batch_sampler
+        if isinstance(sampler, RandomSampler | SequentialSampler):
+            return Split(obj.dataset, False, kw, obj.batch_size,
                          shuffle=isinstance(sampler, RandomSampler))
         if world > 1:
             raise UserError(f"{name} data: a DataLoader with a {type(sampler).__name__} cannot be "
-                            f"split over {world} processes; build it with shuffle=True/False "
-                            f"(the engine deals the samples out) or give the Dataset itself")
+                            f"split over {world} processes; build it with batch_size and "
+                            f"shuffle=True/False (the engine deals the samples out) or give the "
+                            f"Dataset itself")
         return Split(obj.dataset, False, kw, obj.batch_size, as_built=obj)
     if isinstance(obj, IterableDataset):
         return Split(obj, True, {})

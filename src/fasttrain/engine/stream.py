@@ -200,9 +200,10 @@ class Stream:
         if split.as_built is not None:
             return split.as_built
         if split.iterable:  # the last partial batch of a pass is dropped, as for map-style data
+            batching = ({"batch_size": None} if split.batched
+                        else {"batch_size": self.micro, "drop_last": True})
             return DataLoader(Sharded(split.dataset, self.rank, self.world),
-                              batch_size=self.micro, drop_last=True, generator=self.generator,
-                              **self._kw(split))
+                              generator=self.generator, **batching, **self._kw(split))
         self.sampler = StepSampler(len(split), self.micro, self.accum, self.world, self.rank,
                                    self.seed, split.shuffle)
         return DataLoader(Seeded(split.dataset, self.seed), batch_sampler=self.sampler,
@@ -220,7 +221,7 @@ class Stream:
             return len(split.as_built) // self.accum
         # Reader k of `readers` gets at least n // readers items, and drops its partial batch.
         workers = max(1, self.loader.num_workers)
-        per_worker = n // (self.world * workers) // self.micro
+        per_worker = n // (self.world * workers) // (1 if split.batched else self.micro)
         return per_worker * workers // self.accum
 
     # -- the batches -----------------------------------------------------------------------------
@@ -323,7 +324,8 @@ class Stream:
         kw = self._kw(split, persistent=False)
         if split.iterable:
             loader = DataLoader(Sharded(split.dataset, rank, world, epoch=-1),
-                                batch_size=batch_size, generator=self.generator, **kw)
+                                batch_size=None if split.batched else batch_size,
+                                generator=self.generator, **kw)
         else:
             loader = DataLoader(Seeded(split.dataset, self.seed), generator=self.generator,
                                 batch_sampler=EvalSampler(len(split), batch_size, world, rank),
