@@ -1,5 +1,5 @@
 """Datasets for the streamed-path tests, importable by torchrun subprocesses
-(--data tests.engine.streamdata:flipped)."""
+(--data tests.engine.streamdata:ordered)."""
 
 from __future__ import annotations
 
@@ -50,8 +50,15 @@ class SplitNumbers(Numbers):
         return ((torch.tensor([float(i)]), i % 4) for i in range(k, self.n, n))
 
 
-def flipped():
-    return Flipped(256)
+class Ordered(Flipped):
+    """Flipped without the flip: no random transform, so N processes equal one exactly."""
+
+    def __getitem__(self, i: int):
+        return torch.arange(16, dtype=torch.uint8).reshape(1, 4, 4) + i % 200, i % 4
+
+
+def ordered():
+    return Ordered(256)
 
 
 def numbers():

@@ -113,11 +113,18 @@ def test_ranks_take_disjoint_complete_shares_of_map_and_iterable_data():
 
 
 def test_one_rank_of_two_sees_the_one_process_batch_halves():
-    one = [x for x, _ in stream_of(Indexed()).micro_batches(0)]
-    halves = [[x for x, _ in stream_of(Indexed(), rank=r, world=2).micro_batches(0)]
-              for r in (0, 1)]
+    data = TensorDataset(torch.arange(64.0)[:, None], torch.zeros(64, dtype=torch.long))
+    one = [x for x, _ in stream_of(data).micro_batches(0)]
+    halves = [[x for x, _ in stream_of(data, rank=r, world=2).micro_batches(0)] for r in (0, 1)]
     for whole, a, b in zip(one, *halves, strict=True):
         assert torch.equal(whole[0::2], a) and torch.equal(whole[1::2], b)
+
+
+def test_random_transforms_do_not_depend_on_the_workers_that_read_them():
+    epochs = [[torch.cat(b) for b in zip(*stream_of(Indexed(), workers=w).micro_batches(3),
+                                          strict=True)] for w in (0, 1, 2)]
+    for other in epochs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(epochs[0], other, strict=True))
 
 
 def test_a_stream_without_length_runs_for_max_steps_and_counts_passes():
@@ -276,7 +283,7 @@ def test_ddp_on_two_gloo_processes_equals_one_process_for_streamed_data(tmp_path
     from tests.engine.test_distributed import TORCHRUN
 
     args = ["-m", "fasttrain", "train", "--model", "tests.engine.streamdata:plain", "--data",
-            "tests.engine.streamdata:flipped", "--batch-size", "32", "--accum-steps", "2",
+            "tests.engine.streamdata:ordered", "--batch-size", "32", "--accum-steps", "2",
             "--optimizer", "sgd", "--lr", "0.05", "--epochs", "2", "--device", "cpu",
             "--no-progress"]
     got = {}

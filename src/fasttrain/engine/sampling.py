@@ -111,10 +111,19 @@ def make_split(obj, name: str, world: int) -> Split:
                     f"DataLoader, not {type(obj).__name__}")
 
 
+class Keys(list):
+    """One batch's sample indices, and the seed its reading draws from: (seed, epoch, rank,
+    position of the batch in the rank's epoch). Travels to the worker with the indices."""
+
+    def __init__(self, indices: list[int], seed: int):
+        super().__init__(indices)
+        self.seed = seed
+
+
 class StepSampler(Sampler):
-    """Batches of (epoch, index) for this rank: the epoch's order cut to whole steps of the
-    global batch, dealt over ranks like DistributedSampler, from a start step. Mutable
-    (`set_epoch`) because a DataLoader's sampler cannot be replaced once it is built."""
+    """This rank's batches of indices: the epoch's order cut to whole steps of the global
+    batch, dealt over ranks like DistributedSampler, from a start step. Mutable (`set_epoch`)
+    because a DataLoader's sampler cannot be replaced once it is built."""
 
     def __init__(self, n: int, micro: int, accum: int, world: int, rank: int, seed: int,
                  shuffle: bool):
@@ -126,13 +135,13 @@ class StepSampler(Sampler):
     def set_epoch(self, epoch: int, start_step: int = 0) -> None:
         self.epoch, self.start = epoch, start_step
 
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+    def __iter__(self) -> Iterator[Keys]:
         order = (epoch_order(self.seed, self.epoch, self.n) if self.shuffle
                  else torch.arange(self.n))
         order = order[:self.steps * self.micro * self.accum * self.world][self.rank::self.world]
         order = order[self.start * self.micro * self.accum:].reshape(-1, self.micro)
-        for row in order.tolist():
-            yield [(self.epoch, i) for i in row]
+        for b, row in enumerate(order.tolist(), self.start * self.accum):
+            yield Keys(row, mix(self.seed, self.epoch, self.rank, b))
 
     def __len__(self) -> int:
         return (self.steps - self.start) * self.accum
@@ -142,10 +151,10 @@ class EvalSampler(Sampler):
     """This rank's share of a split in order (samples r, r + world, ...) in the same number of
     batches on every rank (FSDP's forward is a collective), none empty."""
 
-    def __init__(self, n: int, batch_size: int, world: int, rank: int):
+    def __init__(self, n: int, batch_size: int, world: int, rank: int, seed: int):
         count = max(1, math.ceil(math.ceil(n / world) / batch_size))
-        self.rows = [[(-1, i) for i in idx.tolist()]
-                     for idx in torch.arange(rank, n, world).tensor_split(count)]
+        self.rows = [Keys(idx.tolist(), mix(seed, -1, rank, b))
+                     for b, idx in enumerate(torch.arange(rank, n, world).tensor_split(count))]
 
     def __iter__(self):
         return iter(self.rows)
@@ -155,19 +164,26 @@ class EvalSampler(Sampler):
 
 
 class Seeded(Dataset):
-    """Reads sample (epoch, i) of `dataset` with every random stream seeded from (seed, epoch,
-    i): its random transform is a function of those alone."""
+    """Reads a batch of `dataset` (the DataLoader hands `__getitems__` the sampler's Keys) with
+    torch's, NumPy's and Python's random streams seeded from the batch's key first: its random
+    transforms are a function of (seed, epoch, rank, batch) alone, whichever worker reads it.
+    Seeded per batch, not per sample: seeding costs ~8 µs, as much as reading a small sample."""
 
-    def __init__(self, dataset, seed: int):
-        self.dataset, self.seed = dataset, seed
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self.batched = getattr(dataset, "__getitems__", None)  # e.g. Hugging Face datasets
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: tuple[int, int]):
-        epoch, i = key
-        _seed_all(mix(self.seed, epoch, i))
+    def __getitem__(self, i: int):
         return self.dataset[i]
+
+    def __getitems__(self, keys: Keys) -> list:
+        _seed_all(keys.seed)
+        if self.batched:
+            return self.batched(list(keys))
+        return [self.dataset[i] for i in keys]
 
 
 _SHARE = (0, 1)  # (index, count) of the reader running in this process: see shard()
@@ -199,12 +215,31 @@ class Sharded(IterableDataset):
         return itertools.islice(items, k, None, n)
 
 
-class _OwnRandom:
+class Untouched:
+    """Around a batch read in the main process that seeds the streams itself (Seeded): the
+    model's random streams are put back after it (~25 µs a batch)."""
+
+    def __init__(self):
+        self.saved = None
+
+    def reset(self, *parts: int) -> None:
+        pass
+
+    def __enter__(self):
+        self.saved = _rng_state()
+
+    def __exit__(self, *exc):
+        _set_rng_state(self.saved)
+
+
+class OwnRandom(Untouched):
     """The data's random streams in the main process (no workers), kept apart from the
-    model's: entered around each batch read, they swap states, not seeds."""
+    model's: entered around each batch read, they swap states, not seeds (a stream's items
+    are not seeded one by one)."""
 
     def __init__(self, seed: int):
-        self.seed, self.saved, self.state = seed, None, None
+        super().__init__()
+        self.seed, self.state = seed, None
 
     def reset(self, *parts: int) -> None:
         outer = _rng_state()

@@ -14,9 +14,11 @@ and refused for several (the engine cannot split it).
 Order and randomness (what makes resume exact and N processes equal one):
 - map-style: the epoch's order is `epoch_order(seed, epoch)` (the in-memory path's), cut to whole
   steps, rank r taking positions r, r + world, ...; a resumed epoch starts the sampler at its
-  step, reading nothing twice. Before each sample is read, torch's, NumPy's and Python's random
-  streams are seeded from (seed, epoch, sample index), so a sample's random transform depends on
-  nothing else: not on the worker that reads it, the rank, the prefetching or a resume.
+  step, reading nothing twice. Before each batch is read, torch's, NumPy's and Python's random
+  streams are seeded from (seed, epoch, rank, batch), so its random transforms depend on nothing
+  else: not on the worker that reads it, the prefetching or a resume. (Per batch, not per
+  sample: seeding costs as much as reading a small sample. So N processes equal one process
+  sample for sample where the data has no random transform, and in distribution where it has.)
 - IterableDataset: each pass is one `iter()` of it (its `set_epoch(epoch)` called first, if it has
   one). The stream is dealt over ranks × workers by skipping: reader k of n keeps items k, k + n,
   ... (each reader reads the whole stream, so any iterable splits correctly, at n× the reading).
@@ -50,11 +52,12 @@ from torch.utils.data import DataLoader, Subset
 from fasttrain.engine import tree
 from fasttrain.engine.sampling import (
     EvalSampler,
+    OwnRandom,
     Seeded,
     Sharded,
     Split,
     StepSampler,
-    _OwnRandom,
+    Untouched,
     check_batch,
     check_sample,
     make_split,
@@ -110,7 +113,7 @@ def _as_tensor(v) -> torch.Tensor | None:
 
 def _first(split: Split, seed: int):
     """The first training sample (read on the data's own random streams), checked."""
-    own = _OwnRandom(seed)
+    own = OwnRandom(seed)
     own.reset(-2)
     with own:
         sample = (next(iter(split.dataset), _END) if split.iterable
@@ -206,7 +209,7 @@ class Stream:
                               generator=self.generator, **batching, **self._kw(split))
         self.sampler = StepSampler(len(split), self.micro, self.accum, self.world, self.rank,
                                    self.seed, split.shuffle)
-        return DataLoader(Seeded(split.dataset, self.seed), batch_sampler=self.sampler,
+        return DataLoader(Seeded(split.dataset), batch_sampler=self.sampler,
                           generator=self.generator, **self._kw(split))
 
     def _steps(self, split: Split) -> int | None:
@@ -254,7 +257,8 @@ class Stream:
         if loader.num_workers:
             yield from loader
             return
-        own = _OwnRandom(self.seed)
+        own = (OwnRandom(self.seed) if isinstance(loader.dataset, Sharded) or loader is
+               self.splits["train"].as_built else Untouched())
         own.reset(epoch, self.rank)
         batches = iter(loader)
         while True:
@@ -327,9 +331,9 @@ class Stream:
                                 batch_size=None if split.batched else batch_size,
                                 generator=self.generator, **kw)
         else:
-            loader = DataLoader(Seeded(split.dataset, self.seed), generator=self.generator,
-                                batch_sampler=EvalSampler(len(split), batch_size, world, rank),
-                                **kw)
+            loader = DataLoader(Seeded(split.dataset), generator=self.generator, **kw,
+                                batch_sampler=EvalSampler(len(split), batch_size, world, rank,
+                                                          self.seed))
         yield from self._ahead(self._read(loader, -1), f"{name} data")
 
     # -- checkpoints (key "data") ----------------------------------------------------------------
