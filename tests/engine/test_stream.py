@@ -233,6 +233,9 @@ def test_data_in_memory_reads_once_and_refuses_what_cannot_fit(monkeypatch):
     with pytest.raises(UserError) as e:
         fasttrain.build(model=tiny(), data=Numbers(64), data_in_memory=True, **FAST)
     one_line(e, "no length", "drop --data-in-memory")
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=net(), data=Flipped(64), data_on_device="on", **FAST)
+    one_line(e, "--data-in-memory")
     monkeypatch.setattr(inputs, "available_memory", lambda: 1000)
     with pytest.raises(UserError) as e:
         fasttrain.build(model=net(), data=Flipped(512), data_in_memory=True, **FAST)

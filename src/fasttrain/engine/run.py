@@ -156,17 +156,15 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
 
     task, why = inputs.load_data(data, cfg, world.size)
     run.data = task
+    flip_crop = augment.for_task(cfg.augment, task, cfg.seed, dev, world.rank)  # in memory only
     if isinstance(task, StreamData):
-        if cfg.augment:
-            augment.for_task(cfg.augment, task, cfg.seed, dev, world.rank)  # refuses, one line
         run.batches = Stream(task, cfg, dev, world.rank, world.size)
     else:
         run.batches = Batches(task, dev, cfg.batch_size, cfg.accum_steps, cfg.seed,
                               on_device=_data_on_device(cfg, dev, task), workers=cfg.workers,
                               pin_memory=cfg.pin_memory, channels_last=cfg.channels_last,
                               block_size=cfg.block_size, rank=world.rank, world=world.size,
-                              augment=augment.for_task(cfg.augment, task, cfg.seed, dev,
-                                                       world.rank), why=why)
+                              augment=flip_crop, why=why)
     run.loss_fn = inputs.resolve_loss(loss, task)
     run.metrics = {**default_metrics(task), **metrics}
 
@@ -315,7 +313,7 @@ def _count_flops(run: Run, model: nn.Module) -> float | None:
     # batch): the count never holds more than one rank's activations.
     batch = next(iter(run.batches.eval_batches(run.batches.micro, "train")), None)
     if not (isinstance(batch, tuple | list) and len(batch) == 2):
-        return None  # batches that are not (input, target) pairs: the default step's count
+        return None  # not (input, target) pairs: no forward(x) to count, no MFU
     x, y = batch
     counter = FlopCounterMode(display=False)
     # Eval mode and a forked RNG: counting must not move BatchNorm statistics or the random

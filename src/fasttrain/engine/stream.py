@@ -161,6 +161,9 @@ class Stream:
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.finish = _finisher(data, cfg.channels_last)
         train = self.splits["train"]
+        if cfg.data_on_device == "on":
+            raise UserError("--data-on-device on keeps in-memory data on the device; this data "
+                            "is streamed: add --data-in-memory, or drop --data-on-device")
         if train.batch_size is not None and train.batch_size != self.micro:
             raise UserError(f"the train DataLoader's batch_size is {train.batch_size}, but this "
                             f"process's micro-batch is {self.micro} (--batch-size "
