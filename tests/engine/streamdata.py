@@ -79,3 +79,34 @@ def tiny() -> nn.Module:
 def plain() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Flatten(), nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+class Ids(torch.utils.data.Dataset):
+    """Map-style: sample i is (tensor([i]), i % 4)."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int):
+        return torch.tensor([float(i)]), i % 4
+
+
+def ids():
+    return Ids()
+
+
+class Recording(nn.Linear):
+    """Linear(1, 4) that appends the sample ids it trains on to $FT_SEEN/rank<RANK>.txt."""
+
+    def forward(self, x):
+        import os
+
+        if self.training:
+            with open(f"{os.environ['FT_SEEN']}/rank{os.environ.get('RANK', '0')}.txt", "a") as f:
+                f.write("".join(f"{int(v)}\n" for v in x[:, 0].tolist()))
+        return super().forward(x)
+
+
+def recording() -> nn.Module:
+    torch.manual_seed(0)
+    return Recording(1, 4)

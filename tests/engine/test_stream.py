@@ -302,6 +302,27 @@ def test_ddp_on_two_gloo_processes_equals_one_process_for_streamed_data(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("data", ["ids", "numbers"])
+def test_two_gloo_ranks_train_on_disjoint_complete_shares(tmp_path, data):
+    import os
+    import subprocess
+
+    from tests.engine.test_distributed import TORCHRUN
+
+    proc = subprocess.run([*TORCHRUN, "-m", "fasttrain", "train", "--model",
+                           "tests.engine.streamdata:recording", "--data",
+                           f"tests.engine.streamdata:{data}", "--batch-size", "16",
+                           "--max-steps", "16", "--parallel", "ddp", "--device", "cpu",
+                           "--no-progress"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "FT_SEEN": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = [[int(v) for v in (tmp_path / f"rank{r}.txt").read_text().split()] for r in (0, 1)]
+    assert len(seen[0]) == len(seen[1]) == 128  # 16 steps of 8 samples each
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == list(range(256))
+
+
+@pytest.mark.slow
 def test_an_iterable_stream_trains_and_evaluates_under_torchrun(tmp_path):
     import json
     import subprocess
