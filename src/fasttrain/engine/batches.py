@@ -15,9 +15,12 @@ keeps the whole dataset on its device (small enough here) and gathers only its o
 Evaluation is sharded the same way (ranks take test samples r, r + world, ...) and summed.
 
 Images travel as uint8 (a quarter of float32's bytes, over PCIe too) and become [0, 1] floats on
-the device: uint8 inputs, and only they, are scaled; float and int64 inputs pass unchanged. A
-language sample i (data without targets) is the window tokens[i*T : i*T + T] and its targets
-shifted by one.
+the device: uint8 inputs, and only they, are scaled; float and int64 inputs pass unchanged. Then
+--augment (augment.py) flips and shifts them, on the device, per micro-batch. A language sample
+i (data without targets) is the window tokens[i*T : i*T + T] and its targets shifted by one.
+
+This is the in-memory path (tensors, the bundled datasets, a Dataset under --data-in-memory);
+any other Dataset, IterableDataset or DataLoader is streamed (stream.py), in the same order.
 """
 
 from __future__ import annotations
@@ -63,11 +66,15 @@ class Batches:
     """This rank's micro-batches for optimizer steps [start_step, steps_per_epoch) of an epoch.
     `batch_size` is the global batch; `micro` is this rank's micro-batch."""
 
+    path = "in memory"
+
     def __init__(self, task, device: torch.device, batch_size: int, accum_steps: int,
                  seed: int, on_device: bool, workers: int = 0, pin_memory: bool = False,
                  channels_last: bool = False, block_size: int = 128, rank: int = 0,
-                 world: int = 1):
-        self.device, self.seed = device, seed
+                 world: int = 1, augment=None, why: str = "tensors"):
+        self.device, self.seed, self.why = device, seed, why
+        # augment(x, epoch, index) or None, applied to the scaled training batches only
+        self.augment = augment or (lambda x, epoch, index: x)
         self.rank, self.world, self.batch_size = rank, world, batch_size
         self.micro, self.accum = batch_size // accum_steps // world, accum_steps
         self.language = task.train_y is None
@@ -94,11 +101,16 @@ class Batches:
             raise UserError(f"the test set has {len(self.test)} samples, fewer than the {world} "
                             f"processes that share its evaluation; use fewer processes")
 
-    def _prepare(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
+    def _prepare(self, x: torch.Tensor, y: torch.Tensor, at: tuple[int, int] | None = None
+                 ) -> Batch:
+        """(x, y) on the device, scaled; augmented when `at` = (epoch, micro-batch index)."""
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         if self.scale:  # uint8 pixels → [0, 1] floats, on the device
-            x = (x.float() / 255).contiguous(memory_format=self.memory_format)
+            x = x.float() / 255
+            if at is not None:
+                x = self.augment(x, *at)
+            x = x.contiguous(memory_format=self.memory_format)
         elif self.memory_format is torch.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y
@@ -108,18 +120,30 @@ class Batches:
         order = order[:self.steps_per_epoch * self.batch_size]  # whole steps, as for 1 process
         order = order[self.rank::self.world]  # this rank's share (a no-op view for one process)
         order = order[start_step * self.micro * self.accum:].reshape(-1, self.micro)
+        first = start_step * self.accum  # index of the first micro-batch in the epoch
         if self.on_device:
             order = order.to(self.device)
-            for idx in order:  # a device-side gather: no host work, no copy
-                yield self._prepare(*self.train[idx])
+            for i, idx in enumerate(order, first):  # a device-side gather: no host work, no copy
+                yield self._prepare(*self.train[idx], (epoch, i))
             return
         # Host path: workers gather whole micro-batches (one indexing op each, not one Python
         # call per sample) into pinned memory, overlapping with the device's work.
         loader = DataLoader(self.train, batch_size=None, sampler=list(order),
                             num_workers=self.workers, pin_memory=self.pin,
                             persistent_workers=False)
-        for x, y in loader:
-            yield self._prepare(x, y)
+        for i, (x, y) in enumerate(loader, first):
+            yield self._prepare(x, y, (epoch, i))
+
+    def close(self) -> None:
+        """Nothing outlives an epoch here: each epoch's DataLoader ends with it."""
+
+    def has_split(self, split: str) -> bool:
+        samples = getattr(self, split)
+        return samples is not None and len(samples) > 0
+
+    def state(self, step_in_epoch: int) -> dict:
+        """Checkpoint key "data": the position is (epoch, step_in_epoch) alone."""
+        return {"path": self.path, "resume": "sampler", "micro_batches": step_in_epoch * self.accum}
 
     def eval_batches(self, batch_size: int, split: str = "test") -> Iterator[Batch]:
         """The whole split ("test" or "val") in order, in batches of `batch_size` (the last one

@@ -125,22 +125,23 @@ def evaluate_record(run) -> None:
 def evaluate(run, split: str = "test") -> dict[str, float]:
     """{split_loss, split_<metric>...} over the whole split (each rank its share, summed), under
     the run's autocast; {} when the data has no such split. One host sync."""
-    samples = getattr(run.batches, split)
-    if samples is None or len(samples) == 0:
+    if not run.batches.has_split(split):
         return {}
     run.model.eval()
     fns = [run.loss_fn, *run.metrics.values()]
-    sums = torch.zeros(len(fns), device=run.device, dtype=torch.float64)
+    # The last sum counts the samples: a streamed split's length may be unknown.
+    sums = torch.zeros(len(fns) + 1, device=run.device, dtype=torch.float64)
+    one = torch.ones((), device=run.device, dtype=torch.float64)
     for x, y in run.batches.eval_shard(max(run.cfg.micro_batch, 256), split):
         with run.autocast:
             out = run.forward(x)
         out = out.float()
         # Means of a batch, weighted by its samples: the mean over the split.
-        sums += torch.stack([torch.as_tensor(f(out, y), device=run.device).double()
-                             for f in fns]) * len(y)
+        sums += torch.stack([*(torch.as_tensor(f(out, y), device=run.device).double()
+                               for f in fns), one]) * len(y)
     run.model.train()
     run.world.all_sum(sums)
-    values = (sums / len(samples)).tolist()  # sync: once per evaluation
+    values = (sums[:-1] / sums[-1]).tolist()  # sync: once per evaluation
     out = {f"{split}_loss": values[0]}
     if run.batches.language:
         out[f"{split}_perplexity"] = math.exp(min(values[0], 50.0))

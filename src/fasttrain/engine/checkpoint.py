@@ -53,6 +53,7 @@ def state(run) -> dict[str, Any]:
         "loss_sum": ranks[0]["loss_sum"], "skipped": run.skipped.cpu(),
         "last_log_step": run.last_log[1],
         "rng": ranks[0]["rng"], "world_size": run.world.size,
+        "data": run.batches.state(run.step_in_epoch),  # where the data resumes (stream.py)
     }
     if run.world.size > 1:
         out["ranks"] = ranks
@@ -140,6 +141,12 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
     resume.apply_lr(run.opt, run.sched, cfg.lr)  # a changed --lr is honoured
     run.epoch, run.step = saved["epoch"], saved["step"]
     run.step_in_epoch = saved["step_in_epoch"]
+    data = saved.get("data")  # absent from checkpoints older than the streamed path
+    if data and data.get("resume") != run.batches.state(run.step_in_epoch)["resume"]:
+        raise UserError(f"checkpoint {path} was written reading the data by "
+                        f"{data.get('resume')} ({data.get('path')}); this run reads it "
+                        f"another way, so the position would not match: resume with the same "
+                        f"data and --data-in-memory setting")
     ranks = saved.get("ranks") or [{"rng": saved["rng"], "loss_sum": saved["loss_sum"]}]
     if len(ranks) == world.size:
         mine = ranks[world.rank]

@@ -47,8 +47,9 @@ class TrainConfig:
                     "nn.Module)", group="model and data")
     data: str = _f("mnist", "dataset: mnist | fashion-mnist | cifar10 | tinyshakespeare | "
                    "synthetic | synthetic-cifar | synthetic-text, or pkg.module:factory returning "
-                   "(x, y) tensors, a Dataset, a DataLoader or a dict of 'train'/'val'/'test' "
-                   "splits", group="model and data")
+                   "(x, y) tensors (held in memory), a Dataset, an IterableDataset or a "
+                   "DataLoader (streamed: read afresh every epoch) or a dict of "
+                   "'train'/'val'/'test' splits", group="model and data")
     loss: str = _f("auto", "loss: auto (cross-entropy for integer targets) | cross_entropy | mse "
                    "| l1 | pkg.module:fn taking (output, target)", group="model and data")
     val_fraction: float = _f(0.0, "hold out this fraction of the training set as a validation "
@@ -58,6 +59,16 @@ class TrainConfig:
                               "~/.cache/fasttrain)", group="model and data")
     block_size: int = _f(128, "tokens per training sequence (language models)",
                          group="model and data")
+    data_in_memory: bool = _f(False, "read a map-style Dataset once into tensors (the in-memory "
+                              "path: fast, but transforms are drawn once) instead of streaming "
+                              "it each epoch; refused when it cannot fit in host memory",
+                              group="model and data")
+    prefetch_factor: int = _f(2, "batches each DataLoader worker loads ahead (streamed data "
+                              "with --workers > 0)", group="model and data")
+    augment: str | None = _f(None, "on-device image augmentation of in-memory data, drawn per "
+                             "batch from the seed: flip (random horizontal flip), crop:P "
+                             "(random translation by up to P pixels, zero padding); e.g. "
+                             "flip,crop:4", group="model and data")
     # -- how long and how much ----------------------------------------------------------------
     epochs: int = _f(1, "passes over the training set")
     max_steps: int = _f(0, "stop after this many optimizer steps (0: no limit)")
@@ -90,7 +101,8 @@ class TrainConfig:
                            group="speed")
     data_on_device: str = _f("auto", "keep the dataset on the device (auto: when it fits in a "
                              "quarter of free memory)", ON_OFF_AUTO, group="speed")
-    workers: int = _f(0, "DataLoader worker processes (host-side loading path)", group="speed")
+    workers: int = _f(0, "DataLoader worker processes (streamed data, or in-memory data kept on "
+                      "the host)", group="speed")
     pin_memory: bool = _f(False, "page-locked host batches for async copies (CUDA, DataLoader "
                           "path)", group="speed")
     activation_checkpointing: bool = _f(False, "recompute block activations in backward instead "
@@ -193,7 +205,20 @@ class TrainConfig:
         if self.resume and not self.out:
             raise UserError("--resume needs --out DIR (the run directory holding checkpoints/)")
         self._validate_parallel()
+        self._validate_data()
         return self
+
+    def _validate_data(self) -> None:
+        """The data path's switches (streamed or in memory; see engine/stream.py)."""
+        if self.prefetch_factor < 1:
+            raise UserError(f"--prefetch-factor must be ≥ 1, got {self.prefetch_factor}")
+        if self.augment is not None:
+            from fasttrain.engine.augment import parse
+
+            parse(self.augment)
+            if self.data in ("tinyshakespeare", "synthetic-text"):
+                raise UserError(f"--augment flips and shifts images; --data {self.data} is "
+                                f"text: drop --augment")
 
     def _validate_parallel(self) -> None:
         """--parallel against the other switches, then against how the processes were launched

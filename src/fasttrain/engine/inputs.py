@@ -4,11 +4,14 @@
     build(cfg, model=MyNet(), data={"train": ds, "val": (vx, vy), "test": loader})
     fasttrain train --model mypkg.nets:make_net --data mypkg.data:load --loss mypkg.nets:loss
 
-Data becomes one `TaskData` of tensors whatever its form: a Dataset (or a DataLoader's dataset)
-is read once, sample by sample, into tensors, so it must fit in host memory; the engine then
-gathers batches by index (on the device when they fit). Inputs are never rescaled silently:
-uint8 inputs are images and become [0, 1] floats (÷255), floating inputs pass unchanged, int64
-inputs are indices (tokens) and pass unchanged; any other dtype is refused with the fix.
+Data takes one of two paths (`load_data` says which and why). Tensors and the bundled datasets
+become one `TaskData` held in memory, batches gathered by index (on the device when they fit:
+batches.py). Any Dataset, IterableDataset or DataLoader is streamed: read afresh every epoch, its
+transforms re-drawn (stream.py); `--data-in-memory` reads a map-style Dataset once into tensors
+instead, refused when its estimated size exceeds the available host memory. Inputs are never
+rescaled silently: uint8 inputs of (input, target) pairs are images and become [0, 1] floats
+(÷255) on both paths, floating inputs pass unchanged, int64 inputs are indices (tokens) and pass
+unchanged; on the in-memory path any other dtype is refused with the fix.
 """
 
 from __future__ import annotations
@@ -65,6 +68,11 @@ def resolve_model(model: nn.Module | str, task) -> tuple[nn.Module, str]:
     if isinstance(model, nn.Module):
         return model, f"{type(model).__module__}.{type(model).__qualname__}"
     if model in MODELS:
+        if not task.in_shape or (getattr(task, "kind", "") == "classification"
+                                 and not task.num_classes):
+            raise UserError(f"--model {model} needs the input shape and the number of classes; "
+                            f"this streamed data tells neither (give the Dataset a `classes` "
+                            f"list, as ImageFolder has) or pass your own nn.Module")
         return build_model(model, in_shape=task.in_shape, num_classes=task.num_classes), model
     made = call_factory(model, "--model")
     if not isinstance(made, nn.Module):
@@ -104,27 +112,48 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 # -- data ----------------------------------------------------------------------------------------
 
 
-def resolve_data(data, cfg):
-    """A `TaskData` from a bundled name, an import path (a factory returning data), a TaskData,
-    (x, y) tensors, a Dataset, a DataLoader or a dict of splits {"train", "val", "test"}."""
+def resolve_data(data, cfg, world: int = 1):
+    """The data a run trains on: a `TaskData` (in memory) or a `stream.StreamData`."""
+    return load_data(data, cfg, world)[0]
+
+
+def load_data(data, cfg, world: int = 1):
+    """(data, why): a `TaskData` from a bundled name, a TaskData, (x, y) tensors or a Dataset
+    under --data-in-memory; a `stream.StreamData` from any Dataset, IterableDataset or
+    DataLoader. `data` may also be an import path (a factory returning data) or a dict of splits
+    {"train", "val", "test"}; one streamed split streams them all."""
+    from torch.utils.data import DataLoader, Dataset
+
     from fasttrain.data.tasks import TASKS, TaskData, load_task
 
     if isinstance(data, str):
         if data in TASKS:
             task = load_task(data, cfg.data_dir, seed=cfg.seed, block_size=cfg.block_size)
-            return split_validation(task, cfg.val_fraction, cfg.seed)
+            return split_validation(task, cfg.val_fraction, cfg.seed), "a bundled dataset"
         data, label = call_factory(data, "--data"), data
     else:
         label = "python"
-    if not isinstance(data, TaskData):
-        splits = data if isinstance(data, dict) else {"train": data}
-        unknown = set(splits) - {"train", "val", "test"}
-        if unknown or "train" not in splits:
-            raise UserError(f"data splits are 'train' (required), 'val' and 'test'; got "
-                            f"{sorted(splits)}")
-        tensors = {k: _tensors(v, k) for k, v in splits.items()}
-        data = _task(label, tensors)
-    return split_validation(data, cfg.val_fraction, cfg.seed)
+    if isinstance(data, TaskData):
+        return split_validation(data, cfg.val_fraction, cfg.seed), "tensors"
+    splits = data if isinstance(data, dict) else {"train": data}
+    unknown = set(splits) - {"train", "val", "test"}
+    if unknown or "train" not in splits:
+        raise UserError(f"data splits are 'train' (required), 'val' and 'test'; got "
+                        f"{sorted(splits)}")
+    datasets = [k for k, v in splits.items() if isinstance(v, Dataset | DataLoader)]
+    if datasets and not cfg.data_in_memory:
+        from torch.utils.data import IterableDataset
+
+        from fasttrain.engine import stream
+
+        kinds = sorted({"a DataLoader" if isinstance(splits[k], DataLoader) else
+                        "an IterableDataset" if isinstance(splits[k], IterableDataset) else
+                        "a Dataset" for k in datasets})
+        why = f"{' and '.join(kinds)}, read afresh each epoch"
+        return stream.load(splits, cfg, world, label, why), why
+    tensors = {k: _tensors(v, k) for k, v in splits.items()}
+    why = "--data-in-memory" if datasets else "tensors"
+    return split_validation(_task(label, tensors), cfg.val_fraction, cfg.seed), why
 
 
 def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,6 +164,7 @@ def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(split, tuple | list) and len(split) == 2 and all(map(torch.is_tensor, split)):
         x, y = split
     elif isinstance(split, Dataset):
+        check_fits(split, name)
         try:
             samples = [split[i] for i in range(len(split))]
             x = torch.stack([torch.as_tensor(s[0]) for s in samples])
@@ -147,6 +177,45 @@ def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
                         f"{type(split).__name__}")
     check_split(x, y, name)
     return x, y
+
+
+def check_fits(dataset, name: str) -> None:
+    """--data-in-memory: refuse a Dataset without length, or one whose estimated size (length ×
+    the first sample's bytes) exceeds the host memory available now."""
+    from torch.utils.data import IterableDataset
+
+    try:
+        n = len(dataset)
+    except TypeError:
+        n = None
+    if n is None or isinstance(dataset, IterableDataset):
+        raise UserError(f"--data-in-memory: the {name} data has no length (a stream) and cannot "
+                        f"be read into memory; drop --data-in-memory to stream it")
+    first = dataset[0] if n else ()
+    if not (isinstance(first, tuple | list) and len(first) == 2):
+        raise UserError(f"--data-in-memory reads (input, target) samples; the {name} data gives "
+                        f"{type(first).__name__}: drop --data-in-memory to stream it")
+    per = sum(torch.as_tensor(v).numel() * torch.as_tensor(v).element_size() for v in first)
+    free = available_memory()
+    if free is not None and n * per > free:
+        raise UserError(f"--data-in-memory: the {name} data needs about {n * per / 2**30:.1f} "
+                        f"GiB ({n} samples × {per} bytes) and {free / 2**30:.1f} GiB of host "
+                        f"memory is available; drop --data-in-memory to stream it")
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory available now (MemAvailable; psutil may not be installed)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def check_split(x: torch.Tensor, y: torch.Tensor, name: str) -> None:

@@ -19,6 +19,7 @@ worker exit as its own failure).
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -118,6 +119,7 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
             notify(run, "on_start")
             while (run.epoch < run.cfg.epochs and run.step < run.total_steps
                    and run.stop is None):
+                ran_out = True  # the epoch's batches ran out (a stream's pass may end early)
                 for batch in step_batches(run, run.epoch):
                     step(run, batch)
                     run.step += 1
@@ -125,8 +127,9 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
                     bar.advance()
                     notify(run, "on_step")
                     if run.step >= run.total_steps or run.stop is not None:
+                        ran_out = False
                         break
-                if run.step_in_epoch >= run.batches.steps_per_epoch:
+                if ran_out or run.step_in_epoch >= (run.batches.steps_per_epoch or math.inf):
                     run.epoch += 1
                     run.step_in_epoch = 0
                     notify(run, "on_epoch_end")
@@ -140,6 +143,7 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
 
         raise UserError(explain_oom(run)) from None
     finally:
+        run.batches.close()  # persistent DataLoader workers would hold the run directory's lock
         run.rundir.close()
         run.world.close(together)
     return run.history[-1] if run.history else {}

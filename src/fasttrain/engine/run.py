@@ -31,11 +31,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from fasttrain.engine import agree, distributed, inputs
+from fasttrain.engine import agree, augment, distributed, inputs
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.output import RunDir
 from fasttrain.engine.signals import StopSignals
+from fasttrain.engine.stream import Stream, StreamData
 from fasttrain.errors import UserError
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -50,8 +51,8 @@ class Run:
     device: torch.device
     autocast: Any  # a context manager: torch.autocast or a null context
     scaler: torch.amp.GradScaler  # disabled unless fp16
-    data: Any  # the TaskData trained on
-    batches: Batches
+    data: Any  # the TaskData (in memory) or stream.StreamData trained on
+    batches: Any  # batches.Batches (in memory) or stream.Stream: the same interface
     model: nn.Module  # owns the parameters: saved, loaded, measured
     forward: nn.Module  # what the step calls: model wrapped by DDP/FSDP/compile
     no_sync: Callable  # the context of non-final micro-steps
@@ -153,11 +154,17 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.device = dev = world.device  # cuda:LOCAL_RANK under torchrun on GPUs
     run.autocast, run.scaler = _precision(cfg, dev)
 
-    run.data = task = inputs.resolve_data(data, cfg)
-    run.batches = Batches(task, dev, cfg.batch_size, cfg.accum_steps, cfg.seed,
-                          on_device=_data_on_device(cfg, dev, task), workers=cfg.workers,
-                          pin_memory=cfg.pin_memory, channels_last=cfg.channels_last,
-                          block_size=cfg.block_size, rank=world.rank, world=world.size)
+    task, why = inputs.load_data(data, cfg, world.size)
+    run.data = task
+    flip_crop = augment.for_task(cfg.augment, task, cfg.seed, dev, world.rank)  # in memory only
+    if isinstance(task, StreamData):
+        run.batches = Stream(task, cfg, dev, world.rank, world.size)
+    else:
+        run.batches = Batches(task, dev, cfg.batch_size, cfg.accum_steps, cfg.seed,
+                              on_device=_data_on_device(cfg, dev, task), workers=cfg.workers,
+                              pin_memory=cfg.pin_memory, channels_last=cfg.channels_last,
+                              block_size=cfg.block_size, rank=world.rank, world=world.size,
+                              augment=flip_crop, why=why)
     run.loss_fn = inputs.resolve_loss(loss, task)
     run.metrics = {**default_metrics(task), **metrics}
 
@@ -178,7 +185,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         torch.manual_seed(cfg.seed * 1_000_003 + 7919 * world.rank)
 
     run.opt = _optimizer(cfg, module, world)
-    run.total_steps = cfg.epochs * run.batches.steps_per_epoch
+    per_epoch = run.batches.steps_per_epoch  # None: a stream without length (then max_steps)
+    run.total_steps = cfg.epochs * per_epoch if per_epoch is not None else cfg.max_steps
     if cfg.max_steps:
         run.total_steps = min(run.total_steps, cfg.max_steps)
     run.sched = torch.optim.lr_scheduler.LambdaLR(run.opt, lambda s: lr_factor(cfg, run, s))
@@ -194,7 +202,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.checkpoints = Path(cfg.out) / "checkpoints" if cfg.out else None
     agree.together(world, checkpoint.resume, run)  # a bad checkpoint stops every rank
     run.rundir.write_text("config.toml", _toml(cfg))
-    run.rundir.write_json("model.json", {"model": label, "in_shape": list(task.in_shape),
+    run.rundir.write_json("model.json", {"model": label, "in_shape": list(task.in_shape or ()),
                                          "num_classes": task.num_classes})
     if verbose and world.main:
         print(describe(run), file=sys.stderr)
@@ -209,15 +217,16 @@ def describe(run: Run) -> str:
     return (f"training {run.label} on {task.name}{' (synthetic)' if task.synthetic else ''} on "
             f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}: "
             f"micro-batch {b.micro} per process × {cfg.accum_steps} accumulation × "
-            f"{run.world.size} process(es); data "
+            f"{run.world.size} process(es); data {b.path} ({b.why}), "
             f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}")
 
 
 def default_metrics(task) -> dict[str, Metric]:
-    """Accuracy for integer targets (classes, or tokens for language); none for float ones."""
-    if task.train_y is not None and task.train_y.is_floating_point():
+    """Accuracy for integer targets (classes, or tokens for language); none for float targets
+    or for batches that are not (input, target) pairs."""
+    if task.kind not in ("classification", "language"):
         return {}
-    return {"token_accuracy" if task.train_y is None else "accuracy": accuracy}
+    return {"token_accuracy" if task.kind == "language" else "accuracy": accuracy}
 
 
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -302,7 +311,10 @@ def _count_flops(run: Run, model: nn.Module) -> float | None:
 
     # One rank's micro-batch, scaled to the whole step of all ranks (FLOPs are linear in the
     # batch): the count never holds more than one rank's activations.
-    x, y = next(iter(run.batches.eval_batches(run.batches.micro, "train")))
+    batch = next(iter(run.batches.eval_batches(run.batches.micro, "train")), None)
+    if not (isinstance(batch, tuple | list) and len(batch) == 2):
+        return None  # not (input, target) pairs: no forward(x) to count, no MFU
+    x, y = batch
     counter = FlopCounterMode(display=False)
     # Eval mode and a forked RNG: counting must not move BatchNorm statistics or the random
     # stream, or the run would differ from one that does not count.

@@ -1,0 +1,367 @@
+"""The streamed data path: any Dataset, IterableDataset or DataLoader, read afresh every epoch.
+
+    build(cfg, model=net, data=ImageFolder("photos/", transform=RandomCrop(32, 4)))
+    build(cfg, model=net, data={"train": loader, "val": ds, "test": (x, y)})
+
+A map-style Dataset is batched by a DataLoader built from --workers, --pin-memory and
+--prefetch-factor, one micro-batch of this rank per batch. A user's DataLoader keeps its workers,
+collate_fn, pin_memory, persistent_workers, prefetch_factor and worker_init_fn; its batch_size
+must be this rank's micro-batch. Its sampler is replaced only when it is the RandomSampler /
+SequentialSampler that `shuffle=True/False` makes, by the engine's seeded one (dealt over ranks
+like DistributedSampler, with a start offset); another sampler is kept as built for one process
+and refused for several (the engine cannot split it).
+
+Order and randomness (what makes resume exact and N processes equal one):
+- map-style: the epoch's order is `epoch_order(seed, epoch)` (the in-memory path's), cut to whole
+  steps, rank r taking positions r, r + world, ...; a resumed epoch starts the sampler at its
+  step, reading nothing twice. Before each batch is read, torch's, NumPy's and Python's random
+  streams are seeded from (seed, epoch, rank, batch), so its random transforms depend on nothing
+  else: not on the worker that reads it, the prefetching or a resume. (Per batch, not per
+  sample: seeding costs as much as reading a small sample. So N processes equal one process
+  sample for sample where the data has no random transform, and in distribution where it has.)
+- IterableDataset: each pass is one `iter()` of it (its `set_epoch(epoch)` called first, if it has
+  one). The stream is dealt over ranks × workers by skipping: reader k of n keeps items k, k + n,
+  ... (each reader reads the whole stream, so any iterable splits correctly, at n× the reading).
+  A dataset that splits itself cheaply (by file, by shard) sets `splits_itself = True` and yields
+  only its share, `fasttrain.engine.sampling.shard()` → (k, n). Workers are seeded from (seed,
+  epoch, rank) + worker and restarted each pass (persistent_workers is off for a stream: a worker
+  must learn the epoch). A resumed pass skips the micro-batches already trained on by reading
+  them: the same batches come back if the stream yields the same items for the same epoch.
+  (Under torchrun a stream without length never ends a pass (see Stream.endless): a resume
+  reads again everything trained on since the start.)
+- With no workers the data's random draws run on their own saved streams, apart from the model's
+  dropout stream: neither moves the other.
+
+Batches are trees (tree.py). On CUDA the next batch's host→device copy is issued on a side stream
+before the current batch is handed out, so it overlaps the step; the step's stream waits for it
+with an event (no host sync). In an (input, target) pair a uint8 input is scaled to [0, 1] floats
+on the device, as on the in-memory path (the same Dataset trains the same either way); nothing
+else is rescaled.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from fasttrain.engine import tree
+from fasttrain.engine.sampling import (
+    EvalSampler,
+    OwnRandom,
+    Seeded,
+    Sharded,
+    Split,
+    StepSampler,
+    Untouched,
+    check_batch,
+    check_sample,
+    make_split,
+    mix,
+)
+from fasttrain.errors import UserError
+
+_END = object()
+
+
+@dataclass(frozen=True)
+class StreamData:
+    """What the engine knows of streamed data before training: read from its first sample."""
+
+    name: str
+    kind: str  # "classification" | "regression" | "other" (samples are not (input, target))
+    in_shape: tuple[int, ...] | None  # the first input's shape, for a pair
+    num_classes: int  # len(dataset.classes) (or .num_classes) where it has one, else 0
+    source: str
+    why: str  # why the streamed path (the start line says it)
+    splits: dict[str, Split] = field(repr=False)
+    train_y: torch.Tensor | None = None  # the first sample's target: a probe of its dtype
+    in_dtype: torch.dtype | None = None  # the first input's, for a pair
+    synthetic: bool = False
+
+
+def load(splits: dict[str, Any], cfg, world: int, label: str, why: str) -> StreamData:
+    """The splits as Split objects, a validation share held out if asked, and a probe."""
+    parts = {k: make_split(v, k, world) for k, v in splits.items()}
+    train = parts["train"]
+    if cfg.val_fraction and "val" not in parts:
+        parts["train"], parts["val"] = _hold_out(train, cfg.val_fraction, cfg.seed)
+    sample = _first(train, cfg.seed)
+    pair = isinstance(sample, tuple | list) and len(sample) == 2
+    x, y = (_as_tensor(sample[0]), _as_tensor(sample[1])) if pair else (None, None)
+    if x is None or y is None:
+        kind, y = "other", None
+    else:
+        kind = "regression" if y.is_floating_point() else "classification"
+    classes = getattr(train.dataset, "classes", None)
+    classes = len(classes) if classes is not None else getattr(train.dataset, "num_classes", 0)
+    return StreamData(name=label, kind=kind, in_shape=tuple(x.shape) if x is not None else None,
+                      num_classes=int(classes or 0), source=label, why=why, splits=parts,
+                      train_y=y, in_dtype=x.dtype if x is not None else None)
+
+
+def _as_tensor(v) -> torch.Tensor | None:
+    try:
+        return torch.as_tensor(v)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _first(split: Split, seed: int):
+    """The first training sample (read on the data's own random streams), checked."""
+    own = OwnRandom(seed)
+    own.reset(-2)
+    with own:
+        sample = (next(iter(split.dataset), _END) if split.iterable
+                  else split.dataset[0] if len(split) else _END)
+    if sample is _END:
+        raise UserError("train data is empty: give a Dataset with samples")
+    check_sample(sample, "train data")
+    return sample
+
+
+def _hold_out(train: Split, fraction: float, seed: int) -> tuple[Split, Split]:
+    """A seeded share of a map-style training set as the validation set (as split_validation
+    does for tensors)."""
+    if train.iterable or train.as_built is not None:
+        raise UserError("--val-fraction cannot hold out part of a stream or of a DataLoader "
+                        "with its own sampler; give a 'val' split instead")
+    n = len(train)
+    held = int(n * fraction)
+    if held < 1 or held == n:
+        raise UserError(f"--val-fraction {fraction} of {n} samples leaves an empty split; "
+                        f"choose a fraction between {1 / n:.2g} and {1 - 1 / n:.2g}")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 17))
+    keep, val = order[held:].sort().values.tolist(), order[:held].sort().values.tolist()
+    return (Split(Subset(train.dataset, keep), False, train.loader_kw, train.batch_size,
+                  shuffle=train.shuffle),
+            Split(Subset(train.dataset, val), False, train.loader_kw))
+
+
+class Stream:
+    """This rank's micro-batches of a streamed training set, and its evaluation batches: the
+    same interface as batches.Batches (contracts: run.batches)."""
+
+    path = "streamed"
+    on_device = False
+    language = False
+
+    def __init__(self, data: StreamData, cfg, device: torch.device, rank: int = 0,
+                 world: int = 1):
+        self.device, self.rank, self.world, self.seed = device, rank, world, cfg.seed
+        self.batch_size, self.accum = cfg.batch_size, cfg.accum_steps
+        self.micro = cfg.batch_size // cfg.accum_steps // world
+        self.splits, self.why = data.splits, data.why
+        self.workers, self.pin, self.prefetch = cfg.workers, cfg.pin_memory, cfg.prefetch_factor
+        self.generator = torch.Generator()  # worker seeds; never the global stream
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.finish = _finisher(data, cfg.channels_last)
+        train = self.splits["train"]
+        if cfg.data_on_device == "on":
+            raise UserError("--data-on-device on keeps in-memory data on the device; this data "
+                            "is streamed: add --data-in-memory, or drop --data-on-device")
+        if train.batch_size is not None and train.batch_size != self.micro:
+            raise UserError(f"the train DataLoader's batch_size is {train.batch_size}, but this "
+                            f"process's micro-batch is {self.micro} (--batch-size "
+                            f"{cfg.batch_size} / {cfg.accum_steps} accumulation / {world} "
+                            f"process(es)); build it with batch_size={self.micro} or change "
+                            f"--batch-size")
+        self.sampler: StepSampler | None = None
+        self.loader = self._train_loader(train)
+        self.steps_per_epoch = self._steps(train)
+        # Several processes must stop a pass at the same step (each step is a collective), which
+        # a stream without length cannot promise without a sync per step: there each rank's
+        # stream is restarted where it ends, and the run is --max-steps long.
+        self.endless = self.steps_per_epoch is None and world > 1
+        if self.steps_per_epoch is None and not cfg.max_steps:
+            raise UserError("the training data is a stream without length: give --max-steps N "
+                            "(epochs then count passes, where the stream ends)")
+        if self.steps_per_epoch == 0:
+            raise UserError(f"--batch-size {cfg.batch_size} is larger than the {len(train)} "
+                            f"training samples; use a smaller batch")
+        if world > 1 and cfg.parallel == "fsdp" and any(
+                s.iterable for k, s in self.splits.items() if k != "train"):
+            raise UserError("--parallel fsdp evaluates in lock-step and a stream's shares may "
+                            "differ in length: give val/test as map-style Datasets or tensors")
+
+    # -- building loaders ------------------------------------------------------------------------
+
+    def _kw(self, split: Split, persistent: bool = True) -> dict:
+        if split.loader_kw:
+            kw = dict(split.loader_kw)
+        else:
+            kw = {"num_workers": self.workers, "pin_memory": self.pin,
+                  "prefetch_factor": self.prefetch if self.workers else None,
+                  "persistent_workers": self.workers > 0}
+        # A stream's workers must be restarted to learn the epoch; evaluation loaders live for
+        # one evaluation.
+        kw["persistent_workers"] = kw["persistent_workers"] and persistent and not split.iterable
+        return kw
+
+    def _train_loader(self, split: Split) -> DataLoader:
+        if split.as_built is not None:
+            return split.as_built
+        if split.iterable:  # the last partial batch of a pass is dropped, as for map-style data
+            batching = ({"batch_size": None} if split.batched
+                        else {"batch_size": self.micro, "drop_last": True})
+            return DataLoader(Sharded(split.dataset, self.rank, self.world),
+                              generator=self.generator, **batching, **self._kw(split))
+        self.sampler = StepSampler(len(split), self.micro, self.accum, self.world, self.rank,
+                                   self.seed, split.shuffle)
+        return DataLoader(Seeded(split.dataset), batch_sampler=self.sampler,
+                          generator=self.generator, **self._kw(split))
+
+    def _steps(self, split: Split) -> int | None:
+        """Optimizer steps per pass that every rank is sure to have (None: unknown)."""
+        if self.sampler is not None:
+            return self.sampler.steps
+        try:
+            n = len(split.dataset)  # a stream's __len__ is its own promise
+        except TypeError:
+            return None
+        if split.as_built is not None:
+            return len(split.as_built) // self.accum
+        # Reader k of `readers` gets at least n // readers items, and drops its partial batch.
+        workers = max(1, self.loader.num_workers)
+        per_worker = n // (self.world * workers) // (1 if split.batched else self.micro)
+        return per_worker * workers // self.accum
+
+    # -- the batches -----------------------------------------------------------------------------
+
+    def micro_batches(self, epoch: int, start_step: int = 0) -> Iterator[Any]:
+        """This rank's micro-batches from optimizer step `start_step` of `epoch`, on the
+        device."""
+        skip = start_step * self.accum
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch, start_step)
+            skip = 0  # the sampler starts there: nothing is read twice
+        elif isinstance(self.loader.dataset, Sharded):
+            self.loader.dataset.epoch = epoch
+        elif hasattr(self.loader.sampler, "set_epoch"):
+            self.loader.sampler.set_epoch(epoch)
+        if self.endless:
+            host = itertools.chain.from_iterable(self._pass(epoch, p) for p in itertools.count())
+        else:
+            host = self._read(self.loader, epoch)
+        # A stream with length stops at the steps every rank is sure to have (a pass).
+        end = self.steps_per_epoch * self.accum if self.steps_per_epoch is not None else None
+        yield from self._ahead(itertools.islice(host, skip, end), "train data")
+
+    def _pass(self, epoch: int, p: int) -> Iterator[Any]:
+        self.loader.dataset.epoch = epoch + p  # each restart of an endless stream: a new pass
+        return self._read(self.loader, epoch + p)
+
+    def _read(self, loader: DataLoader, epoch: int) -> Iterator[Any]:
+        self.generator.manual_seed(mix(self.seed, epoch, self.rank))
+        if loader.num_workers:
+            yield from loader
+            return
+        own = (OwnRandom(self.seed) if isinstance(loader.dataset, Sharded) or loader is
+               self.splits["train"].as_built else Untouched())
+        own.reset(epoch, self.rank)
+        batches = iter(loader)
+        while True:
+            with own:  # the data's random draws, on their own streams
+                batch = next(batches, _END)
+            if batch is _END:
+                return
+            yield batch
+
+    def _ahead(self, batches: Iterator[Any], where: str) -> Iterator[Any]:
+        """Batches on the device; on CUDA one copy ahead, on a side stream."""
+        if self.copy_stream is None:
+            for batch in batches:
+                check_batch(batch, where)
+                yield self.finish(tree.to_device(batch, self.device))
+            return
+        pending = None
+        for batch in batches:
+            check_batch(batch, where)
+            issued = self._issue(batch)  # batch k+1's copy starts before batch k's step
+            if pending is not None:
+                yield self._ready(*pending)
+            pending = issued
+        if pending is not None:
+            yield self._ready(*pending)
+
+    def _issue(self, batch):
+        with torch.cuda.stream(self.copy_stream):
+            moved = tree.to_device(batch, self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.copy_stream)
+        return moved, done
+
+    def _ready(self, moved, done):
+        step_stream = torch.cuda.current_stream(self.device)
+        step_stream.wait_event(done)  # a device-side wait: the host goes on
+        for t in tree.leaves(moved):
+            t.record_stream(step_stream)  # allocated on the copy stream, used on this one
+        return self.finish(moved)
+
+    def close(self) -> None:
+        """Stop persistent workers now (at the end of fit): forked, they hold copies of every
+        open file, the run directory's lock among them, until they exit."""
+        workers = getattr(self.loader, "_iterator", None)  # DataLoader keeps them there
+        if workers is not None and hasattr(workers, "_shutdown_workers"):
+            workers._shutdown_workers()
+            self.loader._iterator = None
+
+    # -- evaluation ------------------------------------------------------------------------------
+
+    def has_split(self, split: str) -> bool:
+        return split in self.splits
+
+    def eval_batches(self, batch_size: int, split: str = "test") -> Iterator[Any]:
+        """The whole split in order, in batches of `batch_size` (the last one smaller)."""
+        yield from self._eval(batch_size, split, 0, 1)
+
+    def eval_shard(self, batch_size: int, split: str = "test") -> Iterator[Any]:
+        """This rank's share of a split (map-style: samples r, r + world, ... in the same number
+        of batches on every rank; a stream: dealt as in training)."""
+        yield from self._eval(batch_size, split, self.rank, self.world)
+
+    def _eval(self, batch_size: int, name: str, rank: int, world: int) -> Iterator[Any]:
+        split = self.splits.get(name)
+        if split is None:
+            return
+        kw = self._kw(split, persistent=False)
+        if split.iterable:
+            loader = DataLoader(Sharded(split.dataset, rank, world, epoch=-1),
+                                batch_size=None if split.batched else batch_size,
+                                generator=self.generator, **kw)
+        else:
+            loader = DataLoader(Seeded(split.dataset), generator=self.generator, **kw,
+                                batch_sampler=EvalSampler(len(split), batch_size, world, rank,
+                                                          self.seed))
+        yield from self._ahead(self._read(loader, -1), f"{name} data")
+
+    # -- checkpoints (key "data") ----------------------------------------------------------------
+
+    def state(self, step_in_epoch: int) -> dict:
+        return {"path": self.path, "resume": "sampler" if self.sampler else "skip",
+                "micro_batches": step_in_epoch * self.accum}
+
+
+def _finisher(data: StreamData, channels_last: bool):
+    """What becomes of a batch on the device, resolved once: a uint8 input of an (input,
+    target) pair is scaled to [0, 1] (and NHWC if asked); any other tree passes as it is."""
+    scale = data.in_dtype == torch.uint8
+    nhwc = channels_last and data.in_shape is not None and len(data.in_shape) == 3
+    if not (scale or nhwc):
+        return lambda batch: batch
+    fmt = torch.channels_last if nhwc else torch.contiguous_format
+
+    def finish(batch):
+        if not (isinstance(batch, tuple | list) and len(batch) == 2):
+            return batch  # a collate_fn that made another structure: left as it is
+        inputs, target = batch
+        if scale:
+            inputs = inputs.float() / 255
+        inputs = inputs.contiguous(memory_format=fmt)
+        return type(batch)([inputs, target])
+
+    return finish
