@@ -113,6 +113,15 @@ def search(try_fn: Callable[[int], Try], floor: int, unit: int, cap: int,
 
 def train_samples(task, block_size: int) -> int:
     """How many samples one epoch has: the largest batch the engine can build."""
+    splits = getattr(task, "splits", None)  # streamed data (engine/stream.py StreamData)
+    if splits is not None:
+        try:
+            return len(splits["train"])
+        except TypeError:
+            from fasttrain.errors import UserError
+
+            raise UserError("the training data is a stream without length: the batch-size "
+                            "search needs its size; give a map-style Dataset") from None
     if task.kind == "language":
         return (len(task.train_x) - 1) // block_size
     return len(task.train_y)
