@@ -271,6 +271,17 @@ TRAIN = {"fasttrain": train_fasttrain, "lightning": train_lightning,
          "accelerate": train_accelerate, "hand-written": train_hand}
 
 
+def unavailable(contender: str) -> str | None:
+    """Why `contender` cannot run here (its package is not installed: `pip install
+    fasttrain[bench]`), or None."""
+    import importlib.util
+
+    package = {"lightning": "lightning", "accelerate": "accelerate"}.get(contender)
+    if package and importlib.util.find_spec(package) is None:
+        return f"{package} is not installed (pip install 'fasttrain[bench]')"
+    return None
+
+
 def measure(contender: str, regime: str, s: Settings, samples: list) -> dict:
     """One steady-state measurement of `contender` in this process."""
     clock = Window(s)
@@ -302,16 +313,20 @@ def run_all(s: Settings, samples: list, rounds: int, measure_one=measure_in_chil
         for r in range(rounds):
             k = r % len(contenders)  # rotate the order: no contender always runs first
             for name in contenders[k:] + contenders[:k]:
-                try:
-                    got = {"status": "ok", **measure_one(name, regime, s, samples)}
-                except Exception as e:  # a contender that fails is a row, not a crash
-                    got = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
+                if why := unavailable(name):
+                    got = {"status": "unavailable", "reason": why}
+                else:
+                    try:
+                        got = {"status": "ok", **measure_one(name, regime, s, samples)}
+                    except Exception as e:  # a contender that fails is a row, not a crash
+                        got = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
                 runs.append({"regime": regime, "round": r, "contender": name, **got})
-                echo(f"{regime:>13} round {r + 1}/{rounds} {name:>12}: "
-                     + (f"{got['samples_per_s']:,.0f} samples/s" if got["status"] == "ok"
-                        else got["reason"])
-                     + (f"  [fasttrain data path: {got.get('path')}]"
-                        if name == "fasttrain" and got["status"] == "ok" else ""))
+                said = (f"{got['samples_per_s']:,.0f} samples/s" if got["status"] == "ok"
+                        else f"{got['status']}: {got['reason']}")
+                if name == "fasttrain" and got["status"] == "ok":
+                    said += f"  [data path: {got.get('path') or 'not reported'}; start line: " \
+                            f"{got.get('start_line')}]"
+                echo(f"{regime:>13} round {r + 1}/{rounds} {name:>12}: {said}")
     from fasttrain.env import env_block
 
     return {"schema": SCHEMA, "env": env_block(),
@@ -336,7 +351,7 @@ def summarize(runs: list, contenders, regimes) -> list:
             mine = [x for x in runs if x["regime"] == regime and x["contender"] == name]
             ok = [x["samples_per_s"] for x in mine if x["status"] == "ok"]
             row = {"regime": regime, "model": REGIMES[regime], "contender": name,
-                   "status": "ok" if ok and len(ok) == len(mine) else "failed",
+                   "status": next((x["status"] for x in mine if x["status"] != "ok"), "ok"),
                    "reason": next((x["reason"] for x in mine if x["status"] != "ok"), None),
                    "samples_per_s_rounds": ok}
             if ok:
@@ -390,7 +405,8 @@ def table(result: dict):
         ("max", num("samples_per_s_max", "{:,.0f}")),
         ("spread", num("spread", "{:.1%}")), ("× hand", num("vs_hand", "{:.3f}")),
         ("× best peer", num("vs_best_peer", "{:.3f}")),
-        ("data path", lambda r: r.get("data_path") or "")], result["rows"], caption,
+        ("data path", lambda r: "" if r["contender"] != "fasttrain"
+         else r.get("data_path") or "not reported")], result["rows"], caption,
         label_columns=2)
 
 
