@@ -68,6 +68,7 @@ PEERS = ("lightning", "accelerate")
 REGIMES = {"input-bound": "logreg", "compute-bound": "cnn"}
 PAD, SIZE = 2, 28
 RESULTS = Path(__file__).resolve().parent / "results"
+_MARK = "input_pipeline row: "  # how a child process's stdout line with its row begins
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +118,8 @@ def augment(img: np.ndarray, rng: random.Random) -> np.ndarray:
 
 class PngFolder(Dataset):
     """(x float32 [1, 28, 28] in [0, 1], label) per file. The draws use Python's `random`, which
-    the DataLoader seeds per worker from its generator: the same stream for every contender."""
+    the DataLoader seeds per worker from its generator (or `measure`, without workers): the same
+    stream for every contender."""
 
     def __init__(self, samples: list, augmented: bool = True):
         self.samples, self.augmented = samples, augmented
@@ -290,6 +292,7 @@ def unavailable(contender: str) -> str | None:
 
 def measure(contender: str, regime: str, s: Settings, samples: list) -> dict:
     """One steady-state measurement of `contender` in this process."""
+    random.seed(s.seed)  # the augmentation's stream when the main process loads (no workers)
     clock = Window(s)
     loader = make_loader(PngFolder(samples), s)
     extra = TRAIN[contender](make_model(regime, s), loader, s, clock)
@@ -305,7 +308,9 @@ def measure_in_child(contender: str, regime: str, s: Settings, samples: list) ->
     if proc.returncode:
         raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
                            else f"exit code {proc.returncode}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    # Libraries print too (Lightning's notices): the row is the line marked as ours.
+    line = next(x for x in reversed(proc.stdout.splitlines()) if x.startswith(_MARK))
+    return json.loads(line[len(_MARK):])
 
 
 # -- the benchmark: interleaved rounds, statistics, result -------------------------------------
@@ -447,7 +452,7 @@ def main(argv=None) -> int:
         job = json.loads(args.child)
         s = Settings(**job["settings"])
         got = measure(job["contender"], job["regime"], s, list_pngs(s.images_dir, s.limit))
-        print(json.dumps(got))
+        print(_MARK + json.dumps(got))
         return 0
 
     from fasttrain.data.sources import load_dataset

@@ -118,3 +118,22 @@ def test_a_missing_peer_is_unavailable(bench, monkeypatch):
                         lambda name, *a: None if name == "accelerate" else real(name, *a))
     assert "accelerate is not installed" in bench.unavailable("accelerate")
     assert bench.unavailable("hand-written") is None
+
+
+def test_the_window_times_only_the_steps_after_warmup(bench):
+    clock = bench.Window(bench.Settings(images_dir="unused", warmup=2, steps=3, batch_size=10))
+    for _ in range(4):
+        clock.tick()
+    with pytest.raises(RuntimeError, match="only 4 of 5 steps"):
+        clock.row(10)
+    clock.tick()
+    row = clock.row(10)
+    assert clock.t0 <= clock.start <= clock.end
+    assert row["samples_per_s"] == pytest.approx(30 / (clock.end - clock.start))
+
+
+def test_a_run_in_a_fresh_process_reports_its_row(bench, pngs, tmp_path):
+    s = bench.Settings(images_dir=str(tmp_path), limit=12, batch_size=4, workers=0, warmup=1,
+                       steps=2, device="cpu")
+    row = bench.measure_in_child("hand-written", "input-bound", s, pngs[1])
+    assert row["samples_per_s"] > 0 and row["window_s"] > 0
