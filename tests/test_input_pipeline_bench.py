@@ -95,7 +95,8 @@ def test_one_round_of_every_contender_gives_the_schema(bench, pngs, tmp_path):
     bench.table(result)  # renders
 
 
-def test_a_failing_contender_is_a_failed_row(bench):
+def test_a_failing_contender_is_a_failed_row(bench, monkeypatch):
+    monkeypatch.setattr(bench, "unavailable", lambda name: None)  # every peer "installed"
     def measure_one(name, regime, s, samples):
         if name == "lightning":
             raise RuntimeError("boom")
@@ -137,3 +138,21 @@ def test_a_run_in_a_fresh_process_reports_its_row(bench, pngs, tmp_path):
                        steps=2, device="cpu")
     row = bench.measure_in_child("hand-written", "input-bound", s, pngs[1])
     assert row["samples_per_s"] > 0 and row["window_s"] > 0
+
+
+def test_targets_are_judged_on_medians_of_a_streamed_fasttrain(bench, monkeypatch):
+    monkeypatch.setattr(bench, "unavailable", lambda name: None)
+    speeds = {"fasttrain": [99.0, 101.0, 97.0], "lightning": [100.0] * 3,
+              "accelerate": [90.0] * 3, "hand-written": [100.0] * 3}
+
+    def measure_one(name, regime, s, samples):
+        return {"samples_per_s": speeds[name].pop(), "path": "streamed"}
+
+    result = bench.run_all(bench.Settings(images_dir="unused"), [], rounds=3,
+                           measure_one=measure_one, echo=lambda _: None,
+                           regimes=("compute-bound",))
+    ft = result["rows"][0]
+    assert ft["samples_per_s_median"] == 99.0 and ft["spread"] == pytest.approx(4 / 99)
+    judged = bench.targets(result["rows"])["compute-bound"]
+    assert judged["ratio"] == pytest.approx(0.99) and judged["met"] is True
+    assert judged["largest_spread"] == pytest.approx(4 / 99)
