@@ -84,8 +84,12 @@ class Settings:
     device: str = "cpu"
 
     @property
-    def pin_memory(self) -> bool:
-        return self.device.startswith("cuda")
+    def cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
+
+    @property
+    def pin_memory(self) -> bool:  # page-locked batches: only a copy to a GPU gains from them
+        return self.cuda
 
 
 # -- data: PNG files on disk, decoded and augmented per sample ----------------------------------
@@ -213,9 +217,10 @@ def train_fasttrain(model, loader, s: Settings, clock: Window) -> dict:
                               seed=s.seed, epochs=math.ceil(clock.total / len(loader)),
                               max_steps=clock.total, log_every=10**9, progress=False)
     fasttrain.fit(run, callbacks=[Tick()])
-    batches = run.batches
+    # run.batches.path/why: issue 23's data paths; an engine before it reports neither.
+    batches, lines = run.batches, err.getvalue().splitlines()
     return {"path": getattr(batches, "path", None), "why": getattr(batches, "why", None),
-            "start_line": err.getvalue().strip().splitlines()[-1] if err.getvalue() else None}
+            "start_line": next((x for x in lines if x.startswith("training ")), None)}
 
 
 def train_lightning(model, loader, s: Settings, clock: Window) -> dict:
@@ -237,7 +242,7 @@ def train_lightning(model, loader, s: Settings, clock: Window) -> dict:
         def on_train_batch_end(self, *_):
             clock.tick()
 
-    trainer = pl.Trainer(accelerator="gpu" if s.pin_memory else "cpu", devices=1,
+    trainer = pl.Trainer(accelerator="gpu" if s.cuda else "cpu", devices=1,
                          max_steps=clock.total, max_epochs=-1, precision="32-true",
                          logger=False, enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False, num_sanity_val_steps=0,
@@ -249,7 +254,7 @@ def train_lightning(model, loader, s: Settings, clock: Window) -> dict:
 def train_accelerate(model, loader, s: Settings, clock: Window) -> dict:
     from accelerate import Accelerator
 
-    acc = Accelerator(cpu=not s.pin_memory)
+    acc = Accelerator(cpu=not s.cuda)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
     model, opt, loader = acc.prepare(model, opt, loader)
     for x, y in itertools.islice(endless(loader), clock.total):
