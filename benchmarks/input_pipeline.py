@@ -324,6 +324,9 @@ def measure_in_child(contender: str, regime: str, s: Settings, samples: list) ->
 def run_all(s: Settings, samples: list, rounds: int, measure_one=measure_in_child,
             contenders=CONTENDERS, regimes=tuple(REGIMES), echo=print) -> dict:
     load_before = os.getloadavg()
+    if load_before[0] > 0.25 * (os.cpu_count() or 1):
+        echo(f"note: load average {load_before[0]:.2f} on {os.cpu_count()} CPUs before the "
+             f"first run: other work shares the machine and the figures will be noisy")
     runs = []
     for regime in regimes:
         for r in range(rounds):
@@ -342,8 +345,9 @@ def run_all(s: Settings, samples: list, rounds: int, measure_one=measure_in_chil
                 said = (f"{got['samples_per_s']:,.0f} samples/s" if got["status"] == "ok"
                         else f"{got['status']}: {got['reason']}")
                 if name == "fasttrain" and got["status"] == "ok":
-                    said += f"  [data path: {got.get('path') or 'not reported'}; start line: " \
-                            f"{got.get('start_line')}]"
+                    said += f"  [data path: {got.get('path') or 'not reported'}]"
+                    if r == 0:
+                        echo(f"fasttrain's start line: {got.get('start_line')}")
                 echo(f"{regime:>13} round {r + 1}/{rounds} {name:>12}: {said}")
     from fasttrain.env import env_block
 
