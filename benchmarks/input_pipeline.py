@@ -33,10 +33,12 @@ and after goes into the JSON (benchmarks/results/DATE-HARDWARE-input-pipeline.js
 Each run's 1-minute load average goes in too.
 
 Runtime: (process start and setup, ~5 s, + warmup + steps) per run × 4 contenders × 2 regimes ×
-rounds, plus writing the 60,000 PNG files once (~10-20 s). On a quiet 2-core CPU with the defaults,
-about 3 min input-bound (logreg, ~10k samples/s) and 8-15 min compute-bound (cnn, ~0.1-0.2 s per
-step of 128). On a GPU the 28×28 cnn is input-bound too with 2 workers: there the compute-bound
-regime needs --workers large enough for the cnn to be the bottleneck.
+rounds, plus writing the 60,000 PNG files once (~0.4 ms each: ~30 s). Estimated from single-step
+timings on the 2-core EPYC (decode + augment ~0.14 ms per sample per worker; cnn ~0.1-0.2 s per
+step of 128), the defaults take ~3 min input-bound and ~10 min compute-bound: ~15 min in all. An
+engine that reads the DataLoader's dataset into memory (before issue 23) adds its read (~10 s) to
+each of its setups. On a GPU the 28×28 cnn is input-bound too with 2 workers: there the
+compute-bound regime needs --workers large enough for the cnn to be the bottleneck.
 """
 
 from __future__ import annotations
