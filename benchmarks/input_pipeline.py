@@ -1,8 +1,8 @@
 """Input pipeline: samples/s of fasttrain, Lightning, Accelerate and a hand-written PyTorch loop
 training from PNG files on disk through the same Dataset and DataLoader (issue 23).
 
-    PYTHONPATH=src python benchmarks/input_pipeline.py [--rounds 5] [--workers 2] [--limit N]
-        [--images-dir DIR] [--json PATH]
+    FASTTRAIN_DATA=DIR PYTHONPATH=src python benchmarks/input_pipeline.py [--rounds 5] [--limit N]
+        [--workers 2] [--batch-size 128] [--warmup 20] [--steps 200] [--images-dir D] [--json PATH]
 
 Data: Fashion-MNIST's training images (read from $FASTTRAIN_DATA/fashion-mnist or --data-dir)
 are written once as PNG files into a class-folder tree (DIR/train/<class>/<index>.png, default
@@ -45,14 +45,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import itertools
 import json
 import math
 import os
 import random
-import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,11 +59,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from input_pipeline_results import default_name, summarize, table, targets  # benchmarks/
 from torch.utils.data import DataLoader, Dataset
 
 SCHEMA = "fasttrain.input_pipeline/1"
 CONTENDERS = ("fasttrain", "lightning", "accelerate", "hand-written")
-PEERS = ("lightning", "accelerate")
 REGIMES = {"input-bound": "logreg", "compute-bound": "cnn"}
 PAD, SIZE = 2, 28
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -112,6 +109,13 @@ def write_pngs(root: str | os.PathLike, images: np.ndarray, labels: np.ndarray) 
             os.replace(tmp, path)  # an interrupted write never leaves a truncated PNG to reuse
         samples.append((str(path), int(label)))
     return samples
+
+
+def list_pngs(root: str, limit: int) -> list:
+    """The (path, label) samples write_pngs wrote, in index order."""
+    found = sorted((int(p.stem), str(p), int(p.parent.name))
+                   for p in Path(root, "train").glob("*/*.png"))
+    return [(path, label) for i, path, label in found if i < limit]
 
 
 def augment(img: np.ndarray, rng: random.Random) -> np.ndarray:
@@ -320,7 +324,7 @@ def measure_in_child(contender: str, regime: str, s: Settings, samples: list) ->
     return json.loads(line[len(_MARK):])
 
 
-# -- the benchmark: interleaved rounds, statistics, result -------------------------------------
+# -- the benchmark: interleaved rounds (statistics and table: input_pipeline_results.py) ------
 
 
 def run_all(s: Settings, samples: list, rounds: int, measure_one=measure_in_child,
@@ -363,84 +367,8 @@ def run_all(s: Settings, samples: list, rounds: int, measure_one=measure_in_chil
                        measure_in_child else "in process"},
             "load": {"before": list(load_before), "after": list(os.getloadavg()),
                      "cpu_count": os.cpu_count()},
-            "rows": summarize(runs, contenders, regimes),
+            "rows": summarize(runs, contenders, {g: REGIMES[g] for g in regimes}),
             "runs": runs}
-
-
-def summarize(runs: list, contenders, regimes) -> list:
-    rows = []
-    for regime in regimes:
-        med = {}
-        for name in contenders:
-            mine = [x for x in runs if x["regime"] == regime and x["contender"] == name]
-            ok = [x["samples_per_s"] for x in mine if x["status"] == "ok"]
-            row = {"regime": regime, "model": REGIMES[regime], "contender": name,
-                   "status": next((x["status"] for x in mine if x["status"] != "ok"), "ok"),
-                   "reason": next((x["reason"] for x in mine if x["status"] != "ok"), None),
-                   "samples_per_s_rounds": ok}
-            if ok:
-                med[name] = m = statistics.median(ok)
-                row.update(samples_per_s_median=m, samples_per_s_min=min(ok),
-                           samples_per_s_max=max(ok), spread=(max(ok) - min(ok)) / m)
-            if name == "fasttrain":
-                row["data_path"] = next((x.get("path") for x in mine if x["status"] == "ok"),
-                                        None)
-            rows.append(row)
-        best_peer = max((med[p] for p in PEERS if p in med), default=None)
-        for row in rows[-len(contenders):]:
-            m = med.get(row["contender"])
-            row["vs_hand"] = m / med["hand-written"] if m and "hand-written" in med else None
-            row["vs_best_peer"] = m / best_peer if m and best_peer else None
-    return rows
-
-
-def targets(rows: list) -> dict:
-    """The issue's two targets, judged on the medians (only a streamed fasttrain counts)."""
-    out = {}
-    for regime, key, bound, rule in (("input-bound", "vs_best_peer", 1.0, "fasttrain >= best peer"),
-                                     ("compute-bound", "vs_hand", 0.98,
-                                      "fasttrain within 2% of the hand loop")):
-        mine = {r["contender"]: r for r in rows if r["regime"] == regime}
-        if "fasttrain" not in mine:
-            continue
-        ft, ratio = mine["fasttrain"], mine["fasttrain"].get(key)
-        met = None if ratio is None or ft.get("data_path") != "streamed" else ratio >= bound
-        # The rounds' spread next to the verdict: a ratio inside it is not a difference.
-        spread = max((r.get("spread") or 0.0 for r in mine.values()), default=None)
-        out[regime] = {"rule": rule, "ratio": ratio, "met": met, "largest_spread": spread}
-    return out
-
-
-def table(result: dict):
-    from fasttrain.report import rows_table
-
-    def num(key, fmt):
-        return lambda r: "-" if r.get(key) is None else fmt.format(r[key])
-
-    cfg, load = result["config"], result["load"]
-    caption = (f"{cfg['images']} PNG files, batch {cfg['batch_size']}, {cfg['workers']} workers, "
-               f"{cfg['device']}, {cfg['rounds']} interleaved rounds of {cfg['steps']} steps "
-               f"after {cfg['warmup']}; load {load['before'][0]:.2f} → {load['after'][0]:.2f} "
-               f"on {load['cpu_count']} CPUs")
-    return rows_table("input pipeline: samples/s (median over rounds)", [
-        ("regime", lambda r: f"{r['regime']} ({r['model']})"),
-        ("contender", lambda r: r["contender"]),
-        ("samples/s", num("samples_per_s_median", "{:,.0f}")),
-        ("min", num("samples_per_s_min", "{:,.0f}")),
-        ("max", num("samples_per_s_max", "{:,.0f}")),
-        ("spread", num("spread", "{:.1%}")), ("× hand", num("vs_hand", "{:.3f}")),
-        ("× best peer", num("vs_best_peer", "{:.3f}")),
-        ("data path", lambda r: "" if r["contender"] != "fasttrain"
-         else r.get("data_path") or "not reported")], result["rows"], caption,
-        label_columns=2)
-
-
-def default_name(env: dict) -> str:
-    """DATE-HARDWARE-input-pipeline.json, as the other results are named."""
-    hw = env.get("gpu") or env["cpu"]
-    slug = "-".join(re.findall(r"[a-z0-9]+", hw.lower().replace("(r)", "").replace("(tm)", "")))
-    kind = "gpu" if env.get("gpu") else "cpu"
-    return f"{datetime.date.today()}-{kind}-{slug}-{env['cores']}core-input-pipeline.json"
 
 
 def main(argv=None) -> int:
@@ -467,11 +395,18 @@ def main(argv=None) -> int:
         return 0
 
     from fasttrain.data.sources import load_dataset
+    from fasttrain.errors import UserError
     from fasttrain.report import wide_console, write_json
 
+    if args.limit < args.batch_size:
+        ap.error(f"--limit {args.limit} is less than one batch of {args.batch_size}")
+    try:
+        ds = load_dataset("fashion-mnist", args.data_dir, download=False)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     s = Settings(images_dir=args.images_dir, limit=args.limit, batch_size=args.batch_size,
                  workers=args.workers, warmup=args.warmup, steps=args.steps, device=args.device)
-    ds = load_dataset("fashion-mnist", args.data_dir, download=False)
     samples = write_pngs(s.images_dir, ds.train_x[:s.limit], ds.train_y[:s.limit])
     print(f"{len(samples)} PNG files under {s.images_dir}")
     result = run_all(s, samples, args.rounds, regimes=tuple(args.regimes))
@@ -483,16 +418,9 @@ def main(argv=None) -> int:
         ratio = "-" if t["ratio"] is None else f"{t['ratio']:.3f}"
         verdict = "not judged (fasttrain did not stream)" if t["met"] is None else t["met"]
         print(f"target {regime}: {t['rule']}: ratio {ratio} → {verdict} (largest spread "
-              f"over rounds: {t['largest_spread']:.1%})")
+              f"over rounds: {t['largest_spread'] or 0:.1%})")
     print(f"wrote {path}")
     return 0
-
-
-def list_pngs(root: str, limit: int) -> list:
-    """The (path, label) samples write_pngs wrote, in index order."""
-    found = sorted((int(p.stem), str(p), int(p.parent.name))
-                   for p in Path(root, "train").glob("*/*.png"))
-    return [(path, label) for i, path, label in found if i < limit]
 
 
 if __name__ == "__main__":
