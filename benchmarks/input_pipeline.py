@@ -60,6 +60,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from input_pipeline_results import default_name, summarize, table, targets  # benchmarks/
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 SCHEMA = "fasttrain.input_pipeline/1"
@@ -97,8 +98,6 @@ class Settings:
 def write_pngs(root: str | os.PathLike, images: np.ndarray, labels: np.ndarray) -> list:
     """Write images [N, 28, 28] uint8 as root/train/<label>/<index>.png, skipping files already
     there; returns the (path, label) samples in index order."""
-    from PIL import Image
-
     samples = []
     for i, (img, label) in enumerate(zip(images, labels, strict=True)):
         path = Path(root) / "train" / str(int(label)) / f"{i:05d}.png"
@@ -129,7 +128,7 @@ def augment(img: np.ndarray, rng: random.Random) -> np.ndarray:
 class PngFolder(Dataset):
     """(x float32 [1, 28, 28] in [0, 1], label) per file. The draws use Python's `random`, which
     the DataLoader seeds per worker from its generator (or `measure`, without workers): the same
-    stream for every contender."""
+    stream for every contender that leaves the loader's seeding as it is."""
 
     def __init__(self, samples: list, augmented: bool = True):
         self.samples, self.augmented = samples, augmented
@@ -138,8 +137,6 @@ class PngFolder(Dataset):
         return len(self.samples)
 
     def __getitem__(self, i: int):
-        from PIL import Image
-
         path, label = self.samples[i]
         with Image.open(path) as im:
             img = np.asarray(im)
