@@ -1,0 +1,157 @@
+"""benchmarks/input_pipeline.py on a handful of images: its data, its augmentation, and one short
+in-process round of every contender producing a result of the documented schema (no timing)."""
+
+import importlib
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import tiny_images
+
+_BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, _BENCHMARKS)  # the benchmark and its results module, as a script sees them
+    try:
+        yield importlib.import_module("input_pipeline")
+    finally:
+        sys.path.remove(_BENCHMARKS)
+
+
+@pytest.fixture
+def pngs(bench, tmp_path):
+    data = tiny_images(n_train=12, n_test=1)
+    return data, bench.write_pngs(tmp_path, data.train_x, data.train_y)
+
+
+def test_pngs_decode_to_the_images_and_are_reused(bench, pngs, tmp_path):
+    data, samples = pngs
+    assert bench.list_pngs(str(tmp_path), 12) == samples
+    assert bench.list_pngs(str(tmp_path), 5) == samples[:5]
+    assert [label for _, label in samples] == data.train_y.tolist()
+    plain = bench.PngFolder(samples, augmented=False)
+    for i in range(len(plain)):
+        x, label = plain[i]
+        assert x.shape == (1, 28, 28) and x.dtype.is_floating_point
+        np.testing.assert_array_equal((x[0].numpy() * 255).round(), data.train_x[i])
+        assert label == data.train_y[i]
+    stamps = [Path(p).stat().st_mtime_ns for p, _ in samples]
+    assert bench.write_pngs(tmp_path, data.train_x, data.train_y) == samples
+    assert [Path(p).stat().st_mtime_ns for p, _ in samples] == stamps  # not rewritten
+
+
+def test_augment_is_a_padded_crop_flipped_half_the_time(bench):
+    img = np.random.default_rng(0).integers(1, 256, size=(28, 28), dtype=np.uint8)
+    padded = np.pad(img, 2)
+    rng, seen = random.Random(0), set()
+    for _ in range(400):
+        out = bench.augment(img, rng)
+        assert out.shape == (28, 28)
+        match = [(dy, dx, flip) for dy in range(5) for dx in range(5) for flip in (0, 1)
+                 if np.array_equal(out, padded[dy:dy + 28, dx:dx + 28][:, ::-1] if flip
+                                   else padded[dy:dy + 28, dx:dx + 28])]
+        assert len(match) == 1
+        seen.add(match[0])
+    assert len(seen) == 50  # every offset, flipped and not
+    again = random.Random(0)
+    assert np.array_equal(bench.augment(img, again), bench.augment(img, random.Random(0)))
+
+
+def test_one_round_of_every_contender_gives_the_schema(bench, pngs, tmp_path):
+    _, samples = pngs
+    s = bench.Settings(images_dir=str(tmp_path), limit=12, batch_size=4, workers=0, warmup=1,
+                       steps=2, device="cpu")
+    result = bench.run_all(s, samples, rounds=1, measure_one=bench.measure, echo=lambda _: None)
+    assert result["schema"] == "fasttrain.input_pipeline/1"
+    assert {"cpu", "cores", "torch", "git_commit"} <= set(result["env"])
+    assert result["config"]["batch_size"] == 4 and result["config"]["images"] == 12
+    assert len(result["load"]["before"]) == len(result["load"]["after"]) == 3
+    rows = result["rows"]
+    assert [(r["regime"], r["contender"]) for r in rows] == [
+        (g, c) for g in bench.REGIMES for c in bench.CONTENDERS]
+    for r in rows:  # a peer not installed here is a row saying so
+        expected = "ok" if bench.unavailable(r["contender"]) is None else "unavailable"
+        assert r["status"] == expected, r["reason"]
+        if expected == "ok":
+            assert r["samples_per_s_median"] > 0 and len(r["samples_per_s_rounds"]) == 1
+    hand = [r for r in rows if r["contender"] == "hand-written"]
+    assert all(r["vs_hand"] == 1.0 for r in hand)
+    assert len(result["runs"]) == 8
+    assert all(r["window_s"] > 0 for r in result["runs"] if r["status"] == "ok")
+    result["targets"] = bench.targets(rows)
+    assert set(result["targets"]) == set(bench.REGIMES)
+    out = tmp_path / "result.json"
+    from fasttrain.report import write_json
+
+    write_json(out, result)
+    assert json.loads(out.read_text())["rows"] == rows
+    bench.table(result)  # renders
+
+
+def test_a_failing_contender_is_a_failed_row(bench, monkeypatch):
+    monkeypatch.setattr(bench, "unavailable", lambda name: None)  # every peer "installed"
+    def measure_one(name, regime, s, samples):
+        if name == "lightning":
+            raise RuntimeError("boom")
+        return {"samples_per_s": {"hand-written": 100.0}.get(name, 50.0)}
+
+    s = bench.Settings(images_dir="unused")
+    result = bench.run_all(s, [], rounds=2, measure_one=measure_one, echo=lambda _: None,
+                           regimes=("input-bound",))
+    rows = {r["contender"]: r for r in result["rows"]}
+    assert rows["lightning"]["status"] == "failed" and "boom" in rows["lightning"]["reason"]
+    assert rows["fasttrain"]["vs_hand"] == 0.5 and rows["fasttrain"]["vs_best_peer"] == 1.0
+    assert bench.targets(result["rows"])["input-bound"]["met"] is None  # no path: not judged
+
+
+def test_a_missing_peer_is_unavailable(bench, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "accelerate" else real(name, *a))
+    assert "accelerate is not installed" in bench.unavailable("accelerate")
+    assert bench.unavailable("hand-written") is None
+
+
+def test_the_window_times_only_the_steps_after_warmup(bench):
+    clock = bench.Window(bench.Settings(images_dir="unused", warmup=2, steps=3, batch_size=10))
+    for _ in range(4):
+        clock.tick()
+    with pytest.raises(RuntimeError, match="only 4 of 5 steps"):
+        clock.row(10)
+    clock.tick()
+    row = clock.row(10)
+    assert clock.t0 <= clock.start <= clock.end
+    assert row["samples_per_s"] == pytest.approx(30 / (clock.end - clock.start))
+
+
+def test_a_run_in_a_fresh_process_reports_its_row(bench, pngs, tmp_path):
+    s = bench.Settings(images_dir=str(tmp_path), limit=12, batch_size=4, workers=0, warmup=1,
+                       steps=2, device="cpu")
+    row = bench.measure_in_child("hand-written", "input-bound", s, pngs[1])
+    assert row["samples_per_s"] > 0 and row["window_s"] > 0
+
+
+def test_targets_are_judged_on_medians_of_a_streamed_fasttrain(bench, monkeypatch):
+    monkeypatch.setattr(bench, "unavailable", lambda name: None)
+    speeds = {"fasttrain": [99.0, 101.0, 97.0], "lightning": [100.0] * 3,
+              "accelerate": [90.0] * 3, "hand-written": [100.0] * 3}
+
+    def measure_one(name, regime, s, samples):
+        return {"samples_per_s": speeds[name].pop(), "path": "streamed"}
+
+    result = bench.run_all(bench.Settings(images_dir="unused"), [], rounds=3,
+                           measure_one=measure_one, echo=lambda _: None,
+                           regimes=("compute-bound",))
+    ft = result["rows"][0]
+    assert ft["samples_per_s_median"] == 99.0 and ft["spread"] == pytest.approx(4 / 99)
+    judged = bench.targets(result["rows"])["compute-bound"]
+    assert judged["ratio"] == pytest.approx(0.99) and judged["met"] is True
+    assert judged["largest_spread"] == pytest.approx(4 / 99)
