@@ -204,8 +204,8 @@ class TrainConfig:
                             "captured; use --precision bf16")
         if self.resume and not self.out:
             raise UserError("--resume needs --out DIR (the run directory holding checkpoints/)")
-        self._validate_parallel()
         self._validate_step()
+        self._validate_parallel()
         return self
 
     def _validate_step(self) -> None:

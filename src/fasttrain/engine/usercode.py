@@ -32,28 +32,14 @@ import torch
 
 import fasttrain
 from fasttrain.engine.tree import shapes
-from fasttrain.errors import UserError
+from fasttrain.errors import UserCodeError, UserError
 
-EXIT_USER_CODE = 1
+EXIT_USER_CODE = UserCodeError.exit_code
 _STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
 _OURS = tuple(os.path.realpath(os.path.dirname(m.__file__)) + os.sep for m in (fasttrain, torch))
 # A frame of a traceback printed as text: '  File "path", line N, in name' then its code line(s).
 _TEXT_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line \d+, in (?P<name>.+)$')
 _PASS = (UserError, torch.OutOfMemoryError, KeyboardInterrupt)
-
-
-class UserCodeError(Exception):
-    """An exception in the user's code: str() is the one line; its traceback holds only the
-    user's frames; `frames` is them as text (what the CLI prints before the line)."""
-
-    exit_code = EXIT_USER_CODE
-
-    def __init__(self, line: str, frames: str):
-        super().__init__(line)
-        self.frames = frames
-
-    def report(self) -> str:
-        return f"{self.frames}{self}\n"
 
 
 def is_users(path: str) -> bool:

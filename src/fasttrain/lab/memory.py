@@ -121,7 +121,6 @@ def count_saved(trainer, micro_batch, autocast=None) -> Saved:
                 copies.add(ptr)
         return t  # keep the tensor itself: we count, we do not change what is stored
 
-    x, y = micro_batch
     # CUDA graphs replay from a static memory pool and do not run hooks: count on the eager
     # module, which saves the same tensors (compile's fusions aside).
     forward = trainer.model if trainer.cfg.cuda_graphs else trainer.forward
@@ -130,7 +129,7 @@ def count_saved(trainer, micro_batch, autocast=None) -> Saved:
     with torch.random.fork_rng(devices=[dev] if cuda else []):
         # Hooks for the forward only: backward's recomputation (checkpointing) saves nothing.
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            loss = trainer.loss_fn(forward(x), y) / trainer.cfg.accum_steps
+            loss = trainer.compute_loss(forward, micro_batch)[0] / trainer.cfg.accum_steps
         trainer.scaler.scale(loss).backward()
     grads = _bytes([p.grad for p in model.parameters() if p.grad is not None], cuda)
     del loss
