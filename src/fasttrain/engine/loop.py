@@ -9,11 +9,14 @@ order.
 Host–device syncs happen only at log steps (the loss is summed on the device in between, and
 all-reduced over ranks at the log), at evaluation, and at checkpoints.
 
-Exit codes of `fasttrain train` (for schedulers that requeue): 0 done; 2 bad input; 3 the loss
-became non-finite (the last good checkpoint is kept); 75 preempted by SIGTERM/SIGUSR1, 130
-stopped by Ctrl-C, a checkpoint saved at the step boundary — run again with `--resume auto`
-(signals.py). Under torchrun every rank exits the same way (torchrun itself reports any non-zero
-worker exit as its own failure).
+An exception in the user's code (model, loss, step, dataset) leaves fit as a UserCodeError
+holding only the user's frames (usercode.py): one try around each step and each batch pulled.
+
+Exit codes of `fasttrain train` (for schedulers that requeue): 0 done; 1 an exception in the
+user's code; 2 bad input; 3 the loss became non-finite (the last good checkpoint is kept); 75
+preempted by SIGTERM/SIGUSR1, 130 stopped by Ctrl-C, a checkpoint saved at the step boundary —
+run again with `--resume auto` (signals.py). Under torchrun every rank exits the same way
+(torchrun itself reports any non-zero worker exit as its own failure).
 """
 
 from __future__ import annotations
