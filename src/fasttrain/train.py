@@ -9,9 +9,10 @@
     fasttrain train --out runs/cnn --resume auto --epochs 4   # extend a finished run
 
 Exit codes: 0 done; 1 an exception in your own code (your frames and one line naming the model,
-loss, step, dataset or factory that raised, and the batch); 2 bad input; 3 the loss became non-finite (last good checkpoint kept);
-75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint (requeue with --resume auto); 130
-stopped by Ctrl-C after saving a checkpoint (a second Ctrl-C aborts at once).
+loss, step, dataset or factory that raised, and the batch); 2 bad input; 3 the loss became
+non-finite (last good checkpoint kept); 75 preempted by SIGTERM/SIGUSR1 after saving a
+checkpoint (requeue with --resume auto); 130 stopped by Ctrl-C after saving a checkpoint (a
+second Ctrl-C aborts at once).
 
 One --out holds one run: an --out that already holds one is refused unless --resume is given,
 and two processes never write the same --out at once (see engine/rundir.py).
