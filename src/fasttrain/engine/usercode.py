@@ -167,8 +167,7 @@ def _culprit(run, frame: types.FrameType) -> str:
     if step is not None and code is _code(step):
         return f"your step function {run.step_name}"
     if code is _code(run.loss_fn):
-        name = run.cfg.loss if ":" in run.cfg.loss else getattr(run.loss_fn, "__qualname__", "")
-        return f"your loss function {name}"
+        return f"your loss function {name_of(run.loss_fn, run.cfg.loss)}"
     owner = frame.f_locals.get("self")
     if isinstance(owner, torch.nn.Module):
         return f"your model's {code.co_name} ({type(owner).__qualname__})"
