@@ -63,3 +63,9 @@ def _reshape_wrongly(h):
 
 def make_broken() -> nn.Module:
     return BrokenLM()
+
+
+def xy_step(model, batch):
+    """The default step written as a user's: the same loss of the same (x, y)."""
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
