@@ -72,6 +72,26 @@ def test_a_dict_step_logs_its_extras_in_training_and_evaluation():
     assert "test_token_accuracy" not in ev  # the default step's metrics need its output
 
 
+@pytest.mark.parametrize("switches", [
+    dict(model="mlp", compile=True, accum_steps=2),
+    dict(model="gpt", activation_checkpointing=True, accum_steps=2, precision="bf16"),
+])
+def test_a_user_step_gets_the_switches_the_default_step_gets(switches):
+    from tests.engine.conftest import fit
+
+    task = text_task() if switches["model"] == "gpt" else image_task()
+    step = "lm_step" if switches["model"] == "gpt" else "xy_step"
+    common = dict(batch_size=16, max_steps=3, seed=5, **switches)
+    default = fit(task, **common)
+    mine = fit(task, step=f"tests.engine.userstep:{step}", **common)
+    wrapped = mine.forward if switches.get("compile") else mine.model
+    assert type(wrapped).__name__ == ("OptimizedModule" if switches.get("compile") else "GPT")
+    if switches.get("activation_checkpointing"):
+        assert any(type(m).__name__ == "Checkpointed" for m in mine.model.modules())
+    for k, v in weights(default).items():
+        assert torch.equal(v, weights(mine)[k]), k
+
+
 @pytest.mark.parametrize("step, words", [
     (lambda m, b: F.cross_entropy(m(b[0]), b[1], reduction="none"), ["scalar", "[16]"]),
     (lambda m, b: {"total": F.cross_entropy(m(b[0]), b[1])}, ["'loss'", "total"]),
