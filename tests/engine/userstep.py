@@ -72,7 +72,7 @@ def xy_step(model, batch):
 
 
 def lm_step(model, batch):
-    """The default step of a language model written as a user's: logits [B, T, V], targets [B, T]."""
+    """The default language-model step written as a user's: logits [B, T, V], targets [B, T]."""
     x, y = batch
     logits = model(x)
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
