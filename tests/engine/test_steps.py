@@ -225,7 +225,7 @@ def test_an_error_in_the_users_dataset_names_it(workers):
 
     loader = torch.utils.data.DataLoader(BadData(), batch_size=2, num_workers=workers)
     with pytest.raises(UserCodeError) as e:
-        list(usercode.pulled(None, loader))
+        list(usercode.pulled(loader))
     # In a worker only the text of its traceback comes back: function names, not classes.
     name = "__getitem__) in DataLoader worker 0" if workers else "BadData.__getitem__"
     assert str(e.value).startswith(f"error in your dataset ({name}"), e.value

@@ -134,7 +134,7 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
             notify(run, "on_start")
             while (run.epoch < run.cfg.epochs and run.step < run.total_steps
                    and run.stop is None):
-                for batch in usercode.pulled(run, step_batches(run, run.epoch)):
+                for batch in usercode.pulled(step_batches(run, run.epoch)):
                     try:
                         step(run, batch)
                     except Exception as e:  # free unless raised: user code's own frames

@@ -76,7 +76,7 @@ def call(fn: Callable, what: str, *args: Any) -> Any:
         raise (failure(e, what, frames, None) if frames else e) from None
 
 
-def pulled(run, batches: Iterable) -> Iterator:
+def pulled(batches: Iterable) -> Iterator:
     """`batches`, each pulled under a try: an exception in the user's dataset (or a DataLoader
     worker's, re-raised here with the worker's traceback as text) is shown as theirs."""
     it = iter(batches)
