@@ -2,8 +2,8 @@
 
     Traceback (most recent call last):
       File "/home/me/mynets.py", line 12, in forward
-        return self.head(h.view(len(h), -1))
-    error in your model's forward (Net) on batch (float32[64, 1, 28, 28], int64[64]): Runt...
+        return self.head(h.view(len(h), 10))
+    error in your model's forward (Net) on batch (float32[64, 784], int64[64]): RuntimeError: ...
 
 The user's model forward, loss and step (called from the step loop), their dataset (where fit pulls
 the next batch; a DataLoader worker's error arrives re-raised with the worker's traceback as
