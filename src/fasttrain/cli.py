@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from fasttrain import __version__
-from fasttrain.errors import UserError
+from fasttrain.errors import UserCodeError, UserError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:] if argv is None else argv
         args = build_parser(argv).parse_args(argv)
         return int(args.func(args) or 0)
+    except UserCodeError as e:
+        # The user's program crashed: their frames and one line naming what failed (usercode.py).
+        sys.stderr.write(e.report())
+        return e.exit_code
     except UserError as e:
         # One write: under torchrun the ranks share stderr, and print's separate newline
         # would let their lines run together.

@@ -1,4 +1,4 @@
-"""The one exception type for bad user input.
+"""The exception types the CLI turns into short output: bad input, and a crash in user code.
 
 A `UserError` carries a single line that names what is wrong and how to fix it. The CLI prints it
 and exits with status 2, without a traceback; every other exception is an internal error and keeps
@@ -10,3 +10,18 @@ class UserError(Exception):
     """Bad input from the user (a file, a flag, a config, a checkpoint): one line, exit code 2."""
 
     exit_code = 2
+
+
+class UserCodeError(Exception):
+    """An exception raised in the user's own code (model, loss, step, dataset, factories): str()
+    is one line naming the callable and the batch; `frames` the user's frames as text, which
+    the CLI prints before it (engine/usercode.py). Exit code 1, as a crashed Python program."""
+
+    exit_code = 1
+
+    def __init__(self, line: str, frames: str):
+        super().__init__(line)
+        self.frames = frames
+
+    def report(self) -> str:
+        return f"{self.frames}{self}\n"

@@ -2,13 +2,17 @@
 
     fasttrain train --model cnn --data mnist --epochs 2 --precision bf16 --compile --out runs/cnn
     fasttrain train --model mynets:make_net --data mydata:load --loss mse --out runs/mine
+    fasttrain train --model mynets:make_lm --data mydata:load --step mysteps:lm_step \
+                    --optimizer mysteps:make_opt --scheduler mysteps:make_sched
     fasttrain train --config run.toml --lr 3e-4          # flags override the file
     fasttrain train --out runs/cnn --resume auto         # continue after preemption
     fasttrain train --out runs/cnn --resume auto --epochs 4   # extend a finished run
 
-Exit codes: 0 done; 2 bad input; 3 the loss became non-finite (last good checkpoint kept);
-75 preempted by SIGTERM/SIGUSR1 after saving a checkpoint (requeue with --resume auto); 130
-stopped by Ctrl-C after saving a checkpoint (a second Ctrl-C aborts at once).
+Exit codes: 0 done; 1 an exception in your own code (your frames and one line naming the model,
+loss, step, dataset or factory that raised, and the batch); 2 bad input; 3 the loss became
+non-finite (last good checkpoint kept); 75 preempted by SIGTERM/SIGUSR1 after saving a
+checkpoint (requeue with --resume auto); 130 stopped by Ctrl-C after saving a checkpoint (a
+second Ctrl-C aborts at once).
 
 One --out holds one run: an --out that already holds one is refused unless --resume is given,
 and two processes never write the same --out at once (see engine/rundir.py).

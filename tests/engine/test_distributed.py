@@ -85,6 +85,8 @@ MODES = {
     "zero1": ["--parallel", "zero1"],
     "ddp-accum2": ["--parallel", "ddp", "--accum-steps", "2"],
     "fsdp-accum2": ["--parallel", "fsdp", "--accum-steps", "2"],
+    "fsdp-accum2-step": ["--parallel", "fsdp", "--accum-steps", "2", "--step",
+                         "tests.engine.userstep:xy_step"],  # a user's step gets every switch
 }
 
 
@@ -99,7 +101,8 @@ def test_ddp_on_two_ranks_ends_with_the_weights_of_one_process(runs):
     assert max((one[k] - init[k]).abs().max().item() for k in one) > 1e-3
 
 
-@pytest.mark.parametrize("mode", ["fsdp", "zero1", "ddp-accum2", "fsdp-accum2"])
+@pytest.mark.parametrize("mode", ["fsdp", "zero1", "ddp-accum2", "fsdp-accum2",
+                                  "fsdp-accum2-step"])
 def test_fsdp_zero1_and_accumulation_match_ddp(runs, mode):
     ddp = final_weights(runs("ddp", *MODES["ddp"]))
     other = final_weights(runs(mode, *MODES[mode]))

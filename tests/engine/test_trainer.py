@@ -176,7 +176,7 @@ def test_fused_optimizer_equals_the_default_one(optimizer):
 
 
 def test_schedules_warm_up_then_decay():
-    from fasttrain.engine.run import lr_factor
+    from fasttrain.engine.optim import lr_factor
 
     cfg = TrainConfig(model="logreg", data="synthetic", batch_size=32, epochs=20, max_steps=100,
                       warmup_steps=10, schedule="cosine", progress=False, device="cpu")

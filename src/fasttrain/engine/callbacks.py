@@ -7,6 +7,8 @@
     Preemption   on SIGTERM/SIGUSR1 (agreed by all ranks at a log step): checkpoint, then exit 75
     RunFiles     the run directory: each record to metrics.jsonl (and TensorBoard), at the end
                  the final weights and loss.png
+    PlainLog     when stderr is no terminal (a log file, nohup, SLURM) and --progress is on: one
+                 line per record instead of the progress bar, from values already read
 
 A callback is any object with some of these methods, each called with the Run first:
 on_start, on_step, on_epoch_end, on_log(record), on_eval(record), on_checkpoint(path), on_end.
@@ -16,18 +18,21 @@ Records reach callbacks through `emit`, the one place a metrics record is made p
 from __future__ import annotations
 
 import math
+import sys
 import time
 
 import torch
 
 from fasttrain.engine.loop import Diverged, Preempted, notify
+from fasttrain.engine.tree import leading_size
 from fasttrain.errors import UserError
 
 
 def standard(run) -> list:
     cfg = run.cfg
     early = [EarlyStop(cfg.early_stop, cfg.patience)] if cfg.early_stop else []
-    return [Logger(), Evaluator(), *early, Checkpointer(), Preemption(), RunFiles()]
+    plain = [PlainLog()] if cfg.progress and run.main and not sys.stderr.isatty() else []
+    return [Logger(), Evaluator(), *early, Checkpointer(), Preemption(), RunFiles(), *plain]
 
 
 def emit(run, record: dict) -> None:
@@ -54,9 +59,13 @@ def log(run, epoch: int) -> None:
     """The train record of the steps since the last log: mean loss (all ranks), speed, memory."""
     now, then = time.perf_counter(), run.last_log
     steps = run.step - then[1]
-    summed = run.world.all_sum(run.loss_sum.clone())  # ranks' losses, at log steps only
-    loss = summed.item() / max(steps, 1) / run.world.size  # sync: the one read between logs
+    # The loss and a user step's extras, summed over ranks in one collective, at log steps only.
+    summed = run.world.all_sum(torch.stack([run.loss_sum, *run.extra_sums.values()]))
+    loss, *extras = [v / max(steps, 1) / run.world.size
+                     for v in summed.tolist()]  # sync: the one read between logs
     run.loss_sum.zero_()
+    for v in run.extra_sums.values():
+        v.zero_()
     if not math.isfinite(loss):
         raise Diverged(f"the training loss became {loss} by step {run.step}; the last good "
                        f"checkpoint is kept. Try a lower --lr, --grad-clip, or bf16 instead of "
@@ -69,6 +78,11 @@ def log(run, epoch: int) -> None:
               **_state_bytes(run)}
     if run.batches.language:
         record["tokens_per_s"] = samples * run.cfg.block_size
+    clash = set(run.extra_sums) & set(record)
+    if clash:
+        raise UserError(f"your step {run.step_name} returns {sorted(clash)}, which the train "
+                        f"record already holds; rename it")
+    record.update(zip(run.extra_sums, extras, strict=True))
     if run.scaler.is_enabled():
         record["loss_scale"] = run.scaler.get_scale()
         record["skipped_steps"] = int(run.skipped.item())
@@ -124,28 +138,35 @@ def evaluate_record(run) -> None:
 @torch.no_grad()
 def evaluate(run, split: str = "test") -> dict[str, float]:
     """{split_loss, split_<metric>...} over the whole split (each rank its share, summed), under
-    the run's autocast; {} when the data has no such split. One host sync."""
+    the run's autocast; {} when the data has no such split. One host sync. Metrics: the default
+    step's accuracy and metrics=, or a user step's extras (run.evaluate_loss, steps.py)."""
     if not run.batches.has_split(split):
         return {}
     run.model.eval()
-    fns = [run.loss_fn, *run.metrics.values()]
-    # The last sum counts the samples: a streamed split's length may be unknown.
-    sums = torch.zeros(len(fns) + 1, device=run.device, dtype=torch.float64)
-    one = torch.ones((), device=run.device, dtype=torch.float64)
-    for x, y in run.batches.eval_shard(max(run.cfg.micro_batch, 256), split):
-        with run.autocast:
-            out = run.forward(x)
-        out = out.float()
+    # Every rank must all-reduce the same vector: its names are fixed before the first batch
+    # (a user step's extras by the training steps' ones), else taken from the first batch.
+    names = list(run.metrics if getattr(run.compute_loss, "step", None) is None
+                 else run.extra_sums) or None
+    sums = None
+    for batch in run.batches.eval_shard(max(run.cfg.micro_batch, 256), split):
+        loss, metrics = run.evaluate_loss(run.forward, batch)
+        names = names or list(metrics)
+        if sums is None:  # [loss, metrics..., samples], on the device until the end
+            sums = torch.zeros(len(names) + 2, device=run.device, dtype=torch.float64)
+        n = leading_size(batch)
         # Means of a batch, weighted by its samples: the mean over the split.
-        sums += torch.stack([*(torch.as_tensor(f(out, y), device=run.device).double()
-                               for f in fns), one]) * len(y)
+        sums[:-1] += torch.stack([loss.double(), *(metrics[k].double() for k in names)]) * n
+        sums[-1] += n
     run.model.train()
+    if sums is None:
+        sums = torch.zeros(len(names or ()) + 2, device=run.device, dtype=torch.float64)
     run.world.all_sum(sums)
-    values = (sums[:-1] / sums[-1]).tolist()  # sync: once per evaluation
+    *values, count = sums.tolist()  # sync: once per evaluation
+    values = [v / max(count, 1) for v in values]
     out = {f"{split}_loss": values[0]}
     if run.batches.language:
         out[f"{split}_perplexity"] = math.exp(min(values[0], 50.0))
-    out.update({f"{split}_{name}": v for name, v in zip(run.metrics, values[1:], strict=True)})
+    out.update({f"{split}_{name}": v for name, v in zip(names or (), values[1:], strict=True)})
     return out
 
 
@@ -232,3 +253,32 @@ class RunFiles:
 
         run.rundir.save_weights(full_weights(run.model, run.world))  # FSDP: a collective
         run.rundir.plot_loss()
+
+
+class PlainLog:
+    """Plain lines for logs that are files (no terminal, so no progress bar): the train record
+    every --log-every steps and each evaluation, on stderr. Reads only the records (values the
+    Logger and Evaluator already synced): adds no sync."""
+
+    def on_log(self, run, record: dict) -> None:
+        speed = (f"{record['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in record
+                 else f"{record['samples_per_s']:,.0f} samples/s")
+        eta = (run.total_steps - record["step"]) * record["step_ms"] / 1e3
+        extras = "".join(f"  {k} {record[k]:.4g}" for k in run.extra_sums)
+        _say(f"step {record['step']}/{run.total_steps}  loss {record['loss']:.4f}{extras}  "
+             f"{speed}  ETA {_duration(eta)}")
+
+    def on_eval(self, run, record: dict) -> None:
+        values = "  ".join(f"{k} {v:.4g}" for k, v in record.items()
+                           if k.startswith(("val_", "test_")))
+        _say(f"eval at step {record['step']} (epoch {record['epoch']}): {values}")
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")  # one write: ranks and other writers do not interleave
+    sys.stderr.flush()  # a log file is block-buffered: show progress as it happens
+
+
+def _duration(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"

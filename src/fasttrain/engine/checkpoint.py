@@ -42,7 +42,8 @@ EXTRAS = "extras.pt"  # in a sharded checkpoint: everything but the DCP tensors
 def state(run) -> dict[str, Any]:
     """Everything of `run` but the model and optimizer tensors, as plain data; every rank calls
     it (the per-rank parts are gathered: dropout streams, the loss summed since the last log)."""
-    ranks = run.world.gather({"rng": rng_state(), "loss_sum": run.loss_sum.detach().cpu()})
+    ranks = run.world.gather({"rng": rng_state(), "loss_sum": run.loss_sum.detach().cpu(),
+                              "extra_sums": {k: v.cpu() for k, v in run.extra_sums.items()}})
     out = {
         "format": FORMAT,
         "metrics_records": run.rundir.records,  # metrics.jsonl lines seen (rank 0's count)
@@ -112,7 +113,7 @@ def resume(run) -> None:
 def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list[str]:
     """Put `saved` (as `state` made it, with model and optimizer) back into `run`; the settings
     the user changed since (resume.MAY_CHANGE) are applied, and returned as 'name old → new'."""
-    from fasttrain.engine import distributed, resume
+    from fasttrain.engine import distributed, optim, resume
 
     cfg, world = run.cfg, run.world
     config = saved["config"]
@@ -138,7 +139,8 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
         raise UserError(f"checkpoint {path} does not fit this model/optimizer "
                         f"({(str(e).splitlines() or [type(e).__name__])[0]}); resume with the "
                         f"same settings") from None
-    resume.apply_lr(run.opt, run.sched, cfg.lr)  # a changed --lr is honoured
+    if optim.owns_lr(cfg):  # a user's optimizer or scheduler sets its own
+        resume.apply_lr(run.opt, run.sched, cfg.lr)  # a changed --lr is honoured
     run.epoch, run.step = saved["epoch"], saved["step"]
     run.step_in_epoch = saved["step_in_epoch"]
     data = saved.get("data")  # absent from checkpoints older than the streamed path
@@ -152,8 +154,11 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
         mine = ranks[world.rank]
     else:  # another number of processes: the same logged mean, fresh-looking streams
         mean = sum(r["loss_sum"] for r in ranks) / len(ranks)
-        mine = {"rng": ranks[0]["rng"], "loss_sum": mean}
+        mine = {"rng": ranks[0]["rng"], "loss_sum": mean,
+                "extra_sums": {k: sum(r.get("extra_sums", {})[k] for r in ranks) / len(ranks)
+                               for k in ranks[0].get("extra_sums", {})}}
     run.loss_sum.copy_(mine["loss_sum"])
+    run.extra_sums = {k: v.to(run.device) for k, v in mine.get("extra_sums", {}).items()}
     run.last_log = (run.last_log[0], saved["last_log_step"])
     run.skipped.copy_(saved["skipped"])
     try:

@@ -52,6 +52,10 @@ class TrainConfig:
                    "'train'/'val'/'test' splits", group="model and data")
     loss: str = _f("auto", "loss: auto (cross-entropy for integer targets) | cross_entropy | mse "
                    "| l1 | pkg.module:fn taking (output, target)", group="model and data")
+    step: str | None = _f(None, "your step instead of --loss: pkg.module:fn taking (model, "
+                          "micro_batch) and returning the scalar loss, or a dict holding 'loss' "
+                          "and extra scalar metrics (logged like the loss)",
+                          group="model and data")
     val_fraction: float = _f(0.0, "hold out this fraction of the training set as a validation "
                              "set (metrics val_*), unless the data brings one",
                              group="model and data")
@@ -78,13 +82,21 @@ class TrainConfig:
                           "samples, split over the processes; the loss is divided so the update "
                           "equals the big batch)")
     # -- optimization -------------------------------------------------------------------------
-    optimizer: str = _f("adamw", "optimizer", OPTIMIZERS, group="optimization")
+    optimizer: str = _f("adamw", "optimizer: sgd | adamw, or pkg.module:fn taking the parameter "
+                        "groups (weights; biases and norms with weight_decay 0) and returning a "
+                        "torch.optim.Optimizer", group="optimization")
     lr: float = _f(1e-3, "peak learning rate", group="optimization")
     momentum: float = _f(0.9, "SGD momentum (sgd only)", group="optimization")
     weight_decay: float = _f(0.0, "decoupled weight decay (adamw) or L2 (sgd)",
                              group="optimization")
+    decay_norm_and_bias: bool = _f(False, "decay biases, normalization weights and every other "
+                                   "parameter with fewer than 2 dimensions too (default: they "
+                                   "are in a group with weight_decay 0)", group="optimization")
     schedule: str = _f("constant", "learning-rate schedule after warm-up", SCHEDULES,
                        group="optimization")
+    scheduler: str | None = _f(None, "your scheduler instead of --schedule: pkg.module:fn taking "
+                               "the optimizer and returning a torch LRScheduler, stepped once "
+                               "per optimizer step", group="optimization")
     warmup_steps: int = _f(0, "optimizer steps of linear warm-up from 0 to lr",
                            group="optimization")
     grad_clip: float = _f(0.0, "clip the global gradient norm to this (0: off); fp16 gradients "
@@ -204,6 +216,7 @@ class TrainConfig:
                             "captured; use --precision bf16")
         if self.resume and not self.out:
             raise UserError("--resume needs --out DIR (the run directory holding checkpoints/)")
+        self._validate_step()
         self._validate_parallel()
         self._validate_data()
         return self
@@ -219,6 +232,25 @@ class TrainConfig:
             if self.data in ("tinyshakespeare", "synthetic-text"):
                 raise UserError(f"--augment flips and shifts images; --data {self.data} is "
                                 f"text: drop --augment")
+
+    def _validate_step(self) -> None:
+        """The user's step, optimizer and scheduler: import paths (imported at build) and the
+        switches they replace."""
+        for name in ("step", "scheduler", "optimizer"):
+            given = getattr(self, name)
+            if given is None or (name == "optimizer" and given in OPTIMIZERS):
+                continue
+            if ":" not in given:
+                choices = "sgd, adamw, or " if name == "optimizer" else ""
+                raise UserError(f"--{name} {given!r}: give {choices}an import path "
+                                f"pkg.module:fn")
+        if self.scheduler and (self.schedule != "constant" or self.warmup_steps):
+            raise UserError(f"--scheduler {self.scheduler} replaces --schedule and "
+                            f"--warmup-steps; drop them (warm up in your scheduler)")
+        if self.optimizer not in OPTIMIZERS and self.parallel == "zero1":
+            raise UserError(f"--optimizer {self.optimizer} with --parallel zero1: "
+                            f"ZeroRedundancyOptimizer builds its optimizer from a class, not "
+                            f"a factory; use --parallel ddp or fsdp, or --optimizer adamw/sgd")
 
     def _validate_parallel(self) -> None:
         """--parallel against the other switches, then against how the processes were launched

@@ -1,4 +1,4 @@
-"""`step(run, batch)` and `fit(run, callbacks)`: the training loop, straight-line.
+"""`step(run, micro_batches)` and `fit(run, callbacks)`: the training loop, straight-line.
 
 Each switch became an object at build (a context manager, a scaler that may be disabled, a clip
 function that may do nothing); the step's one branch is whether fp16's scaler counts skips.
@@ -9,11 +9,14 @@ order.
 Host–device syncs happen only at log steps (the loss is summed on the device in between, and
 all-reduced over ranks at the log), at evaluation, and at checkpoints.
 
-Exit codes of `fasttrain train` (for schedulers that requeue): 0 done; 2 bad input; 3 the loss
-became non-finite (the last good checkpoint is kept); 75 preempted by SIGTERM/SIGUSR1, 130
-stopped by Ctrl-C, a checkpoint saved at the step boundary — run again with `--resume auto`
-(signals.py). Under torchrun every rank exits the same way (torchrun itself reports any non-zero
-worker exit as its own failure).
+An exception in the user's code (model, loss, step, dataset) leaves fit as a UserCodeError
+holding only the user's frames (usercode.py): one try around each step and each batch pulled.
+
+Exit codes of `fasttrain train` (for schedulers that requeue): 0 done; 1 an exception in the
+user's code; 2 bad input; 3 the loss became non-finite (the last good checkpoint is kept); 75
+preempted by SIGTERM/SIGUSR1, 130 stopped by Ctrl-C, a checkpoint saved at the step boundary —
+run again with `--resume auto` (signals.py). Under torchrun every rank exits the same way
+(torchrun itself reports any non-zero worker exit as its own failure).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from collections.abc import Iterator
 
 import torch
 
+from fasttrain.engine import usercode
 from fasttrain.engine.signals import EXIT_PREEMPTED
+from fasttrain.engine.steps import accumulate_extras
 from fasttrain.errors import UserError
 
 EXIT_DIVERGED = 3
@@ -45,21 +50,32 @@ class Diverged(Exception):
     exit_code = EXIT_DIVERGED
 
 
-def step(run, batch, forward=None) -> None:
-    """One optimizer step on `batch`: a list of `accum_steps` micro-batches (x, y), or one
-    (x, y). `forward` replaces run.forward for this step (the lab counts on the eager module)."""
-    if torch.is_tensor(batch[0]):
-        batch = [batch]
+def accumulate(run, micro_batches: list, forward=None) -> None:
+    """Forward and backward over one optimizer step's micro-batches (trees), gradients summed;
+    the detached loss (and a user step's extras) added to run.loss_sum on the device. The
+    default `run.forward_backward`. `forward` replaces run.forward (the lab counts on the eager
+    module)."""
     forward = run.forward if forward is None else forward
-    accum, last = run.cfg.accum_steps, len(batch) - 1
-    for i, (x, y) in enumerate(batch):
+    accum, last = run.cfg.accum_steps, len(micro_batches) - 1
+    for i, micro_batch in enumerate(micro_batches):
         # Gradients are averaged over ranks once per step: the micro-steps before the last
         # only accumulate locally (DDP/FSDP no_sync; nothing to skip for one process).
         with run.no_sync() if i < last else _NO_CONTEXT:
             with run.autocast:
-                loss = run.loss_fn(forward(x), y) / accum
+                loss, extras = run.compute_loss(forward, micro_batch)
+                loss = loss / accum
             run.scaler.scale(loss).backward()
         run.loss_sum += loss.detach()
+        accumulate_extras(run.extra_sums, extras, accum)  # nothing for the default step
+
+
+def step(run, micro_batches: list, forward=None) -> None:
+    """One optimizer step on `micro_batches`: a list of `accum_steps` micro-batches (trees).
+    `forward` replaces run.forward for this step (the lab counts on the eager module)."""
+    if forward is None:
+        run.forward_backward(run, micro_batches)
+    else:
+        accumulate(run, micro_batches, forward)
     run.scaler.unscale_(run.opt)  # so that clipping sees true gradients (no-op unless fp16)
     run.clip()
     if run.scaler.is_enabled():
@@ -120,8 +136,11 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
             while (run.epoch < run.cfg.epochs and run.step < run.total_steps
                    and run.stop is None):
                 ran_out = True  # the epoch's batches ran out (a stream's pass may end early)
-                for batch in step_batches(run, run.epoch):
-                    step(run, batch)
+                for batch in usercode.pulled(step_batches(run, run.epoch)):
+                    try:
+                        step(run, batch)
+                    except Exception as e:  # free unless raised: user code's own frames
+                        raise usercode.explain(run, e, batch) from None
                     run.step += 1
                     run.step_in_epoch += 1
                     bar.advance()

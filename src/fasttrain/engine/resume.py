@@ -21,7 +21,7 @@ from fasttrain.errors import UserError
 
 MUST_MATCH = ("model", "data", "block_size", "batch_size", "accum_steps", "optimizer",
               "momentum", "weight_decay", "schedule", "warmup_steps", "seed", "loss",
-              "val_fraction", "augment")
+              "val_fraction", "augment", "step", "scheduler", "decay_norm_and_bias")
 MAY_CHANGE = ("lr", "epochs", "max_steps", "log_every", "checkpoint_every", "grad_clip",
               "keep_checkpoints")
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import random
 import sys
@@ -31,9 +30,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from fasttrain.engine import agree, augment, distributed, inputs
+from fasttrain.engine import agree, augment, distributed, inputs, optim, steps, usercode
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
+from fasttrain.engine.loop import accumulate
 from fasttrain.engine.output import RunDir
 from fasttrain.engine.signals import StopSignals
 from fasttrain.engine.stream import Stream, StreamData
@@ -57,9 +57,13 @@ class Run:
     forward: nn.Module  # what the step calls: model wrapped by DDP/FSDP/compile
     no_sync: Callable  # the context of non-final micro-steps
     opt: torch.optim.Optimizer
-    sched: torch.optim.lr_scheduler.LambdaLR
+    sched: torch.optim.lr_scheduler.LRScheduler  # built-in: a LambdaLR of optim.lr_factor
     clip: Callable[[], Any]
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # the default step's
+    compute_loss: steps.ComputeLoss  # (forward, micro_batch) -> (loss, extras): steps.py
+    evaluate_loss: steps.ComputeLoss  # the same for evaluation, with the default's metrics
+    forward_backward: Callable  # (run, micro_batches) -> None: loop.accumulate by default
+    step_name: str  # the user's step as 'pkg.mod:fn', for messages ("" for the default step)
     metrics: dict[str, Metric]
     total_steps: int
     flops_per_step: float | None  # for MFU: counted only where a peak FLOP/s is known
@@ -88,7 +92,9 @@ def seed_everything(seed: int) -> None:
 def build(config: TrainConfig | None = None, model: nn.Module | str | None = None,
           data=None, *, loss: Callable | str | None = None,
           metrics: dict[str, Metric] | None = None, checkpoint: tuple[str, ...] = (),
-          verbose: bool = True, signals: StopSignals | None = None, **overrides) -> Run:
+          step: Callable | str | None = None, optimizer: Callable | str | None = None,
+          scheduler: Callable | str | None = None, verbose: bool = True,
+          signals: StopSignals | None = None, **overrides) -> Run:
     """A Run for `config` (or `TrainConfig(**overrides)`; overrides also apply to a config).
 
     model: an nn.Module, a bundled name or 'pkg.module:factory' (default: config.model).
@@ -99,6 +105,11 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
         val_<name> beside the defaults (accuracy for integer targets).
     checkpoint: names of the submodules to recompute under --activation-checkpointing (default:
         model.blocks, or each child of an nn.Sequential).
+    step: your step instead of loss: fn(model, micro_batch) -> scalar loss, or a dict holding
+        "loss" and extra scalar metrics (steps.py); or 'pkg.module:fn' (default: config.step).
+    optimizer: fn(param_groups) -> torch.optim.Optimizer, 'sgd'/'adamw' or 'pkg.module:fn'
+        (default: config.optimizer); scheduler: fn(optimizer) -> LRScheduler, or an import path
+        (default: config.scheduler, else the built-in --schedule). See optim.py.
     signals: stop-signal handlers the caller installed already (`with StopSignals() as s:`), so
         that a signal during build is not lost; else fit installs the Run's own.
     """
@@ -115,10 +126,23 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
         cfg = dataclasses.replace(cfg, loss=loss)
     elif loss is not None:
         cfg = dataclasses.replace(cfg, loss=f"python:{getattr(loss, '__name__', 'loss')}")
+    user = {"step": step, "optimizer": optimizer, "scheduler": scheduler}
+    for key, given in user.items():  # recorded (config.toml, resume checks) by their names
+        if isinstance(given, str):
+            cfg = dataclasses.replace(cfg, **{key: given})
+        elif given is not None:
+            cfg = dataclasses.replace(cfg, **{key: f"python:{usercode.name_of(given)}"})
     cfg = cfg.validate()
     for flag, path in (("--model", cfg.model), ("--data", cfg.data), ("--loss", cfg.loss)):
         if ":" in path and not path.startswith("python:"):
             inputs.import_object(path, flag)  # a bad import path fails before any data loads
+    for key, given in user.items():
+        path = getattr(cfg, key) or ""
+        if not callable(given) and ":" in path and not path.startswith("python:"):
+            user[key] = inputs.import_object(path, f"--{key}")
+            if not callable(user[key]):
+                raise UserError(f"--{key} {path}: {type(user[key]).__name__} is not callable; "
+                                f"point at a function")
     from fasttrain.env import resolve_device
 
     world = distributed.init(cfg.parallel, torch.device(resolve_device(cfg.device)))
@@ -128,7 +152,7 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
         return _setup(run, cfg, world, model if model is not None else cfg.model,
                       data if data is not None else cfg.data,
                       loss if loss is not None else cfg.loss, metrics or {}, tuple(checkpoint),
-                      verbose)
+                      {k: v for k, v in user.items() if callable(v)}, verbose)
     except BaseException:
         if getattr(run, "rundir", None) is not None:
             run.rundir.close()  # give the run directory's lock back (in-process callers)
@@ -137,7 +161,7 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
 
 
 def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, names: tuple,
-           verbose: bool) -> Run:
+           user: dict[str, Callable], verbose: bool) -> Run:
     from fasttrain.engine import checkpoint
 
     if world.restarts and cfg.out and not cfg.resume:
@@ -165,8 +189,16 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
                               pin_memory=cfg.pin_memory, channels_last=cfg.channels_last,
                               block_size=cfg.block_size, rank=world.rank, world=world.size,
                               augment=flip_crop, why=why)
+    if user.get("step") is None and task.kind == "other":
+        raise UserError(f"the {task.name} batches are not (input, target) pairs, which the "
+                        f"default step needs: give step=fn(model, batch) returning the loss "
+                        f"(--step pkg.module:fn)")
     run.loss_fn = inputs.resolve_loss(loss, task)
     run.metrics = {**default_metrics(task), **metrics}
+    run.step_name = (usercode.name_of(user["step"], cfg.step) if "step" in user else "")
+    run.compute_loss = steps.compute_loss(run, user.get("step"), run.step_name)
+    run.evaluate_loss = steps.evaluate_loss(run)
+    run.forward_backward = accumulate  # ft-parallel: a pipeline schedule's step under --pp
 
     module, label = inputs.resolve_model(model, task)
     run.label = label
@@ -184,16 +216,19 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         # samples with its own stream.
         torch.manual_seed(cfg.seed * 1_000_003 + 7919 * world.rank)
 
-    run.opt = _optimizer(cfg, module, world)
+    run.opt = optim.optimizer(cfg, module, world, user.get("optimizer"),
+                              usercode.name_of(user.get("optimizer"), cfg.optimizer))
     per_epoch = run.batches.steps_per_epoch  # None: a stream without length (then max_steps)
     run.total_steps = cfg.epochs * per_epoch if per_epoch is not None else cfg.max_steps
     if cfg.max_steps:
         run.total_steps = min(run.total_steps, cfg.max_steps)
-    run.sched = torch.optim.lr_scheduler.LambdaLR(run.opt, lambda s: lr_factor(cfg, run, s))
+    run.sched = optim.scheduler(cfg, run, run.opt, user.get("scheduler"),
+                                usercode.name_of(user.get("scheduler"), cfg.scheduler))
     params = [p for p in module.parameters() if p.requires_grad]  # sharded ones under FSDP
     run.clip = ((lambda: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True))
                 if cfg.grad_clip else (lambda: None))
     run.loss_sum = torch.zeros((), device=dev)
+    run.extra_sums = {}  # a user step's extra metrics, summed like loss_sum (steps.py)
     run.skipped = torch.zeros((), device=dev, dtype=torch.int64)
 
     # Rank 0 writes (and claims: rundir.py) the run directory; its error stops every rank.
@@ -266,38 +301,6 @@ def _data_on_device(cfg: TrainConfig, dev: torch.device, task) -> bool:
     return size < free / 4
 
 
-def _optimizer(cfg: TrainConfig, model: nn.Module, world) -> torch.optim.Optimizer:
-    # fp16 on CUDA takes the fused kernel even unasked: with a foreach optimizer GradScaler.step
-    # reads its inf check on the host (`.item()`, a sync every step); the fused kernel skips the
-    # update on the device instead. Not under FSDP, whose sharded parameters it does not take.
-    fp16_cuda = (cfg.precision == "fp16" and world.device.type == "cuda"
-                 and cfg.parallel != "fsdp")
-    kw = {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
-          "fused": True if cfg.fused_optimizer or fp16_cuda else None}
-    try:
-        if cfg.optimizer == "sgd":
-            return distributed.optimizer(torch.optim.SGD, model.parameters(), world,
-                                         momentum=cfg.momentum, **kw)
-        return distributed.optimizer(torch.optim.AdamW, model.parameters(), world, **kw)
-    except RuntimeError as e:  # fused kernels exist only for some devices and dtypes
-        raise UserError(f"--fused-optimizer is not supported here ({e}); drop the flag") \
-            from None
-
-
-def lr_factor(cfg: TrainConfig, run: Run, step: int) -> float:
-    """The schedule: linear warm-up, then constant, cosine, or onecycle's annealing. Reads
-    run.total_steps when called, so that an extended run (--epochs N larger) decays to its end."""
-    total, warm = max(run.total_steps, 1), cfg.warmup_steps
-    if cfg.schedule == "onecycle" and not warm:
-        warm = max(1, int(0.3 * total))
-    if step < warm:
-        return (step + 1) / warm
-    if cfg.schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warm) / max(1, total - warm))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine / the annealing of onecycle
-
-
 def _count_flops(run: Run, model: nn.Module) -> float | None:
     """FLOPs of one optimizer step (forward + backward of every micro-batch), counted once by
     torch's FLOP counter on a real micro-batch: the numerator of MFU. Only where MFU can be
@@ -312,15 +315,14 @@ def _count_flops(run: Run, model: nn.Module) -> float | None:
     # One rank's micro-batch, scaled to the whole step of all ranks (FLOPs are linear in the
     # batch): the count never holds more than one rank's activations.
     batch = next(iter(run.batches.eval_batches(run.batches.micro, "train")), None)
-    if not (isinstance(batch, tuple | list) and len(batch) == 2):
-        return None  # not (input, target) pairs: no forward(x) to count, no MFU
-    x, y = batch
+    if batch is None:
+        return None
     counter = FlopCounterMode(display=False)
     # Eval mode and a forked RNG: counting must not move BatchNorm statistics or the random
     # stream, or the run would differ from one that does not count.
     with torch.random.fork_rng(devices=[run.device]), counter:
         model.eval()
-        run.loss_fn(model(x), y).backward()
+        run.compute_loss(model, batch)[0].backward()
     model.train()
     model.zero_grad(set_to_none=True)
     return float(counter.get_total_flops()) * run.cfg.accum_steps * run.batches.world

@@ -124,7 +124,6 @@ def count_saved(run: Run, micro_batch, autocast=None, device_type: str | None = 
                 copies.add(ptr)
         return t  # keep the tensor itself: we count, we do not change what is stored
 
-    x, y = micro_batch
     # CUDA graphs replay from a static memory pool and do not run hooks: count on the eager
     # module, which saves the same tensors (compile's fusions aside).
     forward = run.model if run.cfg.cuda_graphs else run.forward
@@ -133,7 +132,7 @@ def count_saved(run: Run, micro_batch, autocast=None, device_type: str | None = 
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         # Hooks for the forward only: backward's recomputation (checkpointing) saves nothing.
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            loss = run.loss_fn(forward(x), y) / run.cfg.accum_steps
+            loss = run.compute_loss(forward, micro_batch)[0] / run.cfg.accum_steps
         run.scaler.scale(loss).backward()
     grads = _bytes([p.grad for p in model.parameters() if p.grad is not None], cuda)
     del loss

@@ -1,0 +1,108 @@
+"""The optimizer and the learning-rate schedule: the built-ins, or the user's factories.
+
+    built-in   --optimizer adamw | sgd, --lr, --weight-decay, --schedule, --warmup-steps
+    yours      optimizer=fn(param_groups) -> torch.optim.Optimizer    (--optimizer pkg.mod:fn)
+               scheduler=fn(optimizer) -> LRScheduler, stepped once per optimizer step
+                                                                       (--scheduler pkg.mod:fn)
+
+Parameter groups: weights (every parameter with 2 or more dimensions: linear and convolution
+weights, and embeddings, which decay as in nanoGPT and timm's generic rule) and the rest (biases,
+normalization weights and any other 0/1-dim parameter) in a group with weight_decay 0, since
+decaying a scale or an offset pulls it towards 0 and only hurts; `decay_norm_and_bias` puts all in
+one group. A factory receives the same groups, the second carrying only weight_decay = 0 (so that
+the factory's own lr and weight_decay apply to the first).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from fasttrain.engine import distributed, usercode
+from fasttrain.errors import UserError
+
+BUILTIN_OPTIMIZERS = ("sgd", "adamw")
+
+
+def param_groups(model: nn.Module, decay_norm_and_bias: bool) -> list[dict]:
+    """[decayed, not decayed] trainable parameters in model order (one group if all decay)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if decay_norm_and_bias:
+        return [{"params": params}]
+    groups = [{"params": [p for p in params if p.ndim >= 2]},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]  # e.g. a model without biases or norms
+
+
+def owns_lr(cfg) -> bool:
+    """Is the learning rate fasttrain's (built-in optimizer and schedule)? Only then does a
+    changed --lr apply on resume."""
+    return cfg.optimizer in BUILTIN_OPTIMIZERS and not cfg.scheduler
+
+
+def optimizer(cfg, model: nn.Module, world, factory: Callable | None = None,
+              name: str = "") -> torch.optim.Optimizer:
+    """The run's optimizer over `model`'s parameter groups; ZeRO-1 partitions a built-in one."""
+    groups = param_groups(model, cfg.decay_norm_and_bias)
+    if factory is not None:
+        opt = usercode.call(factory, f"your optimizer factory {name}", groups)
+        _check_optimizer(opt, model, name)
+        return opt
+    # fp16 on CUDA takes the fused kernel even unasked: with a foreach optimizer GradScaler.step
+    # reads its inf check on the host (`.item()`, a sync every step); the fused kernel skips the
+    # update on the device instead. Not under FSDP, whose sharded parameters it does not take.
+    fp16_cuda = (cfg.precision == "fp16" and world.device.type == "cuda"
+                 and cfg.parallel != "fsdp")
+    kw = {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
+          "fused": True if cfg.fused_optimizer or fp16_cuda else None}
+    try:
+        if cfg.optimizer == "sgd":
+            return distributed.optimizer(torch.optim.SGD, groups, world,
+                                         momentum=cfg.momentum, **kw)
+        return distributed.optimizer(torch.optim.AdamW, groups, world, **kw)
+    except RuntimeError as e:  # fused kernels exist only for some devices and dtypes
+        raise UserError(f"--fused-optimizer is not supported here ({e}); drop the flag") \
+            from None
+
+
+def scheduler(cfg, run, opt: torch.optim.Optimizer, factory: Callable | None = None,
+              name: str = "") -> torch.optim.lr_scheduler.LRScheduler:
+    """The user's scheduler, or the built-in schedule as a LambdaLR of lr_factor."""
+    if factory is None:
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, run, s))
+    sched = usercode.call(factory, f"your scheduler factory {name}", opt)
+    if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau) or not isinstance(
+            sched, torch.optim.lr_scheduler.LRScheduler):
+        raise UserError(f"--scheduler {name} returned {type(sched).__name__}; return a "
+                        f"torch.optim.lr_scheduler.LRScheduler that steps once per optimizer "
+                        f"step without arguments (ReduceLROnPlateau needs a metric)")
+    return sched
+
+
+def _check_optimizer(opt, model: nn.Module, name: str) -> None:
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise UserError(f"--optimizer {name} returned {type(opt).__name__}; return a "
+                        f"torch.optim.Optimizer built on the param_groups it is given")
+    held = {id(p) for g in opt.param_groups for p in g["params"]}
+    left = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
+    if left:
+        raise UserError(f"--optimizer {name} leaves {len(left)} trainable parameter(s) out "
+                        f"(e.g. {left[0]}); build it on the param_groups it is given, or set "
+                        f"requires_grad=False on what must not train")
+
+
+def lr_factor(cfg, run, step: int) -> float:
+    """The schedule: linear warm-up, then constant, cosine, or onecycle's annealing. Reads
+    run.total_steps when called, so that an extended run (--epochs N larger) decays to its end."""
+    total, warm = max(run.total_steps, 1), cfg.warmup_steps
+    if cfg.schedule == "onecycle" and not warm:
+        warm = max(1, int(0.3 * total))
+    if step < warm:
+        return (step + 1) / warm
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine / the annealing of onecycle

@@ -1,0 +1,75 @@
+"""Issue 23's combined case: a Dataset of dict samples (as Hugging Face data comes), streamed,
+trained by an HF-style step `model(**batch).loss` with bf16 and accumulation, resumed mid-epoch
+bit for bit; and the same batches refused with one line when no step is given."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import fasttrain
+from fasttrain.errors import UserError
+from tests.engine import userstep
+
+SEQ, VOCAB = 8, 128
+
+
+class DictTokens(Dataset):
+    """Token windows as {"input_ids": [T], "labels": [T]}, plus a string field the engine must
+    pass through untouched. Counts reads: streamed data is read afresh every epoch."""
+
+    def __init__(self, n: int = 96):
+        g = torch.Generator().manual_seed(1)
+        self.tokens = torch.randint(0, VOCAB, (n, SEQ + 1), generator=g)
+        self.reads = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        w = self.tokens[i]
+        return {"input_ids": w[:-1], "labels": w[1:], "source": f"doc-{i}"}
+
+
+def hf_dict_step(model, batch):
+    assert isinstance(batch["source"], list) and batch["source"][0].startswith("doc-")
+    return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+
+
+def train(steps: int, data=None, **kw):
+    run = fasttrain.build(model=userstep.make_lm(), data=data or DictTokens(), step=hf_dict_step,
+                          precision="bf16", accum_steps=2, batch_size=16, epochs=10,
+                          max_steps=steps, device="cpu", progress=False, log_every=2,
+                          verbose=False, **kw)
+    fasttrain.fit(run)
+    return run
+
+
+def weights(run):
+    return {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+
+
+def test_dict_samples_stream_through_an_hf_style_step_with_bf16_accumulation_and_resume(tmp_path):
+    data = DictTokens()
+    whole = train(15, data)
+    assert whole.batches.path == "streamed"
+    # Every step read its own samples (nothing held in memory), plus the one sample that build
+    # reads to learn the batch's structure.
+    assert data.reads == 15 * 16 + 1
+    logs = [r["loss"] for r in whole.history if r["kind"] == "train"]
+    assert logs[-1] < logs[0], logs
+    # 96 samples / 16 = 6 steps an epoch: stop in the middle of epoch 1, resume from there.
+    torch.manual_seed(123)  # the resumed run must restore every random stream itself
+    train(9, out=str(tmp_path), checkpoint_every=9)
+    resumed = train(15, out=str(tmp_path), resume="auto")
+    assert resumed.step == 15 and resumed.epoch == 2
+    for k, v in weights(resumed).items():
+        assert torch.equal(v, weights(whole)[k]), k
+
+
+def test_dict_batches_without_a_step_are_one_line_naming_the_fix():
+    with pytest.raises(UserError, match=r"not \(input, target\) pairs.*step=fn\(model, batch\)"):
+        fasttrain.build(model=userstep.make_lm(), data=DictTokens(), batch_size=16,
+                        device="cpu", verbose=False)
