@@ -42,7 +42,7 @@ def mix(*parts: int) -> int:
 
 
 def _seed_all(seed: int) -> None:
-    """Seed the three streams a transform may draw from, for one sample: about 10 µs, where
+    """Seed the three streams a transform may draw from, for one batch: about 10 µs, where
     torch.manual_seed would take 100+ (it also queues the seeding of every CUDA device)."""
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
