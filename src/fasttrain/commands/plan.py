@@ -161,8 +161,9 @@ def fmt_s(s: float | None) -> str:
         return "-"
     for unit, size, limit in (("ms", 1e-3, 1), ("s", 1, 120), ("min", 60, 7200),
                               ("h", 3600, 172800), ("d", 86400, math.inf)):
-        if s < limit:
-            return f"{float(f'{s / size:.2g}'):g} {unit}"
+        v = float(f"{s / size:.2g}")
+        if v * size < limit:
+            return f"{v:g} {unit}"
     return "-"
 
 
@@ -335,6 +336,7 @@ def plan(args: argparse.Namespace) -> int:
                        "checkpoint_minutes": args.checkpoint_minutes,
                        "restart_minutes": args.restart_minutes, "catalog": args.catalog},
             "efficiency": {"value": eff.value, "source": eff.source, "basis": basis},
+            "memory": models.memory(per_gpu).to_dict(),
             "steps_per_epoch": steps_epoch, "total_steps": total, "rows": out,
             "pareto": [dataclasses.asdict(o) for o in cost.pareto(opts)]})
         print(f"wrote {args.json}", file=sys.stderr)
