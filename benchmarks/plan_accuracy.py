@@ -77,11 +77,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10, help="timed steps per point (after 2)")
     ap.add_argument("--json", help="default: benchmarks/results/DATE-cpu-NAME-plan-accuracy.json")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: on a loaded machine, a parallel op waits for "
+                    "its slowest thread, and a descheduled one makes steps 100× slower)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     env = env_block()
     load_before = os.getloadavg()
     t0 = time.time()
     peaks = classify.measure_peaks(torch.device("cpu"))
+    # A throwaway point: the first steps of a process pay one-time costs (oneDNN primitives,
+    # the allocator's first blocks, lazy imports) that a later point does not.
+    measure("logreg", "synthetic", 64, args.steps, peaks)
     rows = []
     for model, (data, batches) in POINTS.items():
         for b in batches:
@@ -105,7 +112,7 @@ def main() -> None:
               "config": {"points": {m: {"data": d, "batch_sizes": list(b)}
                                     for m, (d, b) in POINTS.items()},
                          "steps": args.steps, "warmup_steps": 2, "device": "cpu",
-                         "precision": "fp32", "target": TARGET},
+                         "precision": "fp32", "target": TARGET, "threads": args.threads},
               "load": {"loadavg_before": list(load_before), "loadavg_after": list(load_after),
                        "note": "a machine shared with other work: a point's time is its "
                        "fastest step (median kept), and the load average is what was running "

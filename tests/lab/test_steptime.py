@@ -22,6 +22,7 @@ def test_a_logreg_step_counts_forward_and_weight_gradient_flops():
     work = steptime.count(cfg)
     assert work.flops == 2 * (2 * batch * 784 * 10)
     assert work.grad_bytes == 4 * (784 * 10 + 10)
+    assert work.ops > 6  # at least addmm, its weight's mm, the loss, the optimizer's ops
     # an upper bound it must exceed: the weights read twice and the input batch read once
     assert work.bytes > 4 * (2 * 7850 + batch * 784)
 
@@ -36,6 +37,9 @@ def test_roofline_and_efficiency_carried_over():
     eff = steptime.efficiency(measured_s=0.02, roof_s=0.005)
     assert eff == pytest.approx(0.25)
     assert steptime.predict_s(work, 1e14, 1e12, eff) == pytest.approx(0.08)
+    # 100,000 ops at 1 µs each take 100 ms to issue: longer than the 80 ms of work
+    many = steptime.StepWork(flops=2e12, bytes=1e10, grad_bytes=0, ops=100_000)
+    assert steptime.predict_s(many, 1e14, 1e12, eff, issue_s=1e-6) == pytest.approx(0.1)
 
 
 def test_data_parallel_step_by_hand():

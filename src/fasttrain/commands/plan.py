@@ -131,7 +131,8 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, eff: steptime.Efficienc
     full = dataclasses.replace(variant, batch_size=cfg.batch_size)  # the whole step's work
     work = models.work(full)
     peak = gpu.peaks[variant.precision]
-    compute = steptime.predict_s(work, peak, gpu.bandwidth, eff.value)
+    issue = 0.0 if variant.cuda_graphs else steptime.ISSUE_S
+    compute = steptime.predict_s(work, peak, gpu.bandwidth, eff.value, issue)
     link = scaling.Link(gpu.interconnect, gpu.link_bandwidth)
     fsdp = used != n
     grad = int(work.grad_bytes * (FSDP_TRAFFIC if fsdp else 1))
@@ -140,7 +141,8 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, eff: steptime.Efficienc
     hours = total_steps * step_s / 3600
     rate, interval_h, restart_h = spot
     row.update(step_s=step_s, epoch_s=steps_epoch * step_s, total_s=total_steps * step_s,
-               roofline_s=compute * eff.value, flops=work.flops, bytes=work.bytes,
+               roofline_s=steptime.roofline_s(work, peak, gpu.bandwidth), flops=work.flops,
+               bytes=work.bytes, ops=work.ops,
                allreduce_s=t["allreduce_s"], exposed_s=t["exposed_s"])
     row["options"] = cost.options(gpu, used, hours, rate, interval_h, restart_h)
     return row
@@ -312,9 +314,10 @@ def plan(args: argparse.Namespace) -> int:
         f"{MARGIN:.0%}; switches verified by predicting with each (FSDP: sharding formula). "
         f"Largest batch: linear extrapolation from two predicted sizes (all: the whole "
         f"epoch). Step: max(counted FLOPs / "
-        f"{cfg.precision} peak, counted bytes / bandwidth) ÷ efficiency {eff.value:.2g} — "
-        f"{eff.source}" + (f"; {n} GPUs data parallel, ring all-reduce over the catalogue's "
-                           f"link" if n > 1 else "") +
+        f"{cfg.precision} peak, counted bytes / bandwidth) ÷ efficiency {eff.value:.2g}, at "
+        f"least {steptime.ISSUE_S * 1e6:g} µs per op issued — {eff.source}"
+        + (f"; {n} GPUs data parallel, ring all-reduce over the catalogue's link" if n > 1
+           else "") +
         f". {steps_epoch:,} steps/epoch, {total:,} steps. Cost: EXAMPLE list prices per GPU-hour "
         f"(read {', '.join(dates)}; sources in the catalogue), spot with "
         f"{args.preemption_rate:g} preemptions/h, each losing half of a "

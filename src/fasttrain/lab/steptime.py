@@ -14,6 +14,7 @@ too small to fill a GPU — so the roofline is divided by an efficiency:
 
 - DEFAULT_EFFICIENCY, 0.3: a round, stated guess (well-tuned large-model training reaches 0.4–0.5
   of the bf16 peak; small models far less). An estimate for the order of magnitude only.
+- a floor: an eager GPU step takes at least ISSUE_S per aten op to issue (small models live here).
 - `calibrate`: a few steps of the same configuration timed on the present device against its own
   roofline (CPU: peaks measured with classify.measure_peaks; a known GPU: its data sheet). The
   fraction is carried over to the target as it is; how well it carries from a CPU to a GPU is
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
     from fasttrain.engine.config import TrainConfig
 
 DEFAULT_EFFICIENCY = 0.3
+# Seconds to issue one eager aten op to a GPU (Python, dispatch, the kernel launch): a step of
+# small ops is bound by issuing them, whatever the roofline says. 5 µs is the order eager PyTorch
+# reaches on a current CPU; CUDA graphs replay a step without issuing, and lift this floor.
+ISSUE_S = 5e-6
 DEFAULT_SOURCE = "default 0.3 (a stated guess: not calibrated)"
 
 
@@ -48,6 +53,7 @@ class StepWork:
     flops: float  # FLOP
     bytes: float  # bytes read + written
     grad_bytes: int  # what a data-parallel all-reduce moves (trainable parameters' gradients)
+    ops: int = 0  # aten calls: each is at least one kernel to issue
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,8 @@ def count_run(run) -> StepWork:
     batches = endless_batches(run)
     step(run, next(batches))
     work = classify.count_step(run, batches, classify.Peaks(1.0, 1.0, "unused"))
-    return StepWork(work.flops, work.bytes, _grad_bytes(run))
+    ops = sum(w.calls for w in work.by_op.values())
+    return StepWork(work.flops, work.bytes, _grad_bytes(run), ops)
 
 
 def count(cfg: TrainConfig, model=None, data=None, *, loss=None) -> StepWork:
@@ -97,8 +104,11 @@ def roofline_s(work: StepWork, peak_flops: float, bandwidth: float) -> float:
     return max(work.flops / peak_flops, work.bytes / bandwidth)
 
 
-def predict_s(work: StepWork, peak_flops: float, bandwidth: float, efficiency: float) -> float:
-    return roofline_s(work, peak_flops, bandwidth) / efficiency
+def predict_s(work: StepWork, peak_flops: float, bandwidth: float, efficiency: float,
+              issue_s: float = 0.0) -> float:
+    """The roofline over the efficiency, and never less than issuing the step's ops one by one
+    (`issue_s` each: ISSUE_S for an eager GPU step, 0 where it does not apply)."""
+    return max(roofline_s(work, peak_flops, bandwidth) / efficiency, work.ops * issue_s)
 
 
 def on_gpus(compute_s: float, grad_bytes: int, n: int, link: scaling.Link) -> dict[str, float]:
