@@ -169,7 +169,7 @@ def calibrate(cfg: TrainConfig, model=None, data=None, *, loss=None,
              "peak_flops": peaks.flops, "bandwidth": peaks.bandwidth, "peaks": peaks.source,
              "flops": work.flops, "bytes": work.bytes, "steps": steps}
     source = (f"calibrated on {device}: {cfg.model} at batch {cfg.batch_size}, {cfg.precision}, "
-              f"fastest of {steps} steps {measured * 1e3:.3g} ms vs roofline {roof * 1e3:.3g} ms "
+              f"fastest of {steps} steps {measured * 1e3:.4g} ms vs roofline {roof * 1e3:.4g} ms "
               f"(peaks {peaks.source}: {peaks.flops / 1e9:.0f} GFLOP/s, "
               f"{peaks.bandwidth / 1e9:.0f} GB/s)")
     return Efficiency(eff, source), basis
