@@ -98,3 +98,22 @@ def test_a_switch_is_chosen_only_when_predicting_with_it_fits():
     assert how == "fits with accumulation ×2" and variant.accum_steps == 2 and needed == accum
     how, *_ = plan_cmd._fit(models, cfg, gpu(1024), 1)
     assert how == "does not fit"
+
+
+def test_fsdp_and_ddp_needs_by_hand():
+    from types import SimpleNamespace
+
+    b = SimpleNamespace(weights=400, gradients=400, optimizer=800, step_temp=400,
+                        activations=1000, weight_copies=0, inputs=100, data=0, workspace=0,
+                        predicted_peak=2900)
+    # sharded 4 ways: (400 + 400 + 800 + 400) / 4 = 500, plus the unsharded 1100
+    assert plan_cmd.fsdp_need(b, 4) == 1600
+    assert plan_cmd.need(b, 1) == 2900
+    assert plan_cmd.need(b, 2) == 3300  # DDP's buckets: one more copy of the gradients
+    gpu = cost.GPU("G", 1602 / (1 - plan_cmd.MARGIN) / 2**30, {"fp32": 1e12}, 1e11, "x", 1e9)
+
+    class Models:
+        def memory(self, cfg):
+            return b
+
+    assert plan_cmd._fit(Models(), None, gpu, 4, fsdp=True)[::2] == ("fits (FSDP over 4 GPUs)", 4)

@@ -82,11 +82,15 @@ def largest_micro(models: _Models, cfg, usable: int) -> tuple[int, int, int]:
     return max(0, int((usable - fixed) // per_sample)), p1, int(per_sample)
 
 
-def _fit(models: _Models, cfg, gpu: cost.GPU, n: int):
+def _fit(models: _Models, cfg, gpu: cost.GPU, n: int, fsdp: bool = False):
     """(how, switched cfg, GPUs used, need in bytes): the configuration as given when it fits,
-    else the first switch that does (verified by predicting with it), else 'does not fit'."""
+    else the first switch that does (verified by predicting with it), else 'does not fit'.
+    `fsdp`: the n GPUs shard the model (--parallel fsdp) rather than replicate it."""
     usable = gpu.memory_bytes * (1 - MARGIN)
     b = models.memory(cfg)
+    if fsdp:
+        how = f"fits (FSDP over {n} GPUs)" if fsdp_need(b, n) <= usable else "does not fit"
+        return how, cfg, n, fsdp_need(b, n)
     if need(b, n) <= usable:
         return "fits", cfg, n, need(b, n)
     tries = []
@@ -114,14 +118,14 @@ def _fit(models: _Models, cfg, gpu: cost.GPU, n: int):
 
 def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, eff: steptime.Efficiency,
             steps_epoch: int, total_steps: int, spot: tuple[float, float, float],
-            samples: int) -> dict:
+            samples: int, fsdp: bool = False) -> dict:
     usable = gpu.memory_bytes * (1 - MARGIN)
     row = {"gpu": gpu.name, "memory_available": gpu.memory_bytes, "usable": int(usable),
            "status": "ok", "options": []}
     if cfg.precision not in gpu.peaks:
         return {**row, "status": "unsupported",
                 "reason": f"no {cfg.precision} units on the {gpu.name}"}
-    how, variant, used, needed = _fit(models, per_gpu, gpu, n)
+    how, variant, used, needed = _fit(models, per_gpu, gpu, n, fsdp)
     largest, _, per_sample = largest_micro(models, per_gpu, usable)
     row.update(fit=how, memory_needed=needed, gpus=used, per_sample_bytes=per_sample,
                largest_batch=min(largest * per_gpu.accum_steps * n, samples))
@@ -134,8 +138,7 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, eff: steptime.Efficienc
     issue = 0.0 if variant.cuda_graphs else steptime.ISSUE_S
     compute = steptime.predict_s(work, peak, gpu.bandwidth, eff.value, issue)
     link = scaling.Link(gpu.interconnect, gpu.link_bandwidth)
-    fsdp = used != n
-    grad = int(work.grad_bytes * (FSDP_TRAFFIC if fsdp else 1))
+    grad = int(work.grad_bytes * (FSDP_TRAFFIC if fsdp or used != n else 1))
     t = steptime.on_gpus(compute, grad, used, link)
     step_s = t["step_s"]
     hours = total_steps * step_s / 3600
@@ -286,6 +289,12 @@ def plan(args: argparse.Namespace) -> int:
         if path:
             report.check_writable(path, flag)
     gpus = cost.load(args.catalog)  # before building anything: a bad catalogue fails fast
+    # --parallel names how the --gpus share the work; plan models it rather than launching it.
+    parallel = vars(args).pop("parallel", "none")
+    if parallel not in ("none", "ddp", "fsdp"):
+        raise UserError(f"fasttrain plan models --parallel ddp or fsdp over --gpus N, not "
+                        f"--parallel {parallel}")
+    fsdp = parallel == "fsdp" and args.gpus > 1
     cfg, task = lab_config(args, "plan")
     n = args.gpus
     if cfg.batch_size % (n * cfg.accum_steps):
@@ -303,7 +312,7 @@ def plan(args: argparse.Namespace) -> int:
     eff, basis = (steptime.calibrate(cfg, data=task) if args.calibrate
                   else (steptime.default(), None))
     spot = (args.preemption_rate, args.checkpoint_minutes / 60, args.restart_minutes / 60)
-    rows = [gpu_row(models, cfg, per_gpu, g, n, eff, steps_epoch, total, spot, samples)
+    rows = [gpu_row(models, cfg, per_gpu, g, n, eff, steps_epoch, total, spot, samples, fsdp)
             for g in gpus.values()]
     opts = [o for r in rows for o in r["options"]]
     cost.mark(opts, args.deadline)
@@ -316,8 +325,8 @@ def plan(args: argparse.Namespace) -> int:
         f"epoch). Step: max(counted FLOPs / "
         f"{cfg.precision} peak, counted bytes / bandwidth) ÷ efficiency {eff.value:.2g}, at "
         f"least {steptime.ISSUE_S * 1e6:g} µs per op issued — {eff.source}"
-        + (f"; {n} GPUs data parallel, ring all-reduce over the catalogue's link" if n > 1
-           else "") +
+        + (f"; {n} GPUs {'FSDP' if fsdp else 'data parallel'}, ring collectives over the "
+           f"catalogue's link" if n > 1 else "") +
         f". {steps_epoch:,} steps/epoch, {total:,} steps. Cost: EXAMPLE list prices per GPU-hour "
         f"(read {', '.join(dates)}; sources in the catalogue), spot with "
         f"{args.preemption_rate:g} preemptions/h, each losing half of a "
