@@ -42,11 +42,12 @@ POINTS = {"logreg": ("synthetic", (64, 512)), "mlp": ("synthetic", (64, 512)),
 TARGET = 0.3
 
 
-def measure(model: str, data: str, batch: int, steps: int, peaks: classify.Peaks) -> dict:
+def measure(model: str, data: str, batch: int, steps: int, peaks: classify.Peaks,
+            clock) -> dict:
     cfg = TrainConfig(model=model, data=data, batch_size=batch, device="cpu").validate()
     run = build(cfg, verbose=False)
     try:
-        times = steptime.time_steps(run, steps)
+        times = steptime.time_steps(run, steps, clock=clock)
         measured = min(times)
         work = steptime.count_run(run)
     finally:
@@ -80,19 +81,34 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: on a loaded machine, a parallel op waits for "
                     "its slowest thread, and a descheduled one makes steps 100× slower)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="cpu (default): steps timed in process CPU time and peaks measured as "
+                    "fasttrain.peaks does (rates over CPU time), so that time spent waiting for a "
+                    "core on a shared machine is not counted (valid with --threads 1); wall: "
+                    "perf_counter and classify.measure_peaks, as `plan --calibrate` times")
     args = ap.parse_args()
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu needs --threads 1 (CPU time sums over threads)")
     torch.set_num_threads(args.threads)
     env = env_block()
     load_before = os.getloadavg()
     t0 = time.time()
-    peaks = classify.measure_peaks(torch.device("cpu"))
+    if args.clock == "cpu":
+        from fasttrain.peaks import measure_cpu
+
+        p = measure_cpu(n_threads=1)
+        peaks = classify.Peaks(p["fp32_flops"], p["bandwidth"], "fasttrain.peaks.measure_cpu")
+        clock = time.process_time
+    else:
+        peaks = classify.measure_peaks(torch.device("cpu"))
+        clock = time.perf_counter
     # A throwaway point: the first steps of a process pay one-time costs (oneDNN primitives,
     # the allocator's first blocks, lazy imports) that a later point does not.
-    measure("logreg", "synthetic", 64, args.steps, peaks)
+    measure("logreg", "synthetic", 64, args.steps, peaks, clock)
     rows = []
     for model, (data, batches) in POINTS.items():
         for b in batches:
-            rows.append(measure(model, data, b, args.steps, peaks))
+            rows.append(measure(model, data, b, args.steps, peaks, clock))
             r = rows[-1]
             print(f"{model:>6} batch {b:>4}: measured {r['measured_s'] * 1e3:8.2f} ms, roofline "
                   f"{r['roofline_s'] * 1e3:8.3f} ms ({r['bound']}), efficiency "
@@ -100,7 +116,8 @@ def main() -> None:
     predict(rows)
     load_after = os.getloadavg()
     print(hardware_line(env))
-    print(f"peaks (measured): {peaks.flops / 1e9:.0f} GFLOP/s, {peaks.bandwidth / 1e9:.0f} GB/s; "
+    print(f"peaks ({peaks.source}): {peaks.flops / 1e9:.0f} GFLOP/s, "
+          f"{peaks.bandwidth / 1e9:.0f} GB/s; "
           f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}")
     within = {}
     for scheme in ("other batch", "other models", "default"):
@@ -112,19 +129,21 @@ def main() -> None:
               "config": {"points": {m: {"data": d, "batch_sizes": list(b)}
                                     for m, (d, b) in POINTS.items()},
                          "steps": args.steps, "warmup_steps": 2, "device": "cpu",
-                         "precision": "fp32", "target": TARGET, "threads": args.threads},
+                         "precision": "fp32", "target": TARGET, "threads": args.threads,
+                         "clock": args.clock},
               "load": {"loadavg_before": list(load_before), "loadavg_after": list(load_after),
                        "note": "a machine shared with other work: a point's time is its "
                        "fastest step (median kept), and the load average is what was running "
                        "beside them"},
               "peaks": {"flops": peaks.flops, "bandwidth": peaks.bandwidth,
-                        "source": peaks.source, "method": "classify.measure_peaks"},
+                        "source": peaks.source},
               "rows": rows, "within_target": within, "seconds": time.time() - t0}
     path = args.json
     if not path:
         cpu = re.sub(r"[^a-z0-9]+", "-", (env.get("cpu") or "cpu").lower()).strip("-")
         path = (Path(__file__).parent / "results" /
-                f"{time.strftime('%Y-%m-%d')}-cpu-{cpu}-{env.get('cores')}core-plan-accuracy.json")
+                f"{time.strftime('%Y-%m-%d')}-cpu-{cpu}-{env.get('cores')}core-plan-accuracy"
+                f"-{args.clock}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     print(f"wrote {path}")

@@ -123,8 +123,9 @@ def efficiency(measured_s: float, roof_s: float) -> float:
     return roof_s / measured_s
 
 
-def time_steps(run, steps: int, warmup: int = 2) -> list[float]:
-    """Seconds of each of `steps` optimizer steps after `warmup` (each timed to the device's end).
+def time_steps(run, steps: int, warmup: int = 2, clock=time.perf_counter) -> list[float]:
+    """Seconds of each of `steps` optimizer steps after `warmup` (each timed to the device's end;
+    `clock` may be time.process_time for a one-thread CPU run on a shared machine).
     The calibration takes the fastest: on a shared machine other work can only slow a step down,
     so the fastest is the closest to what this device does (as fasttrain.peaks argues)."""
     from fasttrain.engine.loop import endless_batches, step
@@ -138,10 +139,10 @@ def time_steps(run, steps: int, warmup: int = 2) -> list[float]:
     for _ in range(steps):
         micro = next(batches)  # fetched outside the clock: input time is not step time
         sync()
-        t0 = time.perf_counter()
+        t0 = clock()
         step(run, micro)
         sync()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return times
 
 
