@@ -37,6 +37,8 @@ COMMANDS = (
      "--find-batch-size"),
     ("fasttrain.commands.experiment", "experiment", "the course lab's exercises, measured: "
      "precision, memory, e2e; and multi-process scaling"),
+    ("fasttrain.commands.plan", "plan", "which GPU, will it fit, how long, what it costs "
+     "(estimates)"),
 )
 
 

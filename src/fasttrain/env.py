@@ -15,18 +15,15 @@ import subprocess
 from pathlib import Path
 
 from fasttrain.errors import UserError
+from fasttrain.lab.cost import datasheet_peaks
 
 DEVICES = ("auto", "cpu", "cuda", "mps", "xpu")
 
-# Dense peak throughput (FLOP/s, no sparsity) and HBM bandwidth (B/s) of GPUs we know, from the
-# vendors' data sheets. Used for MFU and roofline figures; unknown GPUs simply get no such figure.
-GPU_PEAKS: dict[str, dict[str, float]] = {
-    "H100 SXM": {"fp32": 67e12, "tf32": 495e12, "bf16": 989e12, "fp16": 989e12, "bw": 3.35e12},
-    "H100 PCIe": {"fp32": 51e12, "tf32": 378e12, "bf16": 756e12, "fp16": 756e12, "bw": 2.0e12},
-    "H200": {"fp32": 67e12, "tf32": 495e12, "bf16": 989e12, "fp16": 989e12, "bw": 4.8e12},
-    "A100": {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12, "bw": 2.0e12},
-    "L4": {"fp32": 30e12, "tf32": 60e12, "bf16": 121e12, "fp16": 121e12, "bw": 0.3e12},
-}
+# Dense peak throughput (FLOP/s, no sparsity, per precision) and memory bandwidth ("bw", B/s) of
+# the GPUs we know: the data sheets in fasttrain/lab/gpus.toml, the one home of these figures (the
+# catalogue of `fasttrain plan` needs every GPU's, MFU and the roofline only some; one file keeps
+# them from drifting apart). Unknown GPUs simply get no such figure.
+GPU_PEAKS: dict[str, dict[str, float]] = datasheet_peaks()
 
 
 def resolve_device(requested: str = "auto") -> str:

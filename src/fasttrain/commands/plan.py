@@ -1,0 +1,355 @@
+"""`fasttrain plan`: which GPU, will it fit, how long, what it costs — before renting anything.
+
+    fasttrain plan --model gpt --data tinyshakespeare --batch-size 64 --precision bf16
+    fasttrain plan --model cnn --gpus 4 --deadline 2 --preemption-rate 0.1 --plot plan.png
+    fasttrain plan --model mypkg.net:build --data mypkg.data:load --catalog my_prices.toml
+
+One row per GPU of the catalogue (fasttrain/lab/gpus.toml, or --catalog FILE). Every figure is an
+ESTIMATE; the footer gives its basis:
+
+- memory: fasttrain.lab.memory.predict — the model `fasttrain memory` prints — for one GPU's
+  share of the batch, counted as CUDA holds tensors; fits in the card's memory less 10%. When it
+  does not fit, the switches are tried in order, each verified by predicting with it: bf16,
+  activation checkpointing, gradient accumulation (×2, ×4, ×8), FSDP over N GPUs (parameters,
+  gradients and optimizer state sharded N ways: a formula on the breakdown, not a run).
+- largest batch: the peak is linear in the micro-batch; predicted at two sizes and extrapolated.
+- step time: fasttrain.lab.steptime — counted FLOPs and bytes of one real step at the GPU's peak
+  for the precision and its bandwidth, over an efficiency (default, or --calibrate here).
+- cost: fasttrain.lab.cost — example list prices of the catalogue; spot with expected restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+
+from fasttrain.commands.common import data_label, lab_config
+from fasttrain.errors import UserError
+from fasttrain.lab import cost, scaling, steptime
+
+SCHEMA = "fasttrain.plan/1"
+MARGIN = 0.1  # of the card's memory, kept free: CUDA context, cuDNN workspaces, fragmentation
+ACCUM = (2, 4, 8)
+FSDP = (2, 4, 8)
+# FSDP moves 1.5× DDP's bytes: an all-gather in forward, another in backward, a reduce-scatter.
+FSDP_TRAFFIC = 1.5
+
+
+class _Models:
+    """Predictions for one configuration and its switched variants, each made once."""
+
+    def __init__(self, task):
+        self.task, self._mem, self._work = task, {}, {}
+
+    def memory(self, cfg):
+        from fasttrain.lab import memory
+
+        key = repr(cfg)
+        if key not in self._mem:
+            self._mem[key] = memory.predict(cfg, data=self.task, device_type="cuda")
+        return self._mem[key]
+
+    def work(self, cfg) -> steptime.StepWork:
+        key = repr(cfg)
+        if key not in self._work:
+            self._work[key] = steptime.count(cfg, data=self.task)
+        return self._work[key]
+
+
+def need(b, n_dp: int) -> int:
+    """Bytes one GPU needs: the breakdown's peak, plus DDP's gradient buckets (one more copy of
+    the gradients) when it runs data parallel."""
+    return b.predicted_peak + (b.gradients if n_dp > 1 else 0)
+
+
+def fsdp_need(b, k: int) -> int:
+    """One of k FSDP GPUs: its 1/k of weights, gradients, optimizer state and step temporaries
+    (sharded), the whole of the activations and inputs of its micro-batch."""
+    sharded = b.weights + b.gradients + b.optimizer + b.step_temp
+    return (sharded // k + b.activations + b.weight_copies + b.inputs + b.data + b.workspace)
+
+
+def largest_micro(models: _Models, cfg, usable: int) -> tuple[int, int, int]:
+    """The largest micro-batch whose predicted need fits `usable`, extrapolated from the peaks
+    at micro-batches m and 2m: (largest, bytes at m, bytes per sample)."""
+    m = cfg.micro_batch
+    p1 = models.memory(cfg).predicted_peak
+    p2 = models.memory(dataclasses.replace(cfg, batch_size=2 * cfg.batch_size)).predicted_peak
+    per_sample = max((p2 - p1) / m, 1e-9)
+    fixed = p1 - per_sample * m
+    return max(0, int((usable - fixed) // per_sample)), p1, int(per_sample)
+
+
+def _fit(models: _Models, cfg, gpu: cost.GPU, n: int, fsdp: bool = False):
+    """(how, switched cfg, GPUs used, need in bytes): the configuration as given when it fits,
+    else the first switch that does (verified by predicting with it), else 'does not fit'.
+    `fsdp`: the n GPUs shard the model (--parallel fsdp) rather than replicate it."""
+    usable = gpu.memory_bytes * (1 - MARGIN)
+    b = models.memory(cfg)
+    if fsdp:
+        how = f"fits (FSDP over {n} GPUs)" if fsdp_need(b, n) <= usable else "does not fit"
+        return how, cfg, n, fsdp_need(b, n)
+    if need(b, n) <= usable:
+        return "fits", cfg, n, need(b, n)
+    tries = []
+    if cfg.precision in ("fp32", "tf32") and "bf16" in gpu.peaks:
+        tries.append(("bf16", dataclasses.replace(cfg, precision="bf16")))
+    if not cfg.activation_checkpointing:
+        tries.append(("activation checkpointing",
+                      dataclasses.replace(cfg, activation_checkpointing=True)))
+    for k in ACCUM:
+        a = cfg.accum_steps * k
+        if cfg.batch_size % a == 0:
+            tries.append((f"accumulation ×{k}", dataclasses.replace(cfg, accum_steps=a)))
+    for how, variant in tries:
+        try:
+            vb = models.memory(variant)
+        except UserError:  # a switch this model cannot take (no blocks to checkpoint)
+            continue
+        if need(vb, n) <= usable:
+            return f"fits with {how}", variant, n, need(vb, n)
+    for k in FSDP:
+        if k > n and fsdp_need(b, k) <= usable:
+            return f"fits with FSDP over {k} GPUs", cfg, k, fsdp_need(b, k)
+    return "does not fit", cfg, n, need(b, n)
+
+
+def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, eff: steptime.Efficiency,
+            steps_epoch: int, total_steps: int, spot: tuple[float, float, float],
+            samples: int, fsdp: bool = False) -> dict:
+    usable = gpu.memory_bytes * (1 - MARGIN)
+    row = {"gpu": gpu.name, "memory_available": gpu.memory_bytes, "usable": int(usable),
+           "status": "ok", "options": []}
+    if cfg.precision not in gpu.peaks:
+        return {**row, "status": "unsupported",
+                "reason": f"no {cfg.precision} units on the {gpu.name}"}
+    how, variant, used, needed = _fit(models, per_gpu, gpu, n, fsdp)
+    largest, _, per_sample = largest_micro(models, per_gpu, usable)
+    row.update(fit=how, memory_needed=needed, gpus=used, per_sample_bytes=per_sample,
+               largest_batch=min(largest * per_gpu.accum_steps * n, samples))
+    if how == "does not fit":
+        return {**row, "status": "does not fit",
+                "reason": f"needs {_gib(needed)} of {_gib(usable)} usable, with every switch"}
+    full = dataclasses.replace(variant, batch_size=cfg.batch_size)  # the whole step's work
+    work = models.work(full)
+    peak = gpu.peaks[variant.precision]
+    issue = 0.0 if variant.cuda_graphs else steptime.ISSUE_S
+    compute = steptime.predict_s(work, peak, gpu.bandwidth, eff.value, issue)
+    link = scaling.Link(gpu.interconnect, gpu.link_bandwidth)
+    grad = int(work.grad_bytes * (FSDP_TRAFFIC if fsdp or used != n else 1))
+    t = steptime.on_gpus(compute, grad, used, link)
+    step_s = t["step_s"]
+    hours = total_steps * step_s / 3600
+    rate, interval_h, restart_h = spot
+    row.update(step_s=step_s, epoch_s=steps_epoch * step_s, total_s=total_steps * step_s,
+               roofline_s=steptime.roofline_s(work, peak, gpu.bandwidth), flops=work.flops,
+               bytes=work.bytes, ops=work.ops,
+               allreduce_s=t["allreduce_s"], exposed_s=t["exposed_s"])
+    row["options"] = cost.options(gpu, used, hours, rate, interval_h, restart_h)
+    return row
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+
+def _gib(n: float) -> str:
+    from fasttrain.report import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+def fmt_s(s: float | None) -> str:
+    """Two significant figures, in the unit that reads best: estimates, not measurements."""
+    if s is None or not math.isfinite(s):
+        return "-"
+    for unit, size, limit in (("ms", 1e-3, 1), ("s", 1, 120), ("min", 60, 7200),
+                              ("h", 3600, 172800), ("d", 86400, math.inf)):
+        v = float(f"{s / size:.2g}")
+        if v * size < limit:
+            return f"{v:g} {unit}"
+    return "-"
+
+
+def fmt_usd(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return "< $0.01" if x < 0.01 else f"${float(f'{x:.2g}'):,g}"
+
+
+def _option(row: dict, tier: str):
+    return next((o for o in row["options"] if o.tier == tier), None)
+
+
+def _cell(row: dict, tier: str) -> str:
+    o = _option(row, tier)
+    if o is None:
+        return "no price"
+    text = fmt_usd(o.usd) + (f" ({fmt_s(o.hours * 3600)})" if tier == "spot" else "")
+    return text + "".join(f" ◀ {m}" for m in o.marks)
+
+
+def plan_table(rows: list[dict], title: str, caption: str, samples: int):
+    from fasttrain import report
+
+    return report.rows_table(title, [
+        ("GPU", lambda r: r["gpu"] + (f" ×{r['gpus']}" if r.get("gpus", 1) > 1 else "")),
+        ("memory need / have", lambda r: f"{_gib(r['memory_needed'])} / "
+         f"{_gib(r['memory_available'])}"),
+        ("fits", lambda r: r["fit"]),
+        ("largest batch", lambda r: f"~{r['largest_batch']:,}"
+         + (" (all)" if r["largest_batch"] == samples else "")),
+        ("step", lambda r: fmt_s(r["step_s"])),
+        ("epoch", lambda r: fmt_s(r["epoch_s"])),
+        ("total", lambda r: fmt_s(r["total_s"])),
+        ("on-demand", lambda r: _cell(r, "on_demand")),
+        ("spot (wall time)", lambda r: _cell(r, "spot")),
+    ], rows, caption)
+
+
+def plot(path: str, rows: list[dict], title: str) -> None:
+    """Cost against time of every option that fits; the Pareto front drawn through."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fasttrain.files import write_png
+
+    opts = [o for r in rows for o in r["options"] if math.isfinite(o.hours)]
+    front = cost.pareto(opts)
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    for tier, marker in (("on_demand", "o"), ("spot", "^")):
+        pts = [o for o in opts if o.tier == tier]
+        ax.scatter([o.hours for o in pts], [o.usd for o in pts], marker=marker, color="0.55",
+                   label=tier.replace("_", "-"))
+        for o in pts:
+            ax.annotate(o.gpu + (f" ×{o.n}" if o.n > 1 else ""), (o.hours, o.usd), fontsize=7,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.plot([o.hours for o in front], [o.usd for o in front], "-o", color="tab:red",
+            label="Pareto front (nothing cheaper and faster)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("estimated total time, hours")
+    ax.set_ylabel("estimated cost, USD (example prices)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    write_png(path, fig)
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def plan_parser(sub: argparse._SubParsersAction) -> None:
+    from fasttrain.engine.config import add_arguments
+
+    p = sub.add_parser("plan", help="which GPU, will it fit, how long, what it costs (estimates)",
+                       description=f"{__doc__}\n{cost.__doc__}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("plan")
+    g.add_argument("--catalog", metavar="FILE", help="your own GPU catalogue (TOML, the form of "
+                   "fasttrain/lab/gpus.toml): your prices")
+    g.add_argument("--gpus", type=int, default=1, metavar="N",
+                   help="data-parallel GPUs per run; the batch is split over them (default: 1)")
+    g.add_argument("--deadline", type=float, metavar="HOURS",
+                   help="mark the cheapest option that finishes within HOURS")
+    g.add_argument("--preemption-rate", type=float, default=0.05, metavar="PER_HOUR",
+                   help="spot preemptions per hour (default: 0.05, an assumption)")
+    g.add_argument("--checkpoint-minutes", type=float, default=30.0, metavar="MIN",
+                   help="checkpoint interval on spot (default: 30)")
+    g.add_argument("--restart-minutes", type=float, default=10.0, metavar="MIN",
+                   help="time from a preemption to training again (default: 10)")
+    g.add_argument("--calibrate", action="store_true",
+                   help="time a few steps here and carry the achieved fraction of this device's "
+                   f"roofline over (default: {steptime.DEFAULT_EFFICIENCY})")
+    g.add_argument("--plot", metavar="PATH", help="cost against time, PNG")
+    g.add_argument("--json", metavar="PATH", help="write the result JSON here")
+    add_arguments(p)
+    p.set_defaults(func=plan)
+
+
+def _check(args) -> None:
+    if args.gpus < 1:
+        raise UserError(f"--gpus must be ≥ 1, got {args.gpus}")
+    for flag, v in (("--deadline", args.deadline), ("--preemption-rate", args.preemption_rate),
+                    ("--checkpoint-minutes", args.checkpoint_minutes),
+                    ("--restart-minutes", args.restart_minutes)):
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise UserError(f"{flag} must be a number ≥ 0, got {v}")
+
+
+def plan(args: argparse.Namespace) -> int:
+    from fasttrain import report
+    from fasttrain.env import env_block
+    from fasttrain.lab.batch_size import train_samples
+
+    _check(args)
+    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
+        if path:
+            report.check_writable(path, flag)
+    gpus = cost.load(args.catalog)  # before building anything: a bad catalogue fails fast
+    # --parallel names how the --gpus share the work; plan models it rather than launching it.
+    parallel = vars(args).pop("parallel", "none")
+    if parallel not in ("none", "ddp", "fsdp"):
+        raise UserError(f"fasttrain plan models --parallel ddp or fsdp over --gpus N, not "
+                        f"--parallel {parallel}")
+    fsdp = parallel == "fsdp" and args.gpus > 1
+    cfg, task = lab_config(args, "plan")
+    n = args.gpus
+    if cfg.batch_size % (n * cfg.accum_steps):
+        raise UserError(f"--batch-size {cfg.batch_size} must split over --gpus {n} × "
+                        f"--accum-steps {cfg.accum_steps}; choose a multiple of "
+                        f"{n * cfg.accum_steps}")
+    per_gpu = dataclasses.replace(cfg, batch_size=cfg.batch_size // n)
+    samples = train_samples(task, cfg.block_size)
+    steps_epoch = samples // cfg.batch_size
+    if steps_epoch == 0:
+        raise UserError(f"--batch-size {cfg.batch_size} is more than one epoch of {task.name}")
+    total = cfg.epochs * steps_epoch
+    total = min(total, cfg.max_steps) if cfg.max_steps else total
+    models = _Models(task)
+    eff, basis = (steptime.calibrate(cfg, data=task) if args.calibrate
+                  else (steptime.default(), None))
+    spot = (args.preemption_rate, args.checkpoint_minutes / 60, args.restart_minutes / 60)
+    rows = [gpu_row(models, cfg, per_gpu, g, n, eff, steps_epoch, total, spot, samples, fsdp)
+            for g in gpus.values()]
+    opts = [o for r in rows for o in r["options"]]
+    cost.mark(opts, args.deadline)
+    dates = sorted({p.read for g in gpus.values() for p in g.prices.values()})
+    caption = (
+        f"ESTIMATES. Memory: fasttrain.lab.memory.predict (as `fasttrain memory`), one GPU's "
+        f"micro-batch {per_gpu.micro_batch}, counted as CUDA holds it, vs the card's memory less "
+        f"{MARGIN:.0%}; switches verified by predicting with each (FSDP: sharding formula). "
+        f"Largest batch: linear extrapolation from two predicted sizes (all: the whole "
+        f"epoch). Step: max(counted FLOPs / "
+        f"{cfg.precision} peak, counted bytes / bandwidth) ÷ efficiency {eff.value:.2g}, at "
+        f"least {steptime.ISSUE_S * 1e6:g} µs per op issued — {eff.source}"
+        + (f"; {n} GPUs {'FSDP' if fsdp else 'data parallel'}, ring collectives over the "
+           f"catalogue's link" if n > 1 else "") +
+        f". {steps_epoch:,} steps/epoch, {total:,} steps. Cost: EXAMPLE list prices per GPU-hour "
+        f"(read {', '.join(dates)}; sources in the catalogue), spot with "
+        f"{args.preemption_rate:g} preemptions/h, each losing half of a "
+        f"{args.checkpoint_minutes:g}-min checkpoint interval + {args.restart_minutes:g} min "
+        f"restart." + (f" Deadline {args.deadline:g} h." if args.deadline is not None else ""))
+    title = (f"fasttrain plan — {cfg.model} on {data_label(task)}, batch {cfg.batch_size}, "
+             f"{cfg.precision}" + (f", {n} GPUs" if n > 1 else ""))
+    report.wide_console().print(plan_table(rows, title, caption, samples))
+    if args.plot:
+        plot(args.plot, rows, title)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    if args.json:
+        out = [{**r, "options": [dataclasses.asdict(o) for o in r["options"]]} for r in rows]
+        report.write_json(args.json, {
+            "schema": SCHEMA, "env": env_block(),
+            "config": {**cfg.to_dict(), "data_source": task.source, "synthetic": task.synthetic,
+                       "gpus": n, "deadline_h": args.deadline,
+                       "preemption_rate": args.preemption_rate,
+                       "checkpoint_minutes": args.checkpoint_minutes,
+                       "restart_minutes": args.restart_minutes, "catalog": args.catalog},
+            "efficiency": {"value": eff.value, "source": eff.source, "basis": basis},
+            "memory": models.memory(per_gpu).to_dict(),
+            "steps_per_epoch": steps_epoch, "total_steps": total, "rows": out,
+            "pareto": [dataclasses.asdict(o) for o in cost.pareto(opts)]})
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
