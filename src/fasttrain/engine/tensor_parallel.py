@@ -19,8 +19,9 @@ A model with neither is refused under --tp (splitting a layer changes what its f
 with local shapes, which only the model knows).
 
 Gradient clipping sees DTensor gradients (the split weights) beside plain ones (the replicated
-parameters); torch's foreach norm refuses such a mix, so `clipper` takes the two norms apart and
-adds their squares (the DTensor norm is reduced over the tp group by `full_tensor`).
+parameters), and under FSDP × TP DTensors on two meshes; torch's foreach norm refuses such a
+mix, so `clipper` takes a norm per kind and adds their squares (each DTensor norm reduced over
+its mesh by `full_tensor`).
 """
 
 from __future__ import annotations
@@ -61,12 +62,15 @@ def clipper(params: list[nn.Parameter], max_norm: float) -> Callable[[], torch.T
     from torch.distributed.tensor import DTensor
     from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
-    split = [p for p in params if isinstance(p, DTensor)]
-    whole = [p for p in params if not isinstance(p, DTensor)]
+    # One group per mesh: under FSDP × TP the split weights live on the (dp, tp) mesh and the
+    # replicated ones on dp alone, and DTensor ops refuse operands on different meshes.
+    groups: dict = {}
+    for p in params:
+        groups.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
 
     def clip() -> torch.Tensor:
         norms = []
-        for group in (split, whole):
+        for group in groups.values():
             grads = [p.grad for p in group if p.grad is not None]
             if grads:
                 norm = get_total_norm(grads, foreach=True)
@@ -75,9 +79,8 @@ def clipper(params: list[nn.Parameter], max_norm: float) -> Callable[[], torch.T
         if not norms:
             return torch.zeros(())
         total = torch.linalg.vector_norm(torch.stack(norms))
-        for group in (split, whole):
-            if group:
-                clip_grads_with_norm_(group, max_norm, total, foreach=True)
+        for group in groups.values():
+            clip_grads_with_norm_(group, max_norm, total, foreach=True)
         return total
 
     return clip
