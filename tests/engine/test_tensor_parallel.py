@@ -81,6 +81,9 @@ def test_tp_needs_torchrun_and_refuses_zero1(monkeypatch):
     with pytest.raises(UserError, match="--parallel zero1 with --tp 2: ZeroRedundancyOptimizer"):
         TrainConfig(model="gpt", data="synthetic-text", tp=2, parallel="zero1",
                     device="cpu").validate()
+    with pytest.raises(UserError, match="--parallel ddp with --tp 2: DistributedDataParallel"):
+        TrainConfig(model="gpt", data="synthetic-text", tp=2, parallel="ddp",
+                    device="cpu").validate()
     with pytest.raises(UserError, match="which --parallel none would train as unrelated copies"):
         TrainConfig(model="gpt", data="synthetic-text", tp=2, device="cpu").validate()
     with pytest.raises(UserError, match="--batch-size 5 .* 2 data-parallel processes"):

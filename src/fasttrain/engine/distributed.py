@@ -105,6 +105,10 @@ def _check_layout(parallel: str, env, world: int, tp: int, pp: int) -> None:
         raise UserError(f"--parallel {parallel} with {flags}: {why}; use --parallel fsdp "
                         f"(shards the optimizer state too) or ddp")
     lay = layout(world, tp, pp)
+    if lay.dp > 1 and parallel == "ddp" and tp > 1:
+        raise UserError(f"--parallel ddp with {flags}: DistributedDataParallel broadcasts and "
+                        f"buckets plain tensors and refuses the DTensor shards of tensor "
+                        f"parallelism; use --parallel fsdp (dp × tp, as torchtitan does)")
     if lay.dp > 1 and parallel == "none":
         raise UserError(f"{flags} leaves {lay.dp} data-parallel groups of {tp * pp} processes, "
                         f"which --parallel none would train as unrelated copies: add "
