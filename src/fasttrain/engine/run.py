@@ -265,8 +265,16 @@ def describe(run: Run) -> str:
     return (f"training {run.label} on {task.name}{' (synthetic)' if task.synthetic else ''} on "
             f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}: "
             f"micro-batch {b.micro} per process × {cfg.accum_steps} accumulation × "
-            f"{run.world.size} process(es); data {b.path} ({b.why}), "
+            f"{run.world.size} process(es){_layout(run.world)}; data {b.path} ({b.why}), "
             f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}")
+
+
+def _layout(world) -> str:
+    """' (dp 2 × tp 2 × pp 1: micro-batches per dp rank)' under --tp/--pp, else ''."""
+    if world.tp * world.pp == 1:
+        return ""
+    return (f" (dp {world.dp_size} × tp {world.tp} × pp {world.pp}: the micro-batch is per "
+            f"data-parallel rank)")
 
 
 def default_metrics(task) -> dict[str, Metric]:
