@@ -211,7 +211,12 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     module = module.to(dev)
     if cfg.channels_last:
         module = module.to(memory_format=torch.channels_last)
-    run.flops_per_step = _count_flops(run, module)  # on the plain module: exact, once
+    if world.pp > 1:  # pipeline.py: cut into stages; this rank's become the model
+        from fasttrain.engine import pipeline
+
+        module = agree.together(world, pipeline.attach, run, module, world, cfg, names)
+    # On the plain module: exact, once (a pipeline stage alone cannot run the step).
+    run.flops_per_step = _count_flops(run, module) if world.pp == 1 else None
     run.model = module
     # tensor parallel → activation checkpointing → DDP / fully_shard / DataParallel → compile,
     # in that order. A model that cannot be split (--tp) stops every rank with the same line.
@@ -240,6 +245,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         from fasttrain.engine.tensor_parallel import clipper
 
         run.clip = clipper(params, cfg.grad_clip)
+    if cfg.grad_clip and world.pp > 1:  # the norm summed over the stages
+        run.clip = run.pipeline.clipper(cfg.grad_clip)
     run.loss_sum = torch.zeros((), device=dev)
     run.extra_sums = {}  # a user step's extra metrics, summed like loss_sum (steps.py)
     run.skipped = torch.zeros((), device=dev, dtype=torch.int64)
