@@ -30,6 +30,7 @@ OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "cosine", "onecycle")
 CONV_MODELS = ("cnn", "resnet")
 PARALLEL = ("none", "ddp", "fsdp", "zero1", "dp")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 SEED_MAX = 2**32 - 1
 INT_MAX = 2**31 - 1  # counts (steps, samples, tokens) beyond this overflow torch's int32 indices
 FLOAT32_MAX = 3.4028234663852886e38
@@ -126,6 +127,16 @@ class TrainConfig:
                        "three under torchrun, one process per device | dp (DataParallel: one "
                        "process, ≥ 2 CUDA GPUs). Each process trains batch_size / processes / "
                        "accum_steps samples per micro-step", PARALLEL, group="scale-out")
+    tp: int = _f(1, "tensor-parallel size: each layer's weights split over this many processes "
+                 "(under torchrun; the heads of --model gpt must divide by it, a model of yours "
+                 "brings a plan); the processes left over by tp × pp form the data-parallel "
+                 "dimension (--parallel ddp/fsdp/none)", group="scale-out")
+    pp: int = _f(1, "pipeline-parallel size: the model cut into this many stages at block "
+                 "boundaries, one per group of processes (under torchrun)", group="scale-out")
+    pp_schedule: str = _f("1f1b", "pipeline schedule (--pp > 1)", PP_SCHEDULES,
+                          group="scale-out")
+    pp_microbatches: int = _f(0, "micro-batches each pipeline step is cut into (0: 2 × pp)",
+                              group="scale-out")
     # -- reproducibility ----------------------------------------------------------------------
     seed: int = _f(0, "seeds weights, data order and dropout", group="reproducibility")
     deterministic: bool = _f(False, "deterministic algorithms only (slower on GPU)",
@@ -217,6 +228,7 @@ class TrainConfig:
         if self.resume and not self.out:
             raise UserError("--resume needs --out DIR (the run directory holding checkpoints/)")
         self._validate_step()
+        self._validate_layout()
         self._validate_parallel()
         self._validate_data()
         return self
@@ -266,11 +278,25 @@ class TrainConfig:
                             "torch.compile cannot trace; use --parallel ddp with --compile")
         from fasttrain.engine.distributed import check_launch
 
-        world = check_launch(self.parallel, self.device)
+        # Only the data-parallel ranks take different samples (tp and pp ranks share theirs).
+        world = check_launch(self.parallel, self.device, self.tp, self.pp) // (self.tp * self.pp)
         if self.batch_size % (world * self.accum_steps):
             raise UserError(f"--batch-size {self.batch_size} (global) is not divisible by "
-                            f"{world} processes × --accum-steps {self.accum_steps}; choose a "
-                            f"multiple of {world * self.accum_steps}")
+                            f"{world} data-parallel processes × --accum-steps "
+                            f"{self.accum_steps}; choose a multiple of {world * self.accum_steps}")
+
+    def _validate_layout(self) -> None:
+        """--tp/--pp against the other switches; against the launch (torchrun, sizes dividing
+        the world) in check_launch, against the model (heads, blocks, a plan) at build."""
+        for name in ("tp", "pp"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.pp_microbatches < 0:
+            raise UserError(f"--pp-microbatches must be ≥ 0 (0: 2 × pp), got "
+                            f"{self.pp_microbatches}")
+        if self.tp * self.pp > 1 and self.cuda_graphs:
+            raise UserError("--cuda-graphs is not supported with --tp/--pp (collectives inside "
+                            "a captured graph); drop --cuda-graphs")
 
 
 def kinds_of() -> dict[str, str]:
