@@ -30,6 +30,7 @@ OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "cosine", "onecycle")
 CONV_MODELS = ("cnn", "resnet")
 PARALLEL = ("none", "ddp", "fsdp", "zero1", "dp")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 SEED_MAX = 2**32 - 1
 INT_MAX = 2**31 - 1  # counts (steps, samples, tokens) beyond this overflow torch's int32 indices
 FLOAT32_MAX = 3.4028234663852886e38
@@ -126,6 +127,16 @@ class TrainConfig:
                        "three under torchrun, one process per device | dp (DataParallel: one "
                        "process, ≥ 2 CUDA GPUs). Each process trains batch_size / processes / "
                        "accum_steps samples per micro-step", PARALLEL, group="scale-out")
+    tp: int = _f(1, "tensor-parallel size: each layer's weights split over this many processes "
+                 "(under torchrun; the heads of --model gpt must divide by it, a model of yours "
+                 "brings a plan); the processes left over by tp × pp form the data-parallel "
+                 "dimension (--parallel ddp/fsdp/none)", group="scale-out")
+    pp: int = _f(1, "pipeline-parallel size: the model cut into this many stages at block "
+                 "boundaries, one per group of processes (under torchrun)", group="scale-out")
+    pp_schedule: str = _f("1f1b", "pipeline schedule (--pp > 1)", PP_SCHEDULES,
+                          group="scale-out")
+    pp_microbatches: int = _f(0, "micro-batches each pipeline step is cut into (0: 2 × pp)",
+                              group="scale-out")
     # -- reproducibility ----------------------------------------------------------------------
     seed: int = _f(0, "seeds weights, data order and dropout", group="reproducibility")
     deterministic: bool = _f(False, "deterministic algorithms only (slower on GPU)",
