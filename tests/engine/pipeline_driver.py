@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from fasttrain.engine import pipeline, steps
+from fasttrain.engine.config import PP_SCHEDULES
 from fasttrain.engine.inputs import cross_entropy
 from fasttrain.engine.loop import accumulate
 from fasttrain.engine.run import accuracy, seed_everything
@@ -57,7 +58,7 @@ def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pp", type=int, default=1)
-    ap.add_argument("--schedule", default="1f1b", choices=pipeline.SCHEDULES)
+    ap.add_argument("--schedule", default="1f1b", choices=PP_SCHEDULES)
     ap.add_argument("--microbatches", type=int, default=0)
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--out", type=Path, required=True)

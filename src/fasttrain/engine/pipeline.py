@@ -42,10 +42,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fasttrain.engine.config import PP_SCHEDULES
 from fasttrain.errors import UserError
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-VIRTUAL = {"gpipe": 1, "1f1b": 1, "interleaved-1f1b": 2}  # stages per rank
+# Stages per rank, by --pp-schedule: 2 for the interleaved one (as torchtitan's default).
+VIRTUAL = {name: 2 if name.startswith("interleaved") else 1 for name in PP_SCHEDULES}
 
 
 def microbatches(cfg, rank_batch: int) -> int:
