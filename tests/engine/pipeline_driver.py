@@ -8,7 +8,8 @@ for tests/engine/test_pipeline.py: under torchrun with --pp 2 each rank holds it
 
 Writes DIR/rank<r>.pt: the loss of every step (the last stage's, shared over the group as the
 logger would read it), an evaluation of a batch of another size, this rank's state_dict (the
-whole model's names) and its parameter and optimizer-state bytes.
+whole model's names), its parameter and optimizer-state bytes, and the mean wall time of the
+steps after the first (printed in docs/distributed.md; no test reads it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -61,12 +63,13 @@ def main() -> None:
     ap.add_argument("--schedule", default="1f1b", choices=PP_SCHEDULES)
     ap.add_argument("--microbatches", type=int, default=0)
     ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--n-embd", type=int, default=32)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.set_num_threads(1)  # two processes on a shared 2-core machine
     torch.use_deterministic_algorithms(True)  # --deterministic
     seed_everything(0)  # the same initial weights on every rank, as build draws them
-    model = GPT((T,), VOCAB, n_layer=4, n_head=2, n_embd=32)
+    model = GPT((T,), VOCAB, n_layer=4, n_head=2, n_embd=args.n_embd)
     run = SimpleNamespace(
         device=torch.device("cpu"), autocast=contextlib.nullcontext(), loss_fn=cross_entropy,
         metrics={"token_accuracy": accuracy}, loss_sum=torch.zeros(()), extra_sums={},
@@ -90,14 +93,17 @@ def main() -> None:
     # SGD: Adam would turn the rounding noise of exactly-zero gradients (the attention's key
     # bias) into whole steps of ±lr, in either layout.
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for group in step_batches(args.steps):
+    losses, start = [], 0.0
+    for i, group in enumerate(step_batches(args.steps)):
+        if i == 1:  # the first step also learns the activations' shapes: not timed
+            start = time.perf_counter()
         forward_backward(run, group)
         opt.step()
         opt.zero_grad(set_to_none=True)
         share_loss(run)  # the logger's read: every step here, at log steps in the engine
         losses.append(run.loss_sum.item())
         run.loss_sum.zero_()
+    seconds = time.perf_counter() - start
     x, y = step_batches(1)[0][0]
     model.eval()
     with torch.no_grad():
@@ -105,7 +111,8 @@ def main() -> None:
     params, optimizer = state_bytes(model, opt)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save({"losses": losses, "eval": [loss.item(), metrics["token_accuracy"].item()],
-                "state": model.state_dict(), "param_bytes": params, "optimizer_bytes": optimizer},
+                "state": model.state_dict(), "param_bytes": params, "optimizer_bytes": optimizer,
+                "step_s": seconds / max(args.steps - 1, 1)},
                args.out / f"rank{rank}.pt")
     if args.pp > 1:
         dist.barrier()
