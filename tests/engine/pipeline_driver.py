@@ -6,8 +6,8 @@ for tests/engine/test_pipeline.py: under torchrun with --pp 2 each rank holds it
         --schedule 1f1b --steps 20 --out DIR
     python tests/engine/pipeline_driver.py --pp 1 --steps 20 --out DIR
 
-Writes DIR/rank<r>.pt: the loss of every step (the last stage's, shared over the group as the
-logger would read it), an evaluation of a batch of another size, this rank's state_dict (the
+Writes DIR/rank<r>.pt: the loss of every step (as the logger reads it: summed over the ranks
+÷ their number), an evaluation of a batch of another size, this rank's state_dict (the
 whole model's names), its parameter and optimizer-state bytes, and the mean wall time of the
 steps after the first (printed in docs/distributed.md; no test reads it).
 """
@@ -57,6 +57,15 @@ def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int
     return params, state
 
 
+def logged(loss_sum: torch.Tensor) -> float:
+    """The loss as callbacks.log reads it: summed over all ranks ÷ the number of ranks."""
+    if dist.is_initialized():
+        loss_sum = loss_sum.clone()
+        dist.all_reduce(loss_sum)
+        return loss_sum.item() / dist.get_world_size()
+    return loss_sum.item()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pp", type=int, default=1)
@@ -86,9 +95,9 @@ def main() -> None:
         pipe = pipeline.build(run, model, dist.group.WORLD, cfg)
         del model
         model, forward_backward = pipe.model, pipe.forward_backward
-        evaluate_loss, share_loss = pipe.evaluate_loss, pipe.share_loss
+        evaluate_loss = pipe.evaluate_loss
     else:
-        forward_backward, share_loss = accumulate, lambda run: None
+        forward_backward = accumulate
         evaluate_loss = steps.evaluate_loss(run)
     # SGD: Adam would turn the rounding noise of exactly-zero gradients (the attention's key
     # bias) into whole steps of ±lr, in either layout.
@@ -100,8 +109,7 @@ def main() -> None:
         forward_backward(run, group)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        share_loss(run)  # the logger's read: every step here, at log steps in the engine
-        losses.append(run.loss_sum.item())
+        losses.append(logged(run.loss_sum))
         run.loss_sum.zero_()
     seconds = time.perf_counter() - start
     x, y = step_batches(1)[0][0]

@@ -2,10 +2,8 @@
 stages per rank of the pipeline group, run by torch.distributed.pipelining's schedules. No
 schedule, send or receive of ours: PyTorch's `PipelineStage` and `Schedule*` do all of it.
 
-    pipe = build(run, model, pp_group, cfg)   # model: the whole model, same weights everywhere
-    run.model = pipe.model                    # this rank's stages: its parameters, its optimizer
-    run.forward_backward = pipe.forward_backward
-    run.evaluate_loss = pipe.evaluate_loss
+    module = attach(run, module, mesh["pp"], cfg)   # in engine/run.py, --pp > 1
+    # = build(...), then run.forward_backward, run.evaluate_loss from it; module: the stages
 
 Stages and ranks: `model.pipeline_split(n)` (gpt: models/gpt.py) returns n = pp × virtual
 consecutive stages; stage s runs on pipeline rank s mod pp (the "loop" placement that the
@@ -20,8 +18,10 @@ Scaling: the schedule splits this rank's batch of the step (its accumulation mic
 concatenated) into m equal micro-batches, takes the loss as the mean over each one, and scales
 gradients by 1/m (`scale_grads`): the gradient is that of the mean loss over the batch, as
 `loop.accumulate` computes it. The loss of the step (mean over micro-batches, detached) is added
-to run.loss_sum on the last stage only; `share_loss` broadcasts it over the pipeline group at
-log steps, so that the logger's all-reduce over every rank sees one copy per pipeline.
+to run.loss_sum on the last stage only, times pp, and nothing elsewhere: the logger's sum over
+all ranks ÷ the number of ranks (callbacks.log, at log steps) is then the mean over the
+data-parallel ranks, as without a pipeline, and no collective is added for it (a broadcast from
+the last stage at log steps would give the same figure for one more collective).
 
 Tied weights (gpt's embedding and head) live on two stages as two copies of one parameter under
 the same name; their gradients are summed over the pipeline group after the backward, so the
@@ -113,17 +113,32 @@ class Pipeline:
     stages: list[nn.Module]  # this rank's stage modules, in stage order
     forward_backward: Callable[[Any, list], None]  # run.forward_backward
     evaluate_loss: Callable  # run.evaluate_loss: (forward, batch) -> (loss, metrics)
-    share_loss: Callable[[Any], None]  # at log steps: the last stage's loss_sum to every rank
     microbatches: int
     first: bool
     last: bool
 
 
-def build(run, model: nn.Module, group, cfg) -> Pipeline:
+def attach(run, model: nn.Module, group, cfg,
+           wrap: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
+    """`build`, then the run's step and evaluation from it; returns the module that holds this
+    rank's parameters (the run's model: optimizer, checkpoints)."""
+    pipe = build(run, model, group, cfg, wrap)
+    run.forward_backward, run.evaluate_loss = pipe.forward_backward, pipe.evaluate_loss
+    return pipe.model
+
+
+def build(run, model: nn.Module, group, cfg,
+          wrap: Callable[[nn.Module], nn.Module] | None = None) -> Pipeline:
     """Cut `model` (the whole model, the same initial weights on every rank) for this rank of
     `group` (a ProcessGroup, or a 1-D DeviceMesh: the pipeline dimension), and build the
-    schedule. Reads cfg.pp, pp_schedule, pp_microbatches, batch_size, precision and the run's
-    device, autocast, loss_fn, metrics and batches.micro/accum."""
+    schedule. Reads cfg.pp, pp_schedule, pp_microbatches and precision, and the run's device,
+    autocast, loss_fn, metrics, compute_loss and batches.micro/accum.
+
+    `wrap(stage) -> module` parallelizes each of this rank's stages before the schedule sees
+    it (torchtitan's order: split, then tensor parallel / activation checkpointing / FSDP or
+    DDP per stage; the stage's collectives then run inside the schedule, which knows FSDP and
+    DDP modules and reduces their gradients once per step). Wrapping in place (fully_shard,
+    parallelize_module) keeps the run's model holding the parameters the schedule trains."""
     if hasattr(group, "get_group"):
         group = group.get_group()
     pp, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -153,6 +168,8 @@ def build(run, model: nn.Module, group, cfg) -> Pipeline:
     tied = _tied(every, mine, dev, group)
     del every  # the other ranks' stages: their parameters are freed with `model`
 
+    if wrap is not None:
+        mine = [wrap(s) for s in mine]
     stages = [PipelineStage(s, i, n, dev, group=group) for s, i in zip(mine, index, strict=True)]
     if virtual > 1:
         schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=True)
@@ -174,15 +191,11 @@ def build(run, model: nn.Module, group, cfg) -> Pipeline:
         with run.autocast:
             schedule.step(*feed(x), target=y, losses=losses, return_outputs=False)
         tied()
-        if losses:  # the last stage: the step's loss, the mean over its micro-batches
-            run.loss_sum += torch.stack(losses).detach().float().mean()
-
-    def share_loss(run) -> None:
-        # A collective at log steps only; between logs loss_sum stays on the device.
-        dist.broadcast(run.loss_sum, src=last_rank, group=group)
+        if losses:  # the last stage: the step's loss (mean over its micro-batches) × pp
+            run.loss_sum += torch.stack(losses).detach().float().mean() * pp
 
     evaluate_loss = _evaluator(run, mine, index, n, group, last_rank, last)
-    return Pipeline(held, mine, forward_backward, evaluate_loss, share_loss, m, first, last)
+    return Pipeline(held, mine, forward_backward, evaluate_loss, m, first, last)
 
 
 def _tied(every: list[nn.Module], mine: list[nn.Module], dev: torch.device, group) -> Callable:
