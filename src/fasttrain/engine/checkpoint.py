@@ -6,8 +6,9 @@ code. It is written to a temp file beside its final name, fsynced, then renamed 
 fsynced), so a process killed mid-write leaves at most a stray `.tmp` file that is never resumed
 from. Names carry the step (`step-00001200.pt`); the newest `keep` are kept.
 
-Sharded checkpoints (--parallel fsdp) are a directory per step, `step-00001200/`: every rank
-writes its shards of model and optimizer state through torch.distributed.checkpoint (DCP) into
+Sharded checkpoints (--parallel fsdp, --tp, --pp) are a directory per step, `step-00001200/`:
+every rank writes its shards of model and optimizer state through torch.distributed.checkpoint
+(DCP) into
 `.step-00001200.tmp/`, rank 0 adds `extras.pt` (the same plain-data dict as a single-file
 checkpoint, minus model and optimizer) and, after all ranks are done, renames the folder into
 place: a directory named `step-*` is complete. DCP can reshard on load, but only resuming on the
@@ -76,7 +77,7 @@ def save_run(run) -> Path | None:
         raise Diverged(f"the training loss became {pending} before step {run.step}; the "
                        f"last good checkpoint is kept. Try a lower --lr or --grad-clip")
     extras, keep = state(run), run.cfg.keep_checkpoints
-    if world.parallel == "fsdp":
+    if world.sharded:  # FSDP, tensor or pipeline parallel: DTensor shards, through DCP
         return save_sharded(run.checkpoints, run.step,
                             distributed.sharded_state(run.model, run.opt), extras, keep,
                             world.main, world.barrier)
@@ -118,7 +119,7 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
     cfg, world = run.cfg, run.world
     config = saved["config"]
     changed = resume.check_config(config, cfg, path)  # refuses what would make another run
-    sharded, fsdp = bool(saved.get("sharded")), world.parallel == "fsdp"
+    sharded, fsdp = bool(saved.get("sharded")), world.sharded
     if sharded != fsdp:
         raise UserError(f"checkpoint {path} is {'sharded' if sharded else 'a single file'} "
                         f"(written with --parallel {config.get('parallel', 'none')}) and "

@@ -228,6 +228,7 @@ class TrainConfig:
         if self.resume and not self.out:
             raise UserError("--resume needs --out DIR (the run directory holding checkpoints/)")
         self._validate_step()
+        self._validate_layout()
         self._validate_parallel()
         self._validate_data()
         return self
@@ -277,11 +278,25 @@ class TrainConfig:
                             "torch.compile cannot trace; use --parallel ddp with --compile")
         from fasttrain.engine.distributed import check_launch
 
-        world = check_launch(self.parallel, self.device)
+        # Only the data-parallel ranks take different samples (tp and pp ranks share theirs).
+        world = check_launch(self.parallel, self.device, self.tp, self.pp) // (self.tp * self.pp)
         if self.batch_size % (world * self.accum_steps):
             raise UserError(f"--batch-size {self.batch_size} (global) is not divisible by "
-                            f"{world} processes × --accum-steps {self.accum_steps}; choose a "
-                            f"multiple of {world * self.accum_steps}")
+                            f"{world} data-parallel processes × --accum-steps "
+                            f"{self.accum_steps}; choose a multiple of {world * self.accum_steps}")
+
+    def _validate_layout(self) -> None:
+        """--tp/--pp against the other switches; against the launch (torchrun, sizes dividing
+        the world) in check_launch, against the model (heads, blocks, a plan) at build."""
+        for name in ("tp", "pp"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.pp_microbatches < 0:
+            raise UserError(f"--pp-microbatches must be ≥ 0 (0: 2 × pp), got "
+                            f"{self.pp_microbatches}")
+        if self.tp * self.pp > 1 and self.cuda_graphs:
+            raise UserError("--cuda-graphs is not supported with --tp/--pp (collectives inside "
+                            "a captured graph); drop --cuda-graphs")
 
 
 def kinds_of() -> dict[str, str]:

@@ -58,12 +58,15 @@ def launch_env() -> dict[str, int] | None:
                         f"launch with {_TORCHRUN}") from None
 
 
-def check_launch(parallel: str, device: str) -> int:
-    """The number of processes, after checking that `parallel` fits how this process was launched
-    and the devices present. Called by TrainConfig.validate: bad launches fail at config time."""
+def check_launch(parallel: str, device: str, tp: int = 1, pp: int = 1) -> int:
+    """The number of processes, after checking that `parallel` (and --tp/--pp) fits how this
+    process was launched and the devices present. Called by TrainConfig.validate: bad launches
+    fail at config time."""
     env = launch_env()
     world = env["WORLD_SIZE"] if env else 1
     cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if tp * pp > 1:
+        _check_layout(parallel, env, world, tp, pp)
     if parallel in DISTRIBUTED:
         if env is None:
             raise UserError(f"--parallel {parallel} runs one process per device under torchrun "
@@ -76,7 +79,7 @@ def check_launch(parallel: str, device: str) -> int:
             raise UserError(f"LOCAL_RANK {env['LOCAL_RANK']} but this node has "
                             f"{torch.cuda.device_count()} CUDA GPUs: launch at most one process "
                             f"per GPU (--nproc-per-node {torch.cuda.device_count()})")
-    elif world > 1:
+    elif world > tp * pp:  # with --tp/--pp and dp = 1, --parallel none is the whole layout
         raise UserError(f"torchrun started {world} processes, but --parallel {parallel} would "
                         f"train {world} unrelated copies: add --parallel ddp (or fsdp, zero1)")
     if parallel == "dp":
@@ -86,6 +89,26 @@ def check_launch(parallel: str, device: str) -> int:
                             f"and this run has {gpus}: use --parallel none, or ddp under "
                             f"torchrun")
     return world
+
+
+def _check_layout(parallel: str, env, world: int, tp: int, pp: int) -> None:
+    from fasttrain.engine.mesh import layout
+
+    flags = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
+    if env is None:
+        raise UserError(f"{flags} splits the model over processes that torchrun starts (it sets "
+                        f"{', '.join(TORCHRUN_VARS)}): launch with {_TORCHRUN}")
+    if parallel in ("zero1", "dp"):
+        why = ("ZeroRedundancyOptimizer partitions plain tensors over every rank and knows "
+               "nothing of tensor-parallel shards or pipeline stages" if parallel == "zero1"
+               else "DataParallel is one process")
+        raise UserError(f"--parallel {parallel} with {flags}: {why}; use --parallel fsdp "
+                        f"(shards the optimizer state too) or ddp")
+    lay = layout(world, tp, pp)
+    if lay.dp > 1 and parallel == "none":
+        raise UserError(f"{flags} leaves {lay.dp} data-parallel groups of {tp * pp} processes, "
+                        f"which --parallel none would train as unrelated copies: add "
+                        f"--parallel fsdp (or ddp)")
 
 
 @dataclass
@@ -100,6 +123,17 @@ class World:
     size: int = 1
     restarts: int = 0  # TORCHELASTIC_RESTART_COUNT: > 0 after torchrun restarted the workers
     owns_group: bool = False
+    tp: int = 1
+    pp: int = 1
+    mesh: Any = None  # the DeviceMesh ("pp", "dp", "tp") under torchrun (mesh.py), else None
+    dp_rank: int = 0  # where this rank's samples come from: the data path shards over dp only
+    dp_size: int = 1
+
+    @property
+    def sharded(self) -> bool:
+        """State held as DTensor shards (FSDP, tensor parallel) or per stage (pipeline): saved
+        and loaded through DCP, gathered for the final weights."""
+        return self.parallel == "fsdp" or self.tp > 1 or self.pp > 1
 
     @property
     def main(self) -> bool:
@@ -149,9 +183,10 @@ class World:
         self.owns_group = False
 
 
-def init(parallel: str, device: torch.device) -> World:
-    """Join torchrun's process group (DDP/FSDP/ZeRO-1), or describe the single process."""
-    if parallel not in DISTRIBUTED:
+def init(parallel: str, device: torch.device, tp: int = 1, pp: int = 1) -> World:
+    """Join torchrun's process group (DDP/FSDP/ZeRO-1, --tp/--pp) and build the run's mesh, or
+    describe the single process."""
+    if parallel not in DISTRIBUTED and tp * pp == 1:
         return World(parallel=parallel, device=device)
     env = launch_env()
     assert env is not None  # check_launch ran at config time
@@ -166,9 +201,14 @@ def init(parallel: str, device: torch.device) -> World:
         # device_id binds NCCL to this GPU eagerly (no guessing in barrier()).
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
                                 **_restart_store(env, restarts))
+    from fasttrain.engine.mesh import device_mesh, layout
+
+    lay = layout(dist.get_world_size(), tp, pp)
+    mesh = device_mesh(device.type, lay)
     return World(parallel=parallel, device=device, rank=dist.get_rank(),
                  local_rank=env["LOCAL_RANK"], size=dist.get_world_size(), restarts=restarts,
-                 owns_group=owns)
+                 owns_group=owns, tp=tp, pp=pp, mesh=mesh,
+                 dp_rank=mesh["dp"].get_local_rank(), dp_size=lay.dp)
 
 
 def _restart_store(env: dict[str, int], restarts: int) -> dict[str, Any]:
@@ -191,13 +231,16 @@ def _restart_store(env: dict[str, int], restarts: int) -> dict[str, Any]:
 
 
 def parallelize(model: nn.Module, world: World, *, activation_checkpointing: bool,
-                compile: bool, cuda_graphs: bool, checkpoint: tuple[str, ...] = ()
-                ) -> tuple[nn.Module, Callable]:
+                compile: bool, cuda_graphs: bool, checkpoint: tuple[str, ...] = (),
+                tp_plan: dict | None = None) -> tuple[nn.Module, Callable]:
     """Wrap `model` (already on its device, same initial weights on every rank) and return
     (forward, no_sync): the module the step calls, and the context the non-final micro-steps of
     an accumulated step run under. `model` keeps owning the parameters.
 
     The order is fixed; each step must see the result of the one before:
+      0. tensor parallelism (--tp) — parallelize_module swaps parameters for DTensor shards in
+         place, addressed by the model's own module names (tensor_parallel.py), so it runs on
+         the bare model, before anything wraps or renames its submodules (torchtitan's order);
       1. activation checkpointing — it replaces the units of the model (`models.units`: the
          modules named in `checkpoint`, model.blocks, or a Sequential's children), so DDP must
          bucket, FSDP must shard and compile must trace the final module tree;
@@ -211,23 +254,31 @@ def parallelize(model: nn.Module, world: World, *, activation_checkpointing: boo
     """
     from fasttrain.models import apply_activation_checkpointing, units
 
+    if world.tp > 1:  # 0.
+        from fasttrain.engine.tensor_parallel import apply
+
+        apply(model, world.mesh["tp"], tp_plan)
     if activation_checkpointing:  # 1.
         apply_activation_checkpointing(model, checkpoint)
     forward: nn.Module = model  # 2.
     no_sync: Callable = contextlib.nullcontext
-    if world.parallel in ("ddp", "zero1"):
+    # Under --tp/--pp a data-parallel dimension of size 1 has nothing to replicate or shard.
+    data_parallel = world.dp_size > 1 or world.tp * world.pp == 1
+    if world.parallel in ("ddp", "zero1") and data_parallel:
         from torch.nn.parallel import DistributedDataParallel
 
         # gradient_as_bucket_view: gradients live in the all-reduce buckets (no second copy).
         ddp = DistributedDataParallel(
             model, device_ids=[world.device] if world.device.type == "cuda" else None,
-            gradient_as_bucket_view=True)
+            gradient_as_bucket_view=True,
+            process_group=world.mesh["dp"].get_group())  # tp/pp groups replicate nothing
         forward, no_sync = ddp, ddp.no_sync
-    elif world.parallel == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
+    elif world.parallel == "fsdp" and data_parallel:
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh(world.device.type, (world.size,))
+        # Over the dp dimension only; under --tp the parameters are already DTensors on the tp
+        # dimension and FSDP shards them again (2D: torchtitan's dp_shard × tp).
+        mesh = world.mesh["dp"]
         # Each unit (a block) is one all-gather/reduce-scatter (what overlaps with compute); the
         # root takes what is left (embeddings, heads, a tied weight).
         for parent, key in units(model, checkpoint):
@@ -270,7 +321,7 @@ def optimizer(cls: type[torch.optim.Optimizer], params, world: World,
 def full_weights(model: nn.Module, world: World) -> dict[str, torch.Tensor]:
     """The whole model's state_dict on rank 0 (FSDP: gathered from the shards, a collective;
     other ranks get an empty dict)."""
-    if world.parallel == "fsdp":
+    if world.sharded:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
@@ -291,7 +342,8 @@ def optimizer_state(opt: torch.optim.Optimizer, world: World) -> dict | None:
 
 
 def sharded_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
-    """FSDP: this rank's shards of model and optimizer state (DTensors), for DCP."""
+    """FSDP, tensor parallel: this rank's shards of model and optimizer state (DTensors), for
+    DCP."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, opt)

@@ -93,8 +93,8 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
           data=None, *, loss: Callable | str | None = None,
           metrics: dict[str, Metric] | None = None, checkpoint: tuple[str, ...] = (),
           step: Callable | str | None = None, optimizer: Callable | str | None = None,
-          scheduler: Callable | str | None = None, verbose: bool = True,
-          signals: StopSignals | None = None, **overrides) -> Run:
+          scheduler: Callable | str | None = None, tp_plan: dict | None = None,
+          verbose: bool = True, signals: StopSignals | None = None, **overrides) -> Run:
     """A Run for `config` (or `TrainConfig(**overrides)`; overrides also apply to a config).
 
     model: an nn.Module, a bundled name or 'pkg.module:factory' (default: config.model).
@@ -110,6 +110,8 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
     optimizer: fn(param_groups) -> torch.optim.Optimizer, 'sgd'/'adamw' or 'pkg.module:fn'
         (default: config.optimizer); scheduler: fn(optimizer) -> LRScheduler, or an import path
         (default: config.scheduler, else the built-in --schedule). See optim.py.
+    tp_plan: under --tp, {submodule name: ColwiseParallel() | RowwiseParallel() | ...} for
+        torch's parallelize_module (default: the model's parallelize(tp_mesh); tensor_parallel.py).
     signals: stop-signal handlers the caller installed already (`with StopSignals() as s:`), so
         that a signal during build is not lost; else fit installs the Run's own.
     """
@@ -145,14 +147,15 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
                                 f"point at a function")
     from fasttrain.env import resolve_device
 
-    world = distributed.init(cfg.parallel, torch.device(resolve_device(cfg.device)))
+    world = distributed.init(cfg.parallel, torch.device(resolve_device(cfg.device)), cfg.tp,
+                             cfg.pp)
     run = Run()
     run.signals = signals or run.signals
     try:
         return _setup(run, cfg, world, model if model is not None else cfg.model,
                       data if data is not None else cfg.data,
                       loss if loss is not None else cfg.loss, metrics or {}, tuple(checkpoint),
-                      {k: v for k, v in user.items() if callable(v)}, verbose)
+                      {k: v for k, v in user.items() if callable(v)}, verbose, tp_plan)
     except BaseException:
         if getattr(run, "rundir", None) is not None:
             run.rundir.close()  # give the run directory's lock back (in-process callers)
@@ -161,7 +164,7 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
 
 
 def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, names: tuple,
-           user: dict[str, Callable], verbose: bool) -> Run:
+           user: dict[str, Callable], verbose: bool, tp_plan: dict | None = None) -> Run:
     from fasttrain.engine import checkpoint
 
     if world.restarts and cfg.out and not cfg.resume:
@@ -178,16 +181,19 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.device = dev = world.device  # cuda:LOCAL_RANK under torchrun on GPUs
     run.autocast, run.scaler = _precision(cfg, dev)
 
-    task, why = inputs.load_data(data, cfg, world.size)
+    # Data is dealt over the data-parallel ranks only: the ranks of a tp group (or a pipeline)
+    # compute one forward together and must see the same samples (mesh.py).
+    task, why = inputs.load_data(data, cfg, world.dp_size)
     run.data = task
-    flip_crop = augment.for_task(cfg.augment, task, cfg.seed, dev, world.rank)  # in memory only
+    flip_crop = augment.for_task(cfg.augment, task, cfg.seed, dev, world.dp_rank)  # in memory
     if isinstance(task, StreamData):
-        run.batches = Stream(task, cfg, dev, world.rank, world.size)
+        run.batches = Stream(task, cfg, dev, world.dp_rank, world.dp_size)
     else:
         run.batches = Batches(task, dev, cfg.batch_size, cfg.accum_steps, cfg.seed,
                               on_device=_data_on_device(cfg, dev, task), workers=cfg.workers,
                               pin_memory=cfg.pin_memory, channels_last=cfg.channels_last,
-                              block_size=cfg.block_size, rank=world.rank, world=world.size,
+                              block_size=cfg.block_size, rank=world.dp_rank,
+                              world=world.dp_size,
                               augment=flip_crop, why=why)
     if user.get("step") is None and task.kind == "other":
         raise UserError(f"the {task.name} batches are not (input, target) pairs, which the "
@@ -207,14 +213,17 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         module = module.to(memory_format=torch.channels_last)
     run.flops_per_step = _count_flops(run, module)  # on the plain module: exact, once
     run.model = module
-    # activation checkpointing → DDP / fully_shard / DataParallel → compile, in that order.
-    run.forward, run.no_sync = distributed.parallelize(
-        module, world, activation_checkpointing=cfg.activation_checkpointing,
-        compile=cfg.compile, cuda_graphs=cfg.cuda_graphs, checkpoint=names)
+    # tensor parallel → activation checkpointing → DDP / fully_shard / DataParallel → compile,
+    # in that order. A model that cannot be split (--tp) stops every rank with the same line.
+    run.forward, run.no_sync = agree.together(
+        world, distributed.parallelize, module, world,
+        activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile,
+        cuda_graphs=cfg.cuda_graphs, checkpoint=names, tp_plan=tp_plan)
     if world.size > 1:
-        # Same weights everywhere (seeded above), but each rank's dropout masks its own
-        # samples with its own stream.
-        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * world.rank)
+        # Same weights everywhere (seeded above), but each data-parallel rank's dropout masks
+        # its own samples with its own stream; the ranks of a tp group draw the same masks, as
+        # their replicated activations must stay equal.
+        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * world.dp_rank)
 
     run.opt = optim.optimizer(cfg, module, world, user.get("optimizer"),
                               usercode.name_of(user.get("optimizer"), cfg.optimizer))
@@ -227,6 +236,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     params = [p for p in module.parameters() if p.requires_grad]  # sharded ones under FSDP
     run.clip = ((lambda: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True))
                 if cfg.grad_clip else (lambda: None))
+    if cfg.grad_clip and world.tp > 1:  # DTensor and plain gradients side by side
+        from fasttrain.engine.tensor_parallel import clipper
+
+        run.clip = clipper(params, cfg.grad_clip)
     run.loss_sum = torch.zeros((), device=dev)
     run.extra_sums = {}  # a user step's extra metrics, summed like loss_sum (steps.py)
     run.skipped = torch.zeros((), device=dev, dtype=torch.int64)

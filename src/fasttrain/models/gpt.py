@@ -22,6 +22,13 @@ Size with the defaults (4 layers, 4 heads, 128 wide) and a 65-character vocabula
 801,664 + 128·block_size parameters (818,048 at block_size 128; the position table is the only
 part that grows with it); forward ≈ 2·N + 4·n_layer·n_embd·T ≈ 1.9 MFLOP per token at T = 128
 (1.6 M of it the weights, 0.26 M attention scores and mixing), i.e. ≈ 0.24 GFLOP per sequence.
+
+Tensor parallel (`--tp N`, engine/tensor_parallel.py): `parallelize(tp_mesh)` splits each block
+Megatron-style — qkv and the MLP's first linear column-wise, the two output projections
+row-wise — so each rank holds n_head / N heads and 4·n_embd / N hidden units; embeddings,
+LayerNorms and the tied head stay replicated. The fused qkv rows are laid out head by head
+(head h's q, k, v adjacent), so that a column-wise split cuts between whole heads; attention
+reshapes by the head size and so runs on whatever number of heads this rank holds.
 """
 
 from __future__ import annotations
@@ -39,19 +46,21 @@ from fasttrain.models import positive_int, probability
 class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float):
         super().__init__()
-        self.n_head, self.dropout = n_head, dropout
-        self.qkv = nn.Linear(n_embd, 3 * n_embd)  # the three projections as one GEMM
+        self.n_head, self.head_dim, self.dropout = n_head, n_embd // n_head, dropout
+        # The three projections as one GEMM; output rows [head, (q, k, v), head_dim].
+        self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
         self.resid_drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        # [B, T, 3C] -> 3 × [B, n_head, T, C/n_head]
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        B, T, _ = x.shape
+        # [B, T, 3·h·d] -> 3 × [B, h, T, d]: h = n_head, or this rank's n_head / tp under tensor
+        # parallelism (qkv's output is then this rank's column shard: whole heads, see above).
+        q, k, v = self.qkv(x).view(B, T, -1, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )
-        y = y.transpose(1, 2).reshape(B, T, C)  # heads side by side again
+        y = y.transpose(1, 2).reshape(B, T, -1)  # heads side by side again
         return self.resid_drop(self.proj(y))
 
 
@@ -73,6 +82,19 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(n_embd, n_head, dropout)
         self.ln2 = nn.LayerNorm(n_embd)
         self.mlp = MLP(n_embd, dropout)
+
+    def parallelize(self, tp_mesh) -> None:
+        """Megatron's split of this block over `tp_mesh` (see the module docstring)."""
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        parallelize_module(self, tp_mesh, {"attn.qkv": ColwiseParallel(),
+                                           "attn.proj": RowwiseParallel(),
+                                           "mlp.fc": ColwiseParallel(),
+                                           "mlp.proj": RowwiseParallel()})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
         x = x + self.attn(self.ln1(x))
@@ -97,6 +119,15 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
         self._init_weights(n_layer)
+
+    def parallelize(self, tp_mesh) -> None:
+        """Tensor parallelism over `tp_mesh` (engine/tensor_parallel.py calls it under --tp)."""
+        tp, n_head = tp_mesh.size(), self.blocks[0].attn.n_head
+        if n_head % tp:
+            raise UserError(f"--tp {tp}: gpt's {n_head} attention heads do not split over {tp} "
+                            f"ranks; choose a --tp that divides {n_head} (or n_head=)")
+        for block in self.blocks:
+            block.parallelize(tp_mesh)
 
     def _init_weights(self, n_layer: int) -> None:
         # GPT-2: N(0, 0.02) for every matrix and embedding, zero biases, LayerNorm at (1, 0); the

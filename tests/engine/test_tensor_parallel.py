@@ -1,0 +1,129 @@
+"""Tensor parallelism on CPU processes (gloo): --tp 2, and --parallel fsdp --tp 2 on 4 processes,
+train gpt exactly as one process does; bad layouts stop every rank with the same line.
+
+Tolerance: a row-wise layer's all-reduce adds its two partial sums in another order than one
+process's matmul, so the fp32 results differ in the last bits. SGD carries that through as is
+(the tests allow 1e-5 absolute, on weights of magnitude ~0.1); AdamW's first steps divide by
+|g|, which magnifies the rounding of gradients near zero (measured: 6.6e-5 after 3 steps), so
+the weight comparisons use SGD with momentum, as test_distributed.py does.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fasttrain.engine.mesh import Layout, layout
+from fasttrain.errors import UserError
+
+ARGS = ["--model", "gpt", "--data", "synthetic-text", "--block-size", "32", "--batch-size", "8",
+        "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--grad-clip", "1.0",
+        "--seed", "1", "--deterministic", "--device", "cpu", "--no-progress", "--log-every", "1"]
+
+
+def torchrun(n: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(n)]
+
+
+def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
+    launcher = torchrun(procs) if procs > 1 else [sys.executable]
+    return subprocess.run([*launcher, "-m", "fasttrain", "train", *ARGS, "--out", str(out),
+                           *extra], capture_output=True, text=True, timeout=400)
+
+
+def losses(out: Path) -> list[float]:
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(out / "weights.safetensors")
+
+
+def assert_same_run(one: Path, many: Path) -> None:
+    a, b = losses(one), losses(many)
+    assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5, (a, b)
+    wa, wb = weights(one), weights(many)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=1e-5, msg=k)
+
+
+def test_the_mesh_is_pp_dp_tp_with_tp_fastest():
+    lay = layout(8, tp=2, pp=2)
+    assert lay == Layout(pp=2, dp=2, tp=2) and lay.size == 8
+    assert [lay.coordinates(r)["tp"] for r in range(4)] == [0, 1, 0, 1]
+    assert [lay.coordinates(r)["dp"] for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [lay.coordinates(r)["pp"] for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    with pytest.raises(UserError, match="does not divide the 6 processes"):
+        layout(6, tp=4, pp=1)
+
+
+def test_tp_needs_torchrun_and_refuses_zero1(monkeypatch):
+    from fasttrain.engine import TrainConfig
+
+    with pytest.raises(UserError, match="--tp 2 splits the model over processes that torchrun"):
+        TrainConfig(model="gpt", data="synthetic-text", tp=2, device="cpu").validate()
+    for k, v in {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UserError, match="--parallel zero1 with --tp 2: ZeroRedundancyOptimizer"):
+        TrainConfig(model="gpt", data="synthetic-text", tp=2, parallel="zero1",
+                    device="cpu").validate()
+    with pytest.raises(UserError, match="which --parallel none would train as unrelated copies"):
+        TrainConfig(model="gpt", data="synthetic-text", tp=2, device="cpu").validate()
+    with pytest.raises(UserError, match="--batch-size 5 .* 2 data-parallel processes"):
+        TrainConfig(model="gpt", data="synthetic-text", tp=2, parallel="fsdp", batch_size=5,
+                    device="cpu").validate()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", [1, 20])
+def test_tp2_trains_exactly_as_one_process(tmp_path, steps):
+    one = train(tmp_path / "one", "--max-steps", str(steps))
+    tp = train(tmp_path / "tp", "--max-steps", str(steps), "--tp", "2", procs=2)
+    assert one.returncode == 0 and tp.returncode == 0, tp.stdout + tp.stderr
+    assert_same_run(tmp_path / "one", tmp_path / "tp")
+    # Each rank holds half of every split matrix; embeddings and LayerNorms stay whole.
+    first = [r for r in records(tmp_path / "tp") if r["kind"] == "train"][0]
+    full = [r for r in records(tmp_path / "one") if r["kind"] == "train"][0]
+    held = first["param_bytes"] + first["optimizer_bytes"]
+    whole = full["param_bytes"] + full["optimizer_bytes"]
+    assert 0.5 * whole < held < 0.55 * whole, (held, whole)
+
+
+@pytest.mark.slow
+def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path):
+    one = train(tmp_path / "one", "--max-steps", "20")
+    two_d = train(tmp_path / "2d", "--max-steps", "20", "--tp", "2", "--parallel", "fsdp",
+                  procs=4)
+    assert one.returncode == 0 and two_d.returncode == 0, two_d.stdout + two_d.stderr
+    assert_same_run(tmp_path / "one", tmp_path / "2d")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("procs, extra, says", [
+    (2, ["--tp", "4"], "--tp 4 × --pp 1 = 4 does not divide the 2 processes"),
+    (3, ["--tp", "3"], "gpt's 4 attention heads do not split over 3 ranks"),
+    (2, ["--tp", "2", "--model", "tests.engine.usermodel:make", "--data",
+         "tests.engine.usermodel:data", "--loss", "mse", "--optimizer", "adamw"],
+     "Regressor has no tensor-parallel plan"),
+])
+def test_a_bad_layout_is_the_same_line_on_every_rank(tmp_path, procs, extra, says):
+    proc = train(tmp_path / "out", *extra, "--max-steps", "1", procs=procs)
+    log = proc.stdout + proc.stderr
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert proc.returncode != 0 and len(errors) == procs and len(set(errors)) == 1, log
+    assert says in errors[0], log
+    assert "exitcode  : 2" in log or "exitcode: 2" in log, log
