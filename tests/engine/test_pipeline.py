@@ -146,3 +146,54 @@ def test_microbatches_default_to_twice_the_stages_and_must_divide_the_batch():
         pipeline.microbatches(_Cfg(2, "1f1b", 0), 10)
     with pytest.raises(UserError, match="multiple of --pp 2, not 3"):
         pipeline.microbatches(_Cfg(2, "interleaved-1f1b", 3), 12)
+
+
+# -- end to end: fasttrain train --pp 2 ---------------------------------------------------------
+
+TRAIN = ["--model", "gpt", "--data", "synthetic-text", "--block-size", "32", "--batch-size", "8",
+         "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--grad-clip", "1.0",
+         "--seed", "1", "--deterministic", "--device", "cpu", "--no-progress", "--log-every",
+         "1", "--max-steps", "3"]
+
+
+def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
+    launcher = [*TORCHRUN[:-1], str(procs)] if procs > 1 else [sys.executable]
+    return subprocess.run([*launcher, "-m", "fasttrain", "train", *TRAIN, "--out", str(out),
+                           *extra], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+
+
+def records(out: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_fasttrain_train_pp_2_logs_evaluates_and_saves_as_one_process(tmp_path):
+    """The engine's wiring: losses (logged from the last stage), evaluation (forward-only
+    through the stages), gradient clipping (the norm over both stages) and the final weights
+    file (both stages' tensors, under the model's names) equal one process's."""
+    from safetensors.torch import load_file
+
+    for proc in (train(tmp_path / "one"),
+                 train(tmp_path / "pp", "--pp", "2", "--pp-schedule", "interleaved-1f1b",
+                       procs=2)):
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    one, pp = records(tmp_path / "one"), records(tmp_path / "pp")
+    assert [r["step"] for r in one] == [r["step"] for r in pp]
+    for a, b in zip(one, pp, strict=True):
+        for key in ("loss", "test_loss", "test_token_accuracy"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    assert pp[0]["param_bytes"] < 0.51 * one[0]["param_bytes"]  # rank 0's half
+    w1, wp = (load_file(tmp_path / d / "weights.safetensors") for d in ("one", "pp"))
+    assert w1.keys() == wp.keys()
+    for k in w1:
+        torch.testing.assert_close(wp[k], w1[k], rtol=1e-5, atol=1e-5, msg=k)
+
+
+def test_pp_refuses_compile_before_training(tmp_path):
+    proc = train(tmp_path / "x", "--pp", "2", "--compile", procs=2)
+    assert proc.returncode != 0
+    assert "--pp runs each stage eagerly" in proc.stdout + proc.stderr

@@ -321,6 +321,9 @@ def optimizer(cls: type[torch.optim.Optimizer], params, world: World,
 def full_weights(model: nn.Module, world: World) -> dict[str, torch.Tensor]:
     """The whole model's state_dict on rank 0 (FSDP: gathered from the shards, a collective;
     other ranks get an empty dict)."""
+    if world.pp > 1:  # a pipeline (alone: pipeline.attach): each rank holds its stages' tensors
+        parts = world.gather({k: v.detach().cpu() for k, v in model.state_dict().items()})
+        return {k: v for part in parts for k, v in part.items()} if world.main else {}
     if world.sharded:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,

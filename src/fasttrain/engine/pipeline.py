@@ -2,8 +2,9 @@
 stages per rank of the pipeline group, run by torch.distributed.pipelining's schedules. No
 schedule, send or receive of ours: PyTorch's `PipelineStage` and `Schedule*` do all of it.
 
-    module = attach(run, module, mesh["pp"], cfg)   # in engine/run.py, --pp > 1
-    # = build(...), then run.forward_backward, run.evaluate_loss from it; module: the stages
+    module = attach(run, module, world, cfg)   # engine/run.py under --pp: build(...) over
+    # world.mesh["pp"], then run.forward_backward and run.evaluate_loss from it; module: the
+    # module holding this rank's stages, which becomes run.model
 
 Stages and ranks: `model.pipeline_split(n)` (gpt: models/gpt.py) returns n = pp × virtual
 consecutive stages; stage s runs on pipeline rank s mod pp (the "loop" placement that the
@@ -113,17 +114,32 @@ class Pipeline:
     stages: list[nn.Module]  # this rank's stage modules, in stage order
     forward_backward: Callable[[Any, list], None]  # run.forward_backward
     evaluate_loss: Callable  # run.evaluate_loss: (forward, batch) -> (loss, metrics)
+    clipper: Callable[[float], Callable[[], torch.Tensor]]  # run.clip for --grad-clip
     microbatches: int
     first: bool
     last: bool
 
 
-def attach(run, model: nn.Module, group, cfg,
-           wrap: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
-    """`build`, then the run's step and evaluation from it; returns the module that holds this
-    rank's parameters (the run's model: optimizer, checkpoints)."""
-    pipe = build(run, model, group, cfg, wrap)
+def attach(run, model: nn.Module, world, cfg, checkpoint: tuple[str, ...] = ()) -> nn.Module:
+    """The engine's --pp: `build` over the mesh's "pp" dimension, then the run's step and
+    evaluation from it; returns the module that holds this rank's parameters (the run's model:
+    optimizer, checkpoints). Activation checkpointing wraps the whole model's blocks before the
+    cut, so the stages run the wrapped blocks (distributed.parallelize's later pass over the
+    stages is then a no-op)."""
+    if world.tp > 1 or world.dp_size > 1:
+        raise UserError(f"--pp {cfg.pp} with --tp {world.tp} and {world.dp_size} data-parallel "
+                        f"groups: this version runs the pipeline alone; launch pp processes "
+                        f"(--nproc-per-node {cfg.pp}) without --tp")
+    if cfg.compile or cfg.cuda_graphs:
+        raise UserError("--pp runs each stage eagerly (the schedule calls the stages, not a "
+                        "compiled model); drop --compile")
+    if cfg.activation_checkpointing:
+        from fasttrain.models import apply_activation_checkpointing
+
+        apply_activation_checkpointing(model, checkpoint)
+    pipe = build(run, model, world.mesh["pp"], cfg)
     run.forward_backward, run.evaluate_loss = pipe.forward_backward, pipe.evaluate_loss
+    run.pipeline = pipe  # run.py takes its clipper under --grad-clip
     return pipe.model
 
 
@@ -166,6 +182,7 @@ def build(run, model: nn.Module, group, cfg,
     first, last = index[0] == 0, index[-1] == n - 1
     last_rank = dist.get_global_rank(group, pp - 1)
     tied = _tied(every, mine, dev, group)
+    counted = _counted(every, index)
     del every  # the other ranks' stages: their parameters are freed with `model`
 
     if wrap is not None:
@@ -195,7 +212,32 @@ def build(run, model: nn.Module, group, cfg,
             run.loss_sum += torch.stack(losses).detach().float().mean() * pp
 
     evaluate_loss = _evaluator(run, mine, index, n, group, last_rank, last)
-    return Pipeline(held, mine, forward_backward, evaluate_loss, m, first, last)
+    def clipper(max_norm: float) -> Callable[[], torch.Tensor]:
+        params = list(held.parameters())
+
+        def clip() -> torch.Tensor:
+            # The norm of the whole model's gradient: squares summed over the stages (one
+            # all-reduce of a scalar, on the device: no host sync), a tied weight counted once.
+            norm = torch.nn.utils.get_total_norm([p.grad for p in counted], foreach=True)
+            sq = norm.square()
+            dist.all_reduce(sq, group=group)
+            total = sq.sqrt()
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+            return total
+        return clip
+
+    return Pipeline(held, mine, forward_backward, evaluate_loss, clipper, m, first, last)
+
+
+def _counted(every: list[nn.Module], index: list[int]) -> list[nn.Parameter]:
+    """This rank's parameters, but for the copies of a tied weight held by an earlier stage:
+    each of the model's parameters once over the pipeline (for the gradient's norm)."""
+    first_holder: dict[str, int] = {}
+    for i, stage in enumerate(every):
+        for name, _ in stage.named_parameters():
+            first_holder.setdefault(name, i)
+    return [p for i in index for name, p in every[i].named_parameters()
+            if first_holder[name] == i]
 
 
 def _tied(every: list[nn.Module], mine: list[nn.Module], dev: torch.device, group) -> Callable:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fasttrain.engine import agree, augment, distributed, inputs, optim, steps, usercode
+from fasttrain.engine import agree, augment, distributed, inputs, optim, pipeline, steps, usercode
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.loop import accumulate
@@ -212,6 +212,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     if cfg.channels_last:
         module = module.to(memory_format=torch.channels_last)
     run.flops_per_step = _count_flops(run, module)  # on the plain module: exact, once
+    if cfg.pp > 1:  # this rank's pipeline stages replace the model, and the step (pipeline.py)
+        module = agree.together(world, pipeline.attach, run, module, world, cfg, names)
     run.model = module
     # tensor parallel → activation checkpointing → DDP / fully_shard / DataParallel → compile,
     # in that order. A model that cannot be split (--tp) stops every rank with the same line.
@@ -240,6 +242,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         from fasttrain.engine.tensor_parallel import clipper
 
         run.clip = clipper(params, cfg.grad_clip)
+    if cfg.grad_clip and cfg.pp > 1:  # the norm over every stage's gradients (pipeline.py)
+        run.clip = run.pipeline.clipper(cfg.grad_clip)
     run.loss_sum = torch.zeros((), device=dev)
     run.extra_sums = {}  # a user step's extra metrics, summed like loss_sum (steps.py)
     run.skipped = torch.zeros((), device=dev, dtype=torch.int64)
