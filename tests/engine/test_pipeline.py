@@ -197,3 +197,21 @@ def test_pp_refuses_compile_before_training(tmp_path):
     proc = train(tmp_path / "x", "--pp", "2", "--compile", procs=2)
     assert proc.returncode != 0
     assert "--pp runs each stage eagerly" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_pp_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(tmp_path):
+    """DCP checkpoint of the stages (each rank its own parameters and optimizer state, under
+    the model's names), then resumed: bit for bit the run that was not stopped."""
+    from safetensors.torch import load_file
+
+    every = ("--pp", "2", "--checkpoint-every", "2")
+    runs = [train(tmp_path / "full", *every, "--max-steps", "4", procs=2),
+            train(tmp_path / "half", *every, "--max-steps", "2", procs=2),
+            train(tmp_path / "half", *every, "--max-steps", "4", "--resume", "auto", procs=2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    full, resumed = (load_file(tmp_path / d / "weights.safetensors") for d in ("full", "half"))
+    assert full.keys() == resumed.keys()
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
