@@ -212,6 +212,7 @@ def build(run, model: nn.Module, group, cfg,
             run.loss_sum += torch.stack(losses).detach().float().mean() * pp
 
     evaluate_loss = _evaluator(run, mine, index, n, group, last_rank, last)
+
     def clipper(max_norm: float) -> Callable[[], torch.Tensor]:
         params = list(held.parameters())
 
