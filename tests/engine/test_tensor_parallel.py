@@ -81,6 +81,9 @@ def test_tp_needs_torchrun_and_refuses_zero1(monkeypatch):
     with pytest.raises(UserError, match="--parallel zero1 with --tp 2: ZeroRedundancyOptimizer"):
         TrainConfig(model="gpt", data="synthetic-text", tp=2, parallel="zero1",
                     device="cpu").validate()
+    with pytest.raises(UserError, match="--parallel ddp with --tp 2: DistributedDataParallel"):
+        TrainConfig(model="gpt", data="synthetic-text", tp=2, parallel="ddp",
+                    device="cpu").validate()
     with pytest.raises(UserError, match="which --parallel none would train as unrelated copies"):
         TrainConfig(model="gpt", data="synthetic-text", tp=2, device="cpu").validate()
     with pytest.raises(UserError, match="--batch-size 5 .* 2 data-parallel processes"):
@@ -127,3 +130,20 @@ def test_a_bad_layout_is_the_same_line_on_every_rank(tmp_path, procs, extra, say
     assert proc.returncode != 0 and len(errors) == procs and len(set(errors)) == 1, log
     assert says in errors[0], log
     assert "exitcode  : 2" in log or "exitcode: 2" in log, log
+
+
+@pytest.mark.slow
+def test_tp2_then_fsdp2_then_one_process_continue_as_an_uninterrupted_run(tmp_path):
+    """DCP reshards on load: the tp=2 shards (rows of each split matrix) are read into FSDP's
+    shards (dim-0 halves of every parameter), those into one process's whole tensors, and
+    training continues as one process would."""
+    first = train(tmp_path / "run", "--max-steps", "2", "--tp", "2", procs=2)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = train(tmp_path / "run", "--max-steps", "4", "--parallel", "fsdp", "--resume",
+                   "auto", procs=2)
+    assert second.returncode == 0 and "step-00000002" in second.stdout, second.stdout
+    third = train(tmp_path / "run", "--max-steps", "6", "--resume", "auto")
+    assert third.returncode == 0 and "step-00000004" in third.stdout, third.stdout
+    one = train(tmp_path / "one", "--max-steps", "6")
+    assert one.returncode == 0, one.stderr
+    assert_same_run(tmp_path / "one", tmp_path / "run")

@@ -8,12 +8,12 @@ from. Names carry the step (`step-00001200.pt`); the newest `keep` are kept.
 
 Sharded checkpoints (--parallel fsdp, --tp, --pp) are a directory per step, `step-00001200/`:
 every rank writes its shards of model and optimizer state through torch.distributed.checkpoint
-(DCP) into
-`.step-00001200.tmp/`, rank 0 adds `extras.pt` (the same plain-data dict as a single-file
-checkpoint, minus model and optimizer) and, after all ranks are done, renames the folder into
-place: a directory named `step-*` is complete. DCP can reshard on load, but only resuming on the
-same number of processes is tested. Single-file checkpoints (none, ddp, zero1, dp) hold whole,
-unsharded state, written by rank 0, so they resume on any number of processes.
+(DCP) into `.step-00001200.tmp/`, rank 0 adds `extras.pt` (the same plain-data dict as a
+single-file checkpoint, minus model and optimizer) and, after all ranks are done, renames the
+folder into place: a directory named `step-*` is complete. DCP reshards on load, so a sharded
+checkpoint resumes under another layout (tested: tp=2 → fsdp=2 → one process) and in any mode
+but zero1. Single-file checkpoints (none, ddp, zero1, dp) hold whole, unsharded state, written
+by rank 0, so they resume on any number of processes, but not into a sharded layout.
 """
 
 from __future__ import annotations
@@ -119,15 +119,18 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
     cfg, world = run.cfg, run.world
     config = saved["config"]
     changed = resume.check_config(config, cfg, path)  # refuses what would make another run
-    sharded, fsdp = bool(saved.get("sharded")), world.sharded
-    if sharded != fsdp:
+    # A sharded checkpoint is read by DCP into whatever this run holds, shards or whole tensors
+    # (it reshards: tp=2 → fsdp=2 → one process), except ZeRO-1's partitioned optimizer; a
+    # single file holds whole tensors, which a sharded run does not take as they are.
+    sharded, fsdp = bool(saved.get("sharded")), world.sharded or world.parallel == "zero1"
+    if sharded != fsdp and not (sharded and world.parallel != "zero1"):
         raise UserError(f"checkpoint {path} is {'sharded' if sharded else 'a single file'} "
                         f"(written with --parallel {config.get('parallel', 'none')}) and "
                         f"--parallel {world.parallel} reads only "
                         f"{'sharded' if fsdp else 'single-file'} ones; resume with --parallel "
                         f"{'fsdp' if sharded else config.get('parallel', 'none')}")
     try:
-        if sharded:  # FSDP: each rank reads its shards (DCP), then they are set in place
+        if sharded:  # each rank reads its shards (DCP), then they are set in place
             tensors = distributed.sharded_state(run.model, run.opt)
             load_sharded(Path(path), tensors)
             distributed.load_sharded_state(run.model, run.opt, tensors)
@@ -258,10 +261,13 @@ def save_sharded(directory: Path, step: int, tensors: dict[str, Any], extras: di
 def load_sharded(path: Path, tensors: dict[str, Any]) -> None:
     """Fill `tensors` (this rank's shards, as `sharded_state` makes them) from `path`, in place."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         dcp.load(tensors, checkpoint_id=path)
-    except Exception as e:  # missing or damaged shard files, a different model
+    # Missing or damaged shard files, a different model. DCP wraps a rank's failure in a
+    # CheckpointException, which derives from BaseException, not Exception.
+    except (Exception, CheckpointException) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"sharded checkpoint {path} cannot be loaded here ({first}); resume "
                         f"with the same settings or from another checkpoint") from None

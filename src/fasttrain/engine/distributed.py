@@ -105,6 +105,10 @@ def _check_layout(parallel: str, env, world: int, tp: int, pp: int) -> None:
         raise UserError(f"--parallel {parallel} with {flags}: {why}; use --parallel fsdp "
                         f"(shards the optimizer state too) or ddp")
     lay = layout(world, tp, pp)
+    if lay.dp > 1 and parallel == "ddp" and tp > 1:
+        raise UserError(f"--parallel ddp with {flags}: DistributedDataParallel broadcasts and "
+                        f"buckets plain tensors and refuses the DTensor shards of tensor "
+                        f"parallelism; use --parallel fsdp (dp × tp, as torchtitan does)")
     if lay.dp > 1 and parallel == "none":
         raise UserError(f"{flags} leaves {lay.dp} data-parallel groups of {tp * pp} processes, "
                         f"which --parallel none would train as unrelated copies: add "
@@ -319,19 +323,26 @@ def optimizer(cls: type[torch.optim.Optimizer], params, world: World,
 
 
 def full_weights(model: nn.Module, world: World) -> dict[str, torch.Tensor]:
-    """The whole model's state_dict on rank 0 (FSDP: gathered from the shards, a collective;
-    other ranks get an empty dict)."""
-    if world.pp > 1:  # a pipeline (alone: pipeline.attach): each rank holds its stages' tensors
-        parts = world.gather({k: v.detach().cpu() for k, v in model.state_dict().items()})
-        return {k: v for part in parts for k, v in part.items()} if world.main else {}
+    """The whole model's state_dict on rank 0 (FSDP, TP: gathered from the shards, a collective;
+    other ranks get an empty dict). Under --pp each rank holds only its stages: every rank
+    gathers its stages' full tensors, then rank 0 takes all of them (a tied weight held by two
+    stages is equal on both; the later copy wins)."""
     if world.sharded:
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
         )
 
-        return get_model_state_dict(
-            model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # cpu_offload keeps the gathered tensors on global rank 0 only, which under --pp
+        # would drop the other stages: there every rank keeps its own and sends them.
+        state = get_model_state_dict(model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=world.pp == 1))
+        if world.pp == 1:
+            return state
+        merged: dict[str, torch.Tensor] = {}
+        for part in world.gather({k: v.detach().cpu() for k, v in state.items()}):
+            merged.update(part)
+        return merged if world.main else {}
     return model.state_dict()
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fasttrain.engine import agree, augment, distributed, inputs, optim, pipeline, steps, usercode
+from fasttrain.engine import agree, augment, distributed, inputs, optim, steps, usercode
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.loop import accumulate
@@ -211,9 +211,12 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     module = module.to(dev)
     if cfg.channels_last:
         module = module.to(memory_format=torch.channels_last)
-    run.flops_per_step = _count_flops(run, module)  # on the plain module: exact, once
-    if cfg.pp > 1:  # this rank's pipeline stages replace the model, and the step (pipeline.py)
+    if world.pp > 1:  # pipeline.py: cut into stages; this rank's become the model
+        from fasttrain.engine import pipeline
+
         module = agree.together(world, pipeline.attach, run, module, world, cfg, names)
+    # On the plain module: exact, once (a pipeline stage alone cannot run the step).
+    run.flops_per_step = _count_flops(run, module) if world.pp == 1 else None
     run.model = module
     # tensor parallel → activation checkpointing → DDP / fully_shard / DataParallel → compile,
     # in that order. A model that cannot be split (--tp) stops every rank with the same line.
@@ -242,7 +245,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         from fasttrain.engine.tensor_parallel import clipper
 
         run.clip = clipper(params, cfg.grad_clip)
-    if cfg.grad_clip and cfg.pp > 1:  # the norm over every stage's gradients (pipeline.py)
+    if cfg.grad_clip and world.pp > 1:  # the norm summed over the stages
         run.clip = run.pipeline.clipper(cfg.grad_clip)
     run.loss_sum = torch.zeros((), device=dev)
     run.extra_sums = {}  # a user step's extra metrics, summed like loss_sum (steps.py)
@@ -269,8 +272,16 @@ def describe(run: Run) -> str:
     return (f"training {run.label} on {task.name}{' (synthetic)' if task.synthetic else ''} on "
             f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}: "
             f"micro-batch {b.micro} per process × {cfg.accum_steps} accumulation × "
-            f"{run.world.size} process(es); data {b.path} ({b.why}), "
+            f"{run.world.size} process(es){_layout(run.world)}; data {b.path} ({b.why}), "
             f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}")
+
+
+def _layout(world) -> str:
+    """' (dp 2 × tp 2 × pp 1: micro-batches per dp rank)' under --tp/--pp, else ''."""
+    if world.tp * world.pp == 1:
+        return ""
+    return (f" (dp {world.dp_size} × tp {world.tp} × pp {world.pp}: the micro-batch is per "
+            f"data-parallel rank)")
 
 
 def default_metrics(task) -> dict[str, Metric]:
