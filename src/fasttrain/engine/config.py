@@ -284,6 +284,10 @@ class TrainConfig:
             raise UserError(f"--batch-size {self.batch_size} (global) is not divisible by "
                             f"{world} data-parallel processes × --accum-steps "
                             f"{self.accum_steps}; choose a multiple of {world * self.accum_steps}")
+        if self.pp > 1:  # the schedule's micro-batches must cut each pipeline's batch evenly
+            from fasttrain.engine.pipeline import microbatches
+
+            microbatches(self, self.batch_size // world)
 
     def _validate_layout(self) -> None:
         """--tp/--pp against the other switches; against the launch (torchrun, sizes dividing

@@ -360,8 +360,17 @@ def sharded_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any
     DCP."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    msd, osd = get_state_dict(model, opt)
+    msd, osd = get_state_dict(model, opt, options=_flat())
     return {"model": msd, "optimizer": osd}
+
+
+def _flat():
+    """DCP options: the optimizer's state and param-group settings keyed by parameter name, not
+    by group index. Pipeline stages hold different parameters; an index-keyed param_groups list
+    (saved once, from one rank) would hand every stage the first stage's groups."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def load_sharded_state(model: nn.Module, opt: torch.optim.Optimizer,
@@ -369,4 +378,4 @@ def load_sharded_state(model: nn.Module, opt: torch.optim.Optimizer,
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     set_state_dict(model, opt, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+                   optim_state_dict=state["optimizer"], options=_flat())

@@ -12,6 +12,12 @@ T may be anything up to block_size; longer inputs fail in the position lookup (a
 not checked here, since that would be a check per step). Options: `n_layer`, `n_head`, `n_embd`
 (divisible by n_head) and `dropout` (on embeddings, attention weights and residual writes).
 
+Pipeline parallel (`--pp`, engine/pipeline.py): `pipeline_split(n)` cuts the model into n stages
+at block boundaries — embeddings and the first blocks on stage 0, the last blocks, final norm and
+head on stage n−1 — each stage naming its parameters as the whole model does ("blocks.3.…").
+The last stage holds its own copy of the tied embedding as "wte.weight": the pipeline sums the
+two copies' gradients, so they stay equal.
+
 Size with the defaults (4 layers, 4 heads, 128 wide) and a 65-character vocabulary:
 801,664 + 128·block_size parameters (818,048 at block_size 128; the position table is the only
 part that grows with it); forward ≈ 2·N + 4·n_layer·n_embd·T ≈ 1.9 MFLOP per token at T = 128
@@ -138,6 +144,21 @@ class GPT(nn.Module):
             nn.init.normal_(block.attn.proj.weight, std=residual_std)
             nn.init.normal_(block.mlp.proj.weight, std=residual_std)
 
+    def pipeline_split(self, n_stages: int) -> list[nn.Module]:
+        """The model as `n_stages` consecutive stages (activations [B, T, C] between them), the
+        blocks dealt as evenly as possible, earlier stages taking the remainder (the last one
+        also runs the head). The stages share this model's modules, except the last stage's
+        copy of the tied embedding."""
+        n_layer = len(self.blocks)
+        if not 1 <= n_stages <= n_layer:
+            raise UserError(f"gpt has {n_layer} blocks and cannot be cut into {n_stages} "
+                            f"pipeline stages: use --pp × virtual stages ≤ {n_layer} (or a "
+                            f"deeper model, n_layer={n_stages})")
+        bounds = [i * (n_layer // n_stages) + min(i, n_layer % n_stages)
+                  for i in range(n_stages + 1)]
+        return [_Stage(self, range(bounds[i], bounds[i + 1]), i == 0, i == n_stages - 1)
+                for i in range(n_stages)]
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         T = idx.shape[1]  # must be ≤ block_size (see the module docstring)
         pos = torch.arange(T, device=idx.device)
@@ -146,3 +167,32 @@ class GPT(nn.Module):
             x = block(x)
         # Tied head: logits against the token embeddings, [B, T, C] @ [C, vocab].
         return F.linear(self.ln_f(x), self.wte.weight)  # [B, T, vocab]
+
+
+class _Stage(nn.Module):
+    """Blocks `index` of `gpt`, with the embeddings on the first stage and the final norm and
+    tied head on the last. Its parameter names are the whole model's."""
+
+    def __init__(self, gpt: GPT, index: range, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        if first:
+            self.wte, self.wpe, self.drop = gpt.wte, gpt.wpe, gpt.drop
+        elif last:
+            # The head's own copy of the tied matrix (a stage cannot reach another rank's
+            # parameter): equal at the start; the pipeline sums the two gradients every step.
+            self.wte = nn.Embedding(*gpt.wte.weight.shape, device=gpt.wte.weight.device)
+            with torch.no_grad():
+                self.wte.weight.copy_(gpt.wte.weight)
+        self.blocks = nn.ModuleDict({str(i): gpt.blocks[i] for i in index})
+        if last:
+            self.ln_f = gpt.ln_f
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:  # int64 tokens [B, T] -> [B, T, C]
+            x = self.drop(self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device)))
+        for block in self.blocks.values():
+            x = block(x)
+        if self.last:  # -> logits [B, T, vocab]
+            x = F.linear(self.ln_f(x), self.wte.weight)
+        return x

@@ -1,0 +1,306 @@
+"""Pipeline parallelism (`--pp N`): the model cut into stages at block boundaries, one group of
+stages per rank of the pipeline group, run by torch.distributed.pipelining's schedules. No
+schedule, send or receive of ours: PyTorch's `PipelineStage` and `Schedule*` do all of it.
+
+    module = attach(run, module, world, cfg)   # engine/run.py under --pp: build(...) over
+    # world.mesh["pp"], then run.forward_backward and run.evaluate_loss from it; module: the
+    # module holding this rank's stages, which becomes run.model
+
+Stages and ranks: `model.pipeline_split(n)` (gpt: models/gpt.py) returns n = pp × virtual
+consecutive stages; stage s runs on pipeline rank s mod pp (the "loop" placement that the
+interleaved schedule expects), so rank 0 holds the first stage and rank pp−1 the last.
+`--pp-schedule`: gpipe (all forwards, then all backwards: peak memory grows with the number of
+micro-batches), 1f1b (one forward, one backward in the steady state: at most pp micro-batches in
+flight), interleaved-1f1b (2 virtual stages per rank: the bubble shrinks by about half for twice
+the point-to-point messages). The idle fraction of a step is the bubble (p−1)/(m+p−1) for p
+stages and m micro-batches (interleaved: about (p−1)/(v·m+p−1) with v virtual stages).
+
+Scaling: the schedule splits this rank's batch of the step (its accumulation micro-batches,
+concatenated) into m equal micro-batches, takes the loss as the mean over each one, and scales
+gradients by 1/m (`scale_grads`): the gradient is that of the mean loss over the batch, as
+`loop.accumulate` computes it. The loss of the step (mean over micro-batches, detached) is added
+to run.loss_sum on the last stage only, times pp, and nothing elsewhere: the logger's sum over
+all ranks ÷ the number of ranks (callbacks.log, at log steps) is then the mean over the
+data-parallel ranks, as without a pipeline, and no collective is added for it (a broadcast from
+the last stage at log steps would give the same figure for one more collective).
+
+Tied weights (gpt's embedding and head) live on two stages as two copies of one parameter under
+the same name; their gradients are summed over the pipeline group after the backward, so the
+copies, stepped by the same optimizer from the same gradient, stay equal.
+
+Limits, checked at build: the default (x, y) step only (the loss is computed on the last stage
+from its output, a user step needs the whole model); no fp16 (GradScaler's skip decision would
+be per stage, and the stages would part ways); bf16 runs every stage under autocast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fasttrain.engine.config import PP_SCHEDULES
+from fasttrain.errors import UserError
+
+# Stages per rank, by --pp-schedule: 2 for the interleaved one (as torchtitan's default).
+VIRTUAL = {name: 2 if name.startswith("interleaved") else 1 for name in PP_SCHEDULES}
+
+
+def microbatches(cfg, rank_batch: int) -> int:
+    """The schedule's number of micro-batches for this rank's `rank_batch` samples per step:
+    --pp-microbatches, or 2 × pp (enough to fill the pipeline twice over, bubble ≤ 1/3)."""
+    pp, m = cfg.pp, cfg.pp_microbatches or 2 * cfg.pp
+    if m < 1 or rank_batch % m:
+        raise UserError(f"--pp-microbatches {m} must divide each pipeline's batch of "
+                        f"{rank_batch} samples per step: choose a divisor of {rank_batch} "
+                        f"(or change --batch-size)")
+    if VIRTUAL[cfg.pp_schedule] > 1 and m % pp:
+        raise UserError(f"--pp-schedule {cfg.pp_schedule} needs --pp-microbatches a multiple "
+                        f"of --pp {pp}, not {m}")
+    return m
+
+
+def _cut(model: nn.Module, n_stages: int) -> list[nn.Module]:
+    cut = getattr(model, "pipeline_split", None)
+    if not callable(cut):
+        raise UserError(f"--pp: {type(model).__name__} names no split points; give it a method "
+                        f"pipeline_split(n_stages) returning its n consecutive stages (see "
+                        f"fasttrain/models/gpt.py), or drop --pp")
+    stages = list(cut(n_stages))
+    if len(stages) != n_stages:
+        raise UserError(f"--pp: {type(model).__name__}.pipeline_split({n_stages}) returned "
+                        f"{len(stages)} stages; it must return exactly {n_stages}")
+    return stages
+
+
+def split(model: nn.Module, pp_rank: int, pp_size: int, virtual: int = 1) -> list[nn.Module]:
+    """This pipeline rank's stages of `model`, in stage order: stages pp_rank, pp_rank + pp_size,
+    ... of the pp_size × virtual stages the model's `pipeline_split` makes."""
+    stages = _cut(model, pp_size * virtual)
+    return [stages[pp_rank + k * pp_size] for k in range(virtual)]
+
+
+class Held(nn.Module):
+    """This rank's stages as one module whose names are the whole model's (state_dict, optimizer
+    groups, checkpoints, weights files): the run's `model`. Stages' ModuleDicts (gpt's blocks)
+    are merged into new ones, so the stages' own are left as they are."""
+
+    def __init__(self, stages: list[nn.Module]):
+        super().__init__()
+        for stage in stages:
+            for name, p in stage.named_parameters(recurse=False):
+                self.register_parameter(name, p)
+            for name, child in stage.named_children():
+                if isinstance(child, nn.ModuleDict):
+                    if name not in self._modules:
+                        self.add_module(name, nn.ModuleDict())
+                    self._modules[name].update(child)
+                else:
+                    if name in self._modules and self._modules[name] is not child:
+                        raise UserError(f"--pp: two stages on one rank both hold a {name!r}; "
+                                        f"give the copies of a tied weight to different ranks")
+                    self.add_module(name, child)
+
+
+@dataclass
+class Pipeline:
+    """What `build` resolved: the engine reads these (module docstring)."""
+
+    model: Held  # this rank's parameters
+    stages: list[nn.Module]  # this rank's stage modules, in stage order
+    forward_backward: Callable[[Any, list], None]  # run.forward_backward
+    evaluate_loss: Callable  # run.evaluate_loss: (forward, batch) -> (loss, metrics)
+    clipper: Callable[[float], Callable[[], torch.Tensor]]  # run.clip for --grad-clip
+    microbatches: int
+    first: bool
+    last: bool
+
+
+def attach(run, model: nn.Module, world, cfg, checkpoint: tuple[str, ...] = ()) -> nn.Module:
+    """The engine's --pp: `build` over the mesh's "pp" dimension, then the run's step and
+    evaluation from it; returns the module that holds this rank's parameters (the run's model:
+    optimizer, checkpoints). Activation checkpointing wraps the whole model's blocks before the
+    cut, so the stages run the wrapped blocks (distributed.parallelize's later pass over the
+    stages is then a no-op)."""
+    if world.tp > 1 or world.dp_size > 1:
+        raise UserError(f"--pp {cfg.pp} with --tp {world.tp} and {world.dp_size} data-parallel "
+                        f"groups: this version runs the pipeline alone; launch pp processes "
+                        f"(--nproc-per-node {cfg.pp}) without --tp")
+    if cfg.compile or cfg.cuda_graphs:
+        raise UserError("--pp runs each stage eagerly (the schedule calls the stages, not a "
+                        "compiled model); drop --compile")
+    if cfg.activation_checkpointing:
+        from fasttrain.models import apply_activation_checkpointing
+
+        apply_activation_checkpointing(model, checkpoint)
+    pipe = build(run, model, world.mesh["pp"], cfg)
+    run.forward_backward, run.evaluate_loss = pipe.forward_backward, pipe.evaluate_loss
+    run.pipeline = pipe  # run.py takes its clipper under --grad-clip
+    return pipe.model
+
+
+def build(run, model: nn.Module, group, cfg,
+          wrap: Callable[[nn.Module], nn.Module] | None = None) -> Pipeline:
+    """Cut `model` (the whole model, the same initial weights on every rank) for this rank of
+    `group` (a ProcessGroup, or a 1-D DeviceMesh: the pipeline dimension), and build the
+    schedule. Reads cfg.pp, pp_schedule, pp_microbatches and precision, and the run's device,
+    autocast, loss_fn, metrics, compute_loss and batches.micro/accum.
+
+    `wrap(stage) -> module` parallelizes each of this rank's stages before the schedule sees
+    it (torchtitan's order: split, then tensor parallel / activation checkpointing / FSDP or
+    DDP per stage; the stage's collectives then run inside the schedule, which knows FSDP and
+    DDP modules and reduces their gradients once per step). Wrapping in place (fully_shard,
+    parallelize_module) keeps the run's model holding the parameters the schedule trains."""
+    if hasattr(group, "get_group"):
+        group = group.get_group()
+    pp, rank = dist.get_world_size(group), dist.get_rank(group)
+    if getattr(run.compute_loss, "step", None) is not None:
+        raise UserError("--pp computes the loss on the last stage from the model's output: it "
+                        "takes the default (input, target) step, not --step; drop one of them")
+    if cfg.precision == "fp16":
+        raise UserError("--pp with fp16: each stage would skip overflowing steps on its own; "
+                        "use --precision bf16")
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
+
+    virtual = VIRTUAL[cfg.pp_schedule]
+    n = pp * virtual
+    every = _cut(model, n)
+    index = [rank + k * pp for k in range(virtual)]
+    mine = [every[i] for i in index]
+    held = Held(mine)
+    m = microbatches(cfg, run.batches.micro * run.batches.accum)
+    dev, loss_fn = run.device, run.loss_fn
+    first, last = index[0] == 0, index[-1] == n - 1
+    last_rank = dist.get_global_rank(group, pp - 1)
+    tied = _tied(every, mine, dev, group)
+    counted = _counted(every, index)
+    del every  # the other ranks' stages: their parameters are freed with `model`
+
+    if wrap is not None:
+        mine = [wrap(s) for s in mine]
+    stages = [PipelineStage(s, i, n, dev, group=group) for s, i in zip(mine, index, strict=True)]
+    if virtual > 1:
+        schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=True)
+    else:
+        cls = ScheduleGPipe if cfg.pp_schedule == "gpipe" else Schedule1F1B
+        schedule = cls(stages[0], m, loss_fn=loss_fn, scale_grads=True)
+
+    # Roles resolved once: the first stage feeds inputs, the last takes targets and keeps the
+    # loss; a middle rank only relays activations and gradients.
+    def feed(x: torch.Tensor) -> tuple:
+        return (x,) if first else ()
+
+    def forward_backward(run, micro_batches: list) -> None:
+        # The step's micro-batches as one batch [accum·micro, ...]; the schedule re-cuts it
+        # into its m micro-batches (the same samples: a step's gradient is unchanged).
+        x = torch.cat([b[0] for b in micro_batches])
+        y = torch.cat([b[1] for b in micro_batches]) if last else None
+        losses: list[torch.Tensor] = []
+        with run.autocast:
+            schedule.step(*feed(x), target=y, losses=losses, return_outputs=False)
+        tied()
+        if losses:  # the last stage: the step's loss (mean over its micro-batches) × pp
+            run.loss_sum += torch.stack(losses).detach().float().mean() * pp
+
+    evaluate_loss = _evaluator(run, mine, index, n, group, last_rank, last)
+
+    def clipper(max_norm: float) -> Callable[[], torch.Tensor]:
+        params = list(held.parameters())
+
+        def clip() -> torch.Tensor:
+            # The norm of the whole model's gradient: squares summed over the stages (one
+            # all-reduce of a scalar, on the device: no host sync), a tied weight counted once.
+            norm = torch.nn.utils.get_total_norm([p.grad for p in counted], foreach=True)
+            sq = norm.square()
+            dist.all_reduce(sq, group=group)
+            total = sq.sqrt()
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+            return total
+        return clip
+
+    return Pipeline(held, mine, forward_backward, evaluate_loss, clipper, m, first, last)
+
+
+def _counted(every: list[nn.Module], index: list[int]) -> list[nn.Parameter]:
+    """This rank's parameters, but for the copies of a tied weight held by an earlier stage:
+    each of the model's parameters once over the pipeline (for the gradient's norm)."""
+    first_holder: dict[str, int] = {}
+    for i, stage in enumerate(every):
+        for name, _ in stage.named_parameters():
+            first_holder.setdefault(name, i)
+    return [p for i in index for name, p in every[i].named_parameters()
+            if first_holder[name] == i]
+
+
+def _tied(every: list[nn.Module], mine: list[nn.Module], dev: torch.device, group) -> Callable:
+    """The function that sums, over the pipeline group and in place, the gradients of each
+    parameter name that more than one stage holds (the copies of a tied weight). A rank without
+    a copy sends zeros of its shape: an all-reduce needs every rank of the group."""
+    shapes: dict[str, list[torch.Size]] = {}
+    for stage in every:
+        for name, p in stage.named_parameters():
+            shapes.setdefault(name, []).append(p.shape)
+    names = sorted(k for k, v in shapes.items() if len(v) > 1)  # the same order on every rank
+    held = {k: [p for s in mine for name, p in s.named_parameters() if name == k]
+            for k in names}
+    zeros = {k: torch.zeros(shapes[k][0], device=dev) for k in names if not held[k]}
+
+    def tie() -> None:
+        for k in names:
+            own = held[k]
+            if len(own) == 1:  # the usual case: this rank's one copy, reduced in place
+                dist.all_reduce(own[0].grad, group=group)
+                continue
+            total = sum(p.grad for p in own) if own else zeros[k].zero_()
+            dist.all_reduce(total, group=group)
+            for p in own:
+                p.grad.copy_(total)
+    return tie
+
+
+def _evaluator(run, mine: list[nn.Module], index: list[int], n: int, group, last_rank: int,
+               last: bool) -> Callable:
+    """run.evaluate_loss under --pp: (forward, batch) -> (loss, metrics), forward-only through
+    the stages (`schedule.eval`, one micro-batch: nothing to overlap without a backward), the
+    loss and metrics computed on the last stage from its output and broadcast over the
+    pipeline group, so every rank returns the same values (`forward` is unused: no rank holds
+    the whole model). Evaluation batches may differ in size (the last one of a split): a stage
+    learns its neighbours' activation shapes on its first pass, so each batch shape gets its
+    own stages and schedule, built on first use (the same modules, no copy)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, ScheduleLoopedBFS
+
+    names = list(run.metrics)
+    made: dict[tuple, Any] = {}
+    first = index[0] == 0
+
+    def schedule(shape: tuple):
+        if shape not in made:
+            stages = [PipelineStage(s, i, n, run.device, group=group)
+                      for s, i in zip(mine, index, strict=True)]
+            made[shape] = (ScheduleGPipe(stages[0], 1) if len(stages) == 1
+                           else ScheduleLoopedBFS(stages, 1))
+        return made[shape]
+
+    def evaluate_loss(_forward, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        x, y = batch
+        with run.autocast:
+            out = schedule(tuple(x.shape)).eval(*((x,) if first else ()))
+        if last:
+            out = out.float()
+            values = torch.stack([run.loss_fn(out, y).float(),
+                                  *(torch.as_tensor(run.metrics[k](out, y), device=out.device)
+                                    .float() for k in names)])
+        else:
+            values = torch.zeros(1 + len(names), device=run.device)
+        dist.broadcast(values, src=last_rank, group=group)
+        return values[0], dict(zip(names, values[1:], strict=True))
+    return evaluate_loss

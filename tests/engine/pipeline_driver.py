@@ -1,0 +1,132 @@
+"""Trains a tiny gpt with engine/pipeline.py directly (no config, mesh or build of the engine),
+for tests/engine/test_pipeline.py: under torchrun with --pp 2 each rank holds its stages; with
+--pp 1 (plain python) the whole model trains through loop.accumulate, the engine's own step.
+
+    torchrun --standalone --nproc-per-node 2 tests/engine/pipeline_driver.py --pp 2 \\
+        --schedule 1f1b --steps 20 --out DIR
+    python tests/engine/pipeline_driver.py --pp 1 --steps 20 --out DIR
+
+Writes DIR/rank<r>.pt: the loss of every step (as the logger reads it: summed over the ranks
+÷ their number), an evaluation of a batch of another size, this rank's state_dict (the
+whole model's names), its parameter and optimizer-state bytes, and the mean wall time of the
+steps after the first (printed in docs/distributed.md; no test reads it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from fasttrain.engine import pipeline, steps
+from fasttrain.engine.config import PP_SCHEDULES
+from fasttrain.engine.inputs import cross_entropy
+from fasttrain.engine.loop import accumulate
+from fasttrain.engine.run import accuracy, seed_everything
+from fasttrain.models.gpt import GPT
+
+VOCAB, T, MICRO, ACCUM, EVAL = 65, 16, 8, 2, 12
+
+
+def step_batches(n_steps: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """n_steps optimizer steps of ACCUM micro-batches of next-token pairs, the same everywhere."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(n_steps):
+        group = []
+        for _ in range(ACCUM):
+            # Learnable: each token follows from the one before (t -> 3t + 1 mod VOCAB).
+            start = torch.randint(VOCAB, (MICRO, 1), generator=g)
+            tokens = (start * 3 ** torch.arange(T + 1) + (3 ** torch.arange(T + 1) - 1) // 2) \
+                % VOCAB
+            group.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+        out.append(group)
+    return out
+
+
+def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, int]:
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    state = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+                if torch.is_tensor(v))
+    return params, state
+
+
+def logged(loss_sum: torch.Tensor) -> float:
+    """The loss as callbacks.log reads it: summed over all ranks ÷ the number of ranks."""
+    if dist.is_initialized():
+        loss_sum = loss_sum.clone()
+        dist.all_reduce(loss_sum)
+        return loss_sum.item() / dist.get_world_size()
+    return loss_sum.item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--schedule", default="1f1b", choices=PP_SCHEDULES)
+    ap.add_argument("--microbatches", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--n-embd", type=int, default=32)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # two processes on a shared 2-core machine
+    torch.use_deterministic_algorithms(True)  # --deterministic
+    seed_everything(0)  # the same initial weights on every rank, as build draws them
+    model = GPT((T,), VOCAB, n_layer=4, n_head=2, n_embd=args.n_embd)
+    run = SimpleNamespace(
+        device=torch.device("cpu"), autocast=contextlib.nullcontext(), loss_fn=cross_entropy,
+        metrics={"token_accuracy": accuracy}, loss_sum=torch.zeros(()), extra_sums={},
+        batches=SimpleNamespace(micro=MICRO, accum=ACCUM), cfg=SimpleNamespace(accum_steps=ACCUM),
+        no_sync=contextlib.nullcontext, scaler=torch.amp.GradScaler("cpu", enabled=False),
+        forward=model)
+    run.compute_loss = steps.compute_loss(run, None, "")
+    rank = 0
+    if args.pp > 1:
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        cfg = SimpleNamespace(pp=args.pp, pp_schedule=args.schedule, precision="fp32",
+                              pp_microbatches=args.microbatches)
+        pipe = pipeline.build(run, model, dist.group.WORLD, cfg)
+        del model
+        model, forward_backward = pipe.model, pipe.forward_backward
+        evaluate_loss = pipe.evaluate_loss
+    else:
+        forward_backward = accumulate
+        evaluate_loss = steps.evaluate_loss(run)
+    # SGD: Adam would turn the rounding noise of exactly-zero gradients (the attention's key
+    # bias) into whole steps of ±lr, in either layout.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    losses, start = [], 0.0
+    for i, group in enumerate(step_batches(args.steps)):
+        if i == 1:  # the first step also learns the activations' shapes: not timed
+            start = time.perf_counter()
+        forward_backward(run, group)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(logged(run.loss_sum))
+        run.loss_sum.zero_()
+    seconds = time.perf_counter() - start
+    x, y = step_batches(1)[0][0]
+    model.eval()
+    with torch.no_grad():
+        loss, metrics = evaluate_loss(model, (x[:EVAL], y[:EVAL]))
+    params, optimizer = state_bytes(model, opt)
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.save({"losses": losses, "eval": [loss.item(), metrics["token_accuracy"].item()],
+                "state": model.state_dict(), "param_bytes": params, "optimizer_bytes": optimizer,
+                "step_s": seconds / max(args.steps - 1, 1)},
+               args.out / f"rank{rank}.pt")
+    if args.pp > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    main()

@@ -1,0 +1,217 @@
+"""Pipeline parallelism (engine/pipeline.py): gpt cut into stages, 2 processes under torchrun
+(gloo, CPU) against one process training the whole model through loop.accumulate.
+
+The processes run tests/engine/pipeline_driver.py, which builds the stages with the pipeline
+module directly (no engine build, config or mesh). fp32, deterministic algorithms, SGD with
+momentum: after one step the weights agree to ~1e-8 and after 20 to ~1e-7 (measured here,
+torch 2.13); the tests allow 1e-5. Batch 16 per step (2 accumulation micro-batches of 8),
+4 pipeline micro-batches of 4.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from fasttrain.engine import pipeline
+from fasttrain.errors import UserError
+from fasttrain.models.gpt import GPT
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = ROOT / "tests" / "engine" / "pipeline_driver.py"
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2"]
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+class Runs:
+    """Each (layout, steps) trained once per session, on demand; {rank: what it saved}."""
+
+    def __init__(self, root: Path):
+        self.root, self.done = root, {}
+
+    def __call__(self, schedule: str | None, steps: int) -> list[dict]:
+        key = (schedule, steps)
+        if key not in self.done:
+            out = self.root / f"{schedule or 'single'}-{steps}"
+            cmd = ([sys.executable, str(DRIVER)] if schedule is None
+                   else [*TORCHRUN, str(DRIVER), "--pp", "2", "--schedule", schedule])
+            cmd += ["--steps", str(steps), "--out", str(out)]
+            env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            ranks = 1 if schedule is None else 2
+            self.done[key] = [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+        return self.done[key]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("pipeline"))
+
+
+def assert_matches_one_process(ranks: list[dict], one: dict) -> None:
+    held = set()
+    for saved in ranks:
+        # The loss as the logger reads it: the ranks' sums over the number of ranks.
+        assert saved["losses"] == pytest.approx(one["losses"], rel=1e-5, abs=1e-5)
+        assert saved["eval"] == pytest.approx(one["eval"], rel=1e-5, abs=1e-5)
+        for k, v in saved["state"].items():  # each stage's weights under the model's names
+            torch.testing.assert_close(v, one["state"][k], rtol=1e-5, atol=1e-5, msg=k)
+        held |= saved["state"].keys()
+    assert held == one["state"].keys()  # together the ranks hold the whole model
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_one_step_of_each_schedule_equals_one_process(runs, schedule):
+    assert_matches_one_process(runs(schedule, 1), runs(None, 1)[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_twenty_steps_of_each_schedule_equal_one_process(runs, schedule):
+    one = runs(None, 20)[0]
+    assert one["losses"][-1] < one["losses"][0] - 1.0  # it learned: the comparison means much
+    assert_matches_one_process(runs(schedule, 20), one)
+
+
+def test_each_rank_holds_half_the_parameters_and_optimizer_state(runs):
+    """Exact bytes (tiny gpt: 4 blocks of 32 wide, 65 tokens; SGD momentum = one buffer per
+    parameter): one process 213,888 + 213,888; pp=2 rank 0 (embeddings, blocks 0-1) 112,000 +
+    112,000, rank 1 (blocks 2-3, final norm, head) 110,208 + 110,208. Together they hold one
+    model plus the head's copy of the tied embedding (65 × 32 fp32 = 8,320 bytes, twice)."""
+    one = runs(None, 1)[0]
+    ranks = runs("1f1b", 1)
+    tied = 65 * 32 * 4
+    for key in ("param_bytes", "optimizer_bytes"):
+        assert sum(r[key] for r in ranks) == one[key] + tied
+        for r in ranks:
+            assert r[key] <= 0.53 * one[key]
+
+
+# -- in process: split points and checks --------------------------------------------------------
+
+
+def tiny_gpt(n_layer: int = 4) -> GPT:
+    torch.manual_seed(0)
+    return GPT((8,), 11, n_layer=n_layer, n_head=2, n_embd=16)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_gpt_stages_in_sequence_are_the_model(n):
+    model = tiny_gpt()
+    x = torch.randint(11, (3, 8))
+    out = x
+    for stage in model.pipeline_split(n):
+        out = stage(out)
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+
+
+def test_split_deals_stages_round_robin_with_the_models_names():
+    model = tiny_gpt()
+    names = set(model.state_dict())
+    rank0 = pipeline.Held(pipeline.split(model, 0, 2, virtual=2))  # stages 0 and 2
+    rank1 = pipeline.Held(pipeline.split(model, 1, 2, virtual=2))  # stages 1 and 3
+    assert sorted(rank0.blocks) == ["0", "2"] and sorted(rank1.blocks) == ["1", "3"]
+    assert set(rank0.state_dict()) | set(rank1.state_dict()) == names
+    assert set(rank0.state_dict()) & set(rank1.state_dict()) == {"wte.weight"}  # tied copies
+    torch.testing.assert_close(rank1.wte.weight, model.wte.weight, rtol=0, atol=0)
+
+
+def test_more_stages_than_blocks_is_one_line():
+    with pytest.raises(UserError, match="4 blocks and cannot be cut into 6"):
+        pipeline.split(tiny_gpt(), 0, 3, virtual=2)
+
+
+def test_a_model_without_split_points_is_one_line():
+    with pytest.raises(UserError, match="names no split points.*pipeline_split"):
+        pipeline.split(nn.Sequential(nn.Linear(2, 2)), 0, 2)
+
+
+class _Cfg:
+    def __init__(self, pp: int, schedule: str, m: int):
+        self.pp, self.pp_schedule, self.pp_microbatches = pp, schedule, m
+
+
+def test_microbatches_default_to_twice_the_stages_and_must_divide_the_batch():
+    assert pipeline.microbatches(_Cfg(2, "1f1b", 0), 16) == 4
+    assert pipeline.microbatches(_Cfg(2, "gpipe", 3), 12) == 3
+    with pytest.raises(UserError, match="must divide each pipeline's batch of 10"):
+        pipeline.microbatches(_Cfg(2, "1f1b", 0), 10)
+    with pytest.raises(UserError, match="multiple of --pp 2, not 3"):
+        pipeline.microbatches(_Cfg(2, "interleaved-1f1b", 3), 12)
+
+
+# -- end to end: fasttrain train --pp 2 ---------------------------------------------------------
+
+TRAIN = ["--model", "gpt", "--data", "synthetic-text", "--block-size", "32", "--batch-size", "8",
+         "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--grad-clip", "1.0",
+         "--seed", "1", "--deterministic", "--device", "cpu", "--no-progress", "--log-every",
+         "1", "--max-steps", "3"]
+
+
+def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
+    launcher = [*TORCHRUN[:-1], str(procs)] if procs > 1 else [sys.executable]
+    return subprocess.run([*launcher, "-m", "fasttrain", "train", *TRAIN, "--out", str(out),
+                           *extra], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+
+
+def records(out: Path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_fasttrain_train_pp_2_logs_evaluates_and_saves_as_one_process(tmp_path):
+    """The engine's wiring: losses (logged from the last stage), evaluation (forward-only
+    through the stages), gradient clipping (the norm over both stages) and the final weights
+    file (both stages' tensors, under the model's names) equal one process's."""
+    from safetensors.torch import load_file
+
+    for proc in (train(tmp_path / "one"),
+                 train(tmp_path / "pp", "--pp", "2", "--pp-schedule", "interleaved-1f1b",
+                       procs=2)):
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    one, pp = records(tmp_path / "one"), records(tmp_path / "pp")
+    assert [r["step"] for r in one] == [r["step"] for r in pp]
+    for a, b in zip(one, pp, strict=True):
+        for key in ("loss", "test_loss", "test_token_accuracy"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    assert pp[0]["param_bytes"] < 0.51 * one[0]["param_bytes"]  # rank 0's half
+    w1, wp = (load_file(tmp_path / d / "weights.safetensors") for d in ("one", "pp"))
+    assert w1.keys() == wp.keys()
+    for k in w1:
+        torch.testing.assert_close(wp[k], w1[k], rtol=1e-5, atol=1e-5, msg=k)
+
+
+def test_pp_refuses_compile_before_training(tmp_path):
+    proc = train(tmp_path / "x", "--pp", "2", "--compile", procs=2)
+    assert proc.returncode != 0
+    assert "--pp runs each stage eagerly" in proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_pp_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(tmp_path):
+    """DCP checkpoint of the stages (each rank its own parameters and optimizer state, under
+    the model's names), then resumed: bit for bit the run that was not stopped."""
+    from safetensors.torch import load_file
+
+    every = ("--pp", "2", "--checkpoint-every", "2")
+    runs = [train(tmp_path / "full", *every, "--max-steps", "4", procs=2),
+            train(tmp_path / "half", *every, "--max-steps", "2", procs=2),
+            train(tmp_path / "half", *every, "--max-steps", "4", "--resume", "auto", procs=2)]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    full, resumed = (load_file(tmp_path / d / "weights.safetensors") for d in ("full", "half"))
+    assert full.keys() == resumed.keys()
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
