@@ -204,7 +204,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.step_name = (usercode.name_of(user["step"], cfg.step) if "step" in user else "")
     run.compute_loss = steps.compute_loss(run, user.get("step"), run.step_name)
     run.evaluate_loss = steps.evaluate_loss(run)
-    run.forward_backward = accumulate  # ft-parallel: a pipeline schedule's step under --pp
+    run.forward_backward = accumulate  # under --pp, pipeline.attach puts its schedule here
 
     module, label = inputs.resolve_model(model, task)
     run.label = label
