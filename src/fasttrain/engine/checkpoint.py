@@ -122,13 +122,16 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
     # A sharded checkpoint is read by DCP into whatever this run holds, shards or whole tensors
     # (it reshards: tp=2 → fsdp=2 → one process), except ZeRO-1's partitioned optimizer; a
     # single file holds whole tensors, which a sharded run does not take as they are.
-    sharded, fsdp = bool(saved.get("sharded")), world.sharded or world.parallel == "zero1"
-    if sharded != fsdp and not (sharded and world.parallel != "zero1"):
-        raise UserError(f"checkpoint {path} is {'sharded' if sharded else 'a single file'} "
-                        f"(written with --parallel {config.get('parallel', 'none')}) and "
-                        f"--parallel {world.parallel} reads only "
-                        f"{'sharded' if fsdp else 'single-file'} ones; resume with --parallel "
-                        f"{'fsdp' if sharded else config.get('parallel', 'none')}")
+    sharded, written = bool(saved.get("sharded")), config.get("parallel", "none")
+    if sharded and world.parallel == "zero1":  # its optimizer state is partitioned by hand
+        raise UserError(f"checkpoint {path} is sharded (written with --parallel {written}) and "
+                        f"--parallel zero1 reads only single-file ones; resume with --parallel "
+                        f"fsdp, ddp or none")
+    if not sharded and world.sharded:
+        raise UserError(f"checkpoint {path} is a single file (written with --parallel "
+                        f"{written}) and this layout (--parallel {world.parallel}, --tp "
+                        f"{world.tp}, --pp {world.pp}) reads only sharded ones; resume with "
+                        f"--parallel {written} and no --tp/--pp")
     try:
         if sharded:  # each rank reads its shards (DCP), then they are set in place
             tensors = distributed.sharded_state(run.model, run.opt)
