@@ -262,12 +262,17 @@ def split_validation(task, fraction: float, seed: int):
     if task.train_y is None:  # language: a contiguous tail keeps the windows whole
         cut = int(len(task.train_x) * (1 - fraction))
         return dataclasses.replace(task, train_x=task.train_x[:cut], val_x=task.train_x[cut:])
-    n = len(task.train_y)
+    train, val = held_out(len(task.train_y), fraction, seed)
+    return dataclasses.replace(task, train_x=task.train_x[train], train_y=task.train_y[train],
+                               val_x=task.train_x[val], val_y=task.train_y[val])
+
+
+def held_out(n: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation) indices of `n` samples, sorted: a seeded draw of `fraction` held out
+    (the same draw for tensors and for a streamed Dataset)."""
     held = int(n * fraction)
     if held < 1 or held == n:
         raise UserError(f"--val-fraction {fraction} of {n} samples leaves an empty split; "
                         f"choose a fraction between {1 / n:.2g} and {1 - 1 / n:.2g}")
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 17))
-    train, val = order[held:].sort().values, order[:held].sort().values
-    return dataclasses.replace(task, train_x=task.train_x[train], train_y=task.train_y[train],
-                               val_x=task.train_x[val], val_y=task.train_y[val])
+    return order[held:].sort().values, order[:held].sort().values

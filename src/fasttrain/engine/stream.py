@@ -50,6 +50,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from fasttrain.engine import tree
+from fasttrain.engine.inputs import held_out
 from fasttrain.engine.sampling import (
     EvalSampler,
     OwnRandom,
@@ -130,13 +131,7 @@ def _hold_out(train: Split, fraction: float, seed: int) -> tuple[Split, Split]:
     if train.iterable or train.as_built is not None:
         raise UserError("--val-fraction cannot hold out part of a stream or of a DataLoader "
                         "with its own sampler; give a 'val' split instead")
-    n = len(train)
-    held = int(n * fraction)
-    if held < 1 or held == n:
-        raise UserError(f"--val-fraction {fraction} of {n} samples leaves an empty split; "
-                        f"choose a fraction between {1 / n:.2g} and {1 - 1 / n:.2g}")
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 17))
-    keep, val = order[held:].sort().values.tolist(), order[:held].sort().values.tolist()
+    keep, val = (i.tolist() for i in held_out(len(train), fraction, seed))
     return (Split(Subset(train.dataset, keep), False, train.loader_kw, train.batch_size,
                   shuffle=train.shuffle),
             Split(Subset(train.dataset, val), False, train.loader_kw))
