@@ -238,15 +238,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         run.total_steps = min(run.total_steps, cfg.max_steps)
     run.sched = optim.scheduler(cfg, run, run.opt, user.get("scheduler"),
                                 usercode.name_of(user.get("scheduler"), cfg.scheduler))
-    params = [p for p in module.parameters() if p.requires_grad]  # sharded ones under FSDP
-    run.clip = ((lambda: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True))
-                if cfg.grad_clip else (lambda: None))
-    if cfg.grad_clip and world.tp > 1:  # DTensor and plain gradients side by side
-        from fasttrain.engine.tensor_parallel import clipper
-
-        run.clip = clipper(params, cfg.grad_clip)
-    if cfg.grad_clip and world.pp > 1:  # the norm summed over the stages
-        run.clip = run.pipeline.clipper(cfg.grad_clip)
+    run.clip = _clipper(run, module)
     run.loss_sum = torch.zeros((), device=dev)
     run.extra_sums = {}  # a user step's extra metrics, summed like loss_sum (steps.py)
     run.skipped = torch.zeros((), device=dev, dtype=torch.int64)
@@ -262,6 +254,21 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     if verbose and world.main:
         print(describe(run), file=sys.stderr)
     return run
+
+
+def _clipper(run: Run, module: nn.Module) -> Callable[[], Any]:
+    """Gradient clipping to --grad-clip, resolved once: the norm over this layout's gradients."""
+    cfg, world = run.cfg, run.world
+    if not cfg.grad_clip:
+        return lambda: None
+    if world.pp > 1:  # the norm summed over the stages
+        return run.pipeline.clipper(cfg.grad_clip)
+    params = [p for p in module.parameters() if p.requires_grad]  # sharded ones under FSDP
+    if world.tp > 1:  # DTensor and plain gradients side by side
+        from fasttrain.engine.tensor_parallel import clipper
+
+        return clipper(params, cfg.grad_clip)
+    return lambda: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
 
 
 def describe(run: Run) -> str:
