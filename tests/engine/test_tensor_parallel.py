@@ -119,6 +119,8 @@ def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path):
 @pytest.mark.parametrize("procs, extra, says", [
     (2, ["--tp", "4"], "--tp 4 × --pp 1 = 4 does not divide the 2 processes"),
     (3, ["--tp", "3"], "gpt's 4 attention heads do not split over 3 ranks"),
+    (2, ["--tp", "2", "--block-size", "31"],
+     "sequence parallelism splits each sequence of 31 tokens over 2 ranks"),
     (2, ["--tp", "2", "--model", "tests.engine.usermodel:make", "--data",
          "tests.engine.usermodel:data", "--loss", "mse", "--optimizer", "adamw"],
      "Regressor has no tensor-parallel plan"),

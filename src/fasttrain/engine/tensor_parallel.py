@@ -26,6 +26,7 @@ its mesh by `full_tensor`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -34,9 +35,12 @@ from torch import nn
 from fasttrain.errors import UserError
 
 
-def apply(model: nn.Module, tp_mesh, plan: dict | None = None) -> None:
+def apply(model: nn.Module, tp_mesh, plan: dict | None = None,
+          loss_parallel: bool = False) -> None:
     """Split `model`'s layers over `tp_mesh` in place, by `plan` or the model's own
-    `parallelize(tp_mesh)`. Same on every rank: a refusal is the same line everywhere."""
+    `parallelize(tp_mesh)` (`parallelize(tp_mesh, loss_parallel=True)` where `loss_parallel`,
+    which `wants_loss_parallel` decided). Same on every rank: a refusal is the same line
+    everywhere."""
     if plan is not None:
         from torch.distributed.tensor.parallel import parallelize_module
 
@@ -53,7 +57,59 @@ def apply(model: nn.Module, tp_mesh, plan: dict | None = None) -> None:
                         f"plan; give it a method parallelize(self, tp_mesh) (see "
                         f"fasttrain/models/gpt.py), pass build(..., tp_plan={{...}}), or drop "
                         f"--tp")
-    hook(tp_mesh)
+    if loss_parallel:
+        hook(tp_mesh, loss_parallel=True)
+    else:  # a user's hook need not take the keyword
+        hook(tp_mesh)
+
+
+# -- loss parallel ---------------------------------------------------------------------------
+
+
+def wants_loss_parallel(run, model: nn.Module, plan: dict | None) -> bool:
+    """Loss parallel where it computes the same loss: the model's own plan offers vocab-sharded
+    logits (a `loss_parallel` parameter of its parallelize), and the loss is the built-in
+    cross-entropy of the default step, which torch's loss_parallel() computes on the shards.
+    A user's step or loss gets whole logits (it may do anything with them)."""
+    from fasttrain.engine.inputs import cross_entropy
+
+    hook = getattr(model, "parallelize", None)
+    return (plan is None and callable(hook)
+            and "loss_parallel" in inspect.signature(hook).parameters
+            and not run.step_name and run.loss_fn is cross_entropy)
+
+
+def attach_loss_parallel(run) -> None:
+    """Make the run's step and evaluation take vocab-sharded logits (DTensor [B, T, vocab],
+    Shard(-1)): cross-entropy under torch's loss_parallel(), which must hold over the backward
+    too, so it wraps the whole forward_backward. Each rank then computes log-softmax over its
+    vocab/tp columns, with two all-reduces of [B·T] (the row max and the sum of exponentials)
+    and one for the target's logit, instead of all-gathering [B, T, vocab]."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    loss_fn, forward_backward, evaluate = run.loss_fn, run.forward_backward, run.evaluate_loss
+
+    def sharded_loss(logits, target):
+        # A replicated DTensor scalar: its local value is the loss, a plain tensor as the step
+        # sums it (to_local is differentiable; backward passes the gradient through).
+        return loss_fn(logits, target).to_local()
+
+    def forward_backward_lp(run, micro_batches):
+        with loss_parallel():
+            forward_backward(run, micro_batches)
+
+    def evaluate_lp(forward, batch):
+        with loss_parallel():
+            return evaluate(forward, batch)
+
+    run.loss_fn, run.forward_backward, run.evaluate_loss = (sharded_loss, forward_backward_lp,
+                                                            evaluate_lp)
+    # Accuracy and the user's metrics compare whole rows: gathered, at evaluation only.
+    run.metrics = {name: _on_whole_logits(f) for name, f in run.metrics.items()}
+
+
+def _on_whole_logits(metric: Callable) -> Callable:
+    return lambda logits, target: metric(logits.full_tensor(), target)
 
 
 def clipper(params: list[nn.Parameter], max_norm: float) -> Callable[[], torch.Tensor]:
