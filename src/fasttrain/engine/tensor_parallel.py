@@ -3,18 +3,27 @@ torch.distributed.tensor.parallel's styles; no collective of ours.
 
 The Megatron pattern for a transformer block, which is what `gpt`'s plan is (models/gpt.py):
 the first linear of a pair column-wise (ColwiseParallel: its output features, hence the
-attention heads or the MLP's hidden units, are split; the input is replicated), the second
-row-wise (RowwiseParallel: its input features are split, each rank computes a partial sum, one
-all-reduce makes the output whole again). So a block costs two all-reduces in forward and two in
-backward, and everything between the pair is local: attention runs on heads / N heads per rank,
-the GELU on hidden / N units. Everything outside the pairs (embeddings, LayerNorms, the tied
-output head) is replicated: each rank of the group holds and updates the same copy, from the same
-gradient (their inputs and outputs are whole on every rank), so the copies never drift apart.
+attention heads or the MLP's hidden units, are split; the input is whole), the second
+row-wise (RowwiseParallel: its input features are split, each rank computes a partial sum).
+Everything between the pair is local: attention runs on heads / N heads per rank, the GELU on
+hidden / N units. gpt adds sequence parallelism around the pairs: the residual stream, its
+LayerNorms and dropouts hold T / N positions per rank; a pair starts with an all-gather of the
+sequence and ends with a reduce-scatter of the partial sums (together the bytes of the plain
+all-reduce: two per block in forward, two in backward). The embedding and the tied head are
+split by vocabulary rows, and under loss parallel (below) the logits stay split too.
+
+Loss parallel: where the model's own plan offers it and the loss is the built-in cross-entropy
+of the default step (`wants_loss_parallel`), the logits come out as a DTensor sharded over the
+vocabulary and `attach_loss_parallel` runs the step and evaluation under torch's
+loss_parallel(), which computes log-softmax and the target's logit on the shards (all-reduces of
+[B·T] values instead of an all-gather of [B, T, vocab]). A user's step or loss gets whole
+logits: it may do anything with them.
 
 A model brings its plan in one of two ways, looked up in this order:
 - `build(..., tp_plan={"blocks.0.fc": ColwiseParallel(), ...})`: a dict for
   torch.distributed.tensor.parallel.parallelize_module (module names relative to the model);
-- a method `model.parallelize(tp_mesh)` that parallelizes the model in place (gpt's).
+- a method `model.parallelize(tp_mesh)` that parallelizes the model in place (gpt's; with a
+  `loss_parallel` keyword it is asked for vocab-sharded logits where they fit).
 A model with neither is refused under --tp (splitting a layer changes what its forward must do
 with local shapes, which only the model knows).
 

@@ -25,10 +25,20 @@ part that grows with it); forward ≈ 2·N + 4·n_layer·n_embd·T ≈ 1.9 MFLOP
 
 Tensor parallel (`--tp N`, engine/tensor_parallel.py): `parallelize(tp_mesh)` splits each block
 Megatron-style — qkv and the MLP's first linear column-wise, the two output projections
-row-wise — so each rank holds n_head / N heads and 4·n_embd / N hidden units; embeddings,
-LayerNorms and the tied head stay replicated. The fused qkv rows are laid out head by head
-(head h's q, k, v adjacent), so that a column-wise split cuts between whole heads; attention
-reshapes by the head size and so runs on whatever number of heads this rank holds.
+row-wise — so each rank holds n_head / N heads and 4·n_embd / N hidden units. The fused qkv
+rows are laid out head by head (head h's q, k, v adjacent), so that a column-wise split cuts
+between whole heads; attention reshapes by the head size and so runs on whatever number of heads
+this rank holds. Between the pairs runs sequence parallelism (Megatron-LM's, torchtitan's
+layouts): the residual stream is this rank's T / N positions [B, T/N, C], on which the
+LayerNorms and dropouts run (SequenceParallel); each pair all-gathers the normed sequence on
+entry and reduce-scatters its output back into shards, the same traffic as the all-reduce it
+replaces, with the activations outside the pairs divided by N. The tied embedding is split by
+vocabulary rows (each rank vocab / N of them, an uneven split where N does not divide it): the
+lookup is row-wise (masked, then reduce-scattered into sequence shards), and the head against
+the same rows gives each rank its vocab / N columns of the logits. With `loss_parallel` they
+stay so (a DTensor sharded on the last dimension) and the engine computes the cross-entropy on
+the shards under torch's loss_parallel(), so the [B, T, vocab] logits are never whole on one
+rank; without it they are all-gathered. The sequence length (block_size) must divide by N.
 """
 
 from __future__ import annotations
