@@ -106,11 +106,11 @@ class Block(nn.Module):
             parallelize_module,
         )
 
-        # The norm's output, a DTensor sharded on the sequence, is all-gathered once on the way
-        # into each pair (attention mixes positions; the MLP could stay sharded but its
-        # column-wise linear needs whole rows); the row-wise linear's partial sums are
-        # reduce-scattered straight back into sequence shards: the all-reduce of plain tensor
-        # parallelism cut in two, the same bytes on the wire.
+        # The norm's output, a DTensor sharded on the sequence, is all-gathered on the way into
+        # each pair (a rank's column shard computes its heads / hidden units for every
+        # position); the row-wise linear's partial sums are reduce-scattered straight back into
+        # sequence shards: plain tensor parallelism's all-reduce cut in its two halves, the
+        # same bytes on the wire, with the norm and dropout between on T/tp positions.
         gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         parallelize_module(self, tp_mesh, {
             "ln1": SequenceParallel(),
