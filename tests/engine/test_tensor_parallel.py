@@ -1,5 +1,6 @@
 """Tensor parallelism on CPU processes (gloo): --tp 2, and --parallel fsdp --tp 2 on 4 processes,
-train gpt exactly as one process does; bad layouts stop every rank with the same line.
+train gpt (its plan: tensor, sequence and loss parallel) exactly as one process does; bad
+layouts stop every rank with the same line.
 
 Tolerance: a row-wise layer's all-reduce adds its two partial sums in another order than one
 process's matmul, so the fp32 results differ in the last bits. SGD carries that through as is

@@ -222,7 +222,9 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     # in that order. A model that cannot be split (--tp) stops every rank with the same line.
     from fasttrain.engine import tensor_parallel
 
-    sharded_logits = world.tp > 1 and tensor_parallel.wants_loss_parallel(run, module, tp_plan)
+    # Loss parallel for the default step's loss; under --pp the schedule computes the loss.
+    sharded_logits = (world.tp > 1 and world.pp == 1
+                      and tensor_parallel.wants_loss_parallel(run, module, tp_plan))
     run.forward, run.no_sync = agree.together(
         world, distributed.parallelize, module, world,
         activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile,
