@@ -72,19 +72,21 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout, first, then", [
+@pytest.mark.parametrize("procs, layout, first, then", [
     # fsdp: saved with checkpointing on, resumed with it off
-    (["--parallel", "fsdp"], ["--activation-checkpointing"], []),
+    (2, ["--parallel", "fsdp"], ["--activation-checkpointing"], []),
     # tp=2: saved with it off, resumed with it on
-    (["--tp", "2"], [], ["--activation-checkpointing"]),
+    (2, ["--tp", "2"], [], ["--activation-checkpointing"]),
+    # fsdp × tp 2×2: on, then off
+    (4, ["--parallel", "fsdp", "--tp", "2"], ["--activation-checkpointing"], []),
 ])
-def test_resume_switching_checkpointing_equals_uninterrupted(tmp_path, uninterrupted, layout,
-                                                             first, then):
+def test_resume_switching_checkpointing_equals_uninterrupted(tmp_path, uninterrupted, procs,
+                                                             layout, first, then):
     run = tmp_path / "run"
     every = ["--checkpoint-every", "2", *layout]
-    a = train(run, "--max-steps", "2", *every, *first, procs=2)
+    a = train(run, "--max-steps", "2", *every, *first, procs=procs)
     assert a.returncode == 0, a.stdout + a.stderr
     assert (run / "checkpoints" / "step-00000002").is_dir()  # sharded: a DCP folder
-    b = train(run, "--max-steps", "4", "--resume", "auto", *every, *then, procs=2)
+    b = train(run, "--max-steps", "4", "--resume", "auto", *every, *then, procs=procs)
     assert b.returncode == 0 and "step-00000002" in b.stdout, b.stdout + b.stderr
     assert_same_run(uninterrupted, run)

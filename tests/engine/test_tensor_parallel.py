@@ -108,9 +108,10 @@ def test_tp2_trains_exactly_as_one_process(tmp_path, steps):
 
 
 @pytest.mark.slow
-def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path):
-    one = train(tmp_path / "one", "--max-steps", "20")
-    two_d = train(tmp_path / "2d", "--max-steps", "20", "--tp", "2", "--parallel", "fsdp",
+@pytest.mark.parametrize("steps", [1, 20])
+def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path, steps):
+    one = train(tmp_path / "one", "--max-steps", str(steps))
+    two_d = train(tmp_path / "2d", "--max-steps", str(steps), "--tp", "2", "--parallel", "fsdp",
                   procs=4)
     assert one.returncode == 0 and two_d.returncode == 0, two_d.stdout + two_d.stderr
     assert_same_run(tmp_path / "one", tmp_path / "2d")
