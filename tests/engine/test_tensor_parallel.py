@@ -1,5 +1,6 @@
 """Tensor parallelism on CPU processes (gloo): --tp 2, and --parallel fsdp --tp 2 on 4 processes,
-train gpt exactly as one process does; bad layouts stop every rank with the same line.
+train gpt (its plan: tensor, sequence and loss parallel) exactly as one process does; bad
+layouts stop every rank with the same line.
 
 Tolerance: a row-wise layer's all-reduce adds its two partial sums in another order than one
 process's matmul, so the fp32 results differ in the last bits. SGD carries that through as is
@@ -107,9 +108,10 @@ def test_tp2_trains_exactly_as_one_process(tmp_path, steps):
 
 
 @pytest.mark.slow
-def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path):
-    one = train(tmp_path / "one", "--max-steps", "20")
-    two_d = train(tmp_path / "2d", "--max-steps", "20", "--tp", "2", "--parallel", "fsdp",
+@pytest.mark.parametrize("steps", [1, 20])
+def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path, steps):
+    one = train(tmp_path / "one", "--max-steps", str(steps))
+    two_d = train(tmp_path / "2d", "--max-steps", str(steps), "--tp", "2", "--parallel", "fsdp",
                   procs=4)
     assert one.returncode == 0 and two_d.returncode == 0, two_d.stdout + two_d.stderr
     assert_same_run(tmp_path / "one", tmp_path / "2d")
@@ -119,6 +121,8 @@ def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path):
 @pytest.mark.parametrize("procs, extra, says", [
     (2, ["--tp", "4"], "--tp 4 × --pp 1 = 4 does not divide the 2 processes"),
     (3, ["--tp", "3"], "gpt's 4 attention heads do not split over 3 ranks"),
+    (2, ["--tp", "2", "--block-size", "31"],
+     "sequence parallelism splits each sequence of 31 tokens over 2 ranks"),
     (2, ["--tp", "2", "--model", "tests.engine.usermodel:make", "--data",
          "tests.engine.usermodel:data", "--loss", "mse", "--optimizer", "adamw"],
      "Regressor has no tensor-parallel plan"),

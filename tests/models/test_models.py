@@ -152,7 +152,7 @@ def test_checkpointing_keeps_gradients_and_recomputes(name, monkeypatch):
     assert ckpt_calls == [2] * len(ckpt.blocks), "forward, then the recomputation in backward"
     named = dict(plain.named_parameters())
     for key, p in ckpt.named_parameters():
-        ref = named[key.replace(".inner.", ".")]
+        ref = named[key.replace("._checkpoint_wrapped_module.", ".")]
         torch.testing.assert_close(p.grad, ref.grad, atol=1e-6, rtol=0, msg=f"grad of {key}")
     # Buffers too: BatchNorm's running statistics are updated once, not again in recomputation.
     for (key, a), b in zip(plain.state_dict().items(), ckpt.state_dict().values(), strict=True):

@@ -236,7 +236,8 @@ def _restart_store(env: dict[str, int], restarts: int) -> dict[str, Any]:
 
 def parallelize(model: nn.Module, world: World, *, activation_checkpointing: bool,
                 compile: bool, cuda_graphs: bool, checkpoint: tuple[str, ...] = (),
-                tp_plan: dict | None = None) -> tuple[nn.Module, Callable]:
+                tp_plan: dict | None = None,
+                loss_parallel: bool = False) -> tuple[nn.Module, Callable]:
     """Wrap `model` (already on its device, same initial weights on every rank) and return
     (forward, no_sync): the module the step calls, and the context the non-final micro-steps of
     an accumulated step run under. `model` keeps owning the parameters.
@@ -261,7 +262,7 @@ def parallelize(model: nn.Module, world: World, *, activation_checkpointing: boo
     if world.tp > 1:  # 0.
         from fasttrain.engine.tensor_parallel import apply
 
-        apply(model, world.mesh["tp"], tp_plan)
+        apply(model, world.mesh["tp"], tp_plan, loss_parallel)
     if activation_checkpointing:  # 1.
         apply_activation_checkpointing(model, checkpoint)
     forward: nn.Module = model  # 2.

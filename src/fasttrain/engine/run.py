@@ -220,10 +220,18 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.model = module
     # tensor parallel → activation checkpointing → DDP / fully_shard / DataParallel → compile,
     # in that order. A model that cannot be split (--tp) stops every rank with the same line.
+    from fasttrain.engine import tensor_parallel
+
+    # Loss parallel for the default step's loss; under --pp the schedule computes the loss.
+    sharded_logits = (world.tp > 1 and world.pp == 1
+                      and tensor_parallel.wants_loss_parallel(run, module, tp_plan))
     run.forward, run.no_sync = agree.together(
         world, distributed.parallelize, module, world,
         activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile,
-        cuda_graphs=cfg.cuda_graphs, checkpoint=names, tp_plan=tp_plan)
+        cuda_graphs=cfg.cuda_graphs, checkpoint=names, tp_plan=tp_plan,
+        loss_parallel=sharded_logits)
+    if sharded_logits:  # the loss on vocab shards (tensor_parallel.py)
+        tensor_parallel.attach_loss_parallel(run)
     if world.size > 1:
         # Same weights everywhere (seeded above), but each data-parallel rank's dropout masks
         # its own samples with its own stream; the ranks of a tp group draw the same masks, as

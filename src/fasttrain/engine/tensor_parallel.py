@@ -3,18 +3,27 @@ torch.distributed.tensor.parallel's styles; no collective of ours.
 
 The Megatron pattern for a transformer block, which is what `gpt`'s plan is (models/gpt.py):
 the first linear of a pair column-wise (ColwiseParallel: its output features, hence the
-attention heads or the MLP's hidden units, are split; the input is replicated), the second
-row-wise (RowwiseParallel: its input features are split, each rank computes a partial sum, one
-all-reduce makes the output whole again). So a block costs two all-reduces in forward and two in
-backward, and everything between the pair is local: attention runs on heads / N heads per rank,
-the GELU on hidden / N units. Everything outside the pairs (embeddings, LayerNorms, the tied
-output head) is replicated: each rank of the group holds and updates the same copy, from the same
-gradient (their inputs and outputs are whole on every rank), so the copies never drift apart.
+attention heads or the MLP's hidden units, are split; the input is whole), the second
+row-wise (RowwiseParallel: its input features are split, each rank computes a partial sum).
+Everything between the pair is local: attention runs on heads / N heads per rank, the GELU on
+hidden / N units. gpt adds sequence parallelism around the pairs: the residual stream, its
+LayerNorms and dropouts hold T / N positions per rank; a pair starts with an all-gather of the
+sequence and ends with a reduce-scatter of the partial sums (together the bytes of the plain
+all-reduce: two per block in forward, two in backward). The embedding and the tied head are
+split by vocabulary rows, and under loss parallel (below) the logits stay split too.
+
+Loss parallel: where the model's own plan offers it and the loss is the built-in cross-entropy
+of the default step (`wants_loss_parallel`), the logits come out as a DTensor sharded over the
+vocabulary and `attach_loss_parallel` runs the step and evaluation under torch's
+loss_parallel(), which computes log-softmax and the target's logit on the shards (all-reduces of
+[B·T] values instead of an all-gather of [B, T, vocab]). A user's step or loss gets whole
+logits: it may do anything with them.
 
 A model brings its plan in one of two ways, looked up in this order:
 - `build(..., tp_plan={"blocks.0.fc": ColwiseParallel(), ...})`: a dict for
   torch.distributed.tensor.parallel.parallelize_module (module names relative to the model);
-- a method `model.parallelize(tp_mesh)` that parallelizes the model in place (gpt's).
+- a method `model.parallelize(tp_mesh)` that parallelizes the model in place (gpt's; with a
+  `loss_parallel` keyword it is asked for vocab-sharded logits where they fit).
 A model with neither is refused under --tp (splitting a layer changes what its forward must do
 with local shapes, which only the model knows).
 
@@ -26,6 +35,7 @@ its mesh by `full_tensor`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -34,9 +44,12 @@ from torch import nn
 from fasttrain.errors import UserError
 
 
-def apply(model: nn.Module, tp_mesh, plan: dict | None = None) -> None:
+def apply(model: nn.Module, tp_mesh, plan: dict | None = None,
+          loss_parallel: bool = False) -> None:
     """Split `model`'s layers over `tp_mesh` in place, by `plan` or the model's own
-    `parallelize(tp_mesh)`. Same on every rank: a refusal is the same line everywhere."""
+    `parallelize(tp_mesh)` (`parallelize(tp_mesh, loss_parallel=True)` where `loss_parallel`,
+    which `wants_loss_parallel` decided). Same on every rank: a refusal is the same line
+    everywhere."""
     if plan is not None:
         from torch.distributed.tensor.parallel import parallelize_module
 
@@ -53,7 +66,59 @@ def apply(model: nn.Module, tp_mesh, plan: dict | None = None) -> None:
                         f"plan; give it a method parallelize(self, tp_mesh) (see "
                         f"fasttrain/models/gpt.py), pass build(..., tp_plan={{...}}), or drop "
                         f"--tp")
-    hook(tp_mesh)
+    if loss_parallel:
+        hook(tp_mesh, loss_parallel=True)
+    else:  # a user's hook need not take the keyword
+        hook(tp_mesh)
+
+
+# -- loss parallel ---------------------------------------------------------------------------
+
+
+def wants_loss_parallel(run, model: nn.Module, plan: dict | None) -> bool:
+    """Loss parallel where it computes the same loss: the model's own plan offers vocab-sharded
+    logits (a `loss_parallel` parameter of its parallelize), and the loss is the built-in
+    cross-entropy of the default step, which torch's loss_parallel() computes on the shards.
+    A user's step or loss gets whole logits (it may do anything with them)."""
+    from fasttrain.engine.inputs import cross_entropy
+
+    hook = getattr(model, "parallelize", None)
+    return (plan is None and callable(hook)
+            and "loss_parallel" in inspect.signature(hook).parameters
+            and not run.step_name and run.loss_fn is cross_entropy)
+
+
+def attach_loss_parallel(run) -> None:
+    """Make the run's step and evaluation take vocab-sharded logits (DTensor [B, T, vocab],
+    Shard(-1)): cross-entropy under torch's loss_parallel(), which must hold over the backward
+    too, so it wraps the whole forward_backward. Each rank then computes log-softmax over its
+    vocab/tp columns, with two all-reduces of [B·T] (the row max and the sum of exponentials)
+    and one for the target's logit, instead of all-gathering [B, T, vocab]."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    loss_fn, forward_backward, evaluate = run.loss_fn, run.forward_backward, run.evaluate_loss
+
+    def sharded_loss(logits, target):
+        # A replicated DTensor scalar: its local value is the loss, a plain tensor as the step
+        # sums it (to_local is differentiable; backward passes the gradient through).
+        return loss_fn(logits, target).to_local()
+
+    def forward_backward_lp(run, micro_batches):
+        with loss_parallel():
+            forward_backward(run, micro_batches)
+
+    def evaluate_lp(forward, batch):
+        with loss_parallel():
+            return evaluate(forward, batch)
+
+    run.loss_fn, run.forward_backward, run.evaluate_loss = (sharded_loss, forward_backward_lp,
+                                                            evaluate_lp)
+    # Accuracy and the user's metrics compare whole rows: gathered, at evaluation only.
+    run.metrics = {name: _on_whole_logits(f) for name, f in run.metrics.items()}
+
+
+def _on_whole_logits(metric: Callable) -> Callable:
+    return lambda logits, target: metric(logits.full_tensor(), target)
 
 
 def clipper(params: list[nn.Parameter], max_norm: float) -> Callable[[], torch.Tensor]:

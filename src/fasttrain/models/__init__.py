@@ -20,6 +20,7 @@ import inspect
 import torch
 import torch.utils.checkpoint
 from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from fasttrain.errors import UserError
 
@@ -105,39 +106,39 @@ def param_count(model: nn.Module) -> int:
 
 # -- activation checkpointing ------------------------------------------------------------------
 
-_INNER = "inner"
-
-
-class Checkpointed(nn.Module):
+class Checkpointed(CheckpointWrapper):
     """Runs `inner` under non-reentrant activation checkpointing: its forward keeps only the
     inputs, and backward runs it again to rebuild the activations it needs.
 
-    The wrapped module is registered as `inner`, so parameter *names* gain a component
-    (`blocks.0.attn.qkv.weight` → `blocks.0.inner.attn.qkv.weight`), but state_dict *keys* do not:
-    a state-dict hook strips `inner.` on save and a load pre-hook adds it back, so a checkpoint
-    saved with or without checkpointing loads into a model built either way.
+    torch's own wrapper (the one torchtitan applies), so that every reader of names agrees that
+    the wrapper is invisible: state_dict keys (its hooks strip `_checkpoint_wrapped_module.` on
+    save and add it back on load), named_parameters, and DCP's get/set_state_dict, which maps
+    parameters to names by walking the module tree and drops the same prefix. A wrapper of our
+    own with another child name made that walk fail (`'Checkpointed' object has no attribute
+    'ln1'`), so sharded checkpoints (--parallel fsdp, --tp) could not be saved with
+    checkpointing on. A checkpoint saved with or without checkpointing loads into a model built
+    either way.
     """
 
     def __init__(self, inner: nn.Module):
-        super().__init__()
-        self.inner = inner
-        self.register_state_dict_post_hook(_strip_inner)
-        self.register_load_state_dict_pre_hook(_add_inner)
+        super().__init__(inner, checkpoint_fn=_checkpoint)
 
-    def forward(self, *args, **kwargs):
-        # Eager recomputation would run BatchNorm's running-statistics update a second time, so
-        # the recompute context puts the buffers back afterwards. Under torch.compile the
-        # recomputation is side-effect free already, and a custom context_fn is not allowed.
-        # (`checkpoint` is looked up at call time, not imported by name, so tests can count calls.)
-        if torch.compiler.is_compiling():
-            return torch.utils.checkpoint.checkpoint(self.inner, *args, use_reentrant=False,
-                                                     **kwargs)
-        return torch.utils.checkpoint.checkpoint(
-            self.inner, *args, use_reentrant=False, context_fn=self._contexts, **kwargs
-        )
+    @property
+    def inner(self) -> nn.Module:
+        return self._checkpoint_wrapped_module
 
-    def _contexts(self):
-        return contextlib.nullcontext(), _buffers_restored(self.inner)
+
+def _checkpoint(inner: nn.Module, *args, **kwargs):
+    # Eager recomputation would run BatchNorm's running-statistics update a second time, so the
+    # recompute context puts the buffers back afterwards. Under torch.compile the recomputation
+    # is side-effect free already, and a custom context_fn is not allowed.
+    # (`checkpoint` is looked up at call time, not imported by name, so tests can count calls.)
+    if torch.compiler.is_compiling():
+        return torch.utils.checkpoint.checkpoint(inner, *args, use_reentrant=False, **kwargs)
+    return torch.utils.checkpoint.checkpoint(
+        inner, *args, use_reentrant=False,
+        context_fn=lambda: (contextlib.nullcontext(), _buffers_restored(inner)), **kwargs
+    )
 
 
 @contextlib.contextmanager
@@ -150,25 +151,6 @@ def _buffers_restored(module: nn.Module):
         with torch.no_grad():
             for buffer, value in saved:
                 buffer.copy_(value)
-
-
-def _strip_inner(module: nn.Module, state_dict, prefix: str, local_metadata) -> None:
-    # Runs right after the wrapper's subtree was written, so its keys are the last ones: popping
-    # and re-inserting them keeps the order of an unwrapped model's state_dict.
-    ours = prefix + _INNER + "."
-    for key in [k for k in state_dict if k.startswith(ours)]:
-        state_dict[prefix + key[len(ours):]] = state_dict.pop(key)
-    metadata = getattr(state_dict, "_metadata", None)
-    if metadata is not None:  # module versions, keyed by module path without the dot
-        for key in [k for k in metadata if k == ours[:-1] or k.startswith(ours)]:
-            metadata[(prefix + key[len(ours):]).rstrip(".")] = metadata.pop(key)
-
-
-def _add_inner(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
-    # Keys already under `inner.` come from an older, prefix-keeping save; leave them as they are.
-    ours = prefix + _INNER + "."
-    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(ours)]:
-        state_dict[ours + key[len(prefix):]] = state_dict.pop(key)
 
 
 def units(model: nn.Module, names: tuple[str, ...] | list[str] = ()) -> list[tuple]:

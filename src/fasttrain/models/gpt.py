@@ -25,10 +25,20 @@ part that grows with it); forward ≈ 2·N + 4·n_layer·n_embd·T ≈ 1.9 MFLOP
 
 Tensor parallel (`--tp N`, engine/tensor_parallel.py): `parallelize(tp_mesh)` splits each block
 Megatron-style — qkv and the MLP's first linear column-wise, the two output projections
-row-wise — so each rank holds n_head / N heads and 4·n_embd / N hidden units; embeddings,
-LayerNorms and the tied head stay replicated. The fused qkv rows are laid out head by head
-(head h's q, k, v adjacent), so that a column-wise split cuts between whole heads; attention
-reshapes by the head size and so runs on whatever number of heads this rank holds.
+row-wise — so each rank holds n_head / N heads and 4·n_embd / N hidden units. The fused qkv
+rows are laid out head by head (head h's q, k, v adjacent), so that a column-wise split cuts
+between whole heads; attention reshapes by the head size and so runs on whatever number of heads
+this rank holds. Between the pairs runs sequence parallelism (Megatron-LM's, torchtitan's
+layouts): the residual stream is this rank's T / N positions [B, T/N, C], on which the
+LayerNorms and dropouts run (SequenceParallel); each pair all-gathers the normed sequence on
+entry and reduce-scatters its output back into shards, the same traffic as the all-reduce it
+replaces, with the activations outside the pairs divided by N. The tied embedding is split by
+vocabulary rows (each rank vocab / N of them, an uneven split where N does not divide it): the
+lookup is row-wise (masked, then reduce-scattered into sequence shards), and the head against
+the same rows gives each rank its vocab / N columns of the logits. With `loss_parallel` they
+stay so (a DTensor sharded on the last dimension) and the engine computes the cross-entropy on
+the shards under torch's loss_parallel(), so the [B, T, vocab] logits are never whole on one
+rank; without it they are all-gathered. The sequence length (block_size) must divide by N.
 """
 
 from __future__ import annotations
@@ -84,21 +94,49 @@ class Block(nn.Module):
         self.mlp = MLP(n_embd, dropout)
 
     def parallelize(self, tp_mesh) -> None:
-        """Megatron's split of this block over `tp_mesh` (see the module docstring)."""
+        """Megatron's split of this block over `tp_mesh`, with sequence parallelism between the
+        pairs (see the module docstring). The block's input and output, the residual stream,
+        are this rank's sequence shard [B, T/tp, C] as a plain tensor."""
+        from torch.distributed.tensor import Replicate, Shard
         from torch.distributed.tensor.parallel import (
             ColwiseParallel,
+            PrepareModuleInput,
             RowwiseParallel,
+            SequenceParallel,
             parallelize_module,
         )
 
-        parallelize_module(self, tp_mesh, {"attn.qkv": ColwiseParallel(),
-                                           "attn.proj": RowwiseParallel(),
-                                           "mlp.fc": ColwiseParallel(),
-                                           "mlp.proj": RowwiseParallel()})
+        # The norm's output, a DTensor sharded on the sequence, is all-gathered on the way into
+        # each pair (a rank's column shard computes its heads / hidden units for every
+        # position); the row-wise linear's partial sums are reduce-scattered straight back into
+        # sequence shards: plain tensor parallelism's all-reduce cut in its two halves, the
+        # same bytes on the wire, with the norm and dropout between on T/tp positions.
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        parallelize_module(self, tp_mesh, {
+            "ln1": SequenceParallel(),
+            "attn": gather,
+            "attn.qkv": ColwiseParallel(),
+            "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+            "attn.resid_drop": SequenceParallel(use_local_output=True),
+            "ln2": SequenceParallel(),
+            "mlp": gather,
+            "mlp.fc": ColwiseParallel(),
+            "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
+            "mlp.drop": SequenceParallel(use_local_output=True),
+        })
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, C] -> [B, T, C]
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
+
+
+class TiedHead(nn.Module):
+    """The output head, tied: logits against the token embeddings, [B, T, C] @ [C, vocab]. It
+    holds no parameter (so no state_dict key); it is a module so that the tensor-parallel plan
+    can lay out its two inputs."""
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight)
 
 
 class GPT(nn.Module):
@@ -118,16 +156,52 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(Block(n_embd, n_head, dropout) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd)
+        self.head = TiedHead()
         self._init_weights(n_layer)
 
-    def parallelize(self, tp_mesh) -> None:
-        """Tensor parallelism over `tp_mesh` (engine/tensor_parallel.py calls it under --tp)."""
+    def parallelize(self, tp_mesh, loss_parallel: bool = False) -> None:
+        """Tensor and sequence parallelism over `tp_mesh` (engine/tensor_parallel.py calls it
+        under --tp). `loss_parallel`: the logits stay a DTensor sharded over the vocabulary
+        (the engine then computes the loss under torch's loss_parallel()); else they are
+        all-gathered into whole [B, T, vocab] tensors on every rank."""
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import (
+            PrepareModuleInput,
+            PrepareModuleOutput,
+            RowwiseParallel,
+            SequenceParallel,
+            parallelize_module,
+        )
+
         tp, n_head = tp_mesh.size(), self.blocks[0].attn.n_head
         if n_head % tp:
             raise UserError(f"--tp {tp}: gpt's {n_head} attention heads do not split over {tp} "
                             f"ranks; choose a --tp that divides {n_head} (or n_head=)")
+        if self.block_size % tp:
+            raise UserError(f"--tp {tp}: sequence parallelism splits each sequence of "
+                            f"{self.block_size} tokens over {tp} ranks; choose a --block-size "
+                            f"that is a multiple of {tp}")
         for block in self.blocks:
             block.parallelize(tp_mesh)
+        plan = {
+            # Vocabulary-sharded lookup (each rank holds vocab/tp rows of the tied matrix); its
+            # partial sums are reduce-scattered into sequence shards [B, T/tp, C].
+            "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            # The position table stays whole (T × C, small); each rank keeps its rows [T/tp, C].
+            "wpe": PrepareModuleOutput(output_layouts=Replicate(),
+                                       desired_output_layouts=Shard(0)),
+            "drop": SequenceParallel(use_local_output=True),
+            "ln_f": SequenceParallel(),
+            # The tied head against the same vocab-sharded matrix: the normed sequence is
+            # all-gathered, each rank computes its vocab/tp columns of the logits (no
+            # communication), DTensor [B, T, vocab] sharded on the last dimension.
+            "head": PrepareModuleInput(input_layouts=(Shard(1), Shard(0)),
+                                       desired_input_layouts=(Replicate(), Shard(0))),
+        }
+        parallelize_module(self, tp_mesh, plan)
+        if not loss_parallel:  # whole logits on every rank: a loss or step of the user's
+            parallelize_module(self.head, tp_mesh, PrepareModuleOutput(
+                output_layouts=Shard(-1), desired_output_layouts=Replicate()))
 
     def _init_weights(self, n_layer: int) -> None:
         # GPT-2: N(0, 0.02) for every matrix and embedding, zero biases, LayerNorm at (1, 0); the
@@ -165,8 +239,7 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))  # [B, T, C]
         for block in self.blocks:
             x = block(x)
-        # Tied head: logits against the token embeddings, [B, T, C] @ [C, vocab].
-        return F.linear(self.ln_f(x), self.wte.weight)  # [B, T, vocab]
+        return self.head(self.ln_f(x), self.wte.weight)  # [B, T, vocab]
 
 
 class _Stage(nn.Module):

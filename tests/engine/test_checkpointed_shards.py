@@ -1,0 +1,92 @@
+"""Activation checkpointing with sharded (DCP) checkpoints: the wrapper is invisible to every name
+reader, so a run saved with --activation-checkpointing resumes without it and vice versa.
+
+The failure this guards against: DCP's get_state_dict maps each state_dict key back to its
+parameter by walking the module tree by name; a checkpointing wrapper that hides its child from
+the keys but not from the tree made that walk fail (`'Checkpointed' object has no attribute
+'ln1'`) at the first --checkpoint-every under --parallel fsdp or --tp.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from fasttrain.models import apply_activation_checkpointing, build_model
+from tests.engine.test_tensor_parallel import assert_same_run, train
+
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # as distributed.sharded_state
+
+
+def trained(checkpointing: bool, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = build_model("gpt", in_shape=(16,), num_classes=65, n_layer=2, n_embd=32)
+    if checkpointing:
+        apply_activation_checkpointing(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randint(0, 65, (2, 16), generator=torch.Generator().manual_seed(seed))
+    model(x).logsumexp(-1).mean().backward()
+    opt.step()  # momentum buffers exist: the optimizer state has a key per parameter
+    return model, opt
+
+
+def test_dcp_names_are_the_unwrapped_models():
+    plain = get_state_dict(*trained(False, 0), options=FLAT)
+    wrapped = get_state_dict(*trained(True, 0), options=FLAT)
+    for a, b in zip(plain, wrapped, strict=True):  # model, then optimizer
+        assert list(a) == list(b)
+        assert not any("_checkpoint_wrapped_module" in k for k in b)
+
+
+@pytest.mark.parametrize("saved_with, loaded_with", [(True, False), (False, True)])
+def test_a_dcp_checkpoint_loads_with_checkpointing_switched(tmp_path, saved_with, loaded_with):
+    model, opt = trained(saved_with, seed=1)
+    dcp.save(dict(zip(("model", "optimizer"), get_state_dict(model, opt, options=FLAT),
+                      strict=True)), checkpoint_id=tmp_path)
+    other, other_opt = trained(loaded_with, seed=2)  # different weights and momenta
+    state = dict(zip(("model", "optimizer"), get_state_dict(other, other_opt, options=FLAT),
+                     strict=True))
+    dcp.load(state, checkpoint_id=tmp_path)
+    set_state_dict(other, other_opt, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"], options=FLAT)
+    want = get_state_dict(model, opt, options=FLAT)
+    got = get_state_dict(other, other_opt, options=FLAT)
+    for a, b in zip(want, got, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "run"
+    proc = train(out, "--max-steps", "4")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("procs, layout, first, then", [
+    # fsdp: saved with checkpointing on, resumed with it off
+    (2, ["--parallel", "fsdp"], ["--activation-checkpointing"], []),
+    # tp=2: saved with it off, resumed with it on
+    (2, ["--tp", "2"], [], ["--activation-checkpointing"]),
+    # fsdp × tp 2×2: on, then off
+    (4, ["--parallel", "fsdp", "--tp", "2"], ["--activation-checkpointing"], []),
+])
+def test_resume_switching_checkpointing_equals_uninterrupted(tmp_path, uninterrupted, procs,
+                                                             layout, first, then):
+    run = tmp_path / "run"
+    every = ["--checkpoint-every", "2", *layout]
+    a = train(run, "--max-steps", "2", *every, *first, procs=procs)
+    assert a.returncode == 0, a.stdout + a.stderr
+    assert (run / "checkpoints" / "step-00000002").is_dir()  # sharded: a DCP folder
+    b = train(run, "--max-steps", "4", "--resume", "auto", *every, *then, procs=procs)
+    assert b.returncode == 0 and "step-00000002" in b.stdout, b.stdout + b.stderr
+    assert_same_run(uninterrupted, run)
