@@ -1,48 +1,112 @@
-"""lab/layouts.py: per-rank memory and costs of a layout, against hand arithmetic and the bytes
-measured on gloo ranks (docs/distributed.md)."""
+"""lab/layouts.py: per-rank memory of a layout, against hand counts of gpt's shards, and its
+costs (bubble, tensor-parallel traffic) against hand arithmetic. The comparison with bytes
+measured on gloo ranks is tests/lab/test_layout_memory.py."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from fasttrain.lab.layouts import Layout, bubble, rank_memory, tp_bytes_per_step
+from fasttrain.errors import UserError
+from fasttrain.lab.layouts import (
+    Layout,
+    bubble,
+    layout,
+    per_rank,
+    stage_names,
+    tp_bytes_sent,
+    tp_shapes,
+    tp_volume,
+)
+from fasttrain.models.gpt import GPT
 
-P = 801_280  # gpt at block 32, 30 symbols (the docs' measured model)
-
-
-def test_one_process_holds_everything():
-    m = rank_memory(P, 1000, Layout())
-    assert m.as_dict() == {"params": 4 * P, "grads": 4 * P, "optimizer": 8 * P,
-                           "activations": 1000, "total": 16 * P + 1000}
-
-
-@pytest.mark.parametrize("layout, measured", [
-    (Layout(tp=2), 4_875_264),  # measured parameter + AdamW bytes per rank (tp rank 0)
-    (Layout(pp=2, microbatches=4), 4_853_760),  # pipeline stage 0
-])
-def test_tp_and_pp_halve_weights_and_state_within_what_stays_replicated(layout, measured):
-    m = rank_memory(P, 0, layout)
-    assert m.params + m.optimizer == 12 * P // 2
-    # The prediction splits everything; embeddings and norms stay whole: ≤ 2% of the model here.
-    assert abs(measured - (m.params + m.optimizer)) / measured < 0.02
+V, T, C = 30, 32, 128  # gpt's defaults: 4 blocks, 4 heads, width 128
 
 
-def test_fsdp_divides_again_and_ddp_does_not():
-    assert rank_memory(P, 0, Layout(tp=2, dp=2, fsdp=True)).params == 4 * P // 4
-    assert rank_memory(P, 0, Layout(tp=2, dp=2)).params == 4 * P // 2
+def gpt_and_adamw(**kw) -> tuple[GPT, torch.optim.Optimizer]:
+    """A gpt whose AdamW state exists (one step), in the engine's two param groups."""
+    torch.manual_seed(0)
+    model = GPT((T,), V, **kw)
+    groups = [{"params": [p for p in model.parameters() if p.ndim >= 2]},
+              {"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups)
+    model(torch.zeros(1, T, dtype=torch.long)).sum().backward()
+    opt.step()
+    return model, opt
 
 
-def test_pipeline_in_flight_microbatches():
-    act = 8000  # one process, whole batch
-    assert rank_memory(P, act, Layout(pp=2, microbatches=4, schedule="gpipe")).activations \
-        == act // 2  # all 4 quarters of the stage's activations in flight
-    assert rank_memory(P, act, Layout(pp=2, microbatches=4)).activations == act // 2 // 4 * 2
+def by_hand(tp: int = 1, blocks: int = 4, embed: bool = True, head: bool = True) -> int:
+    """gpt's parameter count on one rank: Megatron-split blocks, whole embeddings and norms."""
+    split = (3 * C * C + 3 * C) + C * C + (4 * C * C + 4 * C) + 4 * C * C  # qkv, proj, fc, proj
+    whole = 4 * C + C + C  # two LayerNorms; the row-wise layers' biases
+    n = blocks * (split // tp + whole)
+    n += (V * C + T * C) if embed else 0  # token and position tables
+    n += (V * C + 2 * C) if head else 0  # the head's copy of the tied table, final norm
+    return n
 
 
-def test_bubble_and_tp_traffic():
+def test_one_process_holds_everything_and_adamw_twice_plus_counters():
+    model, opt = gpt_and_adamw()
+    (row,) = per_rank(model, opt, 1000, Layout())
+    P = by_hand() - V * C  # one process: one tied table
+    assert sum(p.numel() for p in model.parameters()) == P
+    assert (row.params, row.grads, row.activations) == (4 * P, 4 * P, 1000)
+    assert row.optimizer == 8 * P + 4 * len(list(model.parameters()))  # moments + step counters
+
+
+def test_tp_splits_the_plan_and_leaves_the_rest_whole():
+    model, opt = gpt_and_adamw()
+    shapes = tp_shapes(model, 2)
+    assert shapes["blocks.0.attn.qkv.weight"] == (3 * C // 2, C)
+    assert shapes["blocks.0.attn.proj.weight"] == (C, C // 2)
+    assert shapes["blocks.0.attn.proj.bias"] == (C,) and shapes["wte.weight"] == (V, C)
+    (row,) = per_rank(model, opt, 1000, Layout(tp=2))
+    assert row.params == 4 * (by_hand(tp=2) - V * C) and row.activations == 500
+
+
+def test_pp_holds_each_stage_and_the_tied_copy_on_the_last():
+    model, opt = gpt_and_adamw()
+    first, last = stage_names(model, 2)
+    assert "wte.weight" in first and "wte.weight" in last and "wpe.weight" not in last
+    rows = per_rank(model, opt, 8000, Layout(pp=2, microbatches=4), accum=1)
+    assert rows[0].params == 4 * by_hand(blocks=2, head=False)
+    assert rows[1].params == 4 * by_hand(blocks=2, embed=False)
+    # 1f1b: a micro-batch is 1/4 of the batch; stage 0 holds 2 in flight of its half, stage 1 one
+    assert [r.activations for r in rows] == [8000 // 4 // 2 * 2, 8000 // 4 // 2]
+    gpipe = per_rank(model, opt, 8000, Layout(pp=2, microbatches=4, schedule="gpipe"))
+    assert [r.activations for r in gpipe] == [8000 // 2] * 2  # every micro-batch in flight
+
+
+def test_fsdp_shards_again_zero1_only_the_optimizer():
+    model, opt = gpt_and_adamw()
+    (tp,) = per_rank(model, opt, 0, Layout(tp=2))
+    (two_d,) = per_rank(model, opt, 0, Layout(tp=2, dp=2, data="fsdp"))
+    assert two_d.params == tp.params // 2  # every dim 0 here is even
+    (ddp,) = per_rank(model, opt, 0, Layout(dp=2, data="ddp"))
+    (zero1,) = per_rank(model, opt, 0, Layout(dp=2, data="zero1"))
+    assert ddp.params == zero1.params == 4 * (by_hand() - V * C)
+    assert ddp.optimizer / 2 <= zero1.optimizer < ddp.optimizer
+
+
+def test_bad_layouts_say_how_to_fix_them():
+    with pytest.raises(UserError, match="--gpus 6 is not a multiple of --tp 4"):
+        layout(6, tp=4)
+    with pytest.raises(UserError, match="attention heads do not split over 3"):
+        tp_shapes(GPT((T,), V), 3)
+    with pytest.raises(UserError, match="cannot be cut into 5 pipeline stages"):
+        stage_names(GPT((T,), V), 5)
+    assert layout(8, tp=2, pp=2, parallel="fsdp", rank_batch=8) == Layout(
+        tp=2, pp=2, dp=2, data="fsdp", microbatches=4)
+
+
+def test_bubble_and_tp_traffic_by_hand():
     assert bubble(1, 8) == 0.0
     assert bubble(2, 4) == pytest.approx(1 / 5)
     assert bubble(4, 4) == pytest.approx(3 / 7)
-    assert bubble(4, 4, stages_per_rank=2) < bubble(4, 4)
-    assert tp_bytes_per_step(1, 4, 256, 128) == 0
-    assert tp_bytes_per_step(2, 4, 256, 128) == 4 * 4 * 256 * 128 * 4  # 2(t-1)/t = 1 at t=2
+    assert bubble(4, 4, virtual=2) == pytest.approx(3 / 11)
+    # gpt-124m-like: 12 blocks, batch 8 × 1024 tokens, width 768, bf16: per block 2 all-reduces
+    # forward + 2 backward of 8·1024·768·2 B = 12 MiB each: 48 MiB a block, 576 MiB a step
+    assert tp_volume(1, 12, 8 * 1024, 768, 2) == 0
+    assert tp_volume(4, 12, 8 * 1024, 768, 2) == 12 * 4 * 12 * 2**20
+    assert tp_bytes_sent(4, 12, 8 * 1024, 768, 2) == 12 * 4 * 12 * 2**20 * 3 // 2  # 2·3/4
+    assert tp_bytes_sent(2, 12, 8 * 1024, 768, 2) == 12 * 4 * 12 * 2**20  # 2·1/2 = 1
