@@ -4,6 +4,8 @@ measured on gloo ranks is tests/lab/test_layout_memory.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -110,3 +112,39 @@ def test_bubble_and_tp_traffic_by_hand():
     assert tp_volume(4, 12, 8 * 1024, 768, 2) == 12 * 4 * 12 * 2**20
     assert tp_bytes_sent(4, 12, 8 * 1024, 768, 2) == 12 * 4 * 12 * 2**20 * 3 // 2  # 2·3/4
     assert tp_bytes_sent(2, 12, 8 * 1024, 768, 2) == 12 * 4 * 12 * 2**20  # 2·1/2 = 1
+
+
+GPT_ARGS = ("memory", "--model", "gpt", "--data", "synthetic-text", "--block-size", "32",
+            "--device", "cpu")
+
+
+def test_memory_command_prints_a_row_per_pipeline_rank(capsys, tmp_path):
+    from tests.conftest import run_cli
+
+    path = tmp_path / "m.json"
+    code, out, err = run_cli(capsys, *GPT_ARGS, "--batch-size", "16", "--tp", "2", "--pp", "2",
+                             "--parallel", "fsdp", "--gpus", "8", "--json", str(path))
+    assert code == 0, err
+    assert "pipeline rank 0 (first)" in out and "bubble" in out
+    result = json.loads(path.read_text())
+    assert result["config"]["layout"] == "dp 2 fsdp × tp 2 × pp 2 1f1b, m 4"
+    assert result["config"]["rank_batch_size"] == 8  # one process at one dp rank's batch
+    first, last = (r for r in result["rows"] if r["kind"] == "rank")
+    one = next(r for r in result["rows"] if r["kind"] == "one process")
+    assert first["ranks"] == last["ranks"] == 4
+    assert first["params"] < one["params"] / 7  # tp, pp and fsdp each halve most of it
+    assert result["bubble"] == pytest.approx(1 / 5)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (("--tp", "4", "--gpus", "6"), ("--gpus 6", "multiple of --tp 4")),
+    (("--tp", "3"), ("--tp 3", "heads")),
+    (("--pp", "8"), ("cannot be cut into 8",)),
+    (("--tp", "2", "--find-batch-size"), ("--find-batch-size",)),
+    (("--parallel", "fsdp", "--gpus", "3", "--batch-size", "8"), ("global batch", "3 data")),
+])
+def test_memory_command_refuses_bad_layouts_in_one_line(capsys, argv, words):
+    from tests.conftest import assert_one_line_error, run_cli
+
+    code, _, err = run_cli(capsys, *GPT_ARGS, *argv)
+    assert_one_line_error(code, err, *words)
