@@ -148,3 +148,20 @@ def test_memory_command_refuses_bad_layouts_in_one_line(capsys, argv, words):
 
     code, _, err = run_cli(capsys, *GPT_ARGS, *argv)
     assert_one_line_error(code, err, *words)
+
+
+def test_out_of_memory_message_names_the_layout_and_says_per_rank(capsys):
+    from types import SimpleNamespace
+
+    from fasttrain.engine.memory import explain_oom
+
+    model = torch.nn.Linear(4, 4)
+    cfg = SimpleNamespace(parallel="fsdp", tp=2, pp=1, batch_size=8, accum_steps=1,
+                          activation_checkpointing=False, precision="fp32")
+    run = SimpleNamespace(cfg=cfg, model=model, opt=torch.optim.SGD(model.parameters()),
+                          device=torch.device("cpu"), step=3, batches=SimpleNamespace(micro=4))
+    explain_oom(run)
+    err = capsys.readouterr().err
+    assert "this rank's share under --parallel fsdp --tp 2;" in err
+    assert "`fasttrain memory` with the same flags" in err
+    assert "4 samples per data-parallel rank" in err
