@@ -79,6 +79,17 @@ def test_pp_holds_each_stage_and_the_tied_copy_on_the_last():
     assert [r.activations for r in gpipe] == [8000 // 2] * 2  # every micro-batch in flight
 
 
+def test_activation_checkpointing_wrappers_change_no_share():
+    from fasttrain.models import apply_activation_checkpointing
+
+    model, opt = gpt_and_adamw()
+    plain = [per_rank(model, opt, 0, Layout(tp=2)), per_rank(model, opt, 0, Layout(pp=2))]
+    apply_activation_checkpointing(model)  # names gain "inner." (blocks.0.inner.attn...)
+    assert any(".inner." in n for n, _ in model.named_parameters())
+    assert [per_rank(model, opt, 0, Layout(tp=2)), per_rank(model, opt, 0, Layout(pp=2))] \
+        == plain
+
+
 def test_fsdp_shards_again_zero1_only_the_optimizer():
     model, opt = gpt_and_adamw()
     (tp,) = per_rank(model, opt, 0, Layout(tp=2))

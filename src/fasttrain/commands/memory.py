@@ -124,8 +124,7 @@ def _layout_run(args: argparse.Namespace, result: dict) -> None:
     given = from_args(args)  # the layout as flags or --config give it, before any check
     tp, pp = given.tp, given.pp
     gpus = args.gpus or tp * pp
-    lay = layouts.layout(gpus, tp, pp, given.parallel, given.pp_schedule,
-                         given.pp_microbatches, rank_batch=None if pp == 1 else 2 * pp)
+    lay = layouts.layout(gpus, tp, pp, given.parallel)  # dp; the pipeline's m once its batch is
     if given.batch_size % (lay.dp * given.accum_steps):
         raise UserError(f"--batch-size {given.batch_size} is the global batch: it must divide "
                         f"by the {lay.dp} data-parallel ranks × --accum-steps "

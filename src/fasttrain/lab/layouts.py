@@ -127,13 +127,37 @@ class RankMemory:
 
 def meta_copy(model: nn.Module) -> nn.Module:
     """`model` with every parameter and buffer on the meta device (shapes, dtypes, ties and
-    requires_grad kept; no bytes copied): what the plans and cuts below are applied to."""
+    requires_grad kept; no bytes copied), activation checkpointing's wrappers taken off: the
+    plans and cuts below address the model as built (the engine splits it before wrapping)."""
+    from fasttrain.models import Checkpointed
+
     memo: dict[int, torch.Tensor] = {}
     for t in [*model.parameters(), *model.buffers()]:
         if id(t) not in memo:
             m = t.detach().to("meta")
             memo[id(t)] = nn.Parameter(m, t.requires_grad) if isinstance(t, nn.Parameter) else m
-    return copy.deepcopy(model, memo)
+    meta = copy.deepcopy(model, memo)
+    for parent in list(meta.modules()):
+        for key, child in list(parent.named_children()):
+            if isinstance(child, Checkpointed):
+                parent.register_module(key, child.inner)
+    return meta
+
+
+def plain_name(model: nn.Module):
+    """name → the same parameter's name without activation checkpointing's `inner.` component,
+    for `model`'s names (the names `meta_copy` keeps)."""
+    from fasttrain.models import Checkpointed
+
+    wrapped = [f"{n}." if n else "" for n, m in model.named_modules()
+               if isinstance(m, Checkpointed)]
+
+    def plain(name: str) -> str:
+        for w in wrapped:
+            if name.startswith(f"{w}inner."):
+                return w + name[len(w) + len("inner."):]
+        return name
+    return plain
 
 
 @contextlib.contextmanager
@@ -167,11 +191,11 @@ def tp_shapes(model: nn.Module, tp: int, plan: dict | None = None) -> dict[str, 
 
 def stage_names(model: nn.Module, pp: int, virtual: int = 1) -> list[list[str]]:
     """The parameter names each pipeline rank holds, its stages' union (a meta copy is cut)."""
+    meta = meta_copy(model)
     if pp == 1:
-        return [[n for n, _ in model.named_parameters()]]
+        return [[n for n, _ in meta.named_parameters()]]
     from fasttrain.engine.pipeline import split
 
-    meta = meta_copy(model)
     return [list(dict.fromkeys(n for s in split(meta, r, pp, virtual)
                                for n, _ in s.named_parameters())) for r in range(pp)]
 
@@ -186,7 +210,9 @@ class State:
 
 
 def optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, State]:
-    names = {id(p): n for n, p in model.named_parameters()}
+    """name (as `meta_copy` names it) → its State."""
+    plain = plain_name(model)
+    names = {id(p): plain(n) for n, p in model.named_parameters()}
     out = {}
     for g, group in enumerate(opt.param_groups):
         for p in group["params"]:
@@ -241,8 +267,9 @@ def per_rank(model: nn.Module, opt: torch.optim.Optimizer, activations: int, lay
     count for one micro-batch of a data-parallel rank, `accum` micro-batches per step."""
     shapes = tp_shapes(model, lay.tp, tp_plan)
     state = optimizer_state(model, opt)
-    itemsize = {n: p.element_size() for n, p in model.named_parameters()}
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    plain = plain_name(model)
+    itemsize = {plain(n): p.element_size() for n, p in model.named_parameters()}
+    trainable = {plain(n) for n, p in model.named_parameters() if p.requires_grad}
     rows = []
     for r, names in enumerate(stage_names(model, lay.pp, lay.virtual)):
         numel = {n: (_fsdp_shard(shapes[n], lay.dp) if lay.data == "fsdp"
