@@ -1,7 +1,8 @@
 """Per-rank memory of a parallel layout (data × tensor × pipeline), and its two costs: the
 pipeline bubble and tensor-parallel traffic. `fasttrain memory --tp/--pp/--parallel --gpus`
-prints the rows (lab/memory.predict_layout builds the one-process Run they start from); the
-scaling model (lab/scaling.py) takes the costs. engine/mesh.py lays out the real ranks.
+prints the rows (lab/memory.predict_layout builds the one-process Run they start from);
+lab/layout_choice.py, behind `experiment scaling`, takes the costs. engine/mesh.py lays out the
+real ranks.
 
     lay = layout(gpus=4, tp=2, pp=1, parallel="fsdp")
     rows = per_rank(run.model, run.opt, activations, lay, accum=1)   # one row per rank role

@@ -5,6 +5,7 @@ model and its measurement only.
     b = predict(TrainConfig(model="cnn", batch_size=64, precision="bf16"))   # builds the Run
     b = measure(run)                      # a Run of yours: one warm-up step, then the count
     b.predicted_peak, b.to_dict()
+    b, rows, one = predict_layout(cfg, layouts.layout(8, tp=2, parallel="fsdp"))  # per rank
 
 The parts (bytes, exact for this model and these switches; on CUDA each tensor is rounded up to the
 caching allocator's 512-byte blocks, as `max_memory_allocated` counts them):
