@@ -48,12 +48,27 @@ def main() -> None:
     run = build(tp=args.tp, pp=args.pp, parallel=args.parallel, verbose=False, **CONFIG)
     batches = endless_batches(run)
     step(run, next(batches))  # the optimizer state exists after a real step
-    run.forward_backward(run, next(batches))  # and the gradients after a backward
+    owned = {local(t).untyped_storage().data_ptr()
+             for t in [*run.model.parameters(), *run.model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = local(t).untyped_storage()
+        if s.data_ptr() not in owned:
+            saved.setdefault(s.data_ptr(), s.nbytes())
+        return t
+
+    # The gradients after a backward; and what the forward saved for it (storages, each once,
+    # parameters aside: as lab/memory counts one process). A pipeline's schedule runs several
+    # micro-batches through it, so only a one-micro-batch step is a count of one.
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run.forward_backward(run, next(batches))
     inner = getattr(run.opt, "optim", run.opt)  # ZeRO-1: this rank's partition's optimizer
     params = list({id(p): p for p in run.model.parameters()}.values())
     out = {"params": held(params), "grads": held(p.grad for p in params),
            "optimizer": held(v for s in inner.state.values() for v in s.values()
-                             if torch.is_tensor(v))}
+                             if torch.is_tensor(v)),
+           "saved": sum(saved.values()) if args.pp == 1 else None}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank{run.world.rank}.json").write_text(json.dumps(out))
     run.world.close()
