@@ -134,9 +134,11 @@ def test_memory_command_prints_a_row_per_pipeline_rank(capsys, tmp_path):
 
     path = tmp_path / "m.json"
     code, out, err = run_cli(capsys, *GPT_ARGS, "--batch-size", "16", "--tp", "2", "--pp", "2",
-                             "--parallel", "fsdp", "--gpus", "8", "--json", str(path))
+                             "--parallel", "fsdp", "--gpus", "8", "--memory-limit", "0.001",
+                             "--json", str(path))
     assert code == 0, err
     assert "pipeline rank 0 (first)" in out and "bubble" in out
+    assert "less 10% margin: no" in out  # 1 MiB: the heaviest rank holds more
     result = json.loads(path.read_text())
     assert result["config"]["layout"] == "dp 2 fsdp × tp 2 × pp 2 1f1b, m 4"
     assert result["config"]["rank_batch_size"] == 8  # one process at one dp rank's batch
@@ -149,6 +151,8 @@ def test_memory_command_prints_a_row_per_pipeline_rank(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (("--tp", "4", "--gpus", "6"), ("--gpus 6", "multiple of --tp 4")),
+    (("--tp", "2", "--gpus", "4"), ("2 data-parallel groups", "--parallel ddp, fsdp")),
+    (("--parallel", "dp", "--gpus", "2"), ("--parallel dp", "ddp, fsdp, zero1")),
     (("--tp", "3"), ("--tp 3", "heads")),
     (("--pp", "8"), ("cannot be cut into 8",)),
     (("--tp", "2", "--find-batch-size"), ("--find-batch-size",)),

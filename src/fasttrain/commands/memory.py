@@ -115,7 +115,7 @@ def _state(r: dict) -> int:
     return r["params"] + r["grads"] + r["optimizer"]
 
 
-def _layout_run(args: argparse.Namespace, result: dict) -> None:
+def _layout_run(args: argparse.Namespace, result: dict, limit: int | None) -> None:
     """`fasttrain memory --tp/--pp/--parallel/--gpus`: one process at one data-parallel rank's
     batch, predicted (the same `predict` as without a layout), then divided per rank role."""
     from fasttrain import report
@@ -124,7 +124,8 @@ def _layout_run(args: argparse.Namespace, result: dict) -> None:
     given = from_args(args)  # the layout as flags or --config give it, before any check
     tp, pp = given.tp, given.pp
     gpus = args.gpus or tp * pp
-    lay = layouts.layout(gpus, tp, pp, given.parallel)  # dp; the pipeline's m once its batch is
+    # dp first; the pipeline's micro-batches are checked against the rank's batch below.
+    lay = layouts.layout(gpus, tp, pp, given.parallel)
     if given.batch_size % (lay.dp * given.accum_steps):
         raise UserError(f"--batch-size {given.batch_size} is the global batch: it must divide "
                         f"by the {lay.dp} data-parallel ranks × --accum-steps "
@@ -144,9 +145,16 @@ def _layout_run(args: argparse.Namespace, result: dict) -> None:
                       + [{"kind": "rank", **r.as_dict()} for r in rows]
                       + [{"kind": "one process", **whole.as_dict()}])
     result["bubble"] = layouts.bubble(lay.pp, lay.microbatches, lay.virtual)
-    report.wide_console().print(layout_table(
-        rows, whole, lay, b, f"fasttrain memory — {cfg.model} on {data_label(task)}, per rank "
-        f"of {lay} ({gpus} ranks), global batch {given.batch_size}"))
+    out = report.wide_console()
+    out.print(layout_table(rows, whole, lay, b, f"fasttrain memory — {cfg.model} on "
+                           f"{data_label(task)}, per rank of {lay} ({gpus} ranks), global "
+                           f"batch {given.batch_size}"))
+    if limit is not None:
+        heaviest = max(r.total for r in rows)
+        fits = heaviest <= limit * (1 - args.margin)
+        out.print(f"the heaviest rank ({report.fmt_bytes(heaviest)}) fits in "
+                  f"{report.fmt_bytes(limit)} less {args.margin:.0%} margin: "
+                  f"{'yes' if fits else 'no'}")
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -198,7 +206,7 @@ def memory(args: argparse.Namespace) -> int:
         from fasttrain.env import env_block
 
         result = {"schema": SCHEMA, "env": env_block(), "config": {}, "rows": []}
-        _layout_run(args, result)
+        _layout_run(args, result, limit)
         return _write(args, result)
     cfg, task = lab_config(args, "memory")
     cuda = resolve_device(cfg.device) == "cuda"

@@ -93,6 +93,10 @@ def layout(gpus: int, tp: int = 1, pp: int = 1, parallel: str = "none", schedule
     if parallel not in DATA_MODES:
         raise UserError(f"--parallel {parallel}: a layout's data-parallel dimension is one of "
                         f"{', '.join(DATA_MODES)}")
+    dp = gpus // (tp * pp)
+    if dp > 1 and parallel == "none":
+        raise UserError(f"--gpus {gpus} leaves {dp} data-parallel groups of --tp {tp} × --pp "
+                        f"{pp}: say how they hold the state, --parallel ddp, fsdp or zero1")
     m = 1
     if pp > 1:
         from fasttrain.engine.pipeline import microbatches as schedule_microbatches
@@ -100,8 +104,7 @@ def layout(gpus: int, tp: int = 1, pp: int = 1, parallel: str = "none", schedule
         cfg = SimpleNamespace(pp=pp, pp_microbatches=microbatches, pp_schedule=schedule)
         m = schedule_microbatches(cfg, rank_batch if rank_batch is not None
                                   else (microbatches or 2 * pp))
-    return Layout(tp=tp, pp=pp, dp=gpus // (tp * pp), data=parallel, schedule=schedule,
-                  microbatches=m)
+    return Layout(tp=tp, pp=pp, dp=dp, data=parallel, schedule=schedule, microbatches=m)
 
 
 @dataclass(frozen=True)
