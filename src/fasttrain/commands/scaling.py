@@ -126,7 +126,7 @@ def _layouts_caption(o: dict) -> str:
     return (f"memory/GPU: 16 B per parameter (fp32 weights, gradients, AdamW) divided as the "
             f"layout divides it, plus fp32 activations counted on the meta device for the "
             f"micro-batch (per data-parallel rank; a pipeline's micro-batch), the largest power "
-            f"of 2 that fits {0.9 * o['gpu_memory_gb']:g} GiB. step: compute at "
+            f"of 2 that fits {layout_choice.USABLE * o['gpu_memory_gb']:g} GiB. step: compute at "
             f"{o['mfu']:.0%} MFU, the data-parallel traffic DDP's buckets leave exposed "
             f"(FSDP 1.5×), tensor parallel's 4 all-reduces per block of the tp group's "
             f"batch × seq × width in bf16 (not overlapped), ÷ (1 − bubble), bubble "

@@ -136,8 +136,8 @@ def _candidate(m: Model, data: str, tp: int, pp: int, n: int, per_node: int, bat
     memory = int(state + m.saved_per_sample * max(micro, 1) / tp)
     compute = max(m.flops_per_sample * batch / (peak * mfu), floor_s)  # G/N samples per GPU
     spans_nodes = pp == 1 and n > per_node  # dp × tp fills a node, then the next
-    ddp = step_time(compute, 4 * m.params // (tp * pp), dp, inter if spans_nodes else intra)
-    dp_exposed = ddp["exposed_s"] * (1.5 if data == "fsdp" else 1)
+    ring = step_time(compute, 4 * m.params // (tp * pp), dp, inter if spans_nodes else intra)
+    dp_exposed = ring["exposed_s"] * (1.5 if data == "fsdp" else 1)
     tokens = rank_batch * m.seq
     volume = layouts.tp_volume(tp, m.n_layer // pp, tokens, m.n_embd, ACT_BYTES)
     calls = 4 * (m.n_layer // pp)  # all-reduces per step, each of volume / calls bytes
