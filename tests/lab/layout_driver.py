@@ -43,9 +43,11 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--parallel", default="none")
+    ap.add_argument("--pp-schedule", default="1f1b")
     args = ap.parse_args()
     torch.set_num_threads(1)  # two processes on a shared 2-core machine
-    run = build(tp=args.tp, pp=args.pp, parallel=args.parallel, verbose=False, **CONFIG)
+    run = build(tp=args.tp, pp=args.pp, parallel=args.parallel, pp_schedule=args.pp_schedule,
+                verbose=False, **CONFIG)
     batches = endless_batches(run)
     step(run, next(batches))  # the optimizer state exists after a real step
     owned = {local(t).untyped_storage().data_ptr()
@@ -59,8 +61,10 @@ def main() -> None:
         return t
 
     # The gradients after a backward; and what the forward saved for it (storages, each once,
-    # parameters aside: as lab/memory counts one process). A pipeline's schedule runs several
-    # micro-batches through it, so only a one-micro-batch step is a count of one.
+    # parameters aside: as lab/memory counts one process). Under a pipeline the schedule runs
+    # its m micro-batches here: gpipe runs every forward before any backward, so all of them
+    # are alive at once and the count is what the stage holds at its peak; under 1f1b a freed
+    # storage's address can come back for a later micro-batch, which a count by address merges.
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run.forward_backward(run, next(batches))
     inner = getattr(run.opt, "optim", run.opt)  # ZeRO-1: this rank's partition's optimizer
@@ -68,7 +72,7 @@ def main() -> None:
     out = {"params": held(params), "grads": held(p.grad for p in params),
            "optimizer": held(v for s in inner.state.values() for v in s.values()
                              if torch.is_tensor(v)),
-           "saved": sum(saved.values()) if args.pp == 1 else None}
+           "saved": sum(saved.values())}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"rank{run.world.rank}.json").write_text(json.dumps(out))
     run.world.close()

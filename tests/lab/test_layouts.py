@@ -49,7 +49,7 @@ def by_hand(tp: int = 1, blocks: int = 4, embed: bool = True, head: bool = True)
 
 def test_one_process_holds_everything_and_adamw_twice_plus_counters():
     model, opt = gpt_and_adamw()
-    (row,) = per_rank(model, opt, 1000, Layout())
+    (row,) = per_rank(model, opt, [1000], Layout())
     P = by_hand() - V * C  # one process: one tied table
     assert sum(p.numel() for p in model.parameters()) == P
     assert (row.params, row.grads, row.activations) == (4 * P, 4 * P, 1000)
@@ -62,7 +62,7 @@ def test_tp_splits_the_plan_and_leaves_the_rest_whole():
     assert shapes["blocks.0.attn.qkv.weight"] == (3 * C // 2, C)
     assert shapes["blocks.0.attn.proj.weight"] == (C, C // 2)
     assert shapes["blocks.0.attn.proj.bias"] == (C,) and shapes["wte.weight"] == (V, C)
-    (row,) = per_rank(model, opt, 1000, Layout(tp=2))
+    (row,) = per_rank(model, opt, [1000], Layout(tp=2))
     assert row.params == 4 * (by_hand(tp=2) - V * C) and row.activations == 500
 
 
@@ -70,33 +70,38 @@ def test_pp_holds_each_stage_and_the_tied_copy_on_the_last():
     model, opt = gpt_and_adamw()
     first, last = stage_names(model, 2)
     assert "wte.weight" in first and "wte.weight" in last and "wpe.weight" not in last
-    rows = per_rank(model, opt, 8000, Layout(pp=2, microbatches=4), accum=1)
+    rows = per_rank(model, opt, [3000, 5000], Layout(pp=2, microbatches=4), accum=1)
     assert rows[0].params == 4 * by_hand(blocks=2, head=False)
     assert rows[1].params == 4 * by_hand(blocks=2, embed=False)
-    # 1f1b: a micro-batch is 1/4 of the batch; stage 0 holds 2 in flight of its half, stage 1 one
-    assert [r.activations for r in rows] == [8000 // 4 // 2 * 2, 8000 // 4 // 2]
-    gpipe = per_rank(model, opt, 8000, Layout(pp=2, microbatches=4, schedule="gpipe"))
-    assert [r.activations for r in gpipe] == [8000 // 2] * 2  # every micro-batch in flight
+    # 1f1b: a pipeline micro-batch is 1/4 of the accumulation micro-batch counted; stage 0
+    # holds 2 in flight, stage 1 one
+    assert [r.activations for r in rows] == [3000 // 4 * 2, 5000 // 4]
+    gpipe = per_rank(model, opt, [3000, 5000], Layout(pp=2, microbatches=4, schedule="gpipe"))
+    assert [r.activations for r in gpipe] == [3000, 5000]  # every micro-batch in flight
+    # interleaved: rank 0 runs stages 0 and 2 (the mean of their counts per chunk), 5 chunks
+    inter = per_rank(model, opt, [1000, 2000, 3000, 4000],
+                     Layout(pp=2, microbatches=4, schedule="interleaved-1f1b"), accum=1)
+    assert [r.activations for r in inter] == [2000 // 4 * 5, 3000 // 4 * 3]
 
 
 def test_activation_checkpointing_wrappers_change_no_share():
     from fasttrain.models import apply_activation_checkpointing
 
     model, opt = gpt_and_adamw()
-    plain = [per_rank(model, opt, 0, Layout(tp=2)), per_rank(model, opt, 0, Layout(pp=2))]
+    plain = [per_rank(model, opt, [0], Layout(tp=2)), per_rank(model, opt, [0, 0], Layout(pp=2))]
     apply_activation_checkpointing(model)  # names gain "inner." (blocks.0.inner.attn...)
     assert any(".inner." in n for n, _ in model.named_parameters())
-    assert [per_rank(model, opt, 0, Layout(tp=2)), per_rank(model, opt, 0, Layout(pp=2))] \
+    assert [per_rank(model, opt, [0], Layout(tp=2)), per_rank(model, opt, [0, 0], Layout(pp=2))] \
         == plain
 
 
 def test_fsdp_shards_again_zero1_only_the_optimizer():
     model, opt = gpt_and_adamw()
-    (tp,) = per_rank(model, opt, 0, Layout(tp=2))
-    (two_d,) = per_rank(model, opt, 0, Layout(tp=2, dp=2, data="fsdp"))
+    (tp,) = per_rank(model, opt, [0], Layout(tp=2))
+    (two_d,) = per_rank(model, opt, [0], Layout(tp=2, dp=2, data="fsdp"))
     assert two_d.params == tp.params // 2  # every dim 0 here is even
-    (ddp,) = per_rank(model, opt, 0, Layout(dp=2, data="ddp"))
-    (zero1,) = per_rank(model, opt, 0, Layout(dp=2, data="zero1"))
+    (ddp,) = per_rank(model, opt, [0], Layout(dp=2, data="ddp"))
+    (zero1,) = per_rank(model, opt, [0], Layout(dp=2, data="zero1"))
     assert ddp.params == zero1.params == 4 * (by_hand() - V * C)
     assert ddp.optimizer / 2 <= zero1.optimizer < ddp.optimizer
 

@@ -26,11 +26,13 @@ on the one-process Run after a real step, per parameter: tensors of the paramete
 Activations are an estimate: the one-process count for one micro-batch of a data-parallel rank
 (lab/memory: tensors saved for backward, weight copies included) ÷ tp — optimistic without
 sequence parallelism, since the LayerNorms' and the residual stream's [B, T, C] stay whole on
-every tp rank — and under a pipeline ÷ (pp·v) per stage chunk (an even split: gpt's last stage
-also holds the logits), scaled from the accumulation micro-batch to the pipeline's (the rank's
+every tp rank. Under a pipeline the same count is taken stage by stage (`stage_activations`:
+the model cut as the pipeline cuts it, run stage after stage; gpt's last stage holds the
+logits and the loss's), scaled from the accumulation micro-batch to the pipeline's (the rank's
 batch ÷ m), times the chunks the schedule keeps in flight on pipeline rank r: gpipe m;
 1f1b min(m, pp − r) (the first stage pp); interleaved-1f1b min(m·v, (v − 1)·pp + 2(pp − 1 − r)
-+ 1) (torch's warm-up forwards, then one more before the first backward).
++ 1) (torch's warm-up forwards, then one more before the first backward), of the mean of r's
+v stages.
 
 Costs: the bubble, (p − 1)/(m + p − 1) of a pipeline step idle (gpipe and 1f1b alike;
 interleaving v chunks per rank: (p − 1)/(v·m + p − 1)); tensor parallel: per block, 2
@@ -204,6 +206,38 @@ def stage_names(model: nn.Module, pp: int, virtual: int = 1) -> list[list[str]]:
                                for n, _ in s.named_parameters())) for r in range(pp)]
 
 
+def stage_activations(run, micro_batch, n_stages: int) -> list[int]:
+    """Bytes each of `n_stages` pipeline stages of the run's model saves for backward on one
+    micro-batch (under the run's autocast; the last stage also the loss's), each storage once
+    per stage, parameters and buffers aside: lab/memory's count, cut where the pipeline cuts.
+    The default (input, target) step, as under --pp. Leaves the run as it found it."""
+    model, dev = run.model, run.device
+    stage_names(model, n_stages)  # the engine's refusals (no split points, too many stages)
+    stages = model.pipeline_split(n_stages)
+    owned = {t.untyped_storage().data_ptr()
+             for m in (model, *stages) for t in (*m.parameters(), *m.buffers())}
+    saved: list[dict[int, int]] = [{} for _ in stages]
+    running = [0]  # the stage whose forward is running: pack files what it saves there
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in owned:
+            saved[running[0]].setdefault(s.data_ptr(), s.nbytes())
+        return t
+
+    x, y = micro_batch
+    buffers = [(b, b.clone()) for b in model.buffers()]  # BatchNorm statistics must not move
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), run.autocast:
+        for running[0], stage in enumerate(stages):
+            x = stage(x)
+        run.loss_fn(x, y)
+    with torch.no_grad():
+        for b, value in buffers:
+            b.copy_(value)
+    return [sum(d.values()) for d in saved]
+
+
 @dataclass(frozen=True)
 class State:
     """One parameter's optimizer state, counted on a one-process run after a real step."""
@@ -264,11 +298,13 @@ def _role(r: int, pp: int) -> str:
     return f"pipeline rank {r} ({'first' if r == 0 else 'last' if r == pp - 1 else 'middle'})"
 
 
-def per_rank(model: nn.Module, opt: torch.optim.Optimizer, activations: int, lay: Layout,
+def per_rank(model: nn.Module, opt: torch.optim.Optimizer, activations: list[int], lay: Layout,
              accum: int = 1, tp_plan: dict | None = None) -> list[RankMemory]:
     """One row per pipeline rank (one row without a pipeline): the bytes a rank of that role
-    holds. `model` and `opt`: a one-process Run's, after a step; `activations`: that Run's
-    count for one micro-batch of a data-parallel rank, `accum` micro-batches per step."""
+    holds. `model` and `opt`: a one-process Run's, after a step; `activations`: what that Run
+    saves for backward on one micro-batch of a data-parallel rank (`accum` of them per step),
+    per stage of the lay.pp × lay.virtual the pipeline cuts (`stage_activations`), or one
+    figure without a pipeline."""
     shapes = tp_shapes(model, lay.tp, tp_plan)
     state = optimizer_state(model, opt)
     plain = plain_name(model)
@@ -286,9 +322,10 @@ def per_rank(model: nn.Module, opt: torch.optim.Optimizer, activations: int, lay
         else:
             optimizer = sum(state[n].per_element * k + state[n].fixed for n, k in stepped.items())
         if lay.pp == 1:
-            act = activations // lay.tp
-        else:  # chunk: one pipeline micro-batch (rank batch / m) through 1/(pp·v) of the model
-            chunk = activations * accum / lay.microbatches / (lay.pp * lay.virtual) / lay.tp
+            act = activations[0] // lay.tp
+        else:  # a chunk: one pipeline micro-batch (rank batch / m) through one of r's stages
+            mine = activations[r::lay.pp]
+            chunk = sum(mine) / len(mine) * accum / lay.microbatches / lay.tp
             act = int(chunk * _in_flight(lay, r))
         rows.append(RankMemory(_role(r, lay.pp), lay.tp * lay.dp, params, grads, optimizer, act))
     return rows

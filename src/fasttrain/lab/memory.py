@@ -331,9 +331,13 @@ def predict_layout(cfg: TrainConfig, lay: Layout, model: nn.Module | str | None 
     the same parts for that one process (the layout's point of comparison)."""
     def both(run: Run) -> tuple[Breakdown, list[RankMemory], RankMemory]:
         b = measure(run)
-        act = b.activations + b.weight_copies
+        act = [b.activations + b.weight_copies]
+        if lay.pp > 1:  # the same count, stage by stage
+            micro_batch = next(endless_batches(run))[0]
+            act = layouts.stage_activations(run, micro_batch, lay.pp * lay.virtual)
         rows = layouts.per_rank(run.model, run.opt, act, lay, cfg.accum_steps, tp_plan)
-        (one,) = layouts.per_rank(run.model, run.opt, act, Layout(), cfg.accum_steps)
+        (one,) = layouts.per_rank(run.model, run.opt, [b.activations + b.weight_copies],
+                                  Layout(), cfg.accum_steps)
         return b, rows, dataclasses.replace(one, role="one process (this batch)")
     return _on_run(cfg, model, data, loss, both)
 
