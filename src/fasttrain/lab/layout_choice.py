@@ -3,8 +3,10 @@ pick, with its reason in figures. `fasttrain experiment scaling --predict-only` 
 bubble and tensor-parallel traffic are lab/layouts.py's, the ring and DDP-bucket model
 lab/scaling.py's.
 
-    rows = candidates(SPECS[-1], gpus_per_node=8, nodes=2, intra=..., inter=..., ...)
-    best, reason = pick(rows)
+    m = model_of(SPECS[-1])               # gpt-13b: parameters, FLOPs, saved bytes (meta)
+    ib = link("ib-ndr", 5)
+    rows = candidates(m, 8, 2, 1, link("nvlink4", 5), ib, 0.4, 989e12, 3e-4, 80 * 2**30)
+    best, reason = pick(rows, 80 * 2**30, ib)  # or choose(spec, m, ...): a row of both
 
 The rule is the one docs/distributed.md gives — data parallel while everything fits one GPU,
 FSDP when it does not, tensor parallel inside a node when even one sample per micro-batch does
@@ -47,7 +49,7 @@ from fasttrain.lab.scaling import Link, Spec, allreduce_s, count, step_time
 STATE_BYTES = 16  # per parameter: fp32 weights, fp32 gradients, AdamW's two fp32 moments
 ACT_BYTES = 2  # bf16: the activations tensor parallelism all-reduces and stages send
 USABLE = 0.9  # of the GPU's memory: CUDA context, workspaces, fragmentation
-FASTER = 0.9  # another layout replaces the rule's first fit only if predicted this much faster
+FASTER = 0.9  # another layout replaces the rule's first fit only at ≤ this × its step time
 
 
 @dataclass(frozen=True)
