@@ -127,7 +127,7 @@ def test_cli_trains_a_model_given_by_import_path(capsys, tmp_path):
             "--device", "cpu", "--no-progress", "--out", str(tmp_path)]
     code, out, err = run_cli(capsys, *args)
     assert code == 0, err
-    assert "micro-batch 32 per process × 2 accumulation" in err
+    assert "micro-batch 32 per rank × 2 accumulation" in err
     assert "done at step 8: test_loss" in out
     # A finished run is extended by a larger --epochs.
     code, out, err = run_cli(capsys, *[a if a != "1" else "2" for a in args], "--resume", "auto")

@@ -4,6 +4,7 @@ and the batch size that trains fastest in the memory there is.
     fasttrain memory --model cnn --batch-size 64 --precision bf16
     fasttrain memory --model gpt --data synthetic-text --find-batch-size             # CUDA
     fasttrain memory --model cnn --find-batch-size --memory-limit 2                  # CPU, GiB
+    fasttrain memory --model gpt --tp 2 --pp 2 --parallel fsdp --gpus 8     # per rank of a layout
 
 The search is fasttrain.lab.batch_size; what a breakdown counts and how (fasttrain.lab.memory):
 """
@@ -19,8 +20,10 @@ import torch
 
 from fasttrain.commands.common import data_label, gib_arg, lab_config
 from fasttrain.errors import UserError
+from fasttrain.lab import layouts
 from fasttrain.lab import memory as memory_model
 from fasttrain.lab.batch_size import Try, search, train_samples, try_batch
+from fasttrain.lab.layouts import Layout, RankMemory
 from fasttrain.lab.memory import Breakdown
 
 SCHEMA = "fasttrain.memory/1"
@@ -82,6 +85,79 @@ def search_table(tries: list[Try], cuda: bool, title: str):
         f"each try: one warm-up step, then timed steps (median)")
 
 
+def layout_table(rows: list[RankMemory], one: RankMemory, lay: Layout, b: Breakdown, title: str):
+    """A row per rank role of the layout, beside one process holding everything."""
+    from fasttrain import report
+
+    fmt = report.fmt_bytes
+    bubble = layouts.bubble(lay.pp, lay.microbatches, lay.virtual)
+    caption = (f"{lay} on {lay.gpus} ranks; batch {b.batch_size} per data-parallel rank, "
+               f"micro-batch {b.micro_batch}, {b.precision}, {b.optimizer_name}. Parameters, "
+               f"gradients and optimizer state: exact bytes of the shards each rank holds "
+               f"(the model's own tensor-parallel plan and pipeline cut, applied to a meta "
+               f"copy); the heaviest rank where a role's ranks differ. Activations: an "
+               f"estimate, the one-process count ÷ tp (no sequence parallel), under a pipeline "
+               f"taken stage by stage, × the schedule's in-flight micro-batches "
+               f"(fasttrain.lab.layouts)."
+               + (f" Pipeline bubble (p−1)/(v·m+p−1): {bubble:.0%} of the step idle."
+                  if lay.pp > 1 else ""))
+    return report.rows_table(title, [
+        ("ranks", lambda r: r["role"]), ("of them", lambda r: r["ranks"]),
+        ("parameters", lambda r: fmt(r["params"])), ("gradients", lambda r: fmt(r["grads"])),
+        ("optimizer", lambda r: fmt(r["optimizer"])),
+        ("activations (est.)", lambda r: fmt(r["activations"])),
+        ("per-rank total", lambda r: fmt(r["total"])),
+        ("state, exact B", lambda r: f"{_state(r):,}"),
+        ("state vs one process", lambda r: f"{_state(r) / max(_state(one.as_dict()), 1):.3f}"),
+    ], [r.as_dict() for r in [*rows, one]], caption)
+
+
+def _state(r: dict) -> int:
+    return r["params"] + r["grads"] + r["optimizer"]
+
+
+def _layout_run(args: argparse.Namespace, result: dict, limit: int | None) -> None:
+    """`fasttrain memory --tp/--pp/--parallel/--gpus`: one process at one data-parallel rank's
+    batch, predicted (the same `predict` as without a layout), then divided per rank role."""
+    from fasttrain import report
+    from fasttrain.engine.config import from_args
+
+    given = from_args(args)  # the layout as flags or --config give it, before any check
+    tp, pp = given.tp, given.pp
+    gpus = args.gpus or tp * pp
+    # dp first; the pipeline's micro-batches are checked against the rank's batch below.
+    lay = layouts.layout(gpus, tp, pp, given.parallel)
+    if given.batch_size % (lay.dp * given.accum_steps):
+        raise UserError(f"--batch-size {given.batch_size} is the global batch: it must divide "
+                        f"by the {lay.dp} data-parallel ranks × --accum-steps "
+                        f"{given.accum_steps}")
+    one = argparse.Namespace(**{**vars(args), "parallel": "none", "tp": 1, "pp": 1,
+                                "batch_size": given.batch_size // lay.dp})
+    cfg, task = lab_config(one, "memory")
+    lay = layouts.layout(gpus, tp, pp, given.parallel, given.pp_schedule,
+                         given.pp_microbatches, rank_batch=cfg.batch_size)
+    b, rows, whole = memory_model.predict_layout(cfg, lay, data=task)
+    # The one process measured, then the layout it is divided over (its flags, as given).
+    result["config"] = {**cfg.to_dict(), "data_source": task.source, "gpus": gpus, "tp": tp,
+                        "pp": pp, "parallel": given.parallel, "batch_size": given.batch_size,
+                        "rank_batch_size": cfg.batch_size, "pp_schedule": given.pp_schedule,
+                        "pp_microbatches": lay.microbatches, "layout": str(lay)}
+    result["rows"] = ([{"kind": "breakdown", **b.to_dict()}]
+                      + [{"kind": "rank", **r.as_dict()} for r in rows]
+                      + [{"kind": "one process", **whole.as_dict()}])
+    result["bubble"] = layouts.bubble(lay.pp, lay.microbatches, lay.virtual)
+    out = report.wide_console()
+    out.print(layout_table(rows, whole, lay, b, f"fasttrain memory — {cfg.model} on "
+                           f"{data_label(task)}, per rank of {lay} ({gpus} ranks), global "
+                           f"batch {given.batch_size}"))
+    if limit is not None:
+        heaviest = max(r.total for r in rows)
+        fits = heaviest <= limit * (1 - args.margin)
+        out.print(f"the heaviest rank ({report.fmt_bytes(heaviest)}) fits in "
+                  f"{report.fmt_bytes(limit)} less {args.margin:.0%} margin: "
+                  f"{'yes' if fits else 'no'}")
+
+
 # -- the command ---------------------------------------------------------------------------------
 
 
@@ -104,6 +180,10 @@ def memory_parser(sub: argparse._SubParsersAction) -> None:
                    help="first batch size of the search (default: 8)")
     g.add_argument("--try-steps", type=int, default=3, metavar="N",
                    help="timed steps per try, after one warm-up step (default: 3)")
+    g.add_argument("--gpus", type=int, metavar="W",
+                   help="predict per rank of a layout of W ranks: with --tp, --pp, "
+                   "--parallel ddp|fsdp|zero1, --pp-schedule, --pp-microbatches (default: "
+                   "tp × pp; the ranks they leave form the data-parallel dimension)")
     g.add_argument("--json", metavar="PATH", help="write the result JSON here")
     add_arguments(p)
     p.set_defaults(func=memory)
@@ -120,6 +200,15 @@ def memory(args: argparse.Namespace) -> int:
         raise UserError(f"--margin must be a fraction in [0, 1), got {args.margin}")
     if args.json:
         report.check_writable(args.json, "--json")
+    if _layout_given(args):
+        if args.find_batch_size:
+            raise UserError("--find-batch-size searches one process's batch: drop --gpus, --tp, "
+                            "--pp and --parallel")
+        from fasttrain.env import env_block
+
+        result = {"schema": SCHEMA, "env": env_block(), "config": {}, "rows": []}
+        _layout_run(args, result, limit)
+        return _write(args, result)
     cfg, task = lab_config(args, "memory")
     cuda = resolve_device(cfg.device) == "cuda"
     if args.find_batch_size:
@@ -178,11 +267,25 @@ def memory(args: argparse.Namespace) -> int:
             fits = b.predicted_peak <= limit * (1 - args.margin)
             out.print(f"fits in {report.fmt_bytes(limit)} less {args.margin:.0%} margin: "
                       f"{'yes' if fits else 'no'}")
-    if args.json:
-        report.write_json(args.json, result)
-        print(f"wrote {args.json}", file=sys.stderr)
+    _write(args, result)
     if args.find_batch_size and result["best_batch_size"] is None:  # a search that found nothing
         raise UserError(f"even batch {args.floor} does not fit in "
                         f"{report.fmt_bytes(config['usable_bytes'])}: lower --floor, or try "
                         f"--activation-checkpointing / --precision bf16")
+    return 0
+
+
+def _layout_given(args: argparse.Namespace) -> bool:
+    from fasttrain.engine.config import from_args
+
+    given = from_args(args)
+    return args.gpus is not None or given.tp * given.pp > 1 or given.parallel != "none"
+
+
+def _write(args: argparse.Namespace, result: dict) -> int:
+    from fasttrain import report
+
+    if args.json:
+        report.write_json(args.json, result)
+        print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -5,6 +5,11 @@ speed-up before renting them.
     fasttrain experiment scaling --model mlp --data synthetic --procs 1,2 --json s.json
     fasttrain experiment scaling --predict-only          # the bundled models, 8 and 2×8 GPUs
     fasttrain experiment scaling --predict-only --intra pcie4 --gpus-per-node 4 --nodes 1
+    fasttrain experiment scaling --predict-only --predict-models gpt-13b --gpu-memory-gb 80
+
+Beside the DDP prediction, the layout each model should use on those GPUs (data → FSDP → TP
+inside a node → PP across nodes: fasttrain.lab.layout_choice) with its memory per GPU, pipeline
+bubble and tensor-parallel traffic, and the reason.
 
 This module is the command's flags, checks and tables; `fasttrain experiment` adds the flags to
 its parser and hands `scaling` over here.
@@ -20,6 +25,7 @@ import torch
 
 from fasttrain.commands.experiment import SCHEMA
 from fasttrain.errors import UserError
+from fasttrain.lab import layout_choice
 from fasttrain.lab.scaling import H100_BF16, LINKS, MODES, SPECS, link, measure_all, predict
 
 # -- output -------------------------------------------------------------------------------------
@@ -92,6 +98,51 @@ def _predicted_caption(o: dict) -> str:
             f"sequences of the model's block size for gpt.")
 
 
+def layouts_table(result: dict):
+    from fasttrain import report
+
+    o = result["options"]
+    return report.rows_table(
+        f"which layout: {o['gpu_memory_gb']:g} GiB GPUs, global batch = batch/GPU × GPUs",
+        _layout_columns(), result["layouts"], caption=_layouts_caption(o), label_columns=2)
+
+
+def _layout_columns():
+    def p(key, f):
+        return lambda r: "-" if r["pick"] is None else f(r["pick"][key])
+
+    return [
+        ("model", lambda r: r["model"]), ("GPUs", lambda r: _gpus(r)),
+        ("pick", p("layout", str)), ("memory/GPU", p("memory", _b)),
+        ("micro-batch", p("micro_batch", str)),
+        ("step ms", p("step_s", lambda v: f"{1e3 * v:.3g}")),
+        ("bubble", p("bubble", lambda v: f"{v:.0%}")),
+        ("TP all-reduced/step", p("tp_bytes", _b)),
+        ("why", lambda r: r["reason"]),
+    ]
+
+
+def _layouts_caption(o: dict) -> str:
+    return (f"memory/GPU: 16 B per parameter (fp32 weights, gradients, AdamW) divided as the "
+            f"layout divides it, plus fp32 activations counted on the meta device for the "
+            f"micro-batch (per data-parallel rank; a pipeline's micro-batch), the largest power "
+            f"of 2 that fits {layout_choice.USABLE * o['gpu_memory_gb']:g} GiB. step: compute at "
+            f"{o['mfu']:.0%} MFU, the data-parallel traffic DDP's buckets leave exposed "
+            f"(FSDP 1.5×), tensor parallel's 4 all-reduces per block of the tp group's "
+            f"batch × seq × width in bf16 (not overlapped), ÷ (1 − bubble), bubble "
+            f"(p−1)/(m+p−1). Candidates in the rule's order (ddp, fsdp, fsdp × tp, then pp "
+            f"across nodes); all of them in the JSON.")
+
+
+def layouts_markdown(result: dict) -> str:
+    """The layout table as Markdown (docs/distributed.md)."""
+    cols = _layout_columns()
+    lines = ["| " + " | ".join(h for h, _ in cols) + " |",
+             "|" + "|".join("---" if i < 3 else "--:" for i in range(len(cols) - 1)) + "|---|"]
+    lines += ["| " + " | ".join(str(f(r)) for _, f in cols) + " |" for r in result["layouts"]]
+    return "\n".join(lines) + "\n\n" + _layouts_caption(result["options"]) + "\n"
+
+
 def predicted_markdown(result: dict) -> str:
     """The prediction table as Markdown (docs/distributed.md)."""
     cols = _predicted_columns()
@@ -151,6 +202,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="peak FLOP/s of one GPU, in TFLOP/s (default: H100 SXM bf16, 989)")
     g.add_argument("--step-floor-ms", type=float, default=0.3, metavar="MS",
                    help="shortest step assumed: eager launch overhead (default: 0.3)")
+    g.add_argument("--gpu-memory-gb", type=float, default=80.0, metavar="GIB",
+                   help="memory of one GPU for the layout choice, GiB (default: 80, H100 SXM)")
 
 
 def scaling(args: argparse.Namespace) -> int:
@@ -163,7 +216,7 @@ def scaling(args: argparse.Namespace) -> int:
     from fasttrain.env import env_block, hardware_line
     from fasttrain.models import MODEL_KINDS
 
-    for flag in ("mfu", "peak_tflops", "step_floor_ms", "latency_us"):
+    for flag in ("mfu", "peak_tflops", "step_floor_ms", "latency_us", "gpu_memory_gb"):
         if not math.isfinite(getattr(args, flag)):
             raise UserError(f"--{flag.replace('_', '-')} must be a finite number, got "
                             f"{getattr(args, flag)}")
@@ -174,6 +227,8 @@ def scaling(args: argparse.Namespace) -> int:
             raise UserError(f"--{flag.replace('_', '-')} must be ≥ 1, got {getattr(args, flag)}")
     if args.peak_tflops <= 0 or args.step_floor_ms < 0 or args.latency_us < 0:
         raise UserError("--peak-tflops must be > 0, --step-floor-ms and --latency-us ≥ 0")
+    if args.gpu_memory_gb <= 0:
+        raise UserError(f"--gpu-memory-gb must be > 0, got {args.gpu_memory_gb}")
     if args.json:
         report.check_writable(args.json, "--json")
     intra, inter = link(args.intra, args.latency_us), link(args.inter, args.latency_us)
@@ -190,17 +245,25 @@ def scaling(args: argparse.Namespace) -> int:
     options = {"steps": args.steps, "procs": procs, "modes": modes, "mfu": args.mfu,
                "peak_tflops": args.peak_tflops, "step_floor_ms": args.step_floor_ms,
                "latency_us": args.latency_us, "gpus_per_node": args.gpus_per_node,
-               "nodes": nodes, "intra": asdict(intra), "inter": asdict(inter)}
+               "nodes": nodes, "intra": asdict(intra), "inter": asdict(inter),
+               "gpu_memory_gb": args.gpu_memory_gb}
     rows = [] if args.predict_only else measure_all(cfg, modes, procs, args.steps)
     predicted = [predict(s, args.gpus_per_node, k, intra, inter, args.mfu,
                          args.peak_tflops * 1e12, args.step_floor_ms / 1e3)
                  for s in SPECS if s.label in labels for k in nodes]
+    chosen = [s for s in SPECS if s.label in labels]
+    counted = {s.label: layout_choice.model_of(s) for s in chosen}
+    choices = [layout_choice.choose(s, counted[s.label], args.gpus_per_node, k, intra, inter,
+                                    args.mfu, args.peak_tflops * 1e12, args.step_floor_ms / 1e3,
+                                    int(args.gpu_memory_gb * 2**30))
+               for s in chosen for k in nodes]
     result = {"schema": SCHEMA, "experiment": "scaling", "env": env, "config": cfg.to_dict(),
-              "options": options, "rows": rows, "predicted": predicted}
+              "options": options, "rows": rows, "predicted": predicted, "layouts": choices}
     console = report.wide_console()
     if rows:
         console.print(measured_table(result))
     console.print(predicted_table(result))
+    console.print(layouts_table(result))
     if args.json:
         report.write_json(args.json, result)
         err.print(f"wrote {args.json}")

@@ -81,6 +81,12 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def _layout_flags(cfg) -> str:
+    """'--parallel fsdp --tp 2 --pp 2': the flags that decide what one rank holds."""
+    return f"--parallel {cfg.parallel}" + "".join(
+        f" --{k} {v}" for k, v in (("tp", cfg.tp), ("pp", cfg.pp)) if v > 1)
+
+
 def explain_oom(trainer) -> str:
     """One line for the error, after printing the breakdown of the run that ran out."""
     import sys
@@ -89,9 +95,10 @@ def explain_oom(trainer) -> str:
     held = rank_memory(trainer.model, trainer.opt)
     lines = [f"out of memory on {trainer.device} at step {trainer.step}:",
              f"  weights {_gib(held.params)}, gradients {_gib(held.grads)}, optimizer state "
-             f"{_gib(held.optimizer)} (this process's share under --parallel {cfg.parallel});",
+             f"{_gib(held.optimizer)} (this rank's share under {_layout_flags(cfg)}; "
+             f"`fasttrain memory` with the same flags predicts it per rank);",
              "  the rest of the peak is activations, which grow with the micro-batch "
-             f"({trainer.batches.micro} samples per process)."]
+             f"({trainer.batches.micro} samples per data-parallel rank)."]
     if trainer.device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(trainer.device)
         total = torch.cuda.get_device_properties(trainer.device).total_memory

@@ -286,7 +286,7 @@ def describe(run: Run) -> str:
             "tf32": "TF32 matmuls"}.get(cfg.precision, "fp32")
     return (f"training {run.label} on {task.name}{' (synthetic)' if task.synthetic else ''} on "
             f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}: "
-            f"micro-batch {b.micro} per process × {cfg.accum_steps} accumulation × "
+            f"micro-batch {b.micro} per rank × {cfg.accum_steps} accumulation × "
             f"{run.world.size} process(es){_layout(run.world)}; data {b.path} ({b.why}), "
             f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}")
 

@@ -1,26 +1,58 @@
-"""Per-rank memory and the two costs of a parallel layout (data × FSDP × tensor × pipeline), as
-pure arithmetic: what `fasttrain memory` and the scaling model need to say which layout to pick.
-Nothing here runs a model; engine/mesh.py lays out the real ranks the same way.
+"""Per-rank memory of a parallel layout (data × tensor × pipeline), and its two costs: the
+pipeline bubble and tensor-parallel traffic. `fasttrain memory --tp/--pp/--parallel --gpus`
+prints the rows (lab/memory.predict_layout builds the one-process Run they start from);
+lab/layout_choice.py, behind `experiment scaling`, takes the costs. engine/mesh.py lays out the
+real ranks.
 
-Division, per rank, for P parameters of `bytes_per_param` (fp32: 4), with tp × pp × dp ranks:
-- parameters and gradients: P / (tp · pp), and / dp again under FSDP (ZeRO-3);
-- optimizer state (`optimizer_factor` · P · 4 bytes: AdamW 2, SGD with momentum 1): the same
-  division (ZeRO-1 would divide only this one by dp);
-- activations of one micro-batch: `activation_bytes` (one process, whole model) / (tp · pp),
-  since tp splits the [B, T, 4C] and per-head tensors (the replicated norms and residual stream
-  are counted as split: an optimistic bound without sequence parallel) and each stage holds its
-  own blocks'; under a pipeline the first stage keeps up to min(m, pp) micro-batches in flight
-  under 1F1B (all m under GPipe) before their backward frees them.
+    lay = layout(gpus=4, tp=2, pp=1, parallel="fsdp")
+    rows = per_rank(run.model, run.opt, activations, lay, accum=1)   # one row per rank role
 
-Costs: the pipeline bubble (pp − 1) / (m + pp − 1) of a step idle (GPipe and 1F1B alike;
-interleaving v stages per rank divides it by v), and tensor-parallel communication: per block,
-2 all-reduces forward and 2 backward of the [B, T, C] activation, each moving 2 (tp − 1) / tp of
-its bytes per rank (ring).
+What each dimension divides, per parameter — exact, because the shapes are the engine's own:
+- tensor parallel: the model's plan (its `parallelize(tp_mesh)`, or a tp_plan dict) applied by
+  engine/tensor_parallel.apply to a meta-device copy, in a one-process group of tp ranks on
+  torch's "fake" backend (its testing backend: collectives do nothing, DTensor shapes are
+  real). Shapes are tp rank 0's, the largest where a split is uneven (torch.chunk rounds up).
+  What the plan leaves alone (gpt: embeddings, LayerNorms, row-wise layers' biases) stays whole.
+- pipeline: the model's `pipeline_split`, cut as engine/pipeline.split cuts it; a pipeline rank
+  holds its stages' parameters by name (gpt's last stage: its own copy of the tied embedding).
+- data: fsdp shards dim 0 of every (local) parameter again over dp, rank 0's chunk; zero1 gives
+  each parameter's optimizer state, whole, to one dp rank (ZeroRedundancyOptimizer's greedy
+  partition: largest first, per group, onto the least loaded rank; the heaviest rank is shown);
+  ddp and none replicate.
+Gradients: one per trainable parameter, in its local shape and dtype. Optimizer state: counted
+on the one-process Run after a real step, per parameter: tensors of the parameter's shape
+(AdamW's two moments) scale with its local shard, the others (the 0-dim step counter) stay whole.
+
+Activations are an estimate: the one-process count for one micro-batch of a data-parallel rank
+(lab/memory: tensors saved for backward, weight copies included) ÷ tp — optimistic without
+sequence parallelism, since the LayerNorms' and the residual stream's [B, T, C] stay whole on
+every tp rank. Under a pipeline the same count is taken stage by stage (`stage_activations`:
+the model cut as the pipeline cuts it, run stage after stage; gpt's last stage holds the
+logits and the loss's), scaled from the accumulation micro-batch to the pipeline's (the rank's
+batch ÷ m), times the chunks the schedule keeps in flight on pipeline rank r: gpipe m;
+1f1b min(m, pp − r) (the first stage pp); interleaved-1f1b min(m·v, (v − 1)·pp + 2(pp − 1 − r)
++ 1) (torch's warm-up forwards, then one more before the first backward), of the mean of r's
+v stages.
+
+Costs: the bubble, (p − 1)/(m + p − 1) of a pipeline step idle (gpipe and 1f1b alike;
+interleaving v chunks per rank: (p − 1)/(v·m + p − 1)); tensor parallel: per block, 2
+all-reduces forward and 2 backward of the [B, T, C] activation at the autocast precision, so
+4 · n_layer · B·T·C · bytes all-reduced per step, each rank sending 2(tp − 1)/tp of it (ring).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from fasttrain.errors import UserError
+
+DATA_MODES = ("none", "ddp", "fsdp", "zero1")  # how the data-parallel ranks hold the state
 
 
 @dataclass(frozen=True)
@@ -28,14 +60,61 @@ class Layout:
     tp: int = 1
     pp: int = 1
     dp: int = 1
-    fsdp: bool = False  # the data dimension shards (FSDP) or replicates (DDP)
-    microbatches: int = 1  # pipeline micro-batches per step
-    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved-1f1b
-    stages_per_rank: int = 1  # interleaved-1f1b: 2 here
+    data: str = "none"  # DATA_MODES: --parallel of the data-parallel dimension
+    schedule: str = "1f1b"  # --pp-schedule
+    microbatches: int = 1  # pipeline micro-batches per step (pp > 1)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def virtual(self) -> int:
+        """Stage chunks per pipeline rank (interleaved-1f1b: 2, as engine/pipeline.py)."""
+        from fasttrain.engine.pipeline import VIRTUAL
+
+        return VIRTUAL[self.schedule] if self.pp > 1 else 1
+
+    def __str__(self) -> str:
+        parts = [f"dp {self.dp}" + (f" {self.data}" if self.dp > 1 else ""), f"tp {self.tp}",
+                 f"pp {self.pp}" + (f" {self.schedule}, m {self.microbatches}"
+                                    if self.pp > 1 else "")]
+        return " × ".join(parts)
+
+
+def layout(gpus: int, tp: int = 1, pp: int = 1, parallel: str = "none", schedule: str = "1f1b",
+           microbatches: int = 0, rank_batch: int | None = None) -> Layout:
+    """The layout of `gpus` ranks under --tp/--pp: dp takes what tp × pp leave; `microbatches`
+    as --pp-microbatches (0: 2 × pp), checked against `rank_batch` (a dp rank's samples per
+    step) as the engine checks it."""
+    if min(gpus, tp, pp) < 1:
+        raise UserError(f"--gpus, --tp and --pp must be ≥ 1, got {gpus}, {tp}, {pp}")
+    if gpus % (tp * pp):
+        raise UserError(f"--gpus {gpus} is not a multiple of --tp {tp} × --pp {pp} = {tp * pp}; "
+                        f"the ranks left over by tp × pp form the data-parallel dimension")
+    if parallel not in DATA_MODES:
+        raise UserError(f"--parallel {parallel}: a layout's data-parallel dimension is one of "
+                        f"{', '.join(DATA_MODES)}")
+    dp = gpus // (tp * pp)
+    if dp > 1 and parallel == "none":
+        raise UserError(f"--gpus {gpus} leaves {dp} data-parallel groups of --tp {tp} × --pp "
+                        f"{pp}: say how they hold the state, --parallel ddp, fsdp or zero1")
+    m = 1
+    if pp > 1:
+        from fasttrain.engine.pipeline import microbatches as schedule_microbatches
+
+        cfg = SimpleNamespace(pp=pp, pp_microbatches=microbatches, pp_schedule=schedule)
+        m = schedule_microbatches(cfg, rank_batch if rank_batch is not None
+                                  else (microbatches or 2 * pp))
+    return Layout(tp=tp, pp=pp, dp=dp, data=parallel, schedule=schedule, microbatches=m)
 
 
 @dataclass(frozen=True)
 class RankMemory:
+    """Predicted bytes on one rank of a role (the heaviest where the role's ranks differ)."""
+
+    role: str
+    ranks: int  # how many ranks of the layout play this role
     params: int
     grads: int
     optimizer: int
@@ -45,37 +124,230 @@ class RankMemory:
     def total(self) -> int:
         return self.params + self.grads + self.optimizer + self.activations
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict:
         return {**asdict(self), "total": self.total}
 
 
-def rank_memory(n_params: int, activation_bytes: int, layout: Layout, *,
-                bytes_per_param: int = 4, optimizer_factor: int = 2) -> RankMemory:
-    """Predicted bytes on one rank (the first pipeline stage: it holds the most in flight)."""
-    split = layout.tp * layout.pp * (layout.dp if layout.fsdp else 1)
-    weights = -(-n_params * bytes_per_param // split)  # ceil: shards round up
-    in_flight = (layout.microbatches if layout.schedule == "gpipe"
-                 else min(layout.microbatches, layout.pp)) if layout.pp > 1 else 1
-    # A pipeline micro-batch is 1/m of the rank's batch: m of them in flight under GPipe hold
-    # one batch's activations, min(m, pp) under 1F1B hold min(m, pp)/m of it.
-    per_micro = activation_bytes // (layout.tp * layout.pp) // max(layout.microbatches, 1)
-    return RankMemory(params=weights, grads=weights,
-                      optimizer=-(-n_params * 4 * optimizer_factor // split),
-                      activations=per_micro * in_flight)
+# -- what one rank holds -------------------------------------------------------------------------
 
 
-def bubble(pp: int, microbatches: int, stages_per_rank: int = 1) -> float:
-    """Fraction of a pipeline step spent idle: (p − 1) / (m + p − 1), / v when interleaved."""
+def meta_copy(model: nn.Module) -> nn.Module:
+    """`model` with every parameter and buffer on the meta device (shapes, dtypes, ties and
+    requires_grad kept; no bytes copied), activation checkpointing's wrappers taken off: the
+    plans and cuts below address the model as built (the engine splits it before wrapping)."""
+    from fasttrain.models import Checkpointed
+
+    memo: dict[int, torch.Tensor] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) not in memo:
+            m = t.detach().to("meta")
+            memo[id(t)] = nn.Parameter(m, t.requires_grad) if isinstance(t, nn.Parameter) else m
+    meta = copy.deepcopy(model, memo)
+    for parent in list(meta.modules()):
+        for key, child in list(parent.named_children()):
+            if isinstance(child, Checkpointed):
+                parent.register_module(key, child.inner)
+    return meta
+
+
+def plain_name(model: nn.Module):
+    """name → the same parameter's name without activation checkpointing's `inner.` component,
+    for `model`'s names (the names `meta_copy` keeps)."""
+    from fasttrain.models import Checkpointed
+
+    wrapped = [f"{n}." if n else "" for n, m in model.named_modules()
+               if isinstance(m, Checkpointed)]
+
+    def plain(name: str) -> str:
+        for w in wrapped:
+            if name.startswith(f"{w}inner."):
+                return w + name[len(w) + len("inner."):]
+        return name
+    return plain
+
+
+@contextlib.contextmanager
+def _fake_mesh(size: int):
+    """A 1-D DeviceMesh of `size` ranks in this one process (torch's fake backend), rank 0."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise UserError("the layout prediction runs in one process: run it without torchrun")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
+    try:
+        yield init_device_mesh("cpu", (size,), mesh_dim_names=("tp",))
+    finally:
+        dist.destroy_process_group()
+
+
+def tp_shapes(model: nn.Module, tp: int, plan: dict | None = None) -> dict[str, torch.Size]:
+    """name → the shape tp rank 0 holds, after the model's plan splits a meta copy over tp
+    ranks (the same refusals as training: no plan, heads not dividing, ...)."""
+    model = meta_copy(model)
+    if tp > 1:
+        from fasttrain.engine import tensor_parallel
+
+        with _fake_mesh(tp) as mesh:
+            tensor_parallel.apply(model, mesh, plan)
+    return {n: p.to_local().shape if hasattr(p, "to_local") else p.shape
+            for n, p in model.named_parameters()}
+
+
+def stage_names(model: nn.Module, pp: int, virtual: int = 1) -> list[list[str]]:
+    """The parameter names each pipeline rank holds, its stages' union (a meta copy is cut)."""
+    meta = meta_copy(model)
+    if pp == 1:
+        return [[n for n, _ in meta.named_parameters()]]
+    from fasttrain.engine.pipeline import split
+
+    return [list(dict.fromkeys(n for s in split(meta, r, pp, virtual)
+                               for n, _ in s.named_parameters())) for r in range(pp)]
+
+
+def stage_activations(run, micro_batch, n_stages: int) -> list[int]:
+    """Bytes each of `n_stages` pipeline stages of the run's model saves for backward on one
+    micro-batch (under the run's autocast; the last stage also the loss's), each storage once
+    per stage, parameters and buffers aside: lab/memory's count, cut where the pipeline cuts.
+    The default (input, target) step, as under --pp. Leaves the run as it found it."""
+    model, dev = run.model, run.device
+    stage_names(model, n_stages)  # the engine's refusals (no split points, too many stages)
+    stages = model.pipeline_split(n_stages)
+    owned = {t.untyped_storage().data_ptr()
+             for m in (model, *stages) for t in (*m.parameters(), *m.buffers())}
+    saved: list[dict[int, int]] = [{} for _ in stages]
+    running = [0]  # the stage whose forward is running: pack files what it saves there
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in owned:
+            saved[running[0]].setdefault(s.data_ptr(), s.nbytes())
+        return t
+
+    x, y = micro_batch
+    buffers = [(b, b.clone()) for b in model.buffers()]  # BatchNorm statistics must not move
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), run.autocast:
+        for running[0], stage in enumerate(stages):
+            x = stage(x)
+        run.loss_fn(x, y)
+    with torch.no_grad():
+        for b, value in buffers:
+            b.copy_(value)
+    return [sum(d.values()) for d in saved]
+
+
+@dataclass(frozen=True)
+class State:
+    """One parameter's optimizer state, counted on a one-process run after a real step."""
+
+    per_element: int  # bytes per element of the state tensors shaped like the parameter
+    fixed: int  # bytes of the others (0-dim step counters), whole on every rank that steps it
+    group: int  # its optimizer param group (ZeRO-1 partitions group by group)
+
+
+def optimizer_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, State]:
+    """name (as `meta_copy` names it) → its State."""
+    plain = plain_name(model)
+    names = {id(p): plain(n) for n, p in model.named_parameters()}
+    out = {}
+    for g, group in enumerate(opt.param_groups):
+        for p in group["params"]:
+            tensors = [t for t in opt.state.get(p, {}).values() if torch.is_tensor(t)]
+            sized = sum(t.nbytes for t in tensors if t.shape == p.shape)
+            out[names[id(p)]] = State(sized // max(p.numel(), 1),
+                                      sum(t.nbytes for t in tensors if t.shape != p.shape), g)
+    return out
+
+
+def _fsdp_shard(shape: torch.Size, dp: int) -> int:
+    """Elements of rank 0's FSDP2 shard: dim 0 chunked over dp (torch.chunk rounds up)."""
+    if not shape:
+        return 1
+    return -(-shape[0] // dp) * (shape.numel() // max(shape[0], 1))
+
+
+def _zero1_heaviest(numels: dict[str, int], state: dict[str, State], dp: int) -> int:
+    """Optimizer bytes of the heaviest rank under ZeroRedundancyOptimizer's partition: per
+    param group, parameters largest first, each to the rank with the fewest elements so far."""
+    sizes, held = [0] * dp, [0] * dp
+    for g in sorted({s.group for n, s in state.items() if n in numels}):
+        group = sorted((n for n, s in state.items() if s.group == g and n in numels),
+                       key=lambda n: numels[n], reverse=True)
+        for n in group:
+            r = sizes.index(min(sizes))
+            sizes[r] += numels[n]
+            held[r] += state[n].per_element * numels[n] + state[n].fixed
+    return max(held)
+
+
+def _in_flight(lay: Layout, r: int) -> int:
+    """Stage chunks whose activations pipeline rank `r` holds at once (module docstring)."""
+    m, pp, v = lay.microbatches, lay.pp, lay.virtual
+    if lay.schedule == "gpipe":
+        return m
+    if v > 1:
+        return min(m * v, (v - 1) * pp + 2 * (pp - 1 - r) + 1)
+    return min(m, pp - r)
+
+
+def _role(r: int, pp: int) -> str:
+    if pp == 1:
+        return "every rank"
+    return f"pipeline rank {r} ({'first' if r == 0 else 'last' if r == pp - 1 else 'middle'})"
+
+
+def per_rank(model: nn.Module, opt: torch.optim.Optimizer, activations: list[int], lay: Layout,
+             accum: int = 1, tp_plan: dict | None = None) -> list[RankMemory]:
+    """One row per pipeline rank (one row without a pipeline): the bytes a rank of that role
+    holds. `model` and `opt`: a one-process Run's, after a step; `activations`: what that Run
+    saves for backward on one micro-batch of a data-parallel rank (`accum` of them per step),
+    per stage of the lay.pp × lay.virtual the pipeline cuts (`stage_activations`), or one
+    figure without a pipeline."""
+    shapes = tp_shapes(model, lay.tp, tp_plan)
+    state = optimizer_state(model, opt)
+    plain = plain_name(model)
+    itemsize = {plain(n): p.element_size() for n, p in model.named_parameters()}
+    trainable = {plain(n) for n, p in model.named_parameters() if p.requires_grad}
+    rows = []
+    for r, names in enumerate(stage_names(model, lay.pp, lay.virtual)):
+        numel = {n: (_fsdp_shard(shapes[n], lay.dp) if lay.data == "fsdp"
+                     else shapes[n].numel()) for n in names}
+        params = sum(numel[n] * itemsize[n] for n in names)
+        grads = sum(numel[n] * itemsize[n] for n in names if n in trainable)
+        stepped = {n: k for n, k in numel.items() if n in state}
+        if lay.data == "zero1" and lay.dp > 1:
+            optimizer = _zero1_heaviest(stepped, state, lay.dp)
+        else:
+            optimizer = sum(state[n].per_element * k + state[n].fixed for n, k in stepped.items())
+        if lay.pp == 1:
+            act = activations[0] // lay.tp
+        else:  # a chunk: one pipeline micro-batch (rank batch / m) through one of r's stages
+            mine = activations[r::lay.pp]
+            chunk = sum(mine) / len(mine) * accum / lay.microbatches / lay.tp
+            act = int(chunk * _in_flight(lay, r))
+        rows.append(RankMemory(_role(r, lay.pp), lay.tp * lay.dp, params, grads, optimizer, act))
+    return rows
+
+
+# -- costs ---------------------------------------------------------------------------------------
+
+
+def bubble(pp: int, microbatches: int, virtual: int = 1) -> float:
+    """Fraction of a pipeline step spent idle: (p − 1)/(v·m + p − 1); v = 1 for gpipe/1f1b."""
     if pp <= 1:
         return 0.0
-    return (pp - 1) / stages_per_rank / (microbatches + (pp - 1) / stages_per_rank)
+    return (pp - 1) / (virtual * microbatches + pp - 1)
 
 
-def tp_bytes_per_step(tp: int, n_layer: int, tokens: int, n_embd: int,
-                      bytes_per_value: int = 4) -> int:
-    """Bytes each rank sends per optimizer step for tensor parallelism: 4 ring all-reduces of
-    the [tokens, C] activation per block (2 forward, 2 backward), 2 (tp − 1)/tp of it each."""
-    if tp <= 1:
-        return 0
-    activation = tokens * n_embd * bytes_per_value
-    return int(4 * n_layer * activation * 2 * (tp - 1) / tp)
+def tp_volume(tp: int, n_layer: int, tokens: int, d_model: int, bytes_per_value: int = 4) -> int:
+    """Bytes all-reduced per step by tensor parallelism: 4 all-reduces per block (2 forward,
+    2 backward) of the [tokens, d_model] activation, tokens = batch × sequence of one tp group."""
+    return 0 if tp <= 1 else 4 * n_layer * tokens * d_model * bytes_per_value
+
+
+def tp_bytes_sent(tp: int, n_layer: int, tokens: int, d_model: int,
+                  bytes_per_value: int = 4) -> int:
+    """Bytes each rank sends per step for those all-reduces: 2(tp − 1)/tp of each (ring)."""
+    return tp_volume(tp, n_layer, tokens, d_model, bytes_per_value) * 2 * (tp - 1) // max(tp, 1)

@@ -5,6 +5,7 @@ model and its measurement only.
     b = predict(TrainConfig(model="cnn", batch_size=64, precision="bf16"))   # builds the Run
     b = measure(run)                      # a Run of yours: one warm-up step, then the count
     b.predicted_peak, b.to_dict()
+    b, rows, one = predict_layout(cfg, layouts.layout(8, tp=2, parallel="fsdp"))  # per rank
 
 The parts (bytes, exact for this model and these switches; on CUDA each tensor is rounded up to the
 caching allocator's 512-byte blocks, as `max_memory_allocated` counts them):
@@ -49,6 +50,8 @@ import torch
 
 from fasttrain.engine.loop import endless_batches, step
 from fasttrain.engine.tree import leaves
+from fasttrain.lab import layouts
+from fasttrain.lab.layouts import Layout, RankMemory
 
 if TYPE_CHECKING:
     from torch import nn
@@ -311,18 +314,41 @@ def measure(run: Run, batches: Iterator[list] | None = None,
     return breakdown(run, micro_batches, measured_peak=peak, workspace=workspace)
 
 
-
-
 def predict(cfg: TrainConfig, model: nn.Module | str | None = None, data=None, *,
             loss=None, device_type: str | None = None) -> Breakdown:
     """The breakdown of one step for `cfg`, with `model`, `data` and `loss` injected where given
     (as `fasttrain.engine.build` takes them): builds the Run on the configured device, measures
     it (`measure`), and lets it go before returning. `device_type` as for `breakdown`."""
+    return _on_run(cfg, model, data, loss, lambda run: measure(run, device_type=device_type))
+
+
+def predict_layout(cfg: TrainConfig, lay: Layout, model: nn.Module | str | None = None,
+                   data=None, *, loss=None, tp_plan: dict | None = None,
+                   ) -> tuple[Breakdown, list[RankMemory], RankMemory]:
+    """`predict` for one process of `cfg` — whose batch is ONE data-parallel rank's — and, from
+    that Run after its step, the bytes each rank role of `lay` holds (lab/layouts.per_rank):
+    parameters, gradients and optimizer state exactly, activations as estimated there; last,
+    the same parts for that one process (the layout's point of comparison)."""
+    def both(run: Run) -> tuple[Breakdown, list[RankMemory], RankMemory]:
+        b = measure(run)
+        act = [b.activations + b.weight_copies]
+        if lay.pp > 1:  # the same count, stage by stage
+            micro_batch = next(endless_batches(run))[0]
+            act = layouts.stage_activations(run, micro_batch, lay.pp * lay.virtual)
+        rows = layouts.per_rank(run.model, run.opt, act, lay, cfg.accum_steps, tp_plan)
+        (one,) = layouts.per_rank(run.model, run.opt, [b.activations + b.weight_copies],
+                                  Layout(), cfg.accum_steps)
+        return b, rows, dataclasses.replace(one, role="one process (this batch)")
+    return _on_run(cfg, model, data, loss, both)
+
+
+def _on_run(cfg: TrainConfig, model, data, loss, fn):
+    """fn(the Run of cfg), then the Run let go before returning (`free_memory`)."""
     from fasttrain.engine.run import build
 
     run = build(cfg, model=model, data=data, loss=loss, verbose=False)
     try:
-        return measure(run, device_type=device_type)
+        return fn(run)
     finally:
         del run
         free_memory()

@@ -83,8 +83,9 @@ class Spec:
     options: dict = field(default_factory=dict)
 
 
-# The bundled models at their defaults and engine-sized batches, then two GPT-2-like sizes that
-# show where communication starts to matter (vocabulary 50257, GPT-2's).
+# The bundled models at their defaults and engine-sized batches, then GPT-2/3-like sizes that
+# show where communication starts to matter and where a model no longer fits one GPU
+# (vocabulary 50257, GPT-2's).
 SPECS = (
     Spec("logreg", "logreg", (1, 28, 28), 10, 128),
     Spec("mlp", "mlp", (1, 28, 28), 10, 128),
@@ -93,6 +94,7 @@ SPECS = (
     Spec("gpt", "gpt", (128,), 65, 64),
     Spec("gpt-124m", "gpt", (1024,), 50257, 8, {"n_layer": 12, "n_head": 12, "n_embd": 768}),
     Spec("gpt-1.3b", "gpt", (2048,), 50257, 4, {"n_layer": 24, "n_head": 16, "n_embd": 2048}),
+    Spec("gpt-13b", "gpt", (2048,), 50257, 1, {"n_layer": 40, "n_head": 40, "n_embd": 5120}),
 )
 
 

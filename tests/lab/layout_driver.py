@@ -1,0 +1,82 @@
+"""Builds gpt through the engine under torchrun (--tp or --pp from the flags), takes one AdamW
+step, then runs one more forward and backward so that gradients exist beside the optimizer
+state, and writes what this rank holds to DIR/rank<r>.json, for tests/lab/test_layout_memory.py:
+
+    torchrun --standalone --nproc-per-node 2 tests/lab/layout_driver.py DIR --tp 2
+    torchrun --standalone --nproc-per-node 4 tests/lab/layout_driver.py DIR --tp 2 --parallel fsdp
+
+Bytes are the storages of this rank's local tensors (a DTensor's shard, not its global shape),
+each storage counted once: parameters, gradients, and every tensor of the optimizer state
+(AdamW's moments and its 0-dim step counters). The same figures by numel × element size are
+written beside them, so that a shard that kept its whole tensor's storage would show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from fasttrain.engine import build
+from fasttrain.engine.loop import endless_batches, step
+
+CONFIG = dict(model="gpt", data="synthetic-text", block_size=32, batch_size=8,
+              optimizer="adamw", seed=0, device="cpu", deterministic=True)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def held(tensors) -> dict[str, int]:
+    tensors = [local(t) for t in tensors if t is not None]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return {"storage": sum(storages.values()),
+            "numel": sum(t.numel() * t.element_size() for t in tensors)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--parallel", default="none")
+    ap.add_argument("--pp-schedule", default="1f1b")
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # two processes on a shared 2-core machine
+    run = build(tp=args.tp, pp=args.pp, parallel=args.parallel, pp_schedule=args.pp_schedule,
+                verbose=False, **CONFIG)
+    batches = endless_batches(run)
+    step(run, next(batches))  # the optimizer state exists after a real step
+    owned = {local(t).untyped_storage().data_ptr()
+             for t in [*run.model.parameters(), *run.model.buffers()]}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = local(t).untyped_storage()
+        if s.data_ptr() not in owned:
+            saved.setdefault(s.data_ptr(), s.nbytes())
+        return t
+
+    # The gradients after a backward; and what the forward saved for it (storages, each once,
+    # parameters aside: as lab/memory counts one process). Under a pipeline the schedule runs
+    # its m micro-batches here: gpipe runs every forward before any backward, so all of them
+    # are alive at once and the count is what the stage holds at its peak; under 1f1b a freed
+    # storage's address can come back for a later micro-batch, which a count by address merges.
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        run.forward_backward(run, next(batches))
+    inner = getattr(run.opt, "optim", run.opt)  # ZeRO-1: this rank's partition's optimizer
+    params = list({id(p): p for p in run.model.parameters()}.values())
+    out = {"params": held(params), "grads": held(p.grad for p in params),
+           "optimizer": held(v for s in inner.state.values() for v in s.values()
+                             if torch.is_tensor(v)),
+           "saved": sum(saved.values())}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"rank{run.world.rank}.json").write_text(json.dumps(out))
+    run.world.close()
+
+
+if __name__ == "__main__":
+    main()
