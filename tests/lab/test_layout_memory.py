@@ -4,18 +4,18 @@ exact to the byte, for each rank role.
 
 Measured here (gpt at its defaults, block 32, 30 tokens: 801,280 parameters; AdamW; torch 2.13
 CPU): one process holds 3,205,120 B of parameters, as many of gradients and 6,410,448 B of
-optimizer state (two moments + 52 four-byte step counters); --tp 2: 1,625,088 / 1,625,088 /
-3,250,384 on each rank; --pp 2: 1,617,920 / 1,617,920 / 3,235,944 on the first stage and
-1,602,560 / 1,602,560 / 3,205,228 on the last; --tp 2 --parallel fsdp on 4: 812,544 / 812,544 /
-1,625,296; --parallel fsdp on 2: 1,602,560 / 1,602,560 / 3,205,328; --parallel zero1 on 2:
+optimizer state (two moments + 52 four-byte step counters); --tp 2: 1,617,408 / 1,617,408 /
+3,235,024 on each rank; --pp 2: 1,617,920 / 1,617,920 / 3,235,944 on the first stage and
+1,602,560 / 1,602,560 / 3,205,228 on the last; --tp 2 --parallel fsdp on 4: 808,960 / 808,960 /
+1,618,128 (storage; FSDP pads an uneven shard); --parallel fsdp on 2: 1,602,560 / 1,602,560 / 3,205,328; --parallel zero1 on 2:
 3,205,120 / 3,205,120 / 3,205,228 on the heavier rank (3,205,220 on the other). The predicted
 figures are the same.
 
 Activations cannot be measured on the CPU: its allocator keeps no statistics. What can be
 counted is what lab/memory counts for one process, the storages a forward saves for backward,
 here on each rank: one process 8,720,644 B at batch 8 (the same as lab/memory's count); --tp 2
-5,566,724 B per rank against the prediction's 4,360,322 (one process ÷ tp: 22% low, because
-the LayerNorms, residual stream and logits stay whole without sequence and loss parallelism).
+4,952,324 B per rank against the prediction's 4,360,322 (one process ÷ tp: 12% low, because
+each column-wise linear saves its all-gathered, whole input for backward).
 The test holds the estimate between ÷ tp and the whole. --pp 2 under gpipe (every forward
 before any backward: all m = 4 micro-batches alive at once): 4,213,760 B on the first stage
 and 4,507,664 on the last, predicted 4,212,992 and 4,507,652 (lab/layouts.stage_activations:
@@ -65,8 +65,10 @@ def test_prediction_equals_the_bytes_each_rank_holds(tmp_path, case):
     tp, pp = kw.get("tp", 1), kw.get("pp", 1)
     dp = procs // (tp * pp)
     ranks = measured(tmp_path, procs, flags)
-    for r in ranks:  # a DTensor shard's storage is its own, not its whole tensor's
-        assert all(r[k]["storage"] == r[k]["numel"] for k in ("params", "grads", "optimizer"))
+    for r in ranks:  # a DTensor shard's storage is its own, not its whole tensor's (FSDP pads
+        # an uneven dim-0 shard, e.g. the tied embedding's 15 vocabulary rows of a tp rank)
+        assert all(r[k]["numel"] <= r[k]["storage"] < 1.01 * r[k]["numel"]
+                   for k in ("params", "grads", "optimizer"))
     # One process at one data-parallel rank's batch, divided as the layout divides it.
     cfg = TrainConfig(**{**CONFIG, "batch_size": CONFIG["batch_size"] // dp})
     lay = layout(procs, rank_batch=cfg.batch_size, **kw)
