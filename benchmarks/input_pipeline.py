@@ -181,7 +181,9 @@ def endless(loader):
 
 def children_cpu_s(proc: str = "/proc") -> float | None:
     """CPU seconds (user + system) used so far by this process's live children, the DataLoader
-    workers, read from /proc (Linux; None elsewhere). Clock-tick resolution (10 ms)."""
+    workers, read from /proc (Linux; None elsewhere). Clock-tick resolution (10 ms). Daemons
+    that leave the process tree (torch_shm_manager: a message per shared segment) are not
+    counted."""
     try:
         pids = [p for p in os.listdir(proc) if p.isdigit()]
     except FileNotFoundError:

@@ -66,9 +66,10 @@ def test_a_batch_from_two_workers_reaches_the_step_in_few_calls():
 
 def test_a_streamed_step_makes_few_calls_into_the_engine():
     """fasttrain's own functions per optimizer step of fit on streamed data (loop, stream,
-    callbacks, step): 29 now, 49 before the batch was checked and moved in one walk, the
-    per-step callbacks looked up once and a hidden progress bar no longer advanced. (All calls
-    on the main thread per step, torch's included: 403 now, 803 before.)"""
+    callbacks, step): 29 now; 49 before the batch was checked and moved in one walk, the
+    per-step callbacks looked up once, a hidden progress bar no longer advanced and the loader's
+    iterator handed on without a generator around it. (All calls on the main thread per step,
+    torch's included: 403 now, 803 before.)"""
     calls = Calls()
 
     class Count:  # on_step of steps 8 and 24: 16 whole steps between
