@@ -3,6 +3,7 @@ training from PNG files on disk through the same Dataset and DataLoader (issue 2
 
     FASTTRAIN_DATA=DIR PYTHONPATH=src python benchmarks/input_pipeline.py [--rounds 5] [--limit N]
         [--workers 2] [--batch-size 128] [--warmup 20] [--steps 200] [--images-dir D] [--json PATH]
+        [--threads N]
 
 Data: Fashion-MNIST's training images (read from $FASTTRAIN_DATA/fashion-mnist or --data-dir)
 are written once as PNG files into a class-folder tree (DIR/train/<class>/<index>.png, default
@@ -42,7 +43,8 @@ each parallel region before it sleeps (measured: CPU burnt in a 50 ms sleep afte
 op), on the cores the workers need; the hand loop's main process took 5-24 ms CPU per logreg
 step with torch's 2 threads and ~1.2-2 ms with torch.set_num_threads(1). No contender changes the
 pool, fasttrain neither (the cnn's compute-bound steps need its threads); on a machine with few
-cores per worker, OMP_NUM_THREADS or torch.set_num_threads is the lever for input-bound runs.
+cores per worker, OMP_NUM_THREADS or torch.set_num_threads is the lever for input-bound runs:
+--threads N sets it, for every contender alike.
 
 Runtime: (process start and setup, ~5 s, + warmup + steps) per run × 4 contenders × 2 regimes ×
 rounds, plus writing the 60,000 PNG files once (~0.4 ms each: ~30 s). Estimated from single-step
@@ -94,6 +96,7 @@ class Settings:
     lr: float = 1e-3
     seed: int = 0
     device: str = "cpu"
+    threads: int = 0  # the main process's intra-op threads, every contender's (0: torch's own)
 
     @property
     def cuda(self) -> bool:
@@ -354,6 +357,8 @@ def unavailable(contender: str) -> str | None:
 def measure(contender: str, regime: str, s: Settings, samples: list) -> dict:
     """One steady-state measurement of `contender` in this process."""
     random.seed(s.seed)  # the augmentation's stream when the main process loads (no workers)
+    if s.threads:
+        torch.set_num_threads(s.threads)  # before any worker starts: they set their own to 1
     clock = Window(s)
     loader = make_loader(PngFolder(samples), s)
     extra = TRAIN[contender](make_model(regime, s), loader, s, clock)
@@ -437,6 +442,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=20, help="steps before the clock starts")
     ap.add_argument("--steps", type=int, default=200, help="steps timed per run")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="the main process's intra-op threads, for every contender (default: "
+                         "torch's); see the CPU columns")
     ap.add_argument("--regimes", nargs="+", choices=tuple(REGIMES), default=tuple(REGIMES))
     ap.add_argument("--json", help=f"result file (default: {RESULTS}/DATE-HW-input-pipeline.json)")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one run, in a fresh process
@@ -454,13 +462,16 @@ def main(argv=None) -> int:
 
     if args.limit < args.batch_size:
         ap.error(f"--limit {args.limit} is less than one batch of {args.batch_size}")
+    if args.threads < 0:
+        ap.error(f"--threads {args.threads}: give a count of threads, or 0 for torch's default")
     try:
         ds = load_dataset("fashion-mnist", args.data_dir, download=False)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     s = Settings(images_dir=args.images_dir, limit=args.limit, batch_size=args.batch_size,
-                 workers=args.workers, warmup=args.warmup, steps=args.steps, device=args.device)
+                 workers=args.workers, warmup=args.warmup, steps=args.steps, device=args.device,
+                 threads=args.threads)
     samples = write_pngs(s.images_dir, ds.train_x[:s.limit], ds.train_y[:s.limit])
     print(f"{len(samples)} PNG files under {s.images_dir}")
     result = run_all(s, samples, args.rounds, regimes=tuple(args.regimes))

@@ -67,7 +67,9 @@ def table(result: dict):
         return lambda r: "-" if r.get(key) is None else fmt.format(r[key])
 
     cfg, load = result["config"], result["load"]
+    threads = cfg.get("threads") or "torch's default"
     caption = (f"{cfg['images']} PNG files, batch {cfg['batch_size']}, {cfg['workers']} workers, "
+               f"main process intra-op threads: {threads}, "
                f"{cfg['device']}, {cfg['rounds']} interleaved rounds of {cfg['steps']} steps "
                f"after {cfg['warmup']}; load {load['before'][0]:.2f} → {load['after'][0]:.2f} "
                f"on {load['cpu_count']} CPUs")

@@ -175,3 +175,10 @@ def test_the_workers_cpu_is_read_from_this_process_children(bench, tmp_path):
     (tmp_path / "self").mkdir()
     assert bench.children_cpu_s(str(tmp_path)) == pytest.approx(4.5, abs=1 / hz)
     assert bench.children_cpu_s(str(tmp_path / "missing")) is None
+
+
+def test_threads_are_a_count_or_torchs_default(bench, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--threads", "-1"])
+    assert e.value.code == 2 and "--threads -1" in capsys.readouterr().err
+    assert bench.Settings(images_dir="unused").threads == 0  # torch's own, unless asked
