@@ -3,6 +3,7 @@ training from PNG files on disk through the same Dataset and DataLoader (issue 2
 
     FASTTRAIN_DATA=DIR PYTHONPATH=src python benchmarks/input_pipeline.py [--rounds 5] [--limit N]
         [--workers 2] [--batch-size 128] [--warmup 20] [--steps 200] [--images-dir D] [--json PATH]
+        [--threads N]
 
 Data: Fashion-MNIST's training images (read from $FASTTRAIN_DATA/fashion-mnist or --data-dir)
 are written once as PNG files into a class-folder tree (DIR/train/<class>/<index>.png, default
@@ -26,11 +27,24 @@ thread pools, allocator or worker processes); rounds are interleaved, the order 
 Steady state: each run trains --warmup + --steps optimizer steps; the clock starts at the end of
 step --warmup (process start, worker start-up, first batches, kernel selection excluded) and stops
 at the end of the last step (the device synchronized at both ends); samples/s = steps × batch /
-elapsed. Per contender: the median over rounds, min and max, and the ratios of medians to the hand
-loop and to the best framework peer (Lightning, Accelerate). Targets (issue 23): fasttrain ≥ the
-best peer when input-bound, within 2% of the hand loop when compute-bound. The load average before
-and after goes into the JSON (benchmarks/results/DATE-HARDWARE-input-pipeline.json by default).
+elapsed. Over the same window, the CPU time of the main process (all its threads) and of the
+DataLoader workers, per step (Window): a figure far less sensitive to other load than wall time,
+and while the workers are the bottleneck the main process's CPU is what it takes from them.
+Per contender: the median over rounds, min and max, the ratios of medians to the hand loop and to
+the best framework peer (Lightning, Accelerate), and the CPU medians. Targets (issue 23):
+fasttrain ≥ the best peer when input-bound, within 2% of the hand loop when compute-bound. The
+load average before and after goes into the JSON (benchmarks/results/DATE-HARDWARE-input-
+pipeline.json by default).
 Each run's 1-minute load average goes in too.
+
+What the CPU columns showed on the 2-core EPYC (loaded; torch 2.13 CPU, libgomp): the main
+process's CPU per step is mostly its intra-op thread pool. An OpenMP thread spins ~3.6 ms after
+each parallel region before it sleeps (measured: CPU burnt in a 50 ms sleep after one parallel
+op), on the cores the workers need; the hand loop's main process took 5-24 ms CPU per logreg
+step with torch's 2 threads and ~1.2-2 ms with torch.set_num_threads(1). No contender changes the
+pool, fasttrain neither (the cnn's compute-bound steps need its threads); on a machine with few
+cores per worker, OMP_NUM_THREADS or torch.set_num_threads is the lever for input-bound runs:
+--threads N sets it, for every contender alike.
 
 Runtime: (process start and setup, ~5 s, + warmup + steps) per run × 4 contenders × 2 regimes ×
 rounds, plus writing the 60,000 PNG files once (~0.4 ms each: ~30 s). Estimated from single-step
@@ -82,6 +96,7 @@ class Settings:
     lr: float = 1e-3
     seed: int = 0
     device: str = "cpu"
+    threads: int = 0  # the main process's intra-op threads, every contender's (0: torch's own)
 
     @property
     def cuda(self) -> bool:
@@ -167,26 +182,65 @@ def endless(loader):
 # -- the clock -----------------------------------------------------------------------------------
 
 
+def children_cpu_s(proc: str = "/proc") -> float | None:
+    """CPU seconds (user + system) used so far by this process's live children, the DataLoader
+    workers, read from /proc (Linux; None elsewhere). Clock-tick resolution (10 ms). Daemons
+    that leave the process tree (torch_shm_manager: a message per shared segment) are not
+    counted."""
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
+    except FileNotFoundError:
+        return None
+    me, hz, total = os.getpid(), os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        try:
+            with open(os.path.join(proc, pid, "stat")) as f:
+                stat = f.read()
+        except OSError:  # exited meanwhile
+            continue
+        # After "pid (comm)": state, ppid, ... utime and stime are the 12th and 13th.
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == me:
+            total += (int(fields[11]) + int(fields[12])) / hz
+    return total
+
+
 class Window:
     """Called after every optimizer step: starts the clock after `warmup` steps and stops it
     `steps` later. On CUDA it synchronizes at those two steps only, so that the window holds the
-    device's work and no sync is added in between."""
+    device's work and no sync is added in between.
+
+    Over the same window it reads the CPU time of this process (all its threads: the step's
+    intra-op pool, a pin-memory thread) and of its live children (the workers; those that live
+    through the window): far less sensitive to other load than wall time, the main process's
+    share shows its overhead directly, and while the workers are the bottleneck every ms of it
+    is taken from them. Read outside the timed interval."""
 
     def __init__(self, s: Settings):
         self.warmup, self.steps, self.device = s.warmup, s.steps, torch.device(s.device)
         self.done, self.t0 = 0, time.perf_counter()
         self.start = self.end = None
+        self.cpu: dict[str, list] = {"main": [], "workers": []}
 
     def tick(self) -> None:
         self.done += 1
         if self.done in (self.warmup, self.warmup + self.steps):
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            now = time.perf_counter()
             if self.done == self.warmup:
-                self.start = now
+                self._read_cpu()
+                self.start = time.perf_counter()
             else:
-                self.end = now
+                self.end = time.perf_counter()
+                self._read_cpu()
+
+    def _read_cpu(self) -> None:
+        self.cpu["main"].append(time.process_time())
+        self.cpu["workers"].append(children_cpu_s())
+
+    def cpu_ms_per_step(self, who: str) -> float | None:
+        first, last = self.cpu[who]
+        return None if first is None or last is None else 1e3 * (last - first) / self.steps
 
     @property
     def total(self) -> int:
@@ -196,7 +250,9 @@ class Window:
         if self.end is None:
             raise RuntimeError(f"only {self.done} of {self.total} steps ran")
         return {"samples_per_s": self.steps * batch_size / (self.end - self.start),
-                "warmup_s": self.start - self.t0, "window_s": self.end - self.start}
+                "warmup_s": self.start - self.t0, "window_s": self.end - self.start,
+                "main_cpu_ms_per_step": self.cpu_ms_per_step("main"),
+                "workers_cpu_ms_per_step": self.cpu_ms_per_step("workers")}
 
 
 # -- the contenders: one training run each, through their public APIs ---------------------------
@@ -301,6 +357,8 @@ def unavailable(contender: str) -> str | None:
 def measure(contender: str, regime: str, s: Settings, samples: list) -> dict:
     """One steady-state measurement of `contender` in this process."""
     random.seed(s.seed)  # the augmentation's stream when the main process loads (no workers)
+    if s.threads:
+        torch.set_num_threads(s.threads)  # before any worker starts: they set their own to 1
     clock = Window(s)
     loader = make_loader(PngFolder(samples), s)
     extra = TRAIN[contender](make_model(regime, s), loader, s, clock)
@@ -345,8 +403,12 @@ def run_all(s: Settings, samples: list, rounds: int, measure_one=measure_in_chil
                         got = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
                 runs.append({"regime": regime, "round": r, "contender": name,
                              "load_1min_before": load, **got})
-                said = (f"{got['samples_per_s']:,.0f} samples/s" if got["status"] == "ok"
-                        else f"{got['status']}: {got['reason']}")
+                if got["status"] != "ok":
+                    said = f"{got['status']}: {got['reason']}"
+                else:
+                    said = f"{got['samples_per_s']:,.0f} samples/s"
+                    if got.get("main_cpu_ms_per_step") is not None:
+                        said += f", main process {got['main_cpu_ms_per_step']:.2f} ms CPU/step"
                 if name == "fasttrain" and got["status"] == "ok":
                     said += f"  [data path: {got.get('path') or 'not reported'}]"
                     if r == 0:
@@ -380,6 +442,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=20, help="steps before the clock starts")
     ap.add_argument("--steps", type=int, default=200, help="steps timed per run")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="the main process's intra-op threads, for every contender (default: "
+                         "torch's); see the CPU columns")
     ap.add_argument("--regimes", nargs="+", choices=tuple(REGIMES), default=tuple(REGIMES))
     ap.add_argument("--json", help=f"result file (default: {RESULTS}/DATE-HW-input-pipeline.json)")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one run, in a fresh process
@@ -397,13 +462,16 @@ def main(argv=None) -> int:
 
     if args.limit < args.batch_size:
         ap.error(f"--limit {args.limit} is less than one batch of {args.batch_size}")
+    if args.threads < 0:
+        ap.error(f"--threads {args.threads}: give a count of threads, or 0 for torch's default")
     try:
         ds = load_dataset("fashion-mnist", args.data_dir, download=False)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     s = Settings(images_dir=args.images_dir, limit=args.limit, batch_size=args.batch_size,
-                 workers=args.workers, warmup=args.warmup, steps=args.steps, device=args.device)
+                 workers=args.workers, warmup=args.warmup, steps=args.steps, device=args.device,
+                 threads=args.threads)
     samples = write_pngs(s.images_dir, ds.train_x[:s.limit], ds.train_y[:s.limit])
     print(f"{len(samples)} PNG files under {s.images_dir}")
     result = run_all(s, samples, args.rounds, regimes=tuple(args.regimes))

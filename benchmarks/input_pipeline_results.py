@@ -11,7 +11,8 @@ PEERS = ("lightning", "accelerate")  # the frameworks; the hand-written loop is 
 
 def summarize(runs: list, contenders, models: dict) -> list:
     """One row per (regime, contender): its rounds, their median, min, max and spread
-    ((max - min) / median), and the ratios of medians to the hand loop and the best peer."""
+    ((max - min) / median), the ratios of medians to the hand loop and the best peer, and the
+    medians of the main process's and the workers' CPU ms per step."""
     rows = []
     for regime, model in models.items():
         med = {}
@@ -26,6 +27,10 @@ def summarize(runs: list, contenders, models: dict) -> list:
                 med[name] = m = statistics.median(ok)
                 row.update(samples_per_s_median=m, samples_per_s_min=min(ok),
                            samples_per_s_max=max(ok), spread=(max(ok) - min(ok)) / m)
+            for who in ("main", "workers"):  # CPU ms per step, where it was read
+                key = f"{who}_cpu_ms_per_step"
+                cpu = [x[key] for x in mine if x["status"] == "ok" and x.get(key) is not None]
+                row[f"{key}_median"] = statistics.median(cpu) if cpu else None
             if name == "fasttrain":
                 row["data_path"] = next((x.get("path") for x in mine if x["status"] == "ok"),
                                         None)
@@ -62,7 +67,9 @@ def table(result: dict):
         return lambda r: "-" if r.get(key) is None else fmt.format(r[key])
 
     cfg, load = result["config"], result["load"]
+    threads = cfg.get("threads") or "torch's default"
     caption = (f"{cfg['images']} PNG files, batch {cfg['batch_size']}, {cfg['workers']} workers, "
+               f"main process intra-op threads: {threads}, "
                f"{cfg['device']}, {cfg['rounds']} interleaved rounds of {cfg['steps']} steps "
                f"after {cfg['warmup']}; load {load['before'][0]:.2f} → {load['after'][0]:.2f} "
                f"on {load['cpu_count']} CPUs")
@@ -74,6 +81,8 @@ def table(result: dict):
         ("max", num("samples_per_s_max", "{:,.0f}")),
         ("spread", num("spread", "{:.1%}")), ("× hand", num("vs_hand", "{:.3f}")),
         ("× best peer", num("vs_best_peer", "{:.3f}")),
+        ("main CPU ms/step", num("main_cpu_ms_per_step_median", "{:.2f}")),
+        ("workers CPU ms/step", num("workers_cpu_ms_per_step_median", "{:.1f}")),
         ("data path", lambda r: "" if r["contender"] != "fasttrain"
          else r.get("data_path") or "not reported")], result["rows"], caption,
         label_columns=2)

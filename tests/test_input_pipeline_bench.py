@@ -84,6 +84,9 @@ def test_one_round_of_every_contender_gives_the_schema(bench, pngs, tmp_path):
     assert all(r["vs_hand"] == 1.0 for r in hand)
     assert len(result["runs"]) == 8
     assert all(r["window_s"] > 0 for r in result["runs"] if r["status"] == "ok")
+    ok = [r for r in result["runs"] if r["status"] == "ok"]
+    assert all(r["main_cpu_ms_per_step"] >= 0 for r in ok)  # this process: always read
+    assert all(r["main_cpu_ms_per_step_median"] is not None for r in rows if r["status"] == "ok")
     result["targets"] = bench.targets(rows)
     assert set(result["targets"]) == set(bench.REGIMES)
     out = tmp_path / "result.json"
@@ -155,3 +158,27 @@ def test_targets_are_judged_on_medians_of_a_streamed_fasttrain(bench, monkeypatc
     judged = bench.targets(result["rows"])["compute-bound"]
     assert judged["ratio"] == pytest.approx(0.99) and judged["met"] is True
     assert judged["largest_spread"] == pytest.approx(4 / 99)
+
+
+def test_the_workers_cpu_is_read_from_this_process_children(bench, tmp_path):
+    import os
+
+    def stat(pid, comm, ppid, utime, stime):
+        (tmp_path / str(pid)).mkdir()
+        rest = ["S", ppid, *[0] * 9, utime, stime, *[0] * 5]  # fields 3.. of proc(5)
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm}) " + " ".join(map(str, rest)))
+
+    hz = os.sysconf("SC_CLK_TCK")
+    stat(11, "pt_data_worker", os.getpid(), 3 * hz, hz)  # a worker: 4 s
+    stat(12, "odd) name (", os.getpid(), hz // 2, 0)  # a name holding ") ": 0.5 s
+    stat(13, "someone else", os.getpid() + 1, 100 * hz, 0)  # not a child of this process
+    (tmp_path / "self").mkdir()
+    assert bench.children_cpu_s(str(tmp_path)) == pytest.approx(4.5, abs=1 / hz)
+    assert bench.children_cpu_s(str(tmp_path / "missing")) is None
+
+
+def test_threads_are_a_count_or_torchs_default(bench, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--threads", "-1"])
+    assert e.value.code == 2 and "--threads -1" in capsys.readouterr().err
+    assert bench.Settings(images_dir="unused").threads == 0  # torch's own, unless asked

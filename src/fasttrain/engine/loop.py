@@ -115,6 +115,11 @@ def notify(run, event: str, *args) -> None:
         getattr(cb, event, _ignore)(run, *args)
 
 
+def hooks(run, event: str) -> list:
+    """The callbacks' bound `event` methods, in order (what notify calls)."""
+    return [getattr(cb, event) for cb in run.callbacks if hasattr(cb, event)]
+
+
 def _ignore(*_):
     return None
 
@@ -133,6 +138,7 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
     try:
         with bar, run.signals:  # SIGTERM/SIGUSR1/SIGINT only set a flag (signals.py)
             notify(run, "on_start")
+            on_step = hooks(run, "on_step")  # looked up once: they run every step
             while (run.epoch < run.cfg.epochs and run.step < run.total_steps
                    and run.stop is None):
                 ran_out = True  # the epoch's batches ran out (a stream's pass may end early)
@@ -144,7 +150,8 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
                     run.step += 1
                     run.step_in_epoch += 1
                     bar.advance()
-                    notify(run, "on_step")
+                    for hook in on_step:
+                        hook(run)
                     if run.step >= run.total_steps or run.stop is not None:
                         ran_out = False
                         break
@@ -185,6 +192,8 @@ class _Bar:
                                  TimeRemainingColumn(), TextColumn("{task.description}"),
                                  disable=not enabled, transient=False)
         self.task = self.progress.add_task("", total=total, completed=done)
+        if not enabled:  # nothing is shown: a step costs no lock and no task update
+            self.advance = _ignore
 
     def __enter__(self):
         self.progress.__enter__()

@@ -37,6 +37,13 @@ before the current batch is handed out, so it overlaps the step; the step's stre
 with an event (no host sync). In an (input, target) pair a uint8 input is scaled to [0, 1] floats
 on the device, as on the in-memory path (the same Dataset trains the same either way); nothing
 else is rescaled.
+
+The main process's work per batch is kept small: while the data is the bottleneck, whatever the
+step's thread does is taken from the workers' cores. Workers hand batches over by name
+(sampling.ShareByName: a third of the Python calls of receiving over file descriptors); the
+sampler hands out a step's indices as one list (no Python call per sample, as a RandomSampler
+under a BatchSampler makes); a batch is checked and its tensors found in one walk, and on a CPU
+run it is not rebuilt. tests/engine/test_stream_overhead.py counts these calls.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from fasttrain.engine.sampling import (
     OwnRandom,
     Seeded,
     Sharded,
+    ShareByName,
     Split,
     StepSampler,
     Untouched,
@@ -195,6 +203,8 @@ class Stream:
         # A stream's workers must be restarted to learn the epoch; evaluation loaders live for
         # one evaluation.
         kw["persistent_workers"] = kw["persistent_workers"] and persistent and not split.iterable
+        if kw["num_workers"]:  # batches handed over by name: see ShareByName
+            kw["worker_init_fn"] = ShareByName(kw.get("worker_init_fn"))
         return kw
 
     def _train_loader(self, split: Split) -> DataLoader:
@@ -253,8 +263,10 @@ class Stream:
     def _read(self, loader: DataLoader, epoch: int) -> Iterator[Any]:
         self.generator.manual_seed(mix(self.seed, epoch, self.rank))
         if loader.num_workers:
-            yield from loader
-            return
+            return iter(loader)  # the loader's own iterator: no generator frame per batch
+        return self._in_process(loader, epoch)
+
+    def _in_process(self, loader: DataLoader, epoch: int) -> Iterator[Any]:
         own = (OwnRandom(self.seed) if isinstance(loader.dataset, Sharded) or loader is
                self.splits["train"].as_built else Untouched())
         own.reset(epoch, self.rank)
@@ -270,8 +282,10 @@ class Stream:
         """Batches on the device; on CUDA one copy ahead, on a side stream."""
         if self.copy_stream is None:
             for batch in batches:
-                check_batch(batch, where)
-                yield self.finish(tree.to_device(batch, self.device))
+                tensors = check_batch(batch, where)
+                # Where every tensor is on the device already (a CPU run), nothing to rebuild.
+                here = {t.device for t in tensors} == {self.device}
+                yield self.finish(batch if here else tree.to_device(batch, self.device))
             return
         pending = None
         for batch in batches:
