@@ -34,6 +34,7 @@ reshapes by the head size and so runs on whatever number of heads this rank hold
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -187,6 +188,13 @@ class _Stage(nn.Module):
         self.blocks = nn.ModuleDict({str(i): gpt.blocks[i] for i in index})
         if last:
             self.ln_f = gpt.ln_f
+
+    def parallelize(self, tp_mesh) -> None:
+        """GPT.parallelize on this stage's blocks (--pp with --tp: engine/pipeline.py splits each
+        stage after the cut); the embeddings, final norm and tied head stay replicated."""
+        # The whole model's check (heads divide by tp) and plan, on this stage's blocks as a
+        # list: GPT.parallelize reads nothing but `.blocks`.
+        GPT.parallelize(SimpleNamespace(blocks=list(self.blocks.values())), tp_mesh)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:  # int64 tokens [B, T] -> [B, T, C]
