@@ -295,21 +295,27 @@ def _tied(shared: dict[str, tuple | None], dev: torch.device, group) -> Callable
              for k, p in held.items()}
     seen: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(seen, split, group=group)
-    zeros = {}
-    for k in shared:
-        kinds = sorted({s[k] for s in seen if k in s}, key=str)
-        if len(kinds) > 1:
-            raise UserError(f"--pp: the weight {k!r} is tied across pipeline stages and split "
-                            f"differently on them ({kinds[0][2]} vs {kinds[1][2]}); give every "
-                            f"copy the same tensor-parallel plan, or untie it in the model")
-        if k not in held:
-            zeros[k] = torch.zeros(kinds[0][0], dtype=kinds[0][1], device=dev)
+    kinds = {k: split_alike(k, seen) for k in shared}  # the same verdict on every rank
+    zeros = {k: torch.zeros(kinds[k][0], dtype=kinds[k][1], device=dev)
+             for k in shared if k not in held}
 
     def tie() -> None:
         for k in shared:  # the same order on every rank (sorted names)
             grad = local(held[k].grad) if k in held else zeros[k].zero_()
             dist.all_reduce(grad, group=group)
     return tie
+
+
+def split_alike(name: str, seen: list[dict[str, tuple]]) -> tuple:
+    """(local shape, dtype, placements) of the copies of tied weight `name`, from what each
+    pipeline rank holds (`seen`: one dict per rank, without `name` where the rank holds no copy);
+    a UserError if the copies are split differently (their local shards do not match)."""
+    kinds = sorted({s[name] for s in seen if name in s}, key=str)
+    if len(kinds) > 1:
+        raise UserError(f"--pp: the weight {name!r} is tied across pipeline stages and split "
+                        f"differently on them ({kinds[0][2]} vs {kinds[1][2]}); give every copy "
+                        f"the same tensor-parallel plan, or untie it in the model")
+    return kinds[0]
 
 
 def _evaluator(run, mine: list[nn.Module], index: list[int], n: int, group, last_rank: int,
