@@ -1,5 +1,6 @@
 """Trains a tiny gpt with engine/pipeline.py directly (no config, mesh or build of the engine),
-for tests/engine/test_pipeline.py: under torchrun with --pp 2 each rank holds its stages; with
+for tests/engine/test_pipeline.py: under torchrun with --pp 2 each rank holds its stages (with
+--tp 2 as well, on a pp × tp mesh: each stage's blocks split by the model's own plan); with
 --pp 1 (plain python) the whole model trains through loop.accumulate, the engine's own step.
 
     torchrun --standalone --nproc-per-node 2 tests/engine/pipeline_driver.py --pp 2 \\
@@ -8,8 +9,9 @@ for tests/engine/test_pipeline.py: under torchrun with --pp 2 each rank holds it
 
 Writes DIR/rank<r>.pt: the loss of every step (as the logger reads it: summed over the ranks
 ÷ their number), an evaluation of a batch of another size, this rank's state_dict (the
-whole model's names), its parameter and optimizer-state bytes, and the mean wall time of the
-steps after the first (printed in docs/distributed.md; no test reads it).
+whole model's names, tensor-parallel shards gathered whole), its parameter and optimizer-state
+bytes (local shards), and the mean wall time of the steps after the first (printed in
+docs/distributed.md; no test reads it).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from fasttrain.engine import pipeline, steps
+from fasttrain.engine import pipeline, steps, tensor_parallel
 from fasttrain.engine.config import PP_SCHEDULES
 from fasttrain.engine.inputs import cross_entropy
 from fasttrain.engine.loop import accumulate
+from fasttrain.engine.memory import rank_memory
 from fasttrain.engine.run import accuracy, seed_everything
 from fasttrain.models.gpt import GPT
 
@@ -50,11 +53,9 @@ def step_batches(n_steps: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     return out
 
 
-def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[int, int]:
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    state = sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
-                if torch.is_tensor(v))
-    return params, state
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel shard gathered whole (a collective over its tp group)."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def logged(loss_sum: torch.Tensor) -> float:
@@ -69,6 +70,7 @@ def logged(loss_sum: torch.Tensor) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--schedule", default="1f1b", choices=PP_SCHEDULES)
     ap.add_argument("--microbatches", type=int, default=0)
     ap.add_argument("--steps", type=int, default=1)
@@ -92,7 +94,17 @@ def main() -> None:
         rank = dist.get_rank()
         cfg = SimpleNamespace(pp=args.pp, pp_schedule=args.schedule, precision="fp32",
                               pp_microbatches=args.microbatches)
-        pipe = pipeline.build(run, model, dist.group.WORLD, cfg)
+        group, wrap = dist.group.WORLD, None
+        if args.tp > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("cpu", (args.pp, args.tp), mesh_dim_names=("pp", "tp"))
+            group = mesh["pp"]
+
+            def wrap(stage):
+                tensor_parallel.apply(stage, mesh["tp"])
+                return stage
+        pipe = pipeline.build(run, model, group, cfg, wrap)
         del model
         model, forward_backward = pipe.model, pipe.forward_backward
         evaluate_loss = pipe.evaluate_loss
@@ -116,10 +128,11 @@ def main() -> None:
     model.eval()
     with torch.no_grad():
         loss, metrics = evaluate_loss(model, (x[:EVAL], y[:EVAL]))
-    params, optimizer = state_bytes(model, opt)
+    held = rank_memory(model, opt)
+    state = {k: whole(v) for k, v in model.state_dict().items()}
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save({"losses": losses, "eval": [loss.item(), metrics["token_accuracy"].item()],
-                "state": model.state_dict(), "param_bytes": params, "optimizer_bytes": optimizer,
+                "state": state, "param_bytes": held.params, "optimizer_bytes": held.optimizer,
                 "step_s": seconds / max(args.steps - 1, 1)},
                args.out / f"rank{rank}.pt")
     if args.pp > 1:

@@ -2,12 +2,12 @@
 hold after a real step (tests/lab/layout_driver.py): parameters, gradients and optimizer state,
 exact to the byte, for each rank role.
 
-Measured here (gpt at its defaults, block 32, 30 tokens: 801,280 parameters; AdamW; torch 2.13
-CPU): one process holds 3,205,120 B of parameters, as many of gradients and 6,410,448 B of
-optimizer state (two moments + 52 four-byte step counters); --tp 2: 1,617,408 / 1,617,408 /
-3,235,024 on each rank; --pp 2: 1,617,920 / 1,617,920 / 3,235,944 on the first stage and
-1,602,560 / 1,602,560 / 3,205,228 on the last; --tp 2 --parallel fsdp on 4: 808,960 / 808,960 /
-1,618,128 (storage; FSDP pads an uneven shard); --parallel fsdp on 2: 1,602,560 / 1,602,560 / 3,205,328; --parallel zero1 on 2:
+Measured here (gpt at its defaults, block 32, 30 tokens: 801,280 parameters; AdamW; torch 2.13 CPU):
+one process holds 3,205,120 B of parameters, as many of gradients and 6,410,448 B of optimizer state
+(two moments + 52 four-byte step counters); --tp 2: 1,617,408 / 1,617,408 / 3,235,024 on each rank;
+--pp 2: 1,617,920 / 1,617,920 / 3,235,944 on the first stage and 1,602,560 / 1,602,560 / 3,205,228
+on the last; --tp 2 --parallel fsdp on 4: 808,960 / 808,960 / 1,618,128 (storage; FSDP pads an
+uneven shard); --parallel fsdp on 2: 1,602,560 / 1,602,560 / 3,205,328; --parallel zero1 on 2:
 3,205,120 / 3,205,120 / 3,205,228 on the heavier rank (3,205,220 on the other). The predicted
 figures are the same.
 

@@ -273,9 +273,14 @@ def parallelize(model: nn.Module, world: World, *, activation_checkpointing: boo
         from torch.nn.parallel import DistributedDataParallel
 
         # gradient_as_bucket_view: gradients live in the all-reduce buckets (no second copy).
+        # Under --pp (model: one stage) the schedule runs m backwards per step and arms DDP's
+        # reducer for the last only; DDP's one-time bucket rebuild then collects the parameter
+        # order twice and asserts on the next forward (torch 2.13, gloo: "rebuilt parameter
+        # indices size is not same", gpipe, or 1f1b with m = 2). find_unused_parameters turns
+        # that rebuild off, for one walk of the last micro-batch's autograd graph per step.
         ddp = DistributedDataParallel(
             model, device_ids=[world.device] if world.device.type == "cuda" else None,
-            gradient_as_bucket_view=True,
+            gradient_as_bucket_view=True, find_unused_parameters=world.pp > 1,
             process_group=world.mesh["dp"].get_group())  # tp/pp groups replicate nothing
         forward, no_sync = ddp, ddp.no_sync
     elif world.parallel == "fsdp" and data_parallel:

@@ -18,25 +18,39 @@ stages and m micro-batches (interleaved: about (p−1)/(v·m+p−1) with v virtu
 Scaling: the schedule splits this rank's batch of the step (its accumulation micro-batches,
 concatenated) into m equal micro-batches, takes the loss as the mean over each one, and scales
 gradients by 1/m (`scale_grads`): the gradient is that of the mean loss over the batch, as
-`loop.accumulate` computes it. The loss of the step (mean over micro-batches, detached) is added
-to run.loss_sum on the last stage only, times pp, and nothing elsewhere: the logger's sum over
-all ranks ÷ the number of ranks (callbacks.log, at log steps) is then the mean over the
-data-parallel ranks, as without a pipeline, and no collective is added for it (a broadcast from
-the last stage at log steps would give the same figure for one more collective).
+`loop.accumulate` computes it. The loss of the step (mean over micro-batches, detached) is
+added to run.loss_sum on the last stage's ranks only, times pp, and nothing elsewhere: the
+logger's sum over all ranks ÷ the number of ranks (callbacks.log, at log steps) is then the mean
+over the data-parallel ranks (the tp ranks of a group add equal losses), as without a pipeline,
+and no collective is added for it (a broadcast from the last stage at log steps would give the
+same figure for one more collective).
+
+Layouts: the pipeline is the outer dimension of the run's mesh ("pp", "dp", "tp", mesh.py).
+Each stage is parallelized after the cut as the whole model is without a pipeline (torchtitan's
+order; `attach`): tensor parallel over mesh["tp"] (the model's plan applied to the stage: gpt's
+stages split their blocks), activation checkpointing, then DDP or fully_shard over mesh["dp"]
+(nothing when dp = 1: the layout is pp × tp alone). The schedule runs the wrapped stages and drives
+their gradient reduction itself (DDP's no_sync and FSDP's post-backward, once per step). Every
+stage of one pipeline and every tp rank of one group takes the same batch; only dp ranks differ.
 
 Tied weights (gpt's embedding and head) live on two stages as two copies of one parameter under
-the same name; their gradients are summed over the pipeline group after the backward, so the
-copies, stepped by the same optimizer from the same gradient, stay equal.
+the same name; their gradients are summed over the pipeline group after the backward (after DDP
+and FSDP reduced them over dp), so the copies, stepped by the same optimizer from the same
+gradient, stay equal. Under FSDP or tensor parallelism the local shards are summed: each copy
+must be split alike (checked at build; gpt's embedding is replicated over tp, and fully_shard
+cuts both copies into the same dim-0 rows).
 
 Limits, checked at build: the default (x, y) step only (the loss is computed on the last stage
 from its output, a user step needs the whole model); no fp16 (GradScaler's skip decision would
-be per stage, and the stages would part ways); bf16 runs every stage under autocast.
+be per stage, and the stages would part ways); bf16 runs every stage under autocast; no
+compile (the schedule calls the stages eagerly).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from typing import Any
 
 import torch
@@ -111,36 +125,54 @@ class Pipeline:
     """What `build` resolved: the engine reads these (module docstring)."""
 
     model: Held  # this rank's parameters
-    stages: list[nn.Module]  # this rank's stage modules, in stage order
+    stages: list[nn.Module]  # this rank's stage modules, in stage order (parallelized in place)
     forward_backward: Callable[[Any, list], None]  # run.forward_backward
     evaluate_loss: Callable  # run.evaluate_loss: (forward, batch) -> (loss, metrics)
-    clipper: Callable[[float], Callable[[], torch.Tensor]]  # run.clip for --grad-clip
+    counted: list[nn.Parameter]  # for the gradient's norm: a tied weight's later copies left out
+    group: Any  # the pipeline's ProcessGroup (the norm's squares are summed over it)
     microbatches: int
     first: bool
     last: bool
 
 
-def attach(run, model: nn.Module, world, cfg, checkpoint: tuple[str, ...] = ()) -> nn.Module:
-    """The engine's --pp: `build` over the mesh's "pp" dimension, then the run's step and
-    evaluation from it; returns the module that holds this rank's parameters (the run's model:
-    optimizer, checkpoints). Activation checkpointing wraps the whole model's blocks before the
-    cut, so the stages run the wrapped blocks (distributed.parallelize's later pass over the
-    stages is then a no-op)."""
-    if world.tp > 1 or world.dp_size > 1:
-        raise UserError(f"--pp {cfg.pp} with --tp {world.tp} and {world.dp_size} data-parallel "
-                        f"groups: this version runs the pipeline alone; launch pp processes "
-                        f"(--nproc-per-node {cfg.pp}) without --tp")
+def attach(run, model: nn.Module, world, cfg, checkpoint: tuple[str, ...] = (),
+           tp_plan: dict | None = None) -> nn.Module:
+    """The engine's --pp: `build` over the mesh's "pp" dimension, each stage parallelized over
+    the mesh's "tp" and "dp" dimensions as the whole model would be without a pipeline, then the
+    run's step and evaluation from it; returns the module that holds this rank's parameters (the
+    run's model: optimizer, checkpoints)."""
     if cfg.compile or cfg.cuda_graphs:
         raise UserError("--pp runs each stage eagerly (the schedule calls the stages, not a "
                         "compiled model); drop --compile")
-    if cfg.activation_checkpointing:
-        from fasttrain.models import apply_activation_checkpointing
+    from fasttrain.engine import distributed
 
-        apply_activation_checkpointing(model, checkpoint)
-    pipe = build(run, model, world.mesh["pp"], cfg)
+    def wrap(stage: nn.Module) -> nn.Module:
+        # torchtitan's order, stage by stage once cut: tensor parallel over mesh["tp"] →
+        # activation checkpointing → DDP / fully_shard over mesh["dp"] (distributed.parallelize,
+        # the one order of every layout). Its no_sync is not needed: the schedule itself keeps
+        # DDP and FSDP from reducing before a step's last backward.
+        forward, _ = distributed.parallelize(
+            stage, world, activation_checkpointing=cfg.activation_checkpointing, compile=False,
+            cuda_graphs=False, checkpoint=checkpoint, tp_plan=_plan_for(stage, tp_plan))
+        return forward
+
+    pipe = build(run, model, world.mesh["pp"], cfg, wrap)
     run.forward_backward, run.evaluate_loss = pipe.forward_backward, pipe.evaluate_loss
-    run.pipeline = pipe  # run.py takes its clipper under --grad-clip
+    run.pipeline = pipe  # run._clipper takes its counted parameters and group
     return pipe.model
+
+
+def _plan_for(stage: nn.Module, plan: dict | None) -> dict | None:
+    """The entries of a tensor-parallel plan dict (names relative to the whole model, `*`
+    allowed per component, as parallelize_module matches them) that name a module of `stage`:
+    the other stages' modules are not here, and parallelize_module would warn about each."""
+    if plan is None:
+        return None
+
+    def resolves(module: nn.Module, parts: list[str]) -> bool:
+        return not parts or any(resolves(child, parts[1:]) for name, child
+                                in module.named_children() if fnmatch(name, parts[0]))
+    return {k: v for k, v in plan.items() if resolves(stage, k.split(".") if k else [])}
 
 
 def build(run, model: nn.Module, group, cfg,
@@ -153,8 +185,9 @@ def build(run, model: nn.Module, group, cfg,
     `wrap(stage) -> module` parallelizes each of this rank's stages before the schedule sees
     it (torchtitan's order: split, then tensor parallel / activation checkpointing / FSDP or
     DDP per stage; the stage's collectives then run inside the schedule, which knows FSDP and
-    DDP modules and reduces their gradients once per step). Wrapping in place (fully_shard,
-    parallelize_module) keeps the run's model holding the parameters the schedule trains."""
+    DDP modules and reduces their gradients once per step). It must parallelize in place
+    (parallelize_module, checkpointing, fully_shard) and may return a wrapper (DDP): the
+    stage modules keep holding the parameters the schedule trains."""
     if hasattr(group, "get_group"):
         group = group.get_group()
     pp, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -176,18 +209,23 @@ def build(run, model: nn.Module, group, cfg,
     every = _cut(model, n)
     index = [rank + k * pp for k in range(virtual)]
     mine = [every[i] for i in index]
-    held = Held(mine)
     m = microbatches(cfg, run.batches.micro * run.batches.accum)
     dev, loss_fn = run.device, run.loss_fn
     first, last = index[0] == 0, index[-1] == n - 1
     last_rank = dist.get_global_rank(group, pp - 1)
-    tied = _tied(every, mine, dev, group)
-    counted = _counted(every, index)
+    # Tied weights and copies found by name on the whole model, before wrapping renames modules
+    # (checkpointing) or swaps parameters (tensor parallel, FSDP); kept as (module, attribute),
+    # which survive both, and read back after.
+    shared, later = _copies(every, index)
     del every  # the other ranks' stages: their parameters are freed with `model`
 
-    if wrap is not None:
-        mine = [wrap(s) for s in mine]
-    stages = [PipelineStage(s, i, n, dev, group=group) for s, i in zip(mine, index, strict=True)]
+    forwards = [wrap(s) for s in mine] if wrap is not None else mine
+    held = Held(mine)
+    skip = {id(getattr(owner, attr)) for owner, attr in later}
+    counted = [p for p in held.parameters() if id(p) not in skip]
+    tied = _tied(shared, dev, group)
+    stages = [PipelineStage(s, i, n, dev, group=group)
+              for s, i in zip(forwards, index, strict=True)]
     if virtual > 1:
         schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=True)
     else:
@@ -207,64 +245,77 @@ def build(run, model: nn.Module, group, cfg,
         losses: list[torch.Tensor] = []
         with run.autocast:
             schedule.step(*feed(x), target=y, losses=losses, return_outputs=False)
-        tied()
+        tied()  # after the schedule's last backward: DDP/FSDP have reduced over dp by then
         if losses:  # the last stage: the step's loss (mean over its micro-batches) × pp
             run.loss_sum += torch.stack(losses).detach().float().mean() * pp
 
     evaluate_loss = _evaluator(run, mine, index, n, group, last_rank, last)
-
-    def clipper(max_norm: float) -> Callable[[], torch.Tensor]:
-        params = list(held.parameters())
-
-        def clip() -> torch.Tensor:
-            # The norm of the whole model's gradient: squares summed over the stages (one
-            # all-reduce of a scalar, on the device: no host sync), a tied weight counted once.
-            norm = torch.nn.utils.get_total_norm([p.grad for p in counted], foreach=True)
-            sq = norm.square()
-            dist.all_reduce(sq, group=group)
-            total = sq.sqrt()
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
-            return total
-        return clip
-
-    return Pipeline(held, mine, forward_backward, evaluate_loss, clipper, m, first, last)
+    return Pipeline(held, mine, forward_backward, evaluate_loss, counted, group, m, first, last)
 
 
-def _counted(every: list[nn.Module], index: list[int]) -> list[nn.Parameter]:
-    """This rank's parameters, but for the copies of a tied weight held by an earlier stage:
-    each of the model's parameters once over the pipeline (for the gradient's norm)."""
-    first_holder: dict[str, int] = {}
+def _owner(stage: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, attr = name.rpartition(".")
+    return stage.get_submodule(path), attr
+
+
+def _copies(every: list[nn.Module], index: list[int]
+            ) -> tuple[dict[str, tuple | None], list[tuple]]:
+    """({name of a tied weight: (module, attribute) of this rank's copy, or None}, the
+    (module, attribute) of this rank's copies whose name an earlier stage holds too: left out
+    of the gradient's norm, so that each of the model's parameters counts once)."""
+    holders: dict[str, list[int]] = {}
     for i, stage in enumerate(every):
         for name, _ in stage.named_parameters():
-            first_holder.setdefault(name, i)
-    return [p for i in index for name, p in every[i].named_parameters()
-            if first_holder[name] == i]
+            holders.setdefault(name, []).append(i)
+    shared = {name: next((_owner(every[i], name) for i in index if i in stages), None)
+              for name, stages in sorted(holders.items()) if len(stages) > 1}
+    later = [_owner(every[i], name) for i in index for name, _ in every[i].named_parameters()
+             if holders[name][0] != i]
+    return shared, later
 
 
-def _tied(every: list[nn.Module], mine: list[nn.Module], dev: torch.device, group) -> Callable:
-    """The function that sums, over the pipeline group and in place, the gradients of each
-    parameter name that more than one stage holds (the copies of a tied weight). A rank without
-    a copy sends zeros of its shape: an all-reduce needs every rank of the group."""
-    shapes: dict[str, list[torch.Size]] = {}
-    for stage in every:
-        for name, p in stage.named_parameters():
-            shapes.setdefault(name, []).append(p.shape)
-    names = sorted(k for k, v in shapes.items() if len(v) > 1)  # the same order on every rank
-    held = {k: [p for s in mine for name, p in s.named_parameters() if name == k]
-            for k in names}
-    zeros = {k: torch.zeros(shapes[k][0], device=dev) for k in names if not held[k]}
+def _tied(shared: dict[str, tuple | None], dev: torch.device, group) -> Callable[[], None]:
+    """The function that sums, over the pipeline group and in place, the gradients of the
+    copies of each tied weight (`shared`: name -> this rank's copy as (module, attribute), or
+    None). Under FSDP or tensor parallelism a copy is a DTensor: the local shards are summed,
+    which is the sum of the whole gradients only if every copy is split alike (checked here,
+    once: the same line on every rank). A rank without a copy sends zeros of the copies' local
+    shape: an all-reduce needs every rank of the group."""
+    from torch.distributed.tensor import DTensor
+
+    if not shared:
+        return lambda: None
+
+    def local(t: torch.Tensor) -> torch.Tensor:
+        return t.to_local() if isinstance(t, DTensor) else t  # a view: reduced in place
+
+    held = {k: getattr(*owner) for k, owner in shared.items() if owner is not None}
+    split = {k: (tuple(local(p).shape), p.dtype,
+                 str(p.placements) if isinstance(p, DTensor) else "whole")
+             for k, p in held.items()}
+    seen: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(seen, split, group=group)
+    kinds = {k: split_alike(k, seen) for k in shared}  # the same verdict on every rank
+    zeros = {k: torch.zeros(kinds[k][0], dtype=kinds[k][1], device=dev)
+             for k in shared if k not in held}
 
     def tie() -> None:
-        for k in names:
-            own = held[k]
-            if len(own) == 1:  # the usual case: this rank's one copy, reduced in place
-                dist.all_reduce(own[0].grad, group=group)
-                continue
-            total = sum(p.grad for p in own) if own else zeros[k].zero_()
-            dist.all_reduce(total, group=group)
-            for p in own:
-                p.grad.copy_(total)
+        for k in shared:  # the same order on every rank (sorted names)
+            grad = local(held[k].grad) if k in held else zeros[k].zero_()
+            dist.all_reduce(grad, group=group)
     return tie
+
+
+def split_alike(name: str, seen: list[dict[str, tuple]]) -> tuple:
+    """(local shape, dtype, placements) of the copies of tied weight `name`, from what each
+    pipeline rank holds (`seen`: one dict per rank, without `name` where the rank holds no copy);
+    a UserError if the copies are split differently (their local shards do not match)."""
+    kinds = sorted({s[name] for s in seen if name in s}, key=str)
+    if len(kinds) > 1:
+        raise UserError(f"--pp: the weight {name!r} is tied across pipeline stages and split "
+                        f"differently on them ({kinds[0][2]} vs {kinds[1][2]}); give every copy "
+                        f"the same tensor-parallel plan, or untie it in the model")
+    return kinds[0]
 
 
 def _evaluator(run, mine: list[nn.Module], index: list[int], n: int, group, last_rank: int,

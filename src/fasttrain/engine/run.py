@@ -214,24 +214,28 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     if world.pp > 1:  # pipeline.py: cut into stages; this rank's become the model
         from fasttrain.engine import pipeline
 
-        module = agree.together(world, pipeline.attach, run, module, world, cfg, names)
+        # Each stage parallelized there (tp, checkpointing, DDP/FSDP); the schedule runs them.
+        module = agree.together(world, pipeline.attach, run, module, world, cfg, names, tp_plan)
+        run.forward, run.no_sync = module, contextlib.nullcontext
     # On the plain module: exact, once (a pipeline stage alone cannot run the step).
     run.flops_per_step = _count_flops(run, module) if world.pp == 1 else None
     run.model = module
-    # tensor parallel → activation checkpointing → DDP / fully_shard / DataParallel → compile,
-    # in that order. A model that cannot be split (--tp) stops every rank with the same line.
-    from fasttrain.engine import tensor_parallel
+    if world.pp == 1:
+        # tensor parallel → activation checkpointing → DDP / fully_shard / DataParallel →
+        # compile, in that order. A model that cannot be split (--tp) stops every rank with the
+        # same line. Loss parallel for the default step's loss (under --pp the schedule
+        # computes the loss).
+        from fasttrain.engine import tensor_parallel
 
-    # Loss parallel for the default step's loss; under --pp the schedule computes the loss.
-    sharded_logits = (world.tp > 1 and world.pp == 1
-                      and tensor_parallel.wants_loss_parallel(run, module, tp_plan))
-    run.forward, run.no_sync = agree.together(
-        world, distributed.parallelize, module, world,
-        activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile,
-        cuda_graphs=cfg.cuda_graphs, checkpoint=names, tp_plan=tp_plan,
-        loss_parallel=sharded_logits)
-    if sharded_logits:  # the loss on vocab shards (tensor_parallel.py)
-        tensor_parallel.attach_loss_parallel(run)
+        sharded_logits = world.tp > 1 and tensor_parallel.wants_loss_parallel(run, module,
+                                                                              tp_plan)
+        run.forward, run.no_sync = agree.together(
+            world, distributed.parallelize, module, world,
+            activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile,
+            cuda_graphs=cfg.cuda_graphs, checkpoint=names, tp_plan=tp_plan,
+            loss_parallel=sharded_logits)
+        if sharded_logits:  # the loss on vocab shards (tensor_parallel.py)
+            tensor_parallel.attach_loss_parallel(run)
     if world.size > 1:
         # Same weights everywhere (seeded above), but each data-parallel rank's dropout masks
         # its own samples with its own stream; the ranks of a tp group draw the same masks, as
@@ -269,12 +273,13 @@ def _clipper(run: Run, module: nn.Module) -> Callable[[], Any]:
     cfg, world = run.cfg, run.world
     if not cfg.grad_clip:
         return lambda: None
-    if world.pp > 1:  # the norm summed over the stages
-        return run.pipeline.clipper(cfg.grad_clip)
     params = [p for p in module.parameters() if p.requires_grad]  # sharded ones under FSDP
-    if world.tp > 1:  # DTensor and plain gradients side by side
-        from fasttrain.engine.tensor_parallel import clipper
+    if world.pp > 1 or world.tp > 1:  # DTensors on their meshes, plain tensors, stages
+        from fasttrain.engine.clipping import clipper
 
+        if world.pp > 1:  # squares summed over the stages, a tied weight counted once
+            return clipper(params, cfg.grad_clip, counted=run.pipeline.counted,
+                           group=run.pipeline.group)
         return clipper(params, cfg.grad_clip)
     return lambda: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
 

@@ -27,10 +27,7 @@ A model brings its plan in one of two ways, looked up in this order:
 A model with neither is refused under --tp (splitting a layer changes what its forward must do
 with local shapes, which only the model knows).
 
-Gradient clipping sees DTensor gradients (the split weights) beside plain ones (the replicated
-parameters), and under FSDP × TP DTensors on two meshes; torch's foreach norm refuses such a
-mix, so `clipper` takes a norm per kind and adds their squares (each DTensor norm reduced over
-its mesh by `full_tensor`).
+Gradient clipping over DTensor and plain gradients side by side: engine/clipping.py.
 """
 
 from __future__ import annotations
@@ -38,7 +35,6 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
-import torch
 from torch import nn
 
 from fasttrain.errors import UserError
@@ -120,32 +116,3 @@ def attach_loss_parallel(run) -> None:
 def _on_whole_logits(metric: Callable) -> Callable:
     return lambda logits, target: metric(logits.full_tensor(), target)
 
-
-def clipper(params: list[nn.Parameter], max_norm: float) -> Callable[[], torch.Tensor]:
-    """clip_grad_norm_ over a mix of DTensor and plain parameters: the global norm of all the
-    gradients (as one process computes it), then every gradient scaled by the same factor."""
-    from torch.distributed.tensor import DTensor
-    from torch.nn.utils import clip_grads_with_norm_, get_total_norm
-
-    # One group per mesh: under FSDP × TP the split weights live on the (dp, tp) mesh and the
-    # replicated ones on dp alone, and DTensor ops refuse operands on different meshes.
-    groups: dict = {}
-    for p in params:
-        groups.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
-
-    def clip() -> torch.Tensor:
-        norms = []
-        for group in groups.values():
-            grads = [p.grad for p in group if p.grad is not None]
-            if grads:
-                norm = get_total_norm(grads, foreach=True)
-                # A DTensor norm is this rank's partial: full_tensor all-reduces it (no sync).
-                norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        if not norms:
-            return torch.zeros(())
-        total = torch.linalg.vector_norm(torch.stack(norms))
-        for group in groups.values():
-            clip_grads_with_norm_(group, max_norm, total, foreach=True)
-        return total
-
-    return clip

@@ -26,13 +26,13 @@ on the one-process Run after a real step, per parameter: tensors of the paramete
 Activations are an estimate: the one-process count for one micro-batch of a data-parallel rank
 (lab/memory: tensors saved for backward, weight copies included) ÷ tp — optimistic (12% low for gpt
 under --tp 2, measured): sequence parallelism splits the LayerNorms and the residual stream, but
-each column-wise linear saves its all-gathered, whole [B, T, C] input for backward. Under a pipeline the same count is taken stage by stage (`stage_activations`:
-the model cut as the pipeline cuts it, run stage after stage; gpt's last stage holds the
-logits and the loss's), scaled from the accumulation micro-batch to the pipeline's (the rank's
-batch ÷ m), times the chunks the schedule keeps in flight on pipeline rank r: gpipe m;
-1f1b min(m, pp − r) (the first stage pp); interleaved-1f1b min(m·v, (v − 1)·pp + 2(pp − 1 − r)
-+ 1) (torch's warm-up forwards, then one more before the first backward), of the mean of r's
-v stages.
+each column-wise linear saves its all-gathered, whole [B, T, C] input for backward. Under a pipeline
+the same count is taken stage by stage (`stage_activations`: the model cut as the pipeline cuts it,
+run stage after stage; gpt's last stage holds the logits and the loss's), scaled from the
+accumulation micro-batch to the pipeline's (the rank's batch ÷ m), times the chunks the schedule
+keeps in flight on pipeline rank r: gpipe m; 1f1b min(m, pp − r) (the first stage pp);
+interleaved-1f1b min(m·v, (v − 1)·pp + 2(pp − 1 − r) + 1) (torch's warm-up forwards, then one more
+before the first backward), of the mean of r's v stages.
 
 Costs: the bubble, (p − 1)/(m + p − 1) of a pipeline step idle (gpipe and 1f1b alike;
 interleaving v chunks per rank: (p − 1)/(v·m + p − 1)); tensor parallel: per block, 2

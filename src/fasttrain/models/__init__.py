@@ -170,14 +170,14 @@ def units(model: nn.Module, names: tuple[str, ...] | list[str] = ()) -> list[tup
                 raise UserError(f"activation checkpointing: {type(model).__name__} has no "
                                 f"submodule {name!r}; name one of "
                                 f"{', '.join(n for n, _ in model.named_children())}") from None
-            if isinstance(module, nn.Sequential | nn.ModuleList):
+            if isinstance(module, nn.Sequential | nn.ModuleList | nn.ModuleDict):
                 found += children(module)
             else:
                 parent, _, key = name.rpartition(".")
                 found.append((model.get_submodule(parent) if parent else model, key))
         return found
     blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.ModuleList):
+    if isinstance(blocks, nn.ModuleList | nn.ModuleDict):  # a dict: a pipeline stage's blocks
         return children(blocks)
     if isinstance(model, nn.Sequential | nn.ModuleList):
         return children(model)

@@ -139,6 +139,52 @@ class TiedHead(nn.Module):
         return F.linear(x, weight)
 
 
+def _parallelize(model: nn.Module, blocks, block_size: int, tp_mesh,
+                 loss_parallel: bool) -> None:
+    """gpt's tensor- and sequence-parallel plan on `model`: the whole GPT, or one pipeline
+    stage (--pp with --tp), which holds `blocks` and whichever of the embeddings, the final norm
+    and the tied head are its own: the plan is applied to the modules present, so that a stage
+    boundary carries this rank's sequence shard [B, T/tp, C] to the same tp rank of the next
+    stage, and the last stage's copy of the tied matrix is split as the first stage's is."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    tp, n_head = tp_mesh.size(), blocks[0].attn.n_head
+    if n_head % tp:
+        raise UserError(f"--tp {tp}: gpt's {n_head} attention heads do not split over {tp} "
+                        f"ranks; choose a --tp that divides {n_head} (or n_head=)")
+    if block_size % tp:
+        raise UserError(f"--tp {tp}: sequence parallelism splits each sequence of "
+                        f"{block_size} tokens over {tp} ranks; choose a --block-size "
+                        f"that is a multiple of {tp}")
+    for block in blocks:
+        block.parallelize(tp_mesh)
+    plan = {
+        # Vocabulary-sharded lookup (each rank holds vocab/tp rows of the tied matrix); its
+        # partial sums are reduce-scattered into sequence shards [B, T/tp, C].
+        "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        # The position table stays whole (T × C, small); each rank keeps its rows [T/tp, C].
+        "wpe": PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(0)),
+        "drop": SequenceParallel(use_local_output=True),
+        "ln_f": SequenceParallel(),
+        # The tied head against the same vocab-sharded matrix: the normed sequence is
+        # all-gathered, each rank computes its vocab/tp columns of the logits (no
+        # communication), DTensor [B, T, vocab] sharded on the last dimension.
+        "head": PrepareModuleInput(input_layouts=(Shard(1), Shard(0)),
+                                   desired_input_layouts=(Replicate(), Shard(0))),
+    }
+    parallelize_module(model, tp_mesh, {k: v for k, v in plan.items() if hasattr(model, k)})
+    if hasattr(model, "head") and not loss_parallel:  # whole logits: a loss or step of yours
+        parallelize_module(model.head, tp_mesh, PrepareModuleOutput(
+            output_layouts=Shard(-1), desired_output_layouts=Replicate()))
+
+
 class GPT(nn.Module):
     def __init__(self, in_shape: tuple[int, ...], num_classes: int, *, n_layer: int = 4,
                  n_head: int = 4, n_embd: int = 128, dropout: float = 0.0):
@@ -164,44 +210,7 @@ class GPT(nn.Module):
         under --tp). `loss_parallel`: the logits stay a DTensor sharded over the vocabulary
         (the engine then computes the loss under torch's loss_parallel()); else they are
         all-gathered into whole [B, T, vocab] tensors on every rank."""
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.parallel import (
-            PrepareModuleInput,
-            PrepareModuleOutput,
-            RowwiseParallel,
-            SequenceParallel,
-            parallelize_module,
-        )
-
-        tp, n_head = tp_mesh.size(), self.blocks[0].attn.n_head
-        if n_head % tp:
-            raise UserError(f"--tp {tp}: gpt's {n_head} attention heads do not split over {tp} "
-                            f"ranks; choose a --tp that divides {n_head} (or n_head=)")
-        if self.block_size % tp:
-            raise UserError(f"--tp {tp}: sequence parallelism splits each sequence of "
-                            f"{self.block_size} tokens over {tp} ranks; choose a --block-size "
-                            f"that is a multiple of {tp}")
-        for block in self.blocks:
-            block.parallelize(tp_mesh)
-        plan = {
-            # Vocabulary-sharded lookup (each rank holds vocab/tp rows of the tied matrix); its
-            # partial sums are reduce-scattered into sequence shards [B, T/tp, C].
-            "wte": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            # The position table stays whole (T × C, small); each rank keeps its rows [T/tp, C].
-            "wpe": PrepareModuleOutput(output_layouts=Replicate(),
-                                       desired_output_layouts=Shard(0)),
-            "drop": SequenceParallel(use_local_output=True),
-            "ln_f": SequenceParallel(),
-            # The tied head against the same vocab-sharded matrix: the normed sequence is
-            # all-gathered, each rank computes its vocab/tp columns of the logits (no
-            # communication), DTensor [B, T, vocab] sharded on the last dimension.
-            "head": PrepareModuleInput(input_layouts=(Shard(1), Shard(0)),
-                                       desired_input_layouts=(Replicate(), Shard(0))),
-        }
-        parallelize_module(self, tp_mesh, plan)
-        if not loss_parallel:  # whole logits on every rank: a loss or step of the user's
-            parallelize_module(self.head, tp_mesh, PrepareModuleOutput(
-                output_layouts=Shard(-1), desired_output_layouts=Replicate()))
+        _parallelize(self, self.blocks, self.block_size, tp_mesh, loss_parallel)
 
     def _init_weights(self, n_layer: int) -> None:
         # GPT-2: N(0, 0.02) for every matrix and embedding, zero biases, LayerNorm at (1, 0); the
@@ -258,8 +267,15 @@ class _Stage(nn.Module):
             with torch.no_grad():
                 self.wte.weight.copy_(gpt.wte.weight)
         self.blocks = nn.ModuleDict({str(i): gpt.blocks[i] for i in index})
+        self.block_size = gpt.block_size
         if last:
-            self.ln_f = gpt.ln_f
+            self.ln_f, self.head = gpt.ln_f, gpt.head
+
+    def parallelize(self, tp_mesh) -> None:
+        """gpt's plan on this stage (--pp with --tp: engine/pipeline.py splits each stage after
+        the cut): its blocks, and its embeddings or its final norm and head. The pipeline
+        computes the loss from whole logits (no loss parallel)."""
+        _parallelize(self, list(self.blocks.values()), self.block_size, tp_mesh, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:  # int64 tokens [B, T] -> [B, T, C]
@@ -267,5 +283,5 @@ class _Stage(nn.Module):
         for block in self.blocks.values():
             x = block(x)
         if self.last:  # -> logits [B, T, vocab]
-            x = F.linear(self.ln_f(x), self.wte.weight)
+            x = self.head(self.ln_f(x), self.wte.weight)
         return x
