@@ -301,9 +301,22 @@ def _tied(shared: dict[str, tuple | None], dev: torch.device, group) -> Callable
 
     def tie() -> None:
         for k in shared:  # the same order on every rank (sorted names)
-            grad = local(held[k].grad) if k in held else zeros[k].zero_()
+            grad = local(_as_param(held[k])) if k in held else zeros[k].zero_()
             dist.all_reduce(grad, group=group)
     return tie
+
+
+def _as_param(p: torch.Tensor) -> torch.Tensor:
+    """p.grad laid out as p is. A DTensor's gradient may come back in another placement (a
+    vocab-sharded embedding's lookup returns it Replicate): redistributed to the parameter's
+    (Replicate → Shard is a local slice, no communication), so the local shards that are
+    summed are the same rows on every copy."""
+    from torch.distributed.tensor import DTensor
+
+    g = p.grad
+    if isinstance(g, DTensor) and g.placements != p.placements:
+        p.grad = g = g.redistribute(p.device_mesh, p.placements)
+    return g
 
 
 def split_alike(name: str, seen: list[dict[str, tuple]]) -> tuple:
