@@ -84,9 +84,10 @@ def test_a_pipeline_over_tp_and_dp_trains_as_one_process(tmp_path, one, name, st
 def test_a_pp_tp_checkpoint_resumes_in_one_process_as_an_uninterrupted_run(tmp_path, one):
     """DCP reshards on load: the pp × tp shards (each stage's blocks split in rows, the two
     copies of the tied embedding under one name) are read into one process's whole tensors,
-    which continues as the process that was never split."""
+    which continues as the process that was never split. Saved with activation checkpointing
+    on (its wrappers invisible in the checkpoint's names), resumed with it off."""
     first = train(tmp_path / "run", "--max-steps", "2", "--checkpoint-every", "2",
-                  *LAYOUTS["pp2-tp2"][1], procs=4)
+                  "--activation-checkpointing", *LAYOUTS["pp2-tp2"][1], procs=4)
     assert first.returncode == 0, first.stdout + first.stderr
     second = train(tmp_path / "run", "--max-steps", "4", "--resume", "auto")
     assert second.returncode == 0 and "step-00000002" in second.stdout, second.stdout
