@@ -38,12 +38,13 @@ def gpt_and_adamw(**kw) -> tuple[GPT, torch.optim.Optimizer]:
 
 
 def by_hand(tp: int = 1, blocks: int = 4, embed: bool = True, head: bool = True) -> int:
-    """gpt's parameter count on one rank: Megatron-split blocks, whole embeddings and norms."""
+    """gpt's parameter count on one rank: Megatron-split blocks, the tied token table split by
+    vocabulary rows (V = 30: 15 each under tp 2), the position table and the norms whole."""
     split = (3 * C * C + 3 * C) + C * C + (4 * C * C + 4 * C) + 4 * C * C  # qkv, proj, fc, proj
     whole = 4 * C + C + C  # two LayerNorms; the row-wise layers' biases
     n = blocks * (split // tp + whole)
-    n += (V * C + T * C) if embed else 0  # token and position tables
-    n += (V * C + 2 * C) if head else 0  # the head's copy of the tied table, final norm
+    n += (V * C // tp + T * C) if embed else 0  # token and position tables
+    n += (V * C // tp + 2 * C) if head else 0  # the head's copy of the tied table, final norm
     return n
 
 
@@ -61,9 +62,10 @@ def test_tp_splits_the_plan_and_leaves_the_rest_whole():
     shapes = tp_shapes(model, 2)
     assert shapes["blocks.0.attn.qkv.weight"] == (3 * C // 2, C)
     assert shapes["blocks.0.attn.proj.weight"] == (C, C // 2)
-    assert shapes["blocks.0.attn.proj.bias"] == (C,) and shapes["wte.weight"] == (V, C)
+    assert shapes["blocks.0.attn.proj.bias"] == (C,) and shapes["wte.weight"] == (V // 2, C)
+    assert shapes["wpe.weight"] == (T, C)
     (row,) = per_rank(model, opt, [1000], Layout(tp=2))
-    assert row.params == 4 * (by_hand(tp=2) - V * C) and row.activations == 500
+    assert row.params == 4 * (by_hand(tp=2) - V * C // 2) and row.activations == 500
 
 
 def test_pp_holds_each_stage_and_the_tied_copy_on_the_last():
@@ -89,8 +91,8 @@ def test_activation_checkpointing_wrappers_change_no_share():
 
     model, opt = gpt_and_adamw()
     plain = [per_rank(model, opt, [0], Layout(tp=2)), per_rank(model, opt, [0, 0], Layout(pp=2))]
-    apply_activation_checkpointing(model)  # names gain "inner." (blocks.0.inner.attn...)
-    assert any(".inner." in n for n, _ in model.named_parameters())
+    apply_activation_checkpointing(model)  # blocks.0._checkpoint_wrapped_module.attn...
+    assert any("._checkpoint_wrapped_module." in n for n, _ in model.named_parameters())
     assert [per_rank(model, opt, [0], Layout(tp=2)), per_rank(model, opt, [0, 0], Layout(pp=2))] \
         == plain
 
@@ -99,7 +101,9 @@ def test_fsdp_shards_again_zero1_only_the_optimizer():
     model, opt = gpt_and_adamw()
     (tp,) = per_rank(model, opt, [0], Layout(tp=2))
     (two_d,) = per_rank(model, opt, [0], Layout(tp=2, dp=2, data="fsdp"))
-    assert two_d.params == tp.params // 2  # every dim 0 here is even
+    # FSDP chunks dim 0 of each local shard; the 15 vocabulary rows of a tp rank's token table
+    # go 8 + 7, and the heavier rank (shown) holds 8 of them
+    assert two_d.params == tp.params // 2 + C * 4 // 2
     (ddp,) = per_rank(model, opt, [0], Layout(dp=2, data="ddp"))
     (zero1,) = per_rank(model, opt, [0], Layout(dp=2, data="zero1"))
     assert ddp.params == zero1.params == 4 * (by_hand() - V * C)

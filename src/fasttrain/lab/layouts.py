@@ -151,18 +151,13 @@ def meta_copy(model: nn.Module) -> nn.Module:
 
 
 def plain_name(model: nn.Module):
-    """name → the same parameter's name without activation checkpointing's `inner.` component,
-    for `model`'s names (the names `meta_copy` keeps)."""
-    from fasttrain.models import Checkpointed
-
-    wrapped = [f"{n}." if n else "" for n, m in model.named_modules()
-               if isinstance(m, Checkpointed)]
+    """name → the same parameter's name without activation checkpointing's wrapper component
+    (torch's CheckpointWrapper: `_checkpoint_wrapped_module.`), for `model`'s names (the names
+    `meta_copy` keeps)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import _CHECKPOINT_PREFIX
 
     def plain(name: str) -> str:
-        for w in wrapped:
-            if name.startswith(f"{w}inner."):
-                return w + name[len(w) + len("inner."):]
-        return name
+        return name.replace(_CHECKPOINT_PREFIX, "")
     return plain
 
 
