@@ -9,7 +9,9 @@ autograd that sees every aten op call once: FLOPs from torch's FLOP formulas
 (torch.utils.flop_counter's registry, as the engine's MFU count), bytes as
 `fasttrain.lab.classify` counts them (every input and output tensor once: caches ignored, so an
 upper bound on traffic; fusion by --compile would lower it). Views and empty tensors move no
-data, launch no kernel, and are not calls here.
+data, launch no kernel, and are not calls here. The count is of the device it runs on: on a CPU
+the optimizer updates one parameter at a time where CUDA's foreach kernels take them all, so a
+GPU issues fewer calls than a CPU count says (the launch term is an overestimate there).
 
 Two terms, because a step is two kinds of cost:
 - the roofline: each call at the slower of its two roofs — a step of matmuls and elementwise ops
