@@ -20,16 +20,16 @@ Target: within ±30% of the measured step.
 
 Timing on a shared, loaded machine: one torch thread, timed by that thread's CPU time (`--clock
 cpu`: time.thread_time; peaks measured the same way, fasttrain.peaks.measure_cpu), so that
-waiting for a core is not counted. Not the process's CPU time: that counts every thread, and
-the thread pool that env_block and the peak measurement leave behind spins (logreg at batch 64:
-27 ms a step by process_time, 0.29 ms by thread_time; the previous results of this benchmark
-were taken so). This VM does not report steal time, so a thread's CPU time still grows while the
-host runs someone else (logreg at batch 64: 0.23 ms a step at load 0.4, a median of 8 ms at
-load 5–13). So all points are built first and timed in short interleaved rounds, each started
-only once the machine has been quiet for a second (`--quiet`: at most that many runnable tasks,
-this one included, in /proc/loadavg; waited for up to `--patience` seconds, else the round runs
-anyway and is marked), so that load that comes and goes falls on every point alike; a point's
-time is the MEDIAN of all its steps; the load is recorded at every round.
+waiting for a core is not counted, and no op waits at a barrier for a descheduled helper thread.
+The thread count is set AFTER env_block(): its numba query starts numba's OpenMP pool, which
+raises the OpenMP thread count torch shares to 2 (the previous results of this benchmark ran so,
+timed by process_time: every thread's CPU time, a spinning OpenMP worker's included — logreg at
+batch 64 read 27 ms a step, 0.29 ms by one thread's clock). All points are built first and timed
+in short interleaved rounds, each started once the machine has been quiet for a second
+(`--quiet`: at most that many runnable tasks, this one included, in /proc/loadavg; waited for up
+to `--patience` seconds, else the round runs anyway and is marked), so that load that comes and
+goes falls on every point alike; a point's time is the MEDIAN of all its steps; the load is
+recorded at every round.
 
 glibc is told to keep freed memory (steptime.hold_freed_memory, as `plan --calibrate` on a CPU
 does; `--malloc default` to measure without): otherwise it returns large blocks to the OS and
@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per point per round")
     ap.add_argument("--quiet", type=int, default=2,
                     help="start a round when at most this many tasks are runnable (default 2)")
-    ap.add_argument("--patience", type=float, default=120,
+    ap.add_argument("--patience", type=float, default=30,
                     help="seconds to wait for a quiet machine before a round runs anyway")
     ap.add_argument("--json", help="default: benchmarks/results/DATE-cpu-NAME-plan-accuracy.json")
     ap.add_argument("--threads", type=int, default=1,
@@ -130,9 +130,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.clock == "cpu" and args.threads != 1:
         ap.error("--clock cpu needs --threads 1 (CPU time sums over threads)")
+    env = env_block()  # first: it raises OpenMP's thread count (module docstring)
     torch.set_num_threads(args.threads)
+    env["torch_threads"] = torch.get_num_threads()
     held = args.malloc == "hold" and steptime.hold_freed_memory()
-    env = env_block()
     t0 = time.time()
     if args.clock == "cpu":
         from fasttrain.peaks import measure_cpu

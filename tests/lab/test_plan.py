@@ -142,3 +142,19 @@ def test_gpu_names_match_the_catalogue_as_torch_reports_them():
     assert plan_cmd.same_gpu("NVIDIA H100 80GB HBM3", "H100 SXM")
     assert not plan_cmd.same_gpu("NVIDIA H100 PCIe", "H100 SXM")
     assert plan_cmd.same_gpu("NVIDIA GeForce RTX 5090", "RTX 5090")  # a user catalogue's GPU
+
+
+def test_a_calibrated_plan_carries_the_efficiency_and_not_this_cpus_launch_cost(tmp_path):
+    from fasttrain.lab import steptime
+
+    out = tmp_path / "c.json"
+    assert main(["plan", *FLAGS, "--calibrate", "--gpus", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    eff = result["efficiency"]["value"]
+    assert [p["batch_size"] for p in result["efficiency"]["basis"]["points"]] == [64, 32]
+    assert result["launch"]["fitted_on"] == "cpu"
+    h = next(r for r in result["rows"] if r["gpu"] == "H100 SXM")
+    assert h["launch_s"] == steptime.DEFAULT_LAUNCH_S and h["gpus"] == 2
+    # each of the two GPUs: half the roofline over the carried efficiency, every call issued
+    compute = h["roofline_s"] / eff / 2 + h["ops"] * h["launch_s"]
+    assert h["step_s"] == pytest.approx(compute + h["exposed_s"])
