@@ -211,6 +211,8 @@ def _launches(rows: list[dict]) -> str:
     for r in rows:
         if "launch_s" in r:
             used.setdefault((r["launch_s"], r["launch_source"]), []).append(r["gpu"])
+    if not used:
+        return "no GPU computed"
     if len(used) == 1:
         (s, src), = used
         return f"{s * 1e6:.2g} µs: {src}"
