@@ -139,3 +139,16 @@ def test_calibration_fits_two_batch_sizes_and_reports_its_basis():
     assert steptime.fit(points) == (fit.efficiency, fit.launch_s)  # the basis is what was fitted
     assert all(len(p.step_times_s) == 3 and p.ops > 0 for p in points)
     assert "fitted on cpu to logreg at batch 64 and 32" in fit.source
+
+
+def test_a_count_for_a_gpu_takes_the_optimizers_foreach_path():
+    cfg = TrainConfig(model="mlp", data="synthetic", batch_size=32, device="cpu")
+    from fasttrain.engine.run import build
+
+    run = build(cfg, verbose=False)
+    looped, foreach = steptime.count_run(run), steptime.count_run(run, foreach=True)
+    params = sum(len(g["params"]) for g in run.opt.param_groups)
+    # AdamW on a CPU: several calls per parameter tensor (6 here); foreach: one per op for all
+    assert params >= 4 and looped.ops - foreach.ops >= 4 * (params - 1)
+    assert foreach.flops == looped.flops
+    assert all(g["foreach"] is None for g in run.opt.param_groups)  # left as it was

@@ -55,7 +55,8 @@ class _Models:
     def work(self, cfg) -> steptime.StepWork:
         key = repr(cfg)
         if key not in self._work:
-            self._work[key] = steptime.count(cfg, data=self.task)
+            # counted as CUDA runs it: the optimizer's foreach path (steptime.count_run)
+            self._work[key] = steptime.count(cfg, data=self.task, foreach=True)
         return self._work[key]
 
 

@@ -9,9 +9,11 @@ autograd that sees every aten op call once: FLOPs from torch's FLOP formulas
 (torch.utils.flop_counter's registry, as the engine's MFU count), bytes as
 `fasttrain.lab.classify` counts them (every input and output tensor once: caches ignored, so an
 upper bound on traffic; fusion by --compile would lower it). Views and empty tensors move no
-data, launch no kernel, and are not calls here. The count is of the device it runs on: on a CPU
-the optimizer updates one parameter at a time where CUDA's foreach kernels take them all, so a
-GPU issues fewer calls than a CPU count says (the launch term is an overestimate there).
+data, launch no kernel, and are not calls here. torch's optimizers loop over the parameters on
+a CPU and take them all in one foreach call per op on CUDA (gpt: 418 of a CPU step's 566 calls,
+18 as foreach), so a count for a GPU (`foreach=True`) takes the foreach path where the optimizer
+leaves the choice to torch; a calibration counts the path it times. Gradient clipping's norms
+stay per parameter as a CPU computes them (an overcount of calls on a GPU with --grad-clip).
 
 Two terms, because a step is two kinds of cost:
 - the roofline: each call at the slower of its two roofs — a step of matmuls and elementwise ops
@@ -145,26 +147,36 @@ def _grad_bytes(run) -> int:
     return sum(p.numel() * p.element_size() for p in run.model.parameters() if p.requires_grad)
 
 
-def count_run(run) -> StepWork:
+def count_run(run, foreach: bool = False) -> StepWork:
     """A Run's optimizer step, counted on the eager module after one uncounted step (lazy
     optimizer state is not step work). The micro-batches are fetched outside the count, as they
-    are outside `time_steps`'s clock: what is counted is what is timed."""
+    are outside `time_steps`'s clock: what is counted is what is timed. `foreach`: the optimizer
+    counted on its foreach path, as CUDA runs it, where its param groups leave foreach to torch
+    (None); set for the counted step only."""
     from fasttrain.engine.loop import endless_batches, step
 
     batches = endless_batches(run)
     step(run, next(batches))
     micro = next(batches)
-    return count_call(lambda: step(run, micro, forward=run.model), _grad_bytes(run))
+    groups = [g for g in run.opt.param_groups if foreach and g.get("foreach", False) is None]
+    for g in groups:
+        g["foreach"] = True
+    try:
+        return count_call(lambda: step(run, micro, forward=run.model), _grad_bytes(run))
+    finally:
+        for g in groups:
+            g["foreach"] = None
 
 
-def count(cfg: TrainConfig, model=None, data=None, *, loss=None) -> StepWork:
-    """Build the configured Run (its device), count one step, and let it go."""
+def count(cfg: TrainConfig, model=None, data=None, *, loss=None,
+          foreach: bool = False) -> StepWork:
+    """Build the configured Run (its device), count one step (`count_run`), and let it go."""
     from fasttrain.engine.run import build
     from fasttrain.lab.memory import free_memory
 
     run = build(cfg, model=model, data=data, loss=loss, verbose=False)
     try:
-        return count_run(run)
+        return count_run(run, foreach)
     finally:
         del run
         free_memory()
