@@ -130,7 +130,10 @@ def test_the_second_calibration_batch_splits_into_accumulation_steps():
 
 def test_calibration_fits_two_batch_sizes_and_reports_its_basis():
     cfg = TrainConfig(model="logreg", data="synthetic", batch_size=64, device="cpu")
+    threads = torch.get_num_threads()
     fit, basis = steptime.calibrate(cfg, steps=3)
+    assert torch.get_num_threads() == threads  # one thread while measuring, restored after
+    assert basis["clock"] == "one thread, its CPU time"
     assert [p["batch_size"] for p in basis["points"]] == [64, 32]
     assert 0 < fit.efficiency <= 1 and fit.launch_s >= 0 and fit.device == "cpu"
     assert (fit.efficiency, fit.launch_s) == (basis["efficiency"], basis["launch_s"])

@@ -26,7 +26,8 @@ Two terms, because a step is two kinds of cost:
   number of calls does not change with the batch, so calls × t_launch already absorbs it.
 
 `calibrate` measures the configuration at two batch sizes on the present device (median of the
-timed steps), and fits eff and t_launch by least squares on relative error, with eff ≤ 1 (a step
+timed steps; on a CPU one thread timed by its CPU time, so that other tenants' load does not pass
+for inefficiency), and fits eff and t_launch by least squares on relative error, with eff ≤ 1 (a step
 does not beat its roofline at this device's own peaks: if the fit wants more, the counted bytes
 overstate what reached memory) and t_launch ≥ 0. Two points, two unknowns: an exact fit unless a
 bound holds. On another GPU the efficiency carries over as it is; t_launch does not (a CPU's
@@ -272,42 +273,69 @@ def second_batch(cfg: TrainConfig) -> int:
     return half if half >= cfg.accum_steps and half % cfg.accum_steps == 0 else 2 * cfg.batch_size
 
 
-def calibrate(cfg: TrainConfig, model=None, data=None, *, loss=None, steps: int = STEPS,
-              clock=time.perf_counter) -> tuple[Fit, dict]:
-    """Measure the configuration at its batch size and `second_batch` on its device and fit the
-    model's two constants (module docstring), with the figures behind them."""
+def _measuring(device, precision: str) -> tuple[classify.Peaks, Callable[[], float], str]:
+    """(peaks, clock, how) for a calibration on `device`. A CPU at fp32 is measured as
+    benchmarks/plan_accuracy.py measures it, so that a shared machine's load does not pass for
+    inefficiency: ONE torch thread (the caller restores the count), each step timed by that
+    thread's CPU time, peaks measured the same way, freed memory held (hold_freed_memory).
+    Elsewhere: wall time to the device's end, classify.device_peaks (a GPU's data sheet)."""
+    if device.type == "cpu" and precision == "fp32":
+        try:
+            from fasttrain.peaks import measure_cpu
+        except ImportError:  # numba missing: the general path below
+            pass
+        else:
+            import torch
+
+            hold_freed_memory()
+            p = measure_cpu(n_threads=1)
+            torch.set_num_threads(1)  # after numba, whose pool may raise OpenMP's thread count
+            peaks = classify.Peaks(p["fp32_flops"], p["bandwidth"], "fasttrain.peaks, 1 thread")
+            return peaks, time.thread_time, "one thread, its CPU time"
+    return classify.device_peaks(device, precision), time.perf_counter, "wall time"
+
+
+def calibrate(cfg: TrainConfig, model=None, data=None, *, loss=None,
+              steps: int = STEPS) -> tuple[Fit, dict]:
+    """Measure the configuration at its batch size and `second_batch` on its device (as
+    `_measuring` says) and fit the model's two constants (module docstring), with the figures
+    behind them."""
     import dataclasses
+
+    import torch
 
     from fasttrain.engine.run import build
     from fasttrain.lab.memory import free_memory
 
-    points, peaks, device, held = [], None, "", False
-    for b in (cfg.batch_size, second_batch(cfg)):
-        run = build(dataclasses.replace(cfg, batch_size=b), model=model, data=data, loss=loss,
-                    verbose=False)
-        try:
-            if peaks is None:
-                peaks = classify.device_peaks(run.device, cfg.precision)
-                device = _device_name(run.device)
-                held = run.device.type == "cpu" and hold_freed_memory()
-            times = time_steps(run, steps, clock=clock)
-            work = count_run(run)
-        finally:
-            del run
-            free_memory()
-        points.append(Point(b, roofline_s(work, peaks.flops, peaks.bandwidth), work.ops,
-                            statistics.median(times), tuple(times)))
+    points, setup, device, threads = [], None, "", torch.get_num_threads()
+    try:
+        for b in (cfg.batch_size, second_batch(cfg)):
+            run = build(dataclasses.replace(cfg, batch_size=b), model=model, data=data,
+                        loss=loss, verbose=False)
+            try:
+                if setup is None:
+                    setup, device = _measuring(run.device, cfg.precision), _device_name(run.device)
+                peaks, clock, how = setup
+                times = time_steps(run, steps, clock=clock)
+                work = count_run(run)  # the optimizer's path as timed here
+            finally:
+                del run
+                free_memory()
+            points.append(Point(b, roofline_s(work, peaks.flops, peaks.bandwidth), work.ops,
+                                statistics.median(times), tuple(times)))
+    finally:
+        torch.set_num_threads(threads)
     eff, launch = fit(points)
     p, q = points
     source = (f"fitted on {device} to {cfg.model} at batch {p.batch_size} and {q.batch_size} "
-              f"({cfg.precision}; median of {steps} steps: {p.measured_s * 1e3:.4g} and "
+              f"({cfg.precision}; median of {steps} steps, {how}: {p.measured_s * 1e3:.4g} and "
               f"{q.measured_s * 1e3:.4g} ms; per-op roofline {p.roofline_s * 1e3:.3g} and "
               f"{q.roofline_s * 1e3:.3g} ms, {p.ops} and {q.ops} calls; peaks {peaks.source}: "
               f"{peaks.flops / 1e9:.0f} GFLOP/s, {peaks.bandwidth / 1e9:.0f} GB/s): efficiency "
               f"{eff:.2g} (carried over), {launch * 1e6:.2g} µs per call (this device's only)")
     basis = {"device": device, "points": [dataclasses.asdict(x) for x in points],
              "peak_flops": peaks.flops, "bandwidth": peaks.bandwidth, "peaks": peaks.source,
-             "steps": steps, "freed_memory_held": held, "efficiency": eff, "launch_s": launch}
+             "clock": how, "steps": steps, "efficiency": eff, "launch_s": launch}
     return Fit(eff, launch, device, source), basis
 
 
