@@ -27,14 +27,14 @@ Two terms, because a step is two kinds of cost:
 
 `calibrate` measures the configuration at two batch sizes on the present device (median of the
 timed steps; on a CPU one thread timed by its CPU time, so that other tenants' load does not pass
-for inefficiency), and fits eff and t_launch by least squares on relative error, with eff ≤ 1 (a step
-does not beat its roofline at this device's own peaks: if the fit wants more, the counted bytes
-overstate what reached memory) and t_launch ≥ 0. Two points, two unknowns: an exact fit unless a
-bound holds. On another GPU the efficiency carries over as it is; t_launch does not (a CPU's
-per-op cost is not a GPU's): it comes from the catalogue (`launch_us`, with its source) or is
-DEFAULT_LAUNCH_S. On a GPU the host issues ahead of the device, so the sum is pessimistic where
-the two terms are close (at most 2×: the true step is at least their maximum). Data parallel: each
-GPU takes 1/n of the samples (`share`, the roofline term) but issues every call.
+for inefficiency), and fits eff and t_launch by least squares on relative error, with eff ≤ 1 (a
+step does not beat its roofline at this device's own peaks: if the fit wants more, the counted
+bytes overstate what reached memory) and t_launch ≥ 0. Two points, two unknowns: an exact fit
+unless a bound holds. On another GPU the efficiency carries over as it is; t_launch does not (a
+CPU's per-op cost is not a GPU's): it comes from the catalogue (`launch_us`, with its source) or is
+DEFAULT_LAUNCH_S. On a GPU the host issues ahead of the device, so the sum is pessimistic where the
+two terms are close (at most 2×: the true step is at least their maximum). Data parallel: each GPU
+takes 1/n of the samples (`share`, the roofline term) but issues every call.
 """
 
 from __future__ import annotations
