@@ -84,3 +84,15 @@ def test_marks_and_pareto_front():
     assert [o.gpu for o in cost.pareto(opts)] == ["B", "C", "A"]
     cost.mark([f := cost.Option("F", "spot", 1, hours=9, usd=1)], deadline_h=1)
     assert f.marks == ["cheapest", "fastest"]  # none meets the deadline: no such mark
+
+
+def test_a_catalogue_launch_cost_needs_its_source(tmp_path):
+    base = ('[gpus."Mine"]\nmemory_gb = 24\nfp32 = 30\nbandwidth_gbs = 900\n'
+            'interconnect = "PCIe"\nlink_gbs = 25\n')
+    gpu = cost.load(_write(tmp_path, base + 'launch_us = 4.5\nlaunch_source = "measured"\n'))
+    assert gpu["Mine"].launch_s == pytest.approx(4.5e-6)
+    assert gpu["Mine"].launch_source == "measured"
+    assert cost.load(_write(tmp_path, base))["Mine"].launch_s is None
+    with pytest.raises(UserError, match=r"'Mine' has 'launch_us' but lacks the field "
+                       r"'launch_source'"):
+        cost.load(_write(tmp_path, base + "launch_us = 4.5\n"))

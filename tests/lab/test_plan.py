@@ -117,3 +117,44 @@ def test_fsdp_and_ddp_needs_by_hand():
             return b
 
     assert plan_cmd._fit(Models(), None, gpu, 4, fsdp=True)[::2] == ("fits (FSDP over 4 GPUs)", 4)
+
+
+def test_the_cost_per_op_issued_comes_from_the_fit_only_on_the_gpu_it_was_fitted_on():
+    from fasttrain.lab import steptime
+
+    cfg = TrainConfig(model="logreg", data="synthetic", batch_size=64, device="cpu")
+    h100 = cost.load()["H100 SXM"]
+    mine = dataclasses.replace(h100, launch_s=3e-6, launch_source="measured on mine")
+    on_cpu = steptime.Fit(0.3, 9e-6, "cpu", "fitted here")
+    on_h100 = steptime.Fit(0.3, 7e-6, "NVIDIA H100 80GB HBM3", "fitted there")
+    assert plan_cmd.launch(h100, cfg, on_cpu) == (steptime.DEFAULT_LAUNCH_S,
+                                                  steptime.DEFAULT_LAUNCH_SOURCE)
+    assert plan_cmd.launch(mine, cfg, on_cpu) == (3e-6, "measured on mine")
+    assert plan_cmd.launch(mine, cfg, on_h100)[0] == 7e-6
+    assert plan_cmd.launch(cost.load()["H100 PCIe"], cfg, on_h100)[0] == steptime.DEFAULT_LAUNCH_S
+    graphs = dataclasses.replace(cfg, cuda_graphs=True)
+    assert plan_cmd.launch(mine, graphs, on_h100)[0] == 0.0
+
+
+def test_gpu_names_match_the_catalogue_as_torch_reports_them():
+    assert plan_cmd.same_gpu("NVIDIA A100-SXM4-80GB", "A100 80GB")
+    assert not plan_cmd.same_gpu("NVIDIA A100-SXM4-80GB", "A100 40GB")
+    assert plan_cmd.same_gpu("NVIDIA H100 80GB HBM3", "H100 SXM")
+    assert not plan_cmd.same_gpu("NVIDIA H100 PCIe", "H100 SXM")
+    assert plan_cmd.same_gpu("NVIDIA GeForce RTX 5090", "RTX 5090")  # a user catalogue's GPU
+
+
+def test_a_calibrated_plan_carries_the_efficiency_and_not_this_cpus_launch_cost(tmp_path):
+    from fasttrain.lab import steptime
+
+    out = tmp_path / "c.json"
+    assert main(["plan", *FLAGS, "--calibrate", "--gpus", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    eff = result["efficiency"]["value"]
+    assert [p["batch_size"] for p in result["efficiency"]["basis"]["points"]] == [64, 32]
+    assert result["launch"]["fitted_on"] == "cpu"
+    h = next(r for r in result["rows"] if r["gpu"] == "H100 SXM")
+    assert h["launch_s"] == steptime.DEFAULT_LAUNCH_S and h["gpus"] == 2
+    # each of the two GPUs: half the roofline over the carried efficiency, every call issued
+    compute = h["roofline_s"] / eff / 2 + h["ops"] * h["launch_s"]
+    assert h["step_s"] == pytest.approx(compute + h["exposed_s"])

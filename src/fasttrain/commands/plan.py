@@ -13,8 +13,9 @@ ESTIMATE; the footer gives its basis:
   activation checkpointing, gradient accumulation (×2, ×4, ×8), FSDP over N GPUs (parameters,
   gradients and optimizer state sharded N ways: a formula on the breakdown, not a run).
 - largest batch: the peak is linear in the micro-batch; predicted at two sizes and extrapolated.
-- step time: fasttrain.lab.steptime — counted FLOPs and bytes of one real step at the GPU's peak
-  for the precision and its bandwidth, over an efficiency (default, or --calibrate here).
+- step time: fasttrain.lab.steptime — every op call of one real step at the slower of the GPU's
+  peak for the precision and its bandwidth, over an efficiency (default, or fitted by
+  --calibrate here), plus a cost per op issued (the catalogue's, or steptime's default).
 - cost: fasttrain.lab.cost — example list prices of the catalogue; spot with expected restarts.
 """
 
@@ -54,7 +55,8 @@ class _Models:
     def work(self, cfg) -> steptime.StepWork:
         key = repr(cfg)
         if key not in self._work:
-            self._work[key] = steptime.count(cfg, data=self.task)
+            # counted as CUDA runs it: the optimizer's foreach path (steptime.count_run)
+            self._work[key] = steptime.count(cfg, data=self.task, foreach=True)
         return self._work[key]
 
 
@@ -116,7 +118,30 @@ def _fit(models: _Models, cfg, gpu: cost.GPU, n: int, fsdp: bool = False):
     return "does not fit", cfg, n, need(b, n)
 
 
-def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, eff: steptime.Efficiency,
+def same_gpu(device: str, name: str) -> bool:
+    """Whether the catalogue's GPU `name` is the one torch calls `device` (env.gpu_peaks's match,
+    which knows that an SXM H100 does not say so; word by word for a user catalogue's names)."""
+    from fasttrain.env import GPU_PEAKS, gpu_peaks
+
+    if name in GPU_PEAKS:
+        return gpu_peaks(device) is GPU_PEAKS[name]
+    return all(w.lower() in device.lower() for w in name.split())
+
+
+def launch(gpu: cost.GPU, cfg, fit: steptime.Fit) -> tuple[float, str]:
+    """Seconds to issue one op on `gpu`, and whence: nothing under CUDA graphs (the step is
+    replayed, not issued), the fit where it was made on this very GPU, else the catalogue's
+    figure, else the default. A CPU's fitted figure is never carried to a GPU."""
+    if cfg.cuda_graphs:
+        return 0.0, "CUDA graphs: the step is replayed, not issued"
+    if fit.device and same_gpu(fit.device, gpu.name):
+        return fit.launch_s, f"fitted on this {fit.device}"
+    if gpu.launch_s is not None:
+        return gpu.launch_s, gpu.launch_source
+    return steptime.DEFAULT_LAUNCH_S, steptime.DEFAULT_LAUNCH_SOURCE
+
+
+def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
             steps_epoch: int, total_steps: int, spot: tuple[float, float, float],
             samples: int, fsdp: bool = False) -> dict:
     usable = gpu.memory_bytes * (1 - MARGIN)
@@ -135,17 +160,20 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, eff: steptime.Efficienc
     full = dataclasses.replace(variant, batch_size=cfg.batch_size)  # the whole step's work
     work = models.work(full)
     peak = gpu.peaks[variant.precision]
-    issue = 0.0 if variant.cuda_graphs else steptime.ISSUE_S
-    compute = steptime.predict_s(work, peak, gpu.bandwidth, eff.value, issue)
+    launch_s, launch_source = launch(gpu, variant, fit)
+    # Each of the `used` GPUs computes 1/used of the samples (the optimizer's bytes are not
+    # shared under DDP: optimistic for tiny batches) and issues every op call.
+    compute = steptime.predict_s(work, peak, gpu.bandwidth, fit.efficiency, launch_s,
+                                 share=1 / used)
     link = scaling.Link(gpu.interconnect, gpu.link_bandwidth)
     grad = int(work.grad_bytes * (FSDP_TRAFFIC if fsdp or used != n else 1))
-    t = steptime.on_gpus(compute, grad, used, link)
+    t = scaling.step_time(compute, grad, used, link)
     step_s = t["step_s"]
     hours = total_steps * step_s / 3600
     rate, interval_h, restart_h = spot
     row.update(step_s=step_s, epoch_s=steps_epoch * step_s, total_s=total_steps * step_s,
                roofline_s=steptime.roofline_s(work, peak, gpu.bandwidth), flops=work.flops,
-               bytes=work.bytes, ops=work.ops,
+               bytes=work.bytes, ops=work.ops, launch_s=launch_s, launch_source=launch_source,
                allreduce_s=t["allreduce_s"], exposed_s=t["exposed_s"])
     row["options"] = cost.options(gpu, used, hours, rate, interval_h, restart_h)
     return row
@@ -176,6 +204,20 @@ def fmt_usd(x: float | None) -> str:
     if x is None or not math.isfinite(x):
         return "-"
     return "< $0.01" if x < 0.01 else f"${float(f'{x:.2g}'):,g}"
+
+
+def _launches(rows: list[dict]) -> str:
+    """The per-op costs the rows used, each with its source once."""
+    used = {}
+    for r in rows:
+        if "launch_s" in r:
+            used.setdefault((r["launch_s"], r["launch_source"]), []).append(r["gpu"])
+    if not used:
+        return "no GPU computed"
+    if len(used) == 1:
+        (s, src), = used
+        return f"{s * 1e6:.2g} µs: {src}"
+    return "; ".join(f"{', '.join(g)}: {s * 1e6:.2g} µs, {src}" for (s, src), g in used.items())
 
 
 def _option(row: dict, tier: str):
@@ -261,8 +303,9 @@ def plan_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--restart-minutes", type=float, default=10.0, metavar="MIN",
                    help="time from a preemption to training again (default: 10)")
     g.add_argument("--calibrate", action="store_true",
-                   help="time a few steps here and carry the achieved fraction of this device's "
-                   f"roofline over (default: {steptime.DEFAULT_EFFICIENCY})")
+                   help="time the configuration here at two batch sizes, fit the efficiency "
+                   "and the cost per op issued, and carry the efficiency over (default: "
+                   f"{steptime.DEFAULT_EFFICIENCY})")
     g.add_argument("--plot", metavar="PATH", help="cost against time, PNG")
     g.add_argument("--json", metavar="PATH", help="write the result JSON here")
     add_arguments(p)
@@ -309,10 +352,10 @@ def plan(args: argparse.Namespace) -> int:
     total = cfg.epochs * steps_epoch
     total = min(total, cfg.max_steps) if cfg.max_steps else total
     models = _Models(task)
-    eff, basis = (steptime.calibrate(cfg, data=task) if args.calibrate
+    fit, basis = (steptime.calibrate(cfg, data=task) if args.calibrate
                   else (steptime.default(), None))
     spot = (args.preemption_rate, args.checkpoint_minutes / 60, args.restart_minutes / 60)
-    rows = [gpu_row(models, cfg, per_gpu, g, n, eff, steps_epoch, total, spot, samples, fsdp)
+    rows = [gpu_row(models, cfg, per_gpu, g, n, fit, steps_epoch, total, spot, samples, fsdp)
             for g in gpus.values()]
     opts = [o for r in rows for o in r["options"]]
     cost.mark(opts, args.deadline)
@@ -322,9 +365,9 @@ def plan(args: argparse.Namespace) -> int:
         f"micro-batch {per_gpu.micro_batch}, counted as CUDA holds it, vs the card's memory less "
         f"{MARGIN:.0%}; switches verified by predicting with each (FSDP: sharding formula). "
         f"Largest batch: linear extrapolation from two predicted sizes (all: the whole "
-        f"epoch). Step: max(counted FLOPs / "
-        f"{cfg.precision} peak, counted bytes / bandwidth) ÷ efficiency {eff.value:.2g}, at "
-        f"least {steptime.ISSUE_S * 1e6:g} µs per op issued — {eff.source}"
+        f"epoch). Step: Σ over the op calls of one counted step of max(FLOPs / "
+        f"{cfg.precision} peak, bytes / bandwidth) ÷ efficiency {fit.efficiency:.2g}, + calls × "
+        f"the cost to issue one ({_launches(rows)}) — {fit.source}"
         + (f"; {n} GPUs {'FSDP' if fsdp else 'data parallel'}, ring collectives over the "
            f"catalogue's link" if n > 1 else "") +
         f". {steps_epoch:,} steps/epoch, {total:,} steps. Cost: EXAMPLE list prices per GPU-hour "
@@ -347,7 +390,10 @@ def plan(args: argparse.Namespace) -> int:
                        "preemption_rate": args.preemption_rate,
                        "checkpoint_minutes": args.checkpoint_minutes,
                        "restart_minutes": args.restart_minutes, "catalog": args.catalog},
-            "efficiency": {"value": eff.value, "source": eff.source, "basis": basis},
+            "efficiency": {"value": fit.efficiency, "source": fit.source, "basis": basis},
+            "launch": {"fitted_s": fit.launch_s if args.calibrate else None,
+                       "fitted_on": fit.device, "default_s": steptime.DEFAULT_LAUNCH_S,
+                       "default_source": steptime.DEFAULT_LAUNCH_SOURCE},
             "memory": models.memory(per_gpu).to_dict(),
             "steps_per_epoch": steps_epoch, "total_steps": total, "rows": out,
             "pareto": [dataclasses.asdict(o) for o in cost.pareto(opts)]})

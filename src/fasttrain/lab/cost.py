@@ -31,6 +31,7 @@ else:  # pragma: no cover - Python 3.10
 
 PRECISION_KEYS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 REQUIRED = ("memory_gb", "fp32", "bandwidth_gbs", "interconnect", "link_gbs")
+OPTIONAL = ("launch_us", "launch_source")  # both or neither
 TIERS = ("on_demand", "spot")
 PRICE_FIELDS = ("usd_per_hour", "read", "source")
 
@@ -51,6 +52,8 @@ class GPU:
     interconnect: str
     link_bandwidth: float  # B/s per GPU per direction
     prices: dict[str, Price] = field(default_factory=dict)  # tier → price
+    launch_s: float | None = None  # seconds to issue one eager op (None: steptime's default)
+    launch_source: str = ""
 
     @property
     def memory_bytes(self) -> int:
@@ -80,9 +83,12 @@ def parse(raw: dict, origin: str) -> dict[str, GPU]:
             if key not in g:
                 raise UserError(f"{where} lacks the field {key!r} (required: "
                                 f"{', '.join(REQUIRED)})")
-        unknown = set(g) - set(REQUIRED) - set(PRECISION_KEYS) - {"prices"}
+        unknown = set(g) - set(REQUIRED) - set(PRECISION_KEYS) - set(OPTIONAL) - {"prices"}
         if unknown:
             raise UserError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+        for key, other in (OPTIONAL, OPTIONAL[::-1]):
+            if key in g and other not in g:
+                raise UserError(f"{where} has {key!r} but lacks the field {other!r}")
         prices = {}
         for tier, p in (g.get("prices") or {}).items():
             if tier not in TIERS:
@@ -97,7 +103,9 @@ def parse(raw: dict, origin: str) -> dict[str, GPU]:
             peaks={k: 1e12 * _number(where, k, g[k]) for k in PRECISION_KEYS if k in g},
             bandwidth=1e9 * _number(where, "bandwidth_gbs", g["bandwidth_gbs"]),
             interconnect=str(g["interconnect"]),
-            link_bandwidth=1e9 * _number(where, "link_gbs", g["link_gbs"]), prices=prices)
+            link_bandwidth=1e9 * _number(where, "link_gbs", g["link_gbs"]), prices=prices,
+            launch_s=(1e-6 * _number(where, "launch_us", g["launch_us"]) if "launch_us" in g
+                      else None), launch_source=str(g.get("launch_source", "")))
     return out
 
 

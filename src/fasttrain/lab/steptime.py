@@ -1,37 +1,54 @@
-"""A training step's time on a GPU we do not have: a roofline, times an efficiency.
+"""A training step's time on a GPU we do not have: a per-op roofline plus a cost per op issued.
 
-    work = count(cfg)                                    # one real step, counted (any device)
-    t = predict_s(work, peak_flops, bandwidth, eff)      # max(FLOPs/peak, bytes/bw) / eff
-    eff = calibrate(cfg)                                 # measured here: roofline / step time
+    work = count(cfg)                                  # one real step, every op call counted
+    t = Σ_calls max(flops/peak, bytes/bandwidth) / eff  +  calls × t_launch
+    fit, basis = calibrate(cfg)                        # eff and t_launch, fitted here
 
-The step's FLOPs are torch's FLOP formulas (torch.utils.flop_counter's registry, as the engine's
-MFU count) over one eager optimizer step — forward, backward, optimizer; its bytes are what
-`fasttrain.lab.classify` counts: every aten op's input and output tensors once (caches ignored,
-so an upper bound on traffic; fusion by --compile would lower it). The roofline time is the
-larger of the two at the precision's dense peak and the memory bandwidth: the step cannot beat
-it. Real steps do not reach it — kernels below peak, launch overhead, the ops of a small model
-too small to fill a GPU — so the roofline is divided by an efficiency:
+The count is one eager optimizer step (forward, backward, optimizer) under a dispatch mode below
+autograd that sees every aten op call once: FLOPs from torch's FLOP formulas
+(torch.utils.flop_counter's registry, as the engine's MFU count), bytes as
+`fasttrain.lab.classify` counts them (every input and output tensor once: caches ignored, so an
+upper bound on traffic; fusion by --compile would lower it). Views and empty tensors move no
+data, launch no kernel, and are not calls here. torch's optimizers loop over the parameters on
+a CPU and take them all in one foreach call per op on CUDA (gpt: 418 of a CPU step's 566 calls,
+18 as foreach), so a count for a GPU (`foreach=True`) takes the foreach path where the optimizer
+leaves the choice to torch; a calibration counts the path it times. Gradient clipping's norms
+stay per parameter as a CPU computes them (an overcount of calls on a GPU with --grad-clip).
 
-- DEFAULT_EFFICIENCY, 0.3: a round, stated guess (well-tuned large-model training reaches 0.4–0.5
-  of the bf16 peak; small models far less). An estimate for the order of magnitude only.
-- a floor: an eager GPU step takes at least ISSUE_S per aten op to issue (small models live here).
-- `calibrate`: a few steps of the same configuration timed on the present device against its own
-  roofline (CPU: peaks measured with classify.measure_peaks; a known GPU: its data sheet). The
-  fraction is carried over to the target as it is; how well it carries from a CPU to a GPU is
-  exactly what it does not know, and the outputs say where it came from.
+Two terms, because a step is two kinds of cost:
+- the roofline: each call at the slower of its two roofs — a step of matmuls and elementwise ops
+  is neither all compute nor all memory — over an efficiency `eff` (kernels below their roof);
+  it grows with the batch;
+- issuing: Python, the dispatcher, autograd's bookkeeping and the kernel launch cost about the
+  same per call whatever its size, `t_launch` each; it does not grow with the batch. Small models
+  live here: a one-efficiency roofline cannot describe them (logistic regression at batch 64 and
+  512 are almost the same step). A per-step constant is not a third term: for one model the
+  number of calls does not change with the batch, so calls × t_launch already absorbs it.
 
-Data parallel over N GPUs (`on_gpus`): each GPU computes 1/N of the step's samples, and the ring
-all-reduce of the gradients overlaps backward as DDP's buckets do (fasttrain.lab.scaling).
+`calibrate` measures the configuration at two batch sizes on the present device (median of the
+timed steps; on a CPU one thread timed by its CPU time, so that other tenants' load does not pass
+for inefficiency), and fits eff and t_launch by least squares on relative error, with eff ≤ 1 (a
+step does not beat its roofline at this device's own peaks: if the fit wants more, the counted
+bytes overstate what reached memory) and t_launch ≥ 0. Two points, two unknowns: an exact fit
+unless a bound holds. On another GPU the efficiency carries over as it is; t_launch does not (a
+CPU's per-op cost is not a GPU's): it comes from the catalogue (`launch_us`, with its source) or is
+DEFAULT_LAUNCH_S. On a GPU the host issues ahead of the device, so the sum is pessimistic where the
+two terms are close (at most 2×: the true step is at least their maximum). Data parallel: each GPU
+takes 1/n of the samples (`share`, the roofline term) but issues every call.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fasttrain.lab import classify, scaling
+import numpy as np
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fasttrain.lab import classify
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -39,35 +56,91 @@ if TYPE_CHECKING:
     from fasttrain.engine.config import TrainConfig
 
 DEFAULT_EFFICIENCY = 0.3
-# Seconds to issue one eager aten op to a GPU (Python, dispatch, the kernel launch): a step of
-# small ops is bound by issuing them, whatever the roofline says. 5 µs is the order eager PyTorch
-# reaches on a current CPU; CUDA graphs replay a step without issuing, and lift this floor.
-ISSUE_S = 5e-6
-DEFAULT_SOURCE = "default 0.3 (a stated guess: not calibrated)"
+# Seconds to issue one eager aten op to a GPU: the dispatcher and autograd's bookkeeping (a few
+# µs on a current server CPU) plus cudaLaunchKernel (2-4 µs). An order of magnitude, not a
+# measurement: no GPU was at hand. CUDA graphs replay a step without issuing (0).
+DEFAULT_LAUNCH_S = 5e-6
+DEFAULT_LAUNCH_SOURCE = "default: eager PyTorch's order of magnitude, not measured"
+STEPS = 10  # timed steps per calibration point, after WARMUP
+WARMUP = 2
 
 
 @dataclass(frozen=True)
 class StepWork:
-    """What one optimizer step of a configuration asks of any device."""
+    """What one optimizer step asks of any device, call by call."""
 
-    flops: float  # FLOP
-    bytes: float  # bytes read + written
+    calls: dict[tuple[float, float], int]  # (FLOPs, bytes read + written) of a call → calls
     grad_bytes: int  # what a data-parallel all-reduce moves (trainable parameters' gradients)
-    ops: int = 0  # aten calls: each is at least one kernel to issue
+
+    @property
+    def flops(self) -> float:
+        return sum(f * n for (f, _), n in self.calls.items())
+
+    @property
+    def bytes(self) -> float:
+        return sum(b * n for (_, b), n in self.calls.items())
+
+    @property
+    def ops(self) -> int:
+        return sum(self.calls.values())
 
 
 @dataclass(frozen=True)
-class Efficiency:
-    value: float  # achieved fraction of the roofline
-    source: str  # where it came from, in words
+class Fit:
+    """The two constants of the model, and where they came from."""
+
+    efficiency: float  # achieved fraction of the per-op roofline, (0, 1]
+    launch_s: float  # seconds per op call on the device fitted on (not carried to another)
+    device: str  # what it was fitted on ("cpu", a GPU's name), "" for the defaults
+    source: str  # in words
 
 
-def count_call(fn: Callable[[], object]) -> tuple[float, float]:
-    """(FLOPs, bytes) of the aten ops `fn` runs, counted as classify counts a step."""
-    counter = classify._Counter(classify.Peaks(1.0, 1.0, "unused"))  # only totals are read
+@dataclass(frozen=True)
+class Point:
+    """One measured configuration: its roofline at this device's peaks, calls, measured step."""
+
+    batch_size: int
+    roofline_s: float
+    ops: int
+    measured_s: float  # median step
+    step_times_s: tuple[float, ...] = ()
+
+
+def default() -> Fit:
+    return Fit(DEFAULT_EFFICIENCY, DEFAULT_LAUNCH_S, "",
+               f"efficiency: default {DEFAULT_EFFICIENCY} (a stated guess: not calibrated)")
+
+
+# -- counting ------------------------------------------------------------------------------------
+
+
+class _CallCounter(TorchDispatchMode):
+    """Every aten call below autograd (backward and optimizer included), once each."""
+
+    def __init__(self):
+        super().__init__()
+        from torch.utils.flop_counter import flop_registry
+
+        self.formulas, self.calls = flop_registry, Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        # One definition of what moves data and how many bytes: classify's (profile uses it).
+        if classify._moves_no_data(func):
+            return out
+        formula = self.formulas.get(func._overloadpacket)
+        flops = float(formula(*args, **kwargs, out_val=out)) if formula else 0.0
+        self.calls[(flops, float(classify._bytes_moved(func, args, kwargs, out)))] += 1
+        return out
+
+
+def count_call(fn: Callable[[], object], grad_bytes: int = 0) -> StepWork:
+    """The aten calls `fn` makes, counted."""
+    counter = _CallCounter()
     with counter:
         fn()
-    return counter.work.flops, counter.work.bytes
+    return StepWork(dict(counter.calls), grad_bytes)
 
 
 def _grad_bytes(run) -> int:
@@ -75,59 +148,89 @@ def _grad_bytes(run) -> int:
     return sum(p.numel() * p.element_size() for p in run.model.parameters() if p.requires_grad)
 
 
-def count_run(run) -> StepWork:
-    """A Run's step, counted after one uncounted step (lazy optimizer state is not step work)."""
+def count_run(run, foreach: bool = False) -> StepWork:
+    """A Run's optimizer step, counted on the eager module after one uncounted step (lazy
+    optimizer state is not step work). The micro-batches are fetched outside the count, as they
+    are outside `time_steps`'s clock: what is counted is what is timed. `foreach`: the optimizer
+    counted on its foreach path, as CUDA runs it, where its param groups leave foreach to torch
+    (None); set for the counted step only."""
     from fasttrain.engine.loop import endless_batches, step
 
     batches = endless_batches(run)
     step(run, next(batches))
-    work = classify.count_step(run, batches, classify.Peaks(1.0, 1.0, "unused"))
-    ops = sum(w.calls for w in work.by_op.values())
-    return StepWork(work.flops, work.bytes, _grad_bytes(run), ops)
+    micro = next(batches)
+    groups = [g for g in run.opt.param_groups if foreach and g.get("foreach", False) is None]
+    for g in groups:
+        g["foreach"] = True
+    try:
+        return count_call(lambda: step(run, micro, forward=run.model), _grad_bytes(run))
+    finally:
+        for g in groups:
+            g["foreach"] = None
 
 
-def count(cfg: TrainConfig, model=None, data=None, *, loss=None) -> StepWork:
-    """Build the configured Run (its device), count one step, and let it go."""
+def count(cfg: TrainConfig, model=None, data=None, *, loss=None,
+          foreach: bool = False) -> StepWork:
+    """Build the configured Run (its device), count one step (`count_run`), and let it go."""
     from fasttrain.engine.run import build
     from fasttrain.lab.memory import free_memory
 
     run = build(cfg, model=model, data=data, loss=loss, verbose=False)
     try:
-        return count_run(run)
+        return count_run(run, foreach)
     finally:
         del run
         free_memory()
 
 
+# -- the model -----------------------------------------------------------------------------------
+
+
 def roofline_s(work: StepWork, peak_flops: float, bandwidth: float) -> float:
-    """The step at the device's roof: the slower of its compute and its memory traffic."""
-    return max(work.flops / peak_flops, work.bytes / bandwidth)
+    """The step with every call at its roof: Σ max(FLOPs / peak, bytes / bandwidth)."""
+    return sum(n * max(f / peak_flops, b / bandwidth) for (f, b), n in work.calls.items())
 
 
 def predict_s(work: StepWork, peak_flops: float, bandwidth: float, efficiency: float,
-              issue_s: float = 0.0) -> float:
-    """The roofline over the efficiency, and never less than issuing the step's ops one by one
-    (`issue_s` each: ISSUE_S for an eager GPU step, 0 where it does not apply)."""
-    return max(roofline_s(work, peak_flops, bandwidth) / efficiency, work.ops * issue_s)
+              launch_s: float, share: float = 1.0) -> float:
+    """The step: its roofline over the efficiency, plus issuing every call at `launch_s`.
+    `share`: the fraction of the step's samples this device computes (1/n of data parallel: the
+    FLOPs and activation bytes shrink, the calls issued do not)."""
+    return share * roofline_s(work, peak_flops, bandwidth) / efficiency + work.ops * launch_s
 
 
-def on_gpus(compute_s: float, grad_bytes: int, n: int, link: scaling.Link) -> dict[str, float]:
-    """The step on `n` data-parallel GPUs, each taking 1/n of the samples of a one-GPU step of
-    `compute_s` seconds (FLOPs and activation bytes are linear in the batch; the optimizer's
-    bytes are not, so this is optimistic for tiny batches), all-reduce overlapped as DDP does."""
-    return scaling.step_time(compute_s / n, grad_bytes, n, link)
+def fit(points: list[Point]) -> tuple[float, float]:
+    """(efficiency, launch_s) minimizing Σ ((R/eff + n·t) / T − 1)² over the points, eff ≤ 1,
+    t ≥ 0. Linear in (1/eff, t): the unconstrained least-squares solution when it is inside the
+    bounds, else the best of the bounds' edges (the minimum of a convex quadratic over a box)."""
+    if len(points) < 2:
+        raise ValueError("fitting two constants needs at least two points")
+    x = np.array([[p.roofline_s / p.measured_s, p.ops / p.measured_s] for p in points])
+    y = np.ones(len(points))
+
+    def residual(c) -> float:
+        return float(np.sum((x @ c - y) ** 2))
+
+    def edge(col: int, fixed: float, lo: float):  # the other constant fixed at its bound
+        other = 1 - col
+        rest = y - x[:, other] * fixed
+        v = max(lo, float(x[:, col] @ rest / (x[:, col] @ x[:, col])))
+        return np.array([v, fixed] if col == 0 else [fixed, v])
+
+    inner = np.linalg.lstsq(x, y, rcond=None)[0]
+    tries = [edge(1, 1.0, 0.0), edge(0, 0.0, 1.0)]
+    if inner[0] >= 1 and inner[1] >= 0:
+        tries.append(inner)
+    slowdown, launch = min(tries, key=residual)
+    return float(1 / slowdown), float(launch)
 
 
-def efficiency(measured_s: float, roof_s: float) -> float:
-    """The fraction of its roofline a measured step achieved."""
-    return roof_s / measured_s
+# -- measuring ---------------------------------------------------------------------------------
 
 
-def time_steps(run, steps: int, warmup: int = 2, clock=time.perf_counter) -> list[float]:
-    """Seconds of each of `steps` optimizer steps after `warmup` (each timed to the device's end;
-    `clock` may be time.process_time for a one-thread CPU run on a shared machine).
-    The calibration takes the fastest: on a shared machine other work can only slow a step down,
-    so the fastest is the closest to what this device does (as fasttrain.peaks argues)."""
+def time_steps(run, steps: int, warmup: int = WARMUP, clock=time.perf_counter) -> list[float]:
+    """Seconds of each of `steps` optimizer steps after `warmup`, each timed to the device's end
+    (`clock` may be time.process_time for a one-thread CPU run on a shared machine)."""
     from fasttrain.engine.loop import endless_batches, step
     from fasttrain.timing import synchronizer
 
@@ -146,36 +249,99 @@ def time_steps(run, steps: int, warmup: int = 2, clock=time.perf_counter) -> lis
     return times
 
 
+def hold_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory in the process, as CUDA's caching allocator keeps its
+    blocks; True where it applied. By default glibc unmaps large freed blocks and trims the heap,
+    and the next step faults the same memory back in page by page: cnn at batch 128 on a 2-core
+    EPYC took 30,000 page faults (125 MB) and 147 ms a step, 96 ms without them. A CPU-only cost
+    that grows faster than the batch; calibrated with it, it would be carried to a GPU as
+    inefficiency. Process-wide, so only a measuring command calls it."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, Windows)
+        return False
+    m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
+    return bool(mallopt(m_trim_threshold, 2**30)) and bool(mallopt(m_mmap_max, 0))
+
+
+def second_batch(cfg: TrainConfig) -> int:
+    """The calibration's other batch size: half the configured one where it still splits into
+    the accumulation steps (less memory than doubling), else double."""
+    half = cfg.batch_size // 2
+    return half if half >= cfg.accum_steps and half % cfg.accum_steps == 0 else 2 * cfg.batch_size
+
+
+def _measuring(device, precision: str) -> tuple[classify.Peaks, Callable[[], float], str]:
+    """(peaks, clock, how) for a calibration on `device`. A CPU at fp32 is measured as
+    benchmarks/plan_accuracy.py measures it, so that a shared machine's load does not pass for
+    inefficiency: ONE torch thread (the caller restores the count), each step timed by that
+    thread's CPU time, peaks measured the same way, freed memory held (hold_freed_memory).
+    Elsewhere: wall time to the device's end, classify.device_peaks (a GPU's data sheet)."""
+    if device.type == "cpu" and precision == "fp32":
+        try:
+            from fasttrain.peaks import measure_cpu
+        except ImportError:  # numba missing: the general path below
+            pass
+        else:
+            import torch
+
+            hold_freed_memory()
+            p = measure_cpu(n_threads=1)
+            torch.set_num_threads(1)  # after numba, whose pool may raise OpenMP's thread count
+            peaks = classify.Peaks(p["fp32_flops"], p["bandwidth"], "fasttrain.peaks, 1 thread")
+            return peaks, time.thread_time, "one thread, its CPU time"
+    return classify.device_peaks(device, precision), time.perf_counter, "wall time"
+
+
 def calibrate(cfg: TrainConfig, model=None, data=None, *, loss=None,
-              steps: int = 5) -> tuple[Efficiency, dict]:
-    """Time `steps` steps of the configuration on its device and return the achieved fraction of
-    that device's roofline, with the figures behind it."""
+              steps: int = STEPS) -> tuple[Fit, dict]:
+    """Measure the configuration at its batch size and `second_batch` on its device (as
+    `_measuring` says) and fit the model's two constants (module docstring), with the figures
+    behind them."""
+    import dataclasses
+
+    import torch
+
     from fasttrain.engine.run import build
     from fasttrain.lab.memory import free_memory
 
-    run = build(cfg, model=model, data=data, loss=loss, verbose=False)
+    points, setup, device, threads = [], None, "", torch.get_num_threads()
     try:
-        times = time_steps(run, steps)
-        measured = min(times)
-        work = count_run(run)
-        peaks = classify.device_peaks(run.device, cfg.precision)
-        device = str(run.device)
+        for b in (cfg.batch_size, second_batch(cfg)):
+            run = build(dataclasses.replace(cfg, batch_size=b), model=model, data=data,
+                        loss=loss, verbose=False)
+            try:
+                if setup is None:
+                    setup, device = _measuring(run.device, cfg.precision), _device_name(run.device)
+                peaks, clock, how = setup
+                times = time_steps(run, steps, clock=clock)
+                work = count_run(run)  # the optimizer's path as timed here
+            finally:
+                del run
+                free_memory()
+            points.append(Point(b, roofline_s(work, peaks.flops, peaks.bandwidth), work.ops,
+                                statistics.median(times), tuple(times)))
     finally:
-        del run
-        free_memory()
-    roof = roofline_s(work, peaks.flops, peaks.bandwidth)
-    eff = efficiency(measured, roof)
-    basis = {"device": device, "measured_step_s": measured, "step_times_s": times,
-             "median_step_s": statistics.median(times), "roofline_s": roof,
+        torch.set_num_threads(threads)
+    eff, launch = fit(points)
+    p, q = points
+    source = (f"fitted on {device} to {cfg.model} at batch {p.batch_size} and {q.batch_size} "
+              f"({cfg.precision}; median of {steps} steps, {how}: {p.measured_s * 1e3:.4g} and "
+              f"{q.measured_s * 1e3:.4g} ms; per-op roofline {p.roofline_s * 1e3:.3g} and "
+              f"{q.roofline_s * 1e3:.3g} ms, {p.ops} and {q.ops} calls; peaks {peaks.source}: "
+              f"{peaks.flops / 1e9:.0f} GFLOP/s, {peaks.bandwidth / 1e9:.0f} GB/s): efficiency "
+              f"{eff:.2g} (carried over), {launch * 1e6:.2g} µs per call (this device's only)")
+    basis = {"device": device, "points": [dataclasses.asdict(x) for x in points],
              "peak_flops": peaks.flops, "bandwidth": peaks.bandwidth, "peaks": peaks.source,
-             "flops": work.flops, "bytes": work.bytes, "steps": steps}
-    source = (f"calibrated on {device}: {cfg.model} at batch {cfg.batch_size}, {cfg.precision}, "
-              f"fastest of {steps} steps {measured * 1e3:.4g} ms vs roofline {roof * 1e3:.4g} ms "
-              f"(peaks {peaks.source}: {peaks.flops / 1e9:.0f} GFLOP/s, "
-              f"{peaks.bandwidth / 1e9:.0f} GB/s)")
-    return Efficiency(eff, source), basis
+             "clock": how, "steps": steps, "efficiency": eff, "launch_s": launch}
+    return Fit(eff, launch, device, source), basis
 
 
-def default() -> Efficiency:
-    return Efficiency(DEFAULT_EFFICIENCY, DEFAULT_SOURCE)
+def _device_name(device) -> str:
+    if device.type == "cuda":
+        import torch
 
+        return torch.cuda.get_device_name(device)
+    return device.type
