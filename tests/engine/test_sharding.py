@@ -127,7 +127,7 @@ def torchrun_env(monkeypatch):
     (None, dict(parallel="dp", device="cpu"), "≥ 2 CUDA GPUs"),
     (4, dict(parallel="ddp", batch_size=6), "multiple of 4"),
     (2, dict(parallel="ddp", batch_size=64, accum_steps=64), "multiple of 128"),
-    (2, dict(parallel="fsdp", precision="fp16"), "--precision bf16"),
+    (2, dict(parallel="fsdp", tp=2, precision="fp16"), "--precision bf16"),
     (2, dict(parallel="ddp", cuda_graphs=True), "drop --cuda-graphs"),
     (None, dict(parallel="dp", compile=True), "--parallel ddp"),
     (2, dict(parallel="ddp", device="mps"), "--device cuda or cpu"),
@@ -146,3 +146,20 @@ def test_the_cli_refuses_ddp_without_torchrun_in_one_line(torchrun_env, capsys):
     assert main(["train", "--parallel", "ddp", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "torchrun" in err
+
+
+def test_fp16_on_sharded_layouts_takes_a_scaler_that_agrees_over_ranks():
+    """FSDP shards and pipeline stages see part of the gradients each: the scaler must decide
+    on all of them (ShardedGradScaler all-reduces its found-inf flag), and a first stage, which
+    never scales a loss, must still hold a scale for unscale_ and update."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from fasttrain.engine.run import _precision
+
+    cpu = torch.device("cpu")
+    _, scaler = _precision(TrainConfig(precision="fp16"), cpu, sharded=True)
+    assert isinstance(scaler, ShardedGradScaler) and scaler.get_scale() == 2.0 ** 16
+    _, plain = _precision(TrainConfig(precision="fp16"), cpu, sharded=False)
+    assert not isinstance(plain, ShardedGradScaler) and plain.is_enabled()
+    _, off = _precision(TrainConfig(precision="bf16"), cpu, sharded=True)
+    assert not off.is_enabled()

@@ -270,9 +270,6 @@ class TrainConfig:
         if self.parallel != "none" and self.cuda_graphs:
             raise UserError(f"--cuda-graphs is not supported with --parallel {self.parallel} "
                             f"(collectives inside a captured graph); drop --cuda-graphs")
-        if self.parallel == "fsdp" and self.precision == "fp16":
-            raise UserError("--parallel fsdp with fp16: GradScaler would decide on each rank's "
-                            "shard alone; use --precision bf16 (no scaler needed)")
         if self.parallel == "dp" and self.compile:
             raise UserError("--parallel dp re-replicates the model every step, which "
                             "torch.compile cannot trace; use --parallel ddp with --compile")
@@ -301,6 +298,10 @@ class TrainConfig:
         if self.tp * self.pp > 1 and self.cuda_graphs:
             raise UserError("--cuda-graphs is not supported with --tp/--pp (collectives inside "
                             "a captured graph); drop --cuda-graphs")
+        if self.tp > 1 and self.precision == "fp16":
+            raise UserError("--tp with fp16: torch's GradScaler cannot unscale tensor-parallel "
+                            "gradients (DTensor shards beside whole tensors); use --precision "
+                            "bf16 (no scaler needed)")
 
 
 def kinds_of() -> dict[str, str]:

@@ -37,13 +37,13 @@ Tied weights (gpt's embedding and head) live on two stages as two copies of one 
 the same name; their gradients are summed over the pipeline group after the backward (after DDP
 and FSDP reduced them over dp), so the copies, stepped by the same optimizer from the same
 gradient, stay equal. Under FSDP or tensor parallelism the local shards are summed: each copy
-must be split alike (checked at build; gpt's embedding is replicated over tp, and fully_shard
+must be split alike (checked at build; gpt's plan splits both by vocabulary rows, and fully_shard
 cuts both copies into the same dim-0 rows).
 
 Limits, checked at build: the default (x, y) step only (the loss is computed on the last stage
-from its output, a user step needs the whole model); no fp16 (GradScaler's skip decision would
-be per stage, and the stages would part ways); bf16 runs every stage under autocast; no
-compile (the schedule calls the stages eagerly).
+from its output, a user step needs the whole model); bf16 runs every stage under autocast, fp16
+too, with torch's ShardedGradScaler (run.py: the found-inf flag all-reduced over every rank, so
+all stages skip the same steps); no compile (the schedule calls the stages eagerly).
 """
 
 from __future__ import annotations
@@ -194,9 +194,6 @@ def build(run, model: nn.Module, group, cfg,
     if getattr(run.compute_loss, "step", None) is not None:
         raise UserError("--pp computes the loss on the last stage from the model's output: it "
                         "takes the default (input, target) step, not --step; drop one of them")
-    if cfg.precision == "fp16":
-        raise UserError("--pp with fp16: each stage would skip overflowing steps on its own; "
-                        "use --precision bf16")
     from torch.distributed.pipelining import (
         PipelineStage,
         Schedule1F1B,
@@ -226,11 +223,17 @@ def build(run, model: nn.Module, group, cfg,
     tied = _tied(shared, dev, group)
     stages = [PipelineStage(s, i, n, dev, group=group)
               for s, i in zip(forwards, index, strict=True)]
+
+    def scaled_loss(output, target):
+        # What the schedule runs backward from: fp16's GradScaler scale (the identity unless
+        # fp16). torch also calls it once on placeholder tensors to infer the gradients' shapes.
+        return run.scaler.scale(loss_fn(output, target))
+
     if virtual > 1:
-        schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=True)
+        schedule = ScheduleInterleaved1F1B(stages, m, loss_fn=scaled_loss, scale_grads=True)
     else:
         cls = ScheduleGPipe if cfg.pp_schedule == "gpipe" else Schedule1F1B
-        schedule = cls(stages[0], m, loss_fn=loss_fn, scale_grads=True)
+        schedule = cls(stages[0], m, loss_fn=scaled_loss, scale_grads=True)
 
     # Roles resolved once: the first stage feeds inputs, the last takes targets and keeps the
     # loss; a middle rank only relays activations and gradients.
@@ -242,12 +245,14 @@ def build(run, model: nn.Module, group, cfg,
         # into its m micro-batches (the same samples: a step's gradient is unchanged).
         x = torch.cat([b[0] for b in micro_batches])
         y = torch.cat([b[1] for b in micro_batches]) if last else None
-        losses: list[torch.Tensor] = []
+        losses: list[torch.Tensor] = []  # the last stage's scaled micro-batch losses
         with run.autocast:
             schedule.step(*feed(x), target=y, losses=losses, return_outputs=False)
         tied()  # after the schedule's last backward: DDP/FSDP have reduced over dp by then
         if losses:  # the last stage: the step's loss (mean over its micro-batches) × pp
-            run.loss_sum += torch.stack(losses).detach().float().mean() * pp
+            loss = torch.stack(losses).detach().float().mean() * pp
+            # Unscaled on the device (no sync): the scale is a power of two, so this is exact.
+            run.loss_sum += loss / run.scaler._scale if run.scaler.is_enabled() else loss
 
     evaluate_loss = _evaluator(run, mine, index, n, group, last_rank, last)
     return Pipeline(held, mine, forward_backward, evaluate_loss, counted, group, m, first, last)

@@ -179,7 +179,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         torch.use_deterministic_algorithms(True, warn_only=False)
         torch.backends.cudnn.benchmark = False
     run.device = dev = world.device  # cuda:LOCAL_RANK under torchrun on GPUs
-    run.autocast, run.scaler = _precision(cfg, dev)
+    run.autocast, run.scaler = _precision(cfg, dev, world.sharded)
 
     # Data is dealt over the data-parallel ranks only: the ranks of a tp group (or a pipeline)
     # compute one forward together and must see the same samples (mesh.py).
@@ -316,7 +316,7 @@ def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (output.argmax(-1) == target).float().mean()
 
 
-def _precision(cfg: TrainConfig, dev: torch.device):
+def _precision(cfg: TrainConfig, dev: torch.device, sharded: bool = False):
     if cfg.precision == "tf32" and dev.type != "cuda":
         raise UserError(f"--precision tf32 is a mode of NVIDIA tensor cores; on {dev.type} "
                         f"use fp32 or bf16")
@@ -332,7 +332,20 @@ def _precision(cfg: TrainConfig, dev: torch.device):
     low = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
     autocast = torch.autocast(dev.type, dtype=low) if low else contextlib.nullcontext()
     # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
-    return autocast, torch.amp.GradScaler(dev.type, enabled=cfg.precision == "fp16")
+    fp16 = cfg.precision == "fp16"
+    if fp16 and sharded:
+        # Each rank holds part of the gradients (FSDP or tp shards, a pipeline stage), so an
+        # overflow may show on one rank only: torch's ShardedGradScaler all-reduces the found-inf
+        # flag over every rank in unscale_ (asynchronous, no host sync), so all skip the same
+        # steps and their scales stay equal.
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        scaler = ShardedGradScaler(dev.type)
+        # The scale tensor is made on the first scale(); a pipeline's first stages never call
+        # it (the loss is on the last), and every rank's unscale_ needs it.
+        scaler.scale(torch.zeros((), device=dev))
+        return autocast, scaler
+    return autocast, torch.amp.GradScaler(dev.type, enabled=fp16)
 
 
 def _data_on_device(cfg: TrainConfig, dev: torch.device, task) -> bool:
