@@ -37,7 +37,7 @@ def run(*argv):
 
 def test_every_fasttrain_step_parses_and_every_script_exists(tmp_path):
     steps = load_script().plan(tmp_path, "2026-01-01-some-gpu")
-    assert [s.name for s in steps][:3] == ["env", "doctor", "gpu-tests"]
+    assert [s.name for s in steps][:4] == ["env", "doctor", "bench", "engine-speedup"]
     for step in steps:
         if step.argv[1:3] == ["-m", "fasttrain"]:
             build_parser().parse_args(step.argv[3:])  # a UserError here: a flag that is gone
