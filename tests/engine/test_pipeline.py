@@ -129,6 +129,15 @@ def test_more_stages_than_blocks_is_one_line():
         pipeline.split(tiny_gpt(), 0, 3, virtual=2)
 
 
+def test_two_stages_of_one_rank_holding_one_name_is_one_line():
+    """build() asks this of every rank's stages before any collective, so all ranks refuse."""
+    a, b = nn.Module(), nn.Module()
+    a.add_module("head", nn.Linear(2, 2))
+    b.add_module("head", nn.Linear(2, 2))
+    with pytest.raises(UserError, match="two stages on one rank both hold a 'head'"):
+        pipeline.Held([a, b])
+
+
 def test_a_model_without_split_points_is_one_line():
     with pytest.raises(UserError, match="names no split points.*pipeline_split"):
         pipeline.split(nn.Sequential(nn.Linear(2, 2)), 0, 2)

@@ -160,7 +160,12 @@ def test_memory_command_prints_a_row_per_pipeline_rank(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (("--tp", "4", "--gpus", "6"), ("--gpus 6", "multiple of --tp 4")),
-    (("--tp", "2", "--gpus", "4"), ("2 data-parallel groups", "--parallel ddp, fsdp")),
+    (("--tp", "2", "--gpus", "4"), ("2 data-parallel groups", "--parallel fsdp")),
+    # the engine's own rules (engine/mesh.check_data_mode), not a copy that could drift
+    (("--tp", "2", "--gpus", "4", "--parallel", "ddp"), ("DTensor shards", "--parallel fsdp")),
+    (("--pp", "2", "--gpus", "2", "--parallel", "zero1"), ("ZeroRedundancyOptimizer",
+                                                          "fsdp (shards the optimizer state "
+                                                          "too) or ddp")),
     (("--parallel", "dp", "--gpus", "2"), ("--parallel dp", "ddp, fsdp, zero1")),
     (("--tp", "3"), ("--tp 3", "heads")),
     (("--pp", "8"), ("cannot be cut into 8",)),

@@ -92,27 +92,15 @@ def check_launch(parallel: str, device: str, tp: int = 1, pp: int = 1) -> int:
 
 
 def _check_layout(parallel: str, env, world: int, tp: int, pp: int) -> None:
-    from fasttrain.engine.mesh import layout
+    from fasttrain.engine.mesh import check_data_mode, layout
 
-    flags = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
     if env is None:
+        flags = " ".join(f"--{k} {v}" for k, v in (("tp", tp), ("pp", pp)) if v > 1)
         raise UserError(f"{flags} splits the model over processes that torchrun starts (it sets "
                         f"{', '.join(TORCHRUN_VARS)}): launch with {_TORCHRUN}")
-    if parallel in ("zero1", "dp"):
-        why = ("ZeroRedundancyOptimizer partitions plain tensors over every rank and knows "
-               "nothing of tensor-parallel shards or pipeline stages" if parallel == "zero1"
-               else "DataParallel is one process")
-        raise UserError(f"--parallel {parallel} with {flags}: {why}; use --parallel fsdp "
-                        f"(shards the optimizer state too) or ddp")
-    lay = layout(world, tp, pp)
-    if lay.dp > 1 and parallel == "ddp" and tp > 1:
-        raise UserError(f"--parallel ddp with {flags}: DistributedDataParallel broadcasts and "
-                        f"buckets plain tensors and refuses the DTensor shards of tensor "
-                        f"parallelism; use --parallel fsdp (dp × tp, as torchtitan does)")
-    if lay.dp > 1 and parallel == "none":
-        raise UserError(f"{flags} leaves {lay.dp} data-parallel groups of {tp * pp} processes, "
-                        f"which --parallel none would train as unrelated copies: add "
-                        f"--parallel fsdp (or ddp)")
+    if parallel in ("zero1", "dp"):  # before the sizes: whatever the world, they do not compose
+        check_data_mode(parallel, layout(tp * pp, tp, pp))
+    check_data_mode(parallel, layout(world, tp, pp))
 
 
 @dataclass
@@ -385,3 +373,21 @@ def load_sharded_state(model: nn.Module, opt: torch.optim.Optimizer,
 
     set_state_dict(model, opt, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"], options=_flat())
+
+
+def seed_ranks(world: World, seed: int, device: torch.device) -> None:
+    """Seed each rank's stream for dropout, once the weights are made (the same everywhere):
+    each data-parallel rank masks its own samples with its own stream; the ranks of a tp group
+    draw the same masks, as their replicated activations must stay equal."""
+    seed = seed * 1_000_003 + 7919 * world.dp_rank
+    if world.tp > 1 and device.type == "cuda":
+        # Dropout on sequence shards is a DTensor random op: each rank draws its shard's part
+        # of one mask, at offsets into this stream, through DTensor's tracker. Made here on
+        # every rank with its seed (torchtitan's way), not lazily by the first such op: that
+        # broadcasts rank 0's stream over the whole world, which a pipeline's stages reach at
+        # different times. A CPU mesh has no tracker (docs/distributed.md).
+        from torch.distributed.tensor._random import manual_seed
+
+        manual_seed(seed, world.mesh["tp"])
+    else:
+        torch.manual_seed(seed)

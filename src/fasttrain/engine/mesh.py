@@ -55,6 +55,27 @@ def layout(world: int, tp: int, pp: int) -> Layout:
     return Layout(pp=pp, dp=world // (tp * pp), tp=tp)
 
 
+def check_data_mode(parallel: str, lay: Layout) -> None:
+    """How the data-parallel ranks of a --tp/--pp layout hold the state: the rules training
+    (distributed.check_launch) and `fasttrain memory --gpus` (lab/layouts.layout) share."""
+    flags = " ".join(f"--{k} {v}" for k, v in (("tp", lay.tp), ("pp", lay.pp)) if v > 1)
+    if lay.tp * lay.pp > 1 and parallel in ("zero1", "dp"):
+        why = ("ZeroRedundancyOptimizer partitions plain tensors over every rank and knows "
+               "nothing of tensor-parallel shards or pipeline stages" if parallel == "zero1"
+               else "DataParallel is one process")
+        raise UserError(f"--parallel {parallel} with {flags}: {why}; use --parallel fsdp "
+                        f"(shards the optimizer state too)" + (" or ddp" if lay.tp == 1 else ""))
+    if lay.dp > 1 and parallel == "ddp" and lay.tp > 1:
+        raise UserError(f"--parallel ddp with {flags}: DistributedDataParallel broadcasts and "
+                        f"buckets plain tensors and refuses the DTensor shards of tensor "
+                        f"parallelism; use --parallel fsdp (dp × tp, as torchtitan does)")
+    if lay.dp > 1 and parallel == "none":
+        raise UserError(f"{flags or 'the layout'} leaves {lay.dp} data-parallel groups of "
+                        f"{lay.tp * lay.pp} processes, which --parallel none would train as "
+                        f"unrelated copies: add --parallel fsdp" + (" (or ddp)" if lay.tp == 1
+                                                                    else ""))
+
+
 def device_mesh(device_type: str, lay: Layout):
     """The one DeviceMesh of this run (a collective: every rank calls it, the group exists)."""
     from torch.distributed.device_mesh import init_device_mesh

@@ -206,6 +206,8 @@ def build(run, model: nn.Module, group, cfg,
     every = _cut(model, n)
     index = [rank + k * pp for k in range(virtual)]
     mine = [every[i] for i in index]
+    for r in range(pp):  # a clash refused on every rank alike, before any collective (no hang)
+        Held([every[r + k * pp] for k in range(virtual)])
     m = microbatches(cfg, run.batches.micro * run.batches.accum)
     dev, loss_fn = run.device, run.loss_fn
     first, last = index[0] == 0, index[-1] == n - 1

@@ -237,10 +237,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         if sharded_logits:  # the loss on vocab shards (tensor_parallel.py)
             tensor_parallel.attach_loss_parallel(run)
     if world.size > 1:
-        # Same weights everywhere (seeded above), but each data-parallel rank's dropout masks
-        # its own samples with its own stream; the ranks of a tp group draw the same masks, as
-        # their replicated activations must stay equal.
-        torch.manual_seed(cfg.seed * 1_000_003 + 7919 * world.dp_rank)
+        distributed.seed_ranks(world, cfg.seed, dev)  # dropout's streams, after the same init
 
     run.opt = optim.optimizer(cfg, module, world, user.get("optimizer"),
                               usercode.name_of(user.get("optimizer"), cfg.optimizer))

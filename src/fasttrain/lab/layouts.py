@@ -12,7 +12,8 @@ What each dimension divides, per parameter — exact, because the shapes are the
   engine/tensor_parallel.apply to a meta-device copy, in a one-process group of tp ranks on
   torch's "fake" backend (its testing backend: collectives do nothing, DTensor shapes are
   real). Shapes are tp rank 0's, the largest where a split is uneven (torch.chunk rounds up).
-  What the plan leaves alone (gpt: embeddings, LayerNorms, row-wise layers' biases) stays whole.
+  What the plan leaves alone (gpt: the position table, LayerNorms, row-wise layers' biases)
+  stays whole.
 - pipeline: the model's `pipeline_split`, cut as engine/pipeline.split cuts it; a pipeline rank
   holds its stages' parameters by name (gpt's last stage: its own copy of the tied embedding).
 - data: fsdp shards dim 0 of every (local) parameter again over dp, rank 0's chunk; zero1 gives
@@ -50,6 +51,8 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
+from fasttrain.engine.mesh import Layout as Mesh
+from fasttrain.engine.mesh import check_data_mode
 from fasttrain.errors import UserError
 
 DATA_MODES = ("none", "ddp", "fsdp", "zero1")  # how the data-parallel ranks hold the state
@@ -98,7 +101,9 @@ def layout(gpus: int, tp: int = 1, pp: int = 1, parallel: str = "none", schedule
     dp = gpus // (tp * pp)
     if dp > 1 and parallel == "none":
         raise UserError(f"--gpus {gpus} leaves {dp} data-parallel groups of --tp {tp} × --pp "
-                        f"{pp}: say how they hold the state, --parallel ddp, fsdp or zero1")
+                        f"{pp}: say how they hold the state, --parallel "
+                        + ("ddp, fsdp or zero1" if tp * pp == 1 else "fsdp"))
+    check_data_mode(parallel, Mesh(pp=pp, dp=dp, tp=tp))  # the engine's own rules
     m = 1
     if pp > 1:
         from fasttrain.engine.pipeline import microbatches as schedule_microbatches
@@ -338,7 +343,10 @@ def bubble(pp: int, microbatches: int, virtual: int = 1) -> float:
 
 def tp_volume(tp: int, n_layer: int, tokens: int, d_model: int, bytes_per_value: int = 4) -> int:
     """Bytes all-reduced per step by tensor parallelism: 4 all-reduces per block (2 forward,
-    2 backward) of the [tokens, d_model] activation, tokens = batch × sequence of one tp group."""
+    2 backward) of the [tokens, d_model] activation, tokens = batch × sequence of one tp group
+    (sequence parallel's all-gather + reduce-scatter pairs move what one all-reduce does). Left
+    out: gpt's ends under loss parallel, the embedding's reduce-scatter and the head's
+    all-gather with their backward, 2 more of the same size: +2 / (4 · n_layer) of the total."""
     return 0 if tp <= 1 else 4 * n_layer * tokens * d_model * bytes_per_value
 
 
