@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fasttrain.lab import steptime
+from tests.test_gpu_check import load_script
 
 _BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -111,6 +112,10 @@ def test_a_tiny_run_by_the_wall_clock_builds_times_counts_predicts_and_writes(
     assert by["mlp", 16]["ops"] == by["mlp", 4]["ops"]
     within = result["within_target"]
     assert all(w["of"] == 6 and w["of_target"] == 4 for w in within.values())
+    # scripts/gpu-check's summary reads the same file.
+    figures = load_script()._plan_accuracy_figures(path)
+    assert figures[0].startswith(f"other batch sizes: {within['other batch sizes']['all']}/6 ")
+    assert len(figures) == len(bench.SCHEMES) + 1 + len(rows)
 
 
 def test_a_run_built_elsewhere_than_asked_is_an_error(bench, monkeypatch):
