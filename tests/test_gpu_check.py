@@ -37,7 +37,10 @@ def run(*argv):
 
 def test_every_fasttrain_step_parses_and_every_script_exists(tmp_path):
     steps = load_script().plan(tmp_path, "2026-01-01-some-gpu")
-    assert [s.name for s in steps][:4] == ["env", "doctor", "bench", "engine-speedup"]
+    names = [s.name for s in steps]
+    assert names[:6] == ["env", "doctor", "bench", "engine-speedup", "gpu-tests",
+                         "memory-prediction"]
+    assert names[6] == "plan-accuracy"
     for step in steps:
         if step.argv[1:3] == ["-m", "fasttrain"]:
             build_parser().parse_args(step.argv[3:])  # a UserError here: a flag that is gone
@@ -45,6 +48,19 @@ def test_every_fasttrain_step_parses_and_every_script_exists(tmp_path):
             assert (ROOT / step.argv[1]).is_file(), step.argv
         for path in step.outputs:
             assert "/" not in path or path.startswith("results/2026-01-01-some-gpu"), path
+
+
+def test_the_plan_accuracy_step_measures_on_cuda_into_its_result_file(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import plan_accuracy
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    step = {s.name: s for s in load_script().plan(tmp_path, "2026-01-01-some-gpu")}[
+        "plan-accuracy"]
+    args = plan_accuracy.parse(step.argv[2:])  # a SystemExit here: a flag that is gone
+    assert args.device == "cuda" and args.json == str(tmp_path / step.outputs[0])
+    assert step.outputs == ["results/2026-01-01-some-gpu-plan-accuracy.json"]
 
 
 @no_gpu_here
