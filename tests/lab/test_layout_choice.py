@@ -4,6 +4,7 @@ PP across nodes), and `experiment scaling`'s layout table."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -72,6 +73,10 @@ def test_the_rule_data_then_fsdp_then_tp_then_pp():
     assert best.pp == 2 and "bubble" in why and "slow" in why
     best, why = lc.pick(list(rows(BIG, gpu=GIB).values()), GIB, IB)
     assert best is None and "nothing fits" in why
+    # Where a pipeline is the first that fits, the reason names its stages, not tp.
+    only_pp = [dataclasses.replace(r, fits=r.pp > 1) for r in rows(BIG, nodes=2).values()]
+    best, why = lc.pick(only_pp, 80 * GIB, IB)
+    assert best.pp == 2 and "stages across nodes" in why and "splits the activations" not in why
 
 
 def test_experiment_scaling_prints_and_writes_the_pick(tmp_path, capsys):

@@ -198,9 +198,12 @@ def pick(rows: list[Candidate], gpu_bytes: int, inter: Link) -> tuple[Candidate 
         why = (f"DDP needs {_gib(ddp.memory)} per GPU, over {_gib(usable)}; FSDP shards the "
                f"state to {_gib(fsdp.state)}")
     elif best is first:
-        why = (f"FSDP still needs {_gib(fsdp.memory)} per GPU at one sample per micro-batch; "
+        how = (f"{best.layout} cuts the layers into {best.pp} stages across nodes, for a "
+               f"{best.bubble:.0%} bubble" if best.pp > 1 else
                f"tp {best.tp} splits the activations inside a node, for "
                f"{1e3 * best.tp_s:.3g} ms of all-reduces per step")
+        why = (f"FSDP still needs {_gib(fsdp.memory)} per GPU at one sample per micro-batch; "
+               f"{how}")
     elif best.pp > 1:
         why = (f"{1e3 * best.step_s:.3g} ms a step against {1e3 * first.step_s:.3g} ms for "
                f"{first.layout}, the first that fits: stages across the {best.pp} nodes keep "
