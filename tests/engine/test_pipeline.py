@@ -203,22 +203,24 @@ def test_fasttrain_train_pp_2_logs_evaluates_and_saves_as_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_fp16_under_a_pipeline_and_fsdp_tracks_one_process(tmp_path):
-    """fp16 where each rank holds part of the gradients: torch's ShardedGradScaler all-reduces
-    the found-inf flag, so every rank keeps the same scale and skips the same steps (a first
-    stage never sees the loss, yet its scale must exist and move with the last stage's). The
+def test_fp16_under_a_pipeline_fsdp_and_tp_tracks_one_process(tmp_path):
+    """fp16 where each rank holds part of the gradients (engine/scaler.py): the found-inf flag
+    is all-reduced, so every rank keeps the same scale and skips the same steps (a first stage
+    never sees the loss, yet its scale must exist and move with the last stage's; tp's plain
+    and DTensor gradients are unscaled together). The
     losses track one process's fp16 run (micro-batching and sharding change the rounding)."""
     fp16 = ("--precision", "fp16", "--max-steps", "4")
     runs = {"one": train(tmp_path / "one", *fp16),
             "pp": train(tmp_path / "pp", *fp16, "--pp", "2", procs=2),
-            "fsdp": train(tmp_path / "fsdp", *fp16, "--parallel", "fsdp", procs=2)}
+            "fsdp": train(tmp_path / "fsdp", *fp16, "--parallel", "fsdp", procs=2),
+            "tp": train(tmp_path / "tp", *fp16, "--tp", "2", procs=2)}
     for name, proc in runs.items():
         assert proc.returncode == 0, name + proc.stdout + proc.stderr
     def trained(name: str) -> list[dict]:
         return [r for r in records(tmp_path / name) if r["kind"] == "train"]
 
     one = trained("one")
-    for name in ("pp", "fsdp"):
+    for name in ("pp", "fsdp", "tp"):
         got = trained(name)
         assert [r["step"] for r in got] == [r["step"] for r in one]
         for a, b in zip(one, got, strict=True):

@@ -127,7 +127,6 @@ def torchrun_env(monkeypatch):
     (None, dict(parallel="dp", device="cpu"), "≥ 2 CUDA GPUs"),
     (4, dict(parallel="ddp", batch_size=6), "multiple of 4"),
     (2, dict(parallel="ddp", batch_size=64, accum_steps=64), "multiple of 128"),
-    (2, dict(parallel="fsdp", tp=2, precision="fp16"), "--precision bf16"),
     (2, dict(parallel="ddp", cuda_graphs=True), "drop --cuda-graphs"),
     (None, dict(parallel="dp", compile=True), "--parallel ddp"),
     (2, dict(parallel="ddp", device="mps"), "--device cuda or cpu"),

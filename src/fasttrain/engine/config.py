@@ -298,10 +298,6 @@ class TrainConfig:
         if self.tp * self.pp > 1 and self.cuda_graphs:
             raise UserError("--cuda-graphs is not supported with --tp/--pp (collectives inside "
                             "a captured graph); drop --cuda-graphs")
-        if self.tp > 1 and self.precision == "fp16":
-            raise UserError("--tp with fp16: torch's GradScaler cannot unscale tensor-parallel "
-                            "gradients (DTensor shards beside whole tensors); use --precision "
-                            "bf16 (no scaler needed)")
 
 
 def kinds_of() -> dict[str, str]:

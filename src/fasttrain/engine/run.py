@@ -330,18 +330,10 @@ def _precision(cfg: TrainConfig, dev: torch.device, sharded: bool = False):
     autocast = torch.autocast(dev.type, dtype=low) if low else contextlib.nullcontext()
     # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
     fp16 = cfg.precision == "fp16"
-    if fp16 and sharded:
-        # Each rank holds part of the gradients (FSDP or tp shards, a pipeline stage), so an
-        # overflow may show on one rank only: torch's ShardedGradScaler all-reduces the found-inf
-        # flag over every rank in unscale_ (asynchronous, no host sync), so all skip the same
-        # steps and their scales stay equal.
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    if fp16 and sharded:  # FSDP, tensor or pipeline parallel: the decision taken over all ranks
+        from fasttrain.engine.scaler import sharded_scaler
 
-        scaler = ShardedGradScaler(dev.type)
-        # The scale tensor is made on the first scale(); a pipeline's first stages never call
-        # it (the loss is on the last), and every rank's unscale_ needs it.
-        scaler.scale(torch.zeros((), device=dev))
-        return autocast, scaler
+        return autocast, sharded_scaler(dev)
     return autocast, torch.amp.GradScaler(dev.type, enabled=fp16)
 
 
