@@ -1,7 +1,7 @@
 """--compile under --tp (gloo, CPU): the compiled run tracks the eager one, and it did compile.
 
 Under --tp the engine compiles each gpt block alone, before activation checkpointing and FSDP
-wrap it (engine/distributed.py, _compile_blocks): compiling the whole wrapped model fails
+wrap it (engine/tensor_parallel.compile_blocks): compiling the whole wrapped model fails
 under FSDP × TP and under activation checkpointing (torch 2.13).
 
 Tolerance: inductor fuses and reorders the fp32 arithmetic inside a block, so results differ

@@ -245,15 +245,16 @@ def parallelize(model: nn.Module, world: World, *, activation_checkpointing: boo
          fully_shard instead; with FSDP2 ours also works (its hooks run between compiled
          regions), at the cost of graph breaks at every block.
     Under --tp, compile moves to 0b: each block's forward alone, before checkpointing wraps it
-    (`_compile_blocks`).
+    (tensor_parallel.compile_blocks).
     """
     from fasttrain.models import apply_activation_checkpointing, units
 
+    per_block = False
     if world.tp > 1:  # 0.
-        from fasttrain.engine.tensor_parallel import apply
+        from fasttrain.engine import tensor_parallel
 
-        apply(model, world.mesh["tp"], tp_plan, loss_parallel)
-    per_block = compile and world.tp > 1 and _compile_blocks(units(model, checkpoint))  # 0b.
+        tensor_parallel.apply(model, world.mesh["tp"], tp_plan, loss_parallel)
+        per_block = compile and tensor_parallel.compile_blocks(units(model, checkpoint))  # 0b.
     if activation_checkpointing:  # 1.
         apply_activation_checkpointing(model, checkpoint)
     forward: nn.Module = model  # 2.
@@ -292,23 +293,6 @@ def parallelize(model: nn.Module, world: World, *, activation_checkpointing: boo
         # reduce-overhead = torch.compile's CUDA graphs (single process only, see config).
         forward = torch.compile(forward, mode="reduce-overhead" if cuda_graphs else None)
     return forward, no_sync
-
-
-def _compile_blocks(blocks: list[tuple]) -> bool:
-    """Under --tp, torch.compile each block's forward in place (names, hooks, state_dict keys
-    unchanged; the checkpoint and FSDP wrappers applied later call it from eager code), as
-    torchtitan does; embedding, final norm and head stay eager. False without blocks
-    (`models.units`): the whole model is then compiled, which works for --tp alone.
-    The whole wrapped model fails (torch 2.13, gloo): under FSDP at the vocab-parallel
-    embedding ("Mixing fake modes NYI": its _MaskPartial keeps a mask tensor outside what
-    AOTAutograd traces, pytorch/pytorch#185356); with a checkpoint traced by dynamo, the
-    partitioner saves a DeviceMesh for backward as if a tensor ("expected all
-    tensors_saved_with_vc_check to be Tensors"). Compiled inside the (eager) checkpoint, a
-    block is one compiled region that backward runs again."""
-    for parent, key in blocks:
-        block = parent.get_submodule(key)
-        block.forward = torch.compile(block.forward)
-    return bool(blocks)
 
 
 @contextlib.contextmanager

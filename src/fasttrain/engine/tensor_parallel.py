@@ -35,6 +35,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from fasttrain.errors import UserError
@@ -116,3 +117,19 @@ def attach_loss_parallel(run) -> None:
 def _on_whole_logits(metric: Callable) -> Callable:
     return lambda logits, target: metric(logits.full_tensor(), target)
 
+
+def compile_blocks(blocks: list[tuple]) -> bool:
+    """Under --tp, torch.compile each block's forward in place (names, hooks, state_dict keys
+    unchanged; the checkpoint and FSDP wrappers applied later call it from eager code), as
+    torchtitan does; embedding, final norm and head stay eager. False without blocks
+    (`models.units`): the whole model is then compiled, which works for --tp alone.
+    The whole wrapped model fails (torch 2.13, gloo): under FSDP at the vocab-parallel
+    embedding ("Mixing fake modes NYI": its _MaskPartial keeps a mask tensor outside what
+    AOTAutograd traces, pytorch/pytorch#185356); with a checkpoint traced by dynamo, the
+    partitioner saves a DeviceMesh for backward as if a tensor ("expected all
+    tensors_saved_with_vc_check to be Tensors"). Compiled inside the (eager) checkpoint, a
+    block is one compiled region that backward runs again."""
+    for parent, key in blocks:
+        block = parent.get_submodule(key)
+        block.forward = torch.compile(block.forward)
+    return bool(blocks)
