@@ -211,31 +211,28 @@ def stage_activations(run, micro_batch, n_stages: int) -> list[int]:
     micro-batch (under the run's autocast; the last stage also the loss's), each storage once
     per stage, parameters and buffers aside: lab/memory's count, cut where the pipeline cuts.
     The default (input, target) step, as under --pp. Leaves the run as it found it."""
+    from fasttrain.lab.memory import saved_bytes
+
     model, dev = run.model, run.device
     stage_names(model, n_stages)  # the engine's refusals (no split points, too many stages)
     stages = model.pipeline_split(n_stages)
-    owned = {t.untyped_storage().data_ptr()
-             for m in (model, *stages) for t in (*m.parameters(), *m.buffers())}
-    saved: list[dict[int, int]] = [{} for _ in stages]
-    running = [0]  # the stage whose forward is running: pack files what it saves there
+    owned = [t for m in (model, *stages) for t in (*m.parameters(), *m.buffers())]
+    running = [0]  # the stage whose forward is running: its part of the count
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in owned:
-            saved[running[0]].setdefault(s.data_ptr(), s.nbytes())
-        return t
+    def forward() -> torch.Tensor:
+        x, y = micro_batch
+        with run.autocast:
+            for running[0], stage in enumerate(stages):
+                x = stage(x)
+            return run.loss_fn(x, y)
 
-    x, y = micro_batch
     buffers = [(b, b.clone()) for b in model.buffers()]  # BatchNorm statistics must not move
-    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), \
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), run.autocast:
-        for running[0], stage in enumerate(stages):
-            x = stage(x)
-        run.loss_fn(x, y)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        _, saved = saved_bytes(forward, owned, part=lambda t: running[0])
     with torch.no_grad():
         for b, value in buffers:
             b.copy_(value)
-    return [sum(d.values()) for d in saved]
+    return [saved.parts.get(i, 0) for i in range(len(stages))]
 
 
 @dataclass(frozen=True)
