@@ -171,8 +171,14 @@ def _fake_mesh(size: int):
     """A 1-D DeviceMesh of `size` ranks in this one process (torch's fake backend), rank 0."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    try:  # importing it registers torch's "fake" backend
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as e:
+        raise UserError(f"torch {torch.__version__} lacks torch.testing._internal.distributed."
+                        f"fake_pg (its testing package), whose fake backend `fasttrain memory "
+                        f"--tp/--pp` needs to lay out the tensor-parallel shards: install a "
+                        f"torch build that ships torch.testing") from e
     if dist.is_initialized():
         raise UserError("the layout prediction runs in one process: run it without torchrun")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
