@@ -179,6 +179,18 @@ def test_memory_command_refuses_bad_layouts_in_one_line(capsys, argv, words):
     assert_one_line_error(code, err, *words)
 
 
+def test_memory_command_without_torch_testing_says_what_is_missing(capsys, monkeypatch):
+    import sys
+
+    from tests.conftest import assert_one_line_error, run_cli
+
+    # A torch build without its testing package: the fake backend's module cannot be imported.
+    monkeypatch.setitem(sys.modules, "torch.testing._internal.distributed.fake_pg", None)
+    code, _, err = run_cli(capsys, *GPT_ARGS, "--tp", "2")
+    assert_one_line_error(code, err, "torch.testing._internal.distributed.fake_pg",
+                          "fasttrain memory --tp/--pp")
+
+
 def test_out_of_memory_message_names_the_layout_and_says_per_rank(capsys):
     from types import SimpleNamespace
 

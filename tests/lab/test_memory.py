@@ -73,6 +73,25 @@ def test_count_leaves_the_run_as_it_was():
     assert torch.equal(rng, torch.get_rng_state())
 
 
+@pytest.mark.parametrize("device", ["cpu", "meta"])  # meta: every storage's address is 0
+def test_saved_bytes_counts_each_storage_once_per_part(device):
+    w = torch.nn.Parameter(torch.ones(5, 3, device=device))
+    x = torch.ones(4, 3, device=device, requires_grad=True)  # so that mm saves w.t() too
+
+    def forward(stage):
+        stage[0] = 0
+        r = (x @ w.t()).relu()  # mm saves x (and w.t(), a view of w: owned); relu its output
+        stage[0] = 1
+        return (r * r).sum()  # mul saves r twice: one storage, counted again in part 1
+
+    stage = [0]
+    loss, saved = mem.saved_bytes(lambda: forward(stage), owned=[w], part=lambda t: stage[0])
+    assert saved.parts == {0: 4 * 3 * 4 + 4 * 5 * 4, 1: 4 * 5 * 4}
+    assert len(saved.storages) == 2 and loss.requires_grad
+    _, whole = mem.saved_bytes(lambda: forward(stage), block=512)  # one part, w counted too
+    assert whole.parts == {None: 3 * 512}
+
+
 @pytest.mark.parametrize("model", ["cnn", "gpt"])
 def test_activation_checkpointing_saves_fewer_activations(model):
     task = text_task() if model == "gpt" else image_task()

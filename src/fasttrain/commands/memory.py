@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import math
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -25,6 +26,9 @@ from fasttrain.lab import memory as memory_model
 from fasttrain.lab.batch_size import Try, search, train_samples, try_batch
 from fasttrain.lab.layouts import Layout, RankMemory
 from fasttrain.lab.memory import Breakdown
+
+if TYPE_CHECKING:
+    from fasttrain.engine.config import TrainConfig
 
 SCHEMA = "fasttrain.memory/1"
 
@@ -116,13 +120,13 @@ def _state(r: dict) -> int:
     return r["params"] + r["grads"] + r["optimizer"]
 
 
-def _layout_run(args: argparse.Namespace, result: dict, limit: int | None) -> None:
+def _layout_run(args: argparse.Namespace, given: TrainConfig, result: dict,
+                limit: int | None) -> None:
     """`fasttrain memory --tp/--pp/--parallel/--gpus`: one process at one data-parallel rank's
-    batch, predicted (the same `predict` as without a layout), then divided per rank role."""
+    batch, predicted (the same `predict` as without a layout), then divided per rank role.
+    `given`: the layout as flags or --config give it, before any check (`from_args`)."""
     from fasttrain import report
-    from fasttrain.engine.config import from_args
 
-    given = from_args(args)  # the layout as flags or --config give it, before any check
     tp, pp = given.tp, given.pp
     gpus = args.gpus or tp * pp
     # dp first; the pipeline's micro-batches are checked against the rank's batch below.
@@ -200,14 +204,17 @@ def memory(args: argparse.Namespace) -> int:
         raise UserError(f"--margin must be a fraction in [0, 1), got {args.margin}")
     if args.json:
         report.check_writable(args.json, "--json")
-    if _layout_given(args):
+    from fasttrain.engine.config import from_args
+
+    given = from_args(args)  # parsed once: the layout's flags, as given
+    if _layout_given(args, given):
         if args.find_batch_size:
             raise UserError("--find-batch-size searches one process's batch: drop --gpus, --tp, "
                             "--pp and --parallel")
         from fasttrain.env import env_block
 
         result = {"schema": SCHEMA, "env": env_block(), "config": {}, "rows": []}
-        _layout_run(args, result, limit)
+        _layout_run(args, given, result, limit)
         return _write(args, result)
     cfg, task = lab_config(args, "memory")
     cuda = resolve_device(cfg.device) == "cuda"
@@ -275,10 +282,7 @@ def memory(args: argparse.Namespace) -> int:
     return 0
 
 
-def _layout_given(args: argparse.Namespace) -> bool:
-    from fasttrain.engine.config import from_args
-
-    given = from_args(args)
+def _layout_given(args: argparse.Namespace, given: TrainConfig) -> bool:
     return args.gpus is not None or given.tp * given.pp > 1 or given.parallel != "none"
 
 

@@ -157,7 +157,7 @@ def device_peaks(device: torch.device, precision: str) -> Peaks:
 # -- counting one step ---------------------------------------------------------------------------
 
 
-def _moves_no_data(func) -> bool:
+def moves_no_data(func) -> bool:
     """Views alias their input (no bytes move); empty* only allocate."""
     name = func._overloadpacket.__name__
     if name.startswith(("empty", "new_empty")) or name == "_local_scalar_dense":
@@ -179,7 +179,7 @@ def _nbytes(t: torch.Tensor) -> int:
 _GATHERS = {"index", "_unsafe_index", "index_select", "gather", "take", "embedding"}
 
 
-def _bytes_moved(func, args, kwargs, out) -> int:
+def bytes_moved(func, args, kwargs, out) -> int:
     """Bytes read and written: every input and output tensor once; a gather reads as many bytes
     of its source (the first argument) as it writes, plus its indices."""
     def size(tree) -> int:
@@ -202,9 +202,9 @@ class _Counter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if _moves_no_data(func):
+        if moves_no_data(func):
             return out
-        moved = _bytes_moved(func, args, kwargs, out)
+        moved = bytes_moved(func, args, kwargs, out)
         formula = self.formulas.get(func._overloadpacket)
         flops = float(formula(*args, **kwargs, out_val=out)) if formula else 0.0
         name = f"aten::{func._overloadpacket.__name__}"  # as the profiler names it

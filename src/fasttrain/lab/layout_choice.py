@@ -70,6 +70,7 @@ def saved_bytes(spec: Spec) -> int:
     the meta device: each storage once (a view shares its base's), no memory used."""
     import torch.nn.functional as F
 
+    from fasttrain.lab import memory
     from fasttrain.models import build_model
 
     with torch.device("meta"):
@@ -78,20 +79,14 @@ def saved_bytes(spec: Spec) -> int:
         shape = (spec.batch, *spec.in_shape)
         x = (torch.randint(0, spec.classes, shape) if spec.model == "gpt"
              else torch.rand(shape))
-    owned = {p.untyped_storage()._cdata for p in model.parameters()}
-    saved: dict[int, int] = {}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s._cdata not in owned:
-            saved.setdefault(s._cdata, s.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def forward() -> torch.Tensor:
         logits = model(x)
         y = torch.zeros(logits.shape[:-1], dtype=torch.long, device="meta")
-        F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-    return sum(saved.values())
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+    _, saved = memory.saved_bytes(forward, owned=model.parameters())
+    return sum(saved.parts.values())
 
 
 def model_of(spec: Spec) -> Model:

@@ -171,8 +171,14 @@ def _fake_mesh(size: int):
     """A 1-D DeviceMesh of `size` ranks in this one process (torch's fake backend), rank 0."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    try:  # importing it registers torch's "fake" backend
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError as e:
+        raise UserError(f"torch {torch.__version__} lacks torch.testing._internal.distributed."
+                        f"fake_pg (its testing package), whose fake backend `fasttrain memory "
+                        f"--tp/--pp` needs to lay out the tensor-parallel shards: install a "
+                        f"torch build that ships torch.testing") from e
     if dist.is_initialized():
         raise UserError("the layout prediction runs in one process: run it without torchrun")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
@@ -211,31 +217,28 @@ def stage_activations(run, micro_batch, n_stages: int) -> list[int]:
     micro-batch (under the run's autocast; the last stage also the loss's), each storage once
     per stage, parameters and buffers aside: lab/memory's count, cut where the pipeline cuts.
     The default (input, target) step, as under --pp. Leaves the run as it found it."""
+    from fasttrain.lab.memory import saved_bytes
+
     model, dev = run.model, run.device
     stage_names(model, n_stages)  # the engine's refusals (no split points, too many stages)
     stages = model.pipeline_split(n_stages)
-    owned = {t.untyped_storage().data_ptr()
-             for m in (model, *stages) for t in (*m.parameters(), *m.buffers())}
-    saved: list[dict[int, int]] = [{} for _ in stages]
-    running = [0]  # the stage whose forward is running: pack files what it saves there
+    owned = [t for m in (model, *stages) for t in (*m.parameters(), *m.buffers())]
+    running = [0]  # the stage whose forward is running: its part of the count
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in owned:
-            saved[running[0]].setdefault(s.data_ptr(), s.nbytes())
-        return t
+    def forward() -> torch.Tensor:
+        x, y = micro_batch
+        with run.autocast:
+            for running[0], stage in enumerate(stages):
+                x = stage(x)
+            return run.loss_fn(x, y)
 
-    x, y = micro_batch
     buffers = [(b, b.clone()) for b in model.buffers()]  # BatchNorm statistics must not move
-    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), \
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), run.autocast:
-        for running[0], stage in enumerate(stages):
-            x = stage(x)
-        run.loss_fn(x, y)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        _, saved = saved_bytes(forward, owned, part=lambda t: running[0])
     with torch.no_grad():
         for b, value in buffers:
             b.copy_(value)
-    return [sum(d.values()) for d in saved]
+    return [saved.parts.get(i, 0) for i in range(len(stages))]
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ model and its measurement only.
     b = measure(run)                      # a Run of yours: one warm-up step, then the count
     b.predicted_peak, b.to_dict()
     b, rows, one = predict_layout(cfg, layouts.layout(8, tp=2, parallel="fsdp"))  # per rank
+    loss, saved = saved_bytes(lambda: loss_of(model, x), owned=model.parameters())  # the count
 
 The parts (bytes, exact for this model and these switches; on CUDA each tensor is rounded up to the
 caching allocator's 512-byte blocks, as `max_memory_allocated` counts them):
@@ -42,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -73,18 +74,59 @@ def _alloc(nbytes: int, cuda: bool) -> int:
     return -(-nbytes // _BLOCK) * _BLOCK
 
 
+def storage_key(t: torch.Tensor) -> int:
+    """The identity of `t`'s storage (views share their base's): its address. On the meta device
+    every storage's address is 0, so there it is the storage object itself (`_cdata`: torch has
+    no public handle for it)."""
+    s = t.untyped_storage()
+    return s._cdata if s.device.type == "meta" else s.data_ptr()
+
+
 def _storages(tensors) -> dict[int, int]:
-    """data_ptr → bytes of the distinct storages under `tensors` (views share their base's)."""
+    """storage_key → bytes of the distinct storages under `tensors`."""
     out: dict[int, int] = {}
     for t in tensors:
         if torch.is_tensor(t):
-            s = t.untyped_storage()
-            out.setdefault(s.data_ptr(), s.nbytes())
+            out.setdefault(storage_key(t), t.untyped_storage().nbytes())
     return out
 
 
 def _bytes(tensors, cuda: bool) -> int:
     return sum(_alloc(n, cuda) for n in _storages(tensors).values())
+
+
+@dataclass(frozen=True)
+class SavedCount:
+    """Bytes saved for backward by one forward (`saved_bytes`)."""
+
+    parts: dict[Hashable, int]  # part → bytes of its storages, each rounded up to the block
+    storages: frozenset[int]  # storage_key of every storage saved, in any part
+
+
+def saved_bytes(run_forward: Callable[[], object], owned: Iterable[torch.Tensor] = (),
+                block: int = 1, part: Callable[[torch.Tensor], Hashable] = lambda t: None,
+                ) -> tuple[object, SavedCount]:
+    """Run `run_forward()` (a forward, and its loss) under `saved_tensors_hooks`, counting every
+    storage it saves for backward once per part (`part(t)` names a saved tensor's; default: one
+    part), the storages of `owned` (parameters, buffers: counted apart) left out, each rounded up
+    to `block` bytes (CUDA's allocator: 512). Returns what `run_forward` returned (the loss, for
+    a backward outside the hooks: its recomputation under checkpointing saves nothing new) and
+    the count. The hooks keep each tensor as it is: counting changes nothing that is saved."""
+    skip = {storage_key(t) for t in owned}
+    seen: dict[tuple[Hashable, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if key not in skip:
+            seen.setdefault((part(t), key), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run_forward()
+    parts: dict[Hashable, int] = {}
+    for (name, _), nbytes in seen.items():
+        parts[name] = parts.get(name, 0) + -(-nbytes // block) * block
+    return out, SavedCount(parts, frozenset(key for _, key in seen))
 
 
 @dataclass(frozen=True)
@@ -113,29 +155,28 @@ def count_saved(run: Run, micro_batch, autocast=None, device_type: str | None = 
     run as it found it: no gradients, same buffers, same RNG stream."""
     model, dev = run.model, run.device
     cuda = (device_type or dev.type) == "cuda"
-    owned = set(_storages([*model.parameters(), *model.buffers()]))
     params = {id(p) for p in model.parameters()}
-    saved: dict[int, int] = {}
-    copies: set[int] = set()
+    copy: dict[int, bool] = {}  # storage → a weight copy or not, as the first tensor saving it is
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        ptr = s.data_ptr()
-        if ptr not in owned and ptr not in saved:
-            saved[ptr] = s.nbytes()
-            if _is_weight_cast(t, params):
-                copies.add(ptr)
-        return t  # keep the tensor itself: we count, we do not change what is stored
+    def part(t: torch.Tensor) -> bool:
+        key = storage_key(t)
+        if key not in copy:
+            copy[key] = _is_weight_cast(t, params)
+        return copy[key]
 
     # CUDA graphs replay from a static memory pool and do not run hooks: count on the eager
     # module, which saves the same tensors (compile's fusions aside).
     forward = run.model if run.cfg.cuda_graphs else run.forward
     buffers = [(b, b.clone()) for b in model.buffers()]  # BatchNorm statistics must not move
     autocast = autocast if autocast is not None else run.autocast
+
+    def forward_loss() -> torch.Tensor:
+        with autocast:
+            return run.compute_loss(forward, micro_batch)[0] / run.cfg.accum_steps
+
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        # Hooks for the forward only: backward's recomputation (checkpointing) saves nothing.
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            loss = run.compute_loss(forward, micro_batch)[0] / run.cfg.accum_steps
+        loss, saved = saved_bytes(forward_loss, [*model.parameters(), *model.buffers()],
+                                  _BLOCK if cuda else 1, part)
         run.scaler.scale(loss).backward()
     grads = _bytes([p.grad for p in model.parameters() if p.grad is not None], cuda)
     del loss
@@ -143,9 +184,7 @@ def count_saved(run: Run, micro_batch, autocast=None, device_type: str | None = 
     with torch.no_grad():
         for b, value in buffers:
             b.copy_(value)
-    activations = sum(_alloc(n, cuda) for p, n in saved.items() if p not in copies)
-    weight_copies = sum(_alloc(saved[p], cuda) for p in copies)
-    return Saved(activations, weight_copies, grads, frozenset(saved))
+    return Saved(saved.parts.get(False, 0), saved.parts.get(True, 0), grads, saved.storages)
 
 
 def _optimizer_bytes(opt: torch.optim.Optimizer, cuda: bool) -> int:

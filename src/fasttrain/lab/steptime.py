@@ -127,11 +127,11 @@ class _CallCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         # One definition of what moves data and how many bytes: classify's (profile uses it).
-        if classify._moves_no_data(func):
+        if classify.moves_no_data(func):
             return out
         formula = self.formulas.get(func._overloadpacket)
         flops = float(formula(*args, **kwargs, out_val=out)) if formula else 0.0
-        self.calls[(flops, float(classify._bytes_moved(func, args, kwargs, out)))] += 1
+        self.calls[(flops, float(classify.bytes_moved(func, args, kwargs, out)))] += 1
         return out
 
 
