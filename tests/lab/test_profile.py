@@ -202,6 +202,31 @@ def test_union_and_coverage():
     assert trace._covered(merged, starts, -1, 10) == 7.0
 
 
+def _gpu_event(name: str, stream: int, start: float, end: float):
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    return SimpleNamespace(name=name, device_type=DeviceType.CUDA, device_resource_id=stream,
+                           time_range=SimpleNamespace(start=start, end=end))
+
+
+def test_copy_overlap_counts_only_other_streams_kernels():
+    copy = "Memcpy HtoD (Pinned -> Device)"
+    events = [_gpu_event("conv_kernel", 7, 0, 10), _gpu_event("gemm", 7, 20, 30),
+              _gpu_event(copy, 13, 5, 15),      # half inside conv_kernel
+              _gpu_event(copy, 13, 12, 18),     # between kernels: no overlap
+              _gpu_event(copy, 7, 1, 3),        # inside conv_kernel, but on its stream
+              _gpu_event(copy, 13, 25, 25),     # a point inside gemm
+              _gpu_event("Memset (Device)", 13, 16, 17),  # neither copy nor compute
+              _gpu_event("Memcpy DtoH (Device -> Pinned)", 13, 0, 10)]
+    found = trace.copy_overlap(events)
+    assert found["kernel_streams"] == {7: 2}
+    assert [(c["stream"], c["overlap"]) for c in found["copies"]] == [
+        (7, 0.0), (13, 0.5), (13, 0.0), (13, 1.0)]
+    assert [c["us"] for c in found["copies"]] == [2, 10, 6, 0]
+
+
 def test_classify_by_hand():
     peaks = Peaks(flops=100e9, bandwidth=10e9, source="test")
     work = Work(by_op={

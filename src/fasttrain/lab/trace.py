@@ -6,12 +6,14 @@ its ranges STEP and INPUT around each step and its fetch.
 "The device" is the GPU when training on one: busy = the union of its kernel, memcpy and memset
 intervals. On the CPU it is the CPU: busy = the union of the intervals of aten ops (and compiled
 graphs), so that idle is the time outside any op — Python, autograd bookkeeping, the loop.
-Times in the trace are µs.
+Times in the trace are µs. On a GPU, `copy_overlap` says whether the host→device copies of the
+batches ran on their own stream while compute kernels ran (the streamed path's prefetch).
 """
 
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 
 from torch.autograd import DeviceType
 
@@ -101,7 +103,6 @@ def op_times(events, device_type: str, names, windows: list[tuple[float, float]]
     return found
 
 
-
 def top_ops(prof, device_type: str, steps: int, step_ms: float, k: int) -> list[dict]:
     attr = "self_device_time_total" if device_type == "cuda" else "self_cpu_time_total"
     rows = [a for a in prof.key_averages() if a.device_type == DeviceType.CPU
@@ -111,3 +112,36 @@ def top_ops(prof, device_type: str, steps: int, step_ms: float, k: int) -> list[
              "self_ms_per_step": getattr(a, attr) / 1e3 / steps,
              "share_of_step": getattr(a, attr) / 1e3 / steps / step_ms if step_ms else None}
             for a in rows[:k]]
+
+
+HTOD = "Memcpy HtoD"  # CUPTI's name of a host→device copy: "Memcpy HtoD (Pinned -> Device)"
+
+
+def copy_overlap(events) -> dict:
+    """The host→device copies of a CUDA trace (`prof.events()`) against its compute kernels (the
+    kernels that are neither memcpy nor memset). An event's stream is its `device_resource_id`
+    (Kineto's resource of a GPU activity is its CUDA stream).
+
+    Returns {"copies": [{"name", "stream", "us", "overlap"}], "kernel_streams": {stream: kernels}}
+    where `overlap` is the share (0..1) of the copy's time during which a compute kernel ran on
+    another stream: a stream runs its work in order, so only another stream's kernel can run
+    during a copy."""
+    ops = [e for e in events if _is_device_op(e, "cuda")]
+    kernels = [e for e in ops if not e.name.startswith(("Memcpy", "Memset"))]
+    copies = sorted((e for e in ops if e.name.startswith(HTOD)), key=lambda e: e.time_range.start)
+    others: dict[int, tuple[list, list]] = {}  # copy stream → the other streams' kernels, merged
+    for s in {e.device_resource_id for e in copies}:
+        merged = _union([(k.time_range.start, k.time_range.end) for k in kernels
+                         if k.device_resource_id != s])
+        others[s] = (merged, [lo for lo, _ in merged])
+    rows = []
+    for e in copies:
+        lo, hi = e.time_range.start, e.time_range.end
+        merged, starts = others[e.device_resource_id]
+        if hi > lo:
+            share = _covered(merged, starts, lo, hi) / (hi - lo)
+        else:  # a copy shorter than the clock's tick: a point, inside a kernel or not
+            share = float(any(a <= lo <= b for a, b in merged))
+        rows.append({"name": e.name, "stream": e.device_resource_id, "us": hi - lo,
+                     "overlap": share})
+    return {"copies": rows, "kernel_streams": dict(Counter(k.device_resource_id for k in kernels))}
