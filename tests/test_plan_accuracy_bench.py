@@ -113,7 +113,7 @@ def test_a_tiny_run_by_the_wall_clock_builds_times_counts_predicts_and_writes(
     within = result["within_target"]
     assert all(w["of"] == 6 and w["of_target"] == 4 for w in within.values())
     # scripts/gpu-check's summary reads the same file.
-    figures = load_script()._plan_accuracy_figures(path)
+    figures = load_script().readers._plan_accuracy_figures(path)
     assert figures[0].startswith(f"other batch sizes: {within['other batch sizes']['all']}/6 ")
     assert len(figures) == len(bench.SCHEMES) + 1 + len(rows)
 

@@ -1,0 +1,132 @@
+"""The key figures scripts/gpu-check prints for each step, read from the files the step wrote
+(its JUnit XML or JSON): a few lines each, for the summary."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def _junit_counts(path: Path) -> dict[str, int]:
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors",
+                                                            "skipped")}
+    n["passed"] = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    return n
+
+
+def passed_tests(path: Path) -> int:
+    try:
+        return _junit_counts(path)["passed"]
+    except (OSError, ET.ParseError):
+        return 0
+
+
+def _pytest_figures(path: Path) -> list[str]:
+    root = ET.parse(path).getroot()
+    n = _junit_counts(path)
+    lines = [f"{n['tests']} tests: {n['passed']} "
+             f"passed, {n['failures']} failed, {n['errors']} errors, {n['skipped']} skipped"]
+    for case in root.iter("testcase"):
+        for kind in ("failure", "error", "skipped"):
+            node = case.find(kind)
+            if node is not None and (kind != "skipped" or n["skipped"] < 5):
+                msg = (node.get("message") or "").splitlines()[0][:200] if node.get(
+                    "message") else ""
+                lines.append(f"{kind}: {case.get('name')}: {msg}")
+    return lines[:40]
+
+
+def _env_figures(path: Path) -> list[str]:
+    env = json.loads(path.read_text())
+    return [f"{env.get('gpu') or 'no GPU'} ({env.get('gpu_memory_gb')} GiB, driver "
+            f"{env.get('driver')}, CUDA {env.get('cuda')}); torch {env.get('torch')}, Python "
+            f"{env.get('python')}, triton {env.get('triton')}; commit {env.get('git_commit')}"]
+
+
+def _doctor_figures(path: Path) -> list[str]:
+    report = json.loads(path.read_text())
+    return [f"{c['check']} on {c['device']}: {c['status']}" for c in report["checks"]]
+
+
+def _speedup_figures(path: Path) -> list[str]:
+    return [f"{r['model']:>4} {r['config']:<32} " + (
+        f"{r['ms_per_step']:.3g} ms/step, {r.get('speedup', float('nan')):.2f}× faster, "
+        f"peak {r.get('peak_memory_gb', float('nan')):.3f} GiB "
+        f"({r.get('memory_ratio', float('nan')):.2f}× less)" if r["status"] == "ok"
+        else f"{r['status']}: {r.get('reason')}") for r in json.loads(path.read_text())["rows"]]
+
+
+def _memory_prediction_figures(path: Path) -> list[str]:
+    result = json.loads(path.read_text())
+    lines = [f"max |error| {result['max_abs_error']:.1%}" if result["max_abs_error"] is not None
+             else "no case measured"]
+    lines += [f"{r['model']:>6} batch {r['batch_size']:>3} {r['precision']}: " + (
+        f"predicted {r['predicted_peak'] / 2**20:.1f} MiB, measured "
+        f"{r['measured_peak'] / 2**20:.1f} MiB ({r['error']:+.1%})" if r["status"] == "ok"
+        else r.get("reason", r["status"])) for r in result["rows"]]
+    return lines
+
+
+def _plan_accuracy_figures(path: Path) -> list[str]:
+    result = json.loads(path.read_text())
+    lines = [f"{scheme}: {w['all']}/{w['of']} points within ±{result['config']['target']:.0%} "
+             f"({w['target_batches']}/{w['of_target']} at the target batch sizes), worst "
+             f"{w['worst']:+.0%}" for scheme, w in result["within_target"].items()]
+    lines.append(f"peaks {result['peaks']['source']}: {result['peaks']['flops'] / 1e12:.3g} "
+                 f"TFLOP/s, {result['peaks']['bandwidth'] / 1e9:.0f} GB/s")
+    lines += [f"{r['model']:>6} batch {r['batch_size']:>5}: measured {r['measured_s'] * 1e3:.3g} "
+              f"ms, predicted {r['predictions']['other batch sizes']['predicted_s'] * 1e3:.3g} "
+              f"ms ({r['predictions']['other batch sizes']['error']:+.0%}), {r['ops']} calls"
+              for r in result["rows"]]
+    return lines
+
+
+def _bench_figures(path: Path) -> list[str]:
+    return [f"{r['impl']:<20} {r.get('device') or '-':<5} " + (
+        f"{r['epoch_ms']:.3g} ms/epoch, test acc {r.get('test_accuracy')}" if r["status"] == "ok"
+        else f"{r['status']}: {r.get('reason')}") for r in json.loads(path.read_text())["rows"]]
+
+
+def experiment_figures(path: Path) -> list[str]:
+    keys = ("row", "part", "label", "precision", "status", "ms_per_step", "peak_bytes",
+            "speedup_vs_cpu", "memory_vs_gpu_fp32", "memory_saved", "reason")
+    return ["; ".join(f"{k} {r[k]:.4g}" if isinstance(r[k], float) else f"{k} {r[k]}"
+                      for k in keys if r.get(k) is not None)
+            for r in json.loads(path.read_text())["rows"]]
+
+
+def _profile_figures(path: Path) -> list[str]:
+    result = json.loads(path.read_text())
+    v = result["classification"]
+    syncs = ", ".join(f"{s['call']} {Path(s['file']).name}:{s['line']} ×{s['per_step']:.2g}"
+                      for s in result["syncs"]) or "none"
+    shares = ", ".join(f"{k} {x:.0%}" for k, x in v["shares"].items())
+    return [f"{v['class']}-bound, {v['step_ms']:.3g} ms/step traced; shares: {shares}",
+            f"syncs per step: {syncs}",
+            f"NVML samples: {result['device_sampler'].get('count', 0)}"]
+
+
+def _stream_vs_memory_figures(path: Path) -> list[str]:
+    result = json.loads(path.read_text())
+    s, cfg = result["summary"], result["config"]
+    lines = [f"streamed ÷ in memory {s['ratio']:.3f} (target ≥ {s['target']}: "
+             f"{'met' if s['meets_target'] else 'NOT met'}); per round "
+             + ", ".join(f"{x:.3f}" for x in s["paired_ratios"]),
+             f"in memory {s['in_memory_samples_per_s']:,.0f} samples/s, streamed "
+             f"{s['streamed_samples_per_s']:,.0f} (medians of {result['rounds_done']} rounds; "
+             f"cnn, batch {cfg['batch_size']}, {cfg['precision']}, {cfg['workers']} workers)",
+             f"DataLoader alone {s['loader_alone_samples_per_s']:,.0f} samples/s: "
+             f"{s['loading_headroom']:.1f}× the in-memory speed; first losses differ by "
+             f"{s['first_loss_max_rel_diff']:.1e} at most"]
+    if result.get("stopped_early"):
+        lines.append(f"stopped early: {result['stopped_early']}")
+    return lines
+
+
+FIGURES = {"gpu-tests": _pytest_figures, "env": _env_figures, "doctor": _doctor_figures,
+           "engine-speedup": _speedup_figures, "memory-prediction": _memory_prediction_figures,
+           "plan-accuracy": _plan_accuracy_figures, "bench": _bench_figures,
+           "profile": _profile_figures, "stream-vs-memory": _stream_vs_memory_figures}
