@@ -252,3 +252,41 @@ def test_a_pp_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(tmp_p
     assert full.keys() == resumed.keys()
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
+
+
+@pytest.mark.slow
+def test_a_preempted_pipeline_stops_all_stages_at_one_step_and_resumes(tmp_path):
+    """SIGTERM to torchrun mid-run: both stages (only the last holds the loss) agree on one log
+    step, write one DCP checkpoint and exit 75; `--resume auto` then ends bit-identical to the
+    run never stopped. Long enough (300 steps) that the signal lands long before the end."""
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    from fasttrain.engine.checkpoint import complete
+
+    long = ("--pp", "2", "--max-steps", "300", "--checkpoint-every", "20", "--log-every", "20")
+    proc = train(tmp_path / "full", *long, procs=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "stopped"
+    cmd = [*TORCHRUN[:-1], "2", "-m", "fasttrain", "train", *TRAIN, "--out", str(out), *long]
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    deadline = time.monotonic() + 240
+    while not complete(out / "checkpoints"):  # the first checkpoint: the stages are training
+        assert run.poll() is None, run.communicate()[0]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    run.send_signal(signal.SIGTERM)
+    log, _ = run.communicate(timeout=300)
+    assert run.returncode != 0 and log.count("stopped: signal") == 2, log  # both ranks: 75
+    step = complete(out / "checkpoints")[-1][0]
+    assert 0 < step < 300 and step % 20 == 0, step  # a log step: where the ranks agree
+    proc = train(out, *long, "--resume", "auto", procs=2)
+    assert proc.returncode == 0 and f"step {step})" in proc.stdout + proc.stderr, proc.stderr
+    full, resumed = (load_file(d / "weights.safetensors") for d in (tmp_path / "full", out))
+    assert full.keys() == resumed.keys()
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k
+
