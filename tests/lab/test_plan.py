@@ -55,7 +55,8 @@ def test_a_plan_end_to_end(planned):
     steps = result["total_steps"]
     assert h["total_s"] == pytest.approx(steps * h["step_s"])
     od = next(o for o in h["options"] if o["tier"] == "on_demand")
-    assert od["usd"] == pytest.approx(h["total_s"] / 3600 * 2.99)
+    price = cost.load()["H100 SXM"].prices["on_demand"].usd_per_hour  # the catalogue's
+    assert od["usd"] == pytest.approx(h["total_s"] / 3600 * price)
     assert result["efficiency"]["value"] == 0.3 and (d / "p.png").stat().st_size > 0
 
 
