@@ -92,16 +92,31 @@ def test_tp_needs_torchrun_and_refuses_zero1(monkeypatch):
                     device="cpu").validate()
 
 
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """One process's run of `steps` steps, trained once per module: its directory."""
+    done: dict[int, Path] = {}
+
+    def run(steps: int) -> Path:
+        if steps not in done:
+            out = tmp_path_factory.mktemp(f"one-{steps}")
+            proc = train(out, "--max-steps", str(steps))
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            done[steps] = out
+        return done[steps]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("steps", [1, 20])
-def test_tp2_trains_exactly_as_one_process(tmp_path, steps):
-    one = train(tmp_path / "one", "--max-steps", str(steps))
+def test_tp2_trains_exactly_as_one_process(tmp_path, one, steps):
     tp = train(tmp_path / "tp", "--max-steps", str(steps), "--tp", "2", procs=2)
-    assert one.returncode == 0 and tp.returncode == 0, tp.stdout + tp.stderr
-    assert_same_run(tmp_path / "one", tmp_path / "tp")
+    assert tp.returncode == 0, tp.stdout + tp.stderr
+    assert_same_run(one(steps), tmp_path / "tp")
     # Each rank holds half of every split matrix; embeddings and LayerNorms stay whole.
     first = [r for r in records(tmp_path / "tp") if r["kind"] == "train"][0]
-    full = [r for r in records(tmp_path / "one") if r["kind"] == "train"][0]
+    full = [r for r in records(one(steps)) if r["kind"] == "train"][0]
     held = first["param_bytes"] + first["optimizer_bytes"]
     whole = full["param_bytes"] + full["optimizer_bytes"]
     assert 0.5 * whole < held < 0.55 * whole, (held, whole)
@@ -109,12 +124,11 @@ def test_tp2_trains_exactly_as_one_process(tmp_path, steps):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("steps", [1, 20])
-def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path, steps):
-    one = train(tmp_path / "one", "--max-steps", str(steps))
+def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path, one, steps):
     two_d = train(tmp_path / "2d", "--max-steps", str(steps), "--tp", "2", "--parallel", "fsdp",
                   procs=4)
-    assert one.returncode == 0 and two_d.returncode == 0, two_d.stdout + two_d.stderr
-    assert_same_run(tmp_path / "one", tmp_path / "2d")
+    assert two_d.returncode == 0, two_d.stdout + two_d.stderr
+    assert_same_run(one(steps), tmp_path / "2d")
 
 
 @pytest.mark.slow
