@@ -51,3 +51,20 @@ def assert_one_line_error(code, err, *words):
     assert "Traceback" not in err
     for w in words:
         assert w in lines[0], (w, lines[0])
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def import_benchmark(name: str):
+    """A script of benchmarks/ as a module, its imports resolved as when it runs as a script
+    (its sibling modules on the path while it loads)."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fasttrain.cli import build_parser
+from tests.conftest import import_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu-check"
@@ -51,11 +52,7 @@ def test_every_fasttrain_step_parses_and_every_script_exists(tmp_path):
 
 
 def test_the_plan_accuracy_step_measures_on_cuda_into_its_result_file(tmp_path):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import plan_accuracy
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    plan_accuracy = import_benchmark("plan_accuracy")
     step = {s.name: s for s in load_script().plan(tmp_path, "2026-01-01-some-gpu")}[
         "plan-accuracy"]
     args = plan_accuracy.parse(step.argv[2:])  # a SystemExit here: a flag that is gone

@@ -1,27 +1,19 @@
 """benchmarks/input_pipeline.py on a handful of images: its data, its augmentation, and one short
 in-process round of every contender producing a result of the documented schema (no timing)."""
 
-import importlib
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import tiny_images
-
-_BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
+from tests.conftest import import_benchmark, tiny_images
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, _BENCHMARKS)  # the benchmark and its results module, as a script sees them
-    try:
-        yield importlib.import_module("input_pipeline")
-    finally:
-        sys.path.remove(_BENCHMARKS)
+    return import_benchmark("input_pipeline")
 
 
 @pytest.fixture

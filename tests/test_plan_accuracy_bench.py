@@ -3,31 +3,24 @@ round of its point-building, timing, counting and fitting by the wall clock (the
 --device cuda), its flags, and --device cuda without CUDA (one line, exit 2, nothing measured).
 No assertion depends on speed."""
 
-import importlib
 import json
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from fasttrain.lab import steptime
+from tests.conftest import BENCHMARKS, import_benchmark
 from tests.test_gpu_check import load_script
-
-_BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(_BENCHMARKS))  # the benchmark as a script sees its imports
-    try:
-        yield importlib.import_module("plan_accuracy")
-    finally:
-        sys.path.remove(str(_BENCHMARKS))
+    return import_benchmark("plan_accuracy")
 
 
 def exact_rows(constants: dict) -> list[dict]:
@@ -149,7 +142,7 @@ def test_result_files_are_named_by_date_and_device(bench):
     day = time.strftime("%Y-%m-%d")
     assert gpu.name == f"{day}-nvidia-h100-80gb-hbm3-plan-accuracy.json"
     assert cpu.name == f"{day}-cpu-amd-epyc-7b13-2core-plan-accuracy.json"
-    assert gpu.parent == cpu.parent == _BENCHMARKS / "results"
+    assert gpu.parent == cpu.parent == BENCHMARKS / "results"
 
 
 def test_cuda_without_cuda_is_one_line_and_exit_2_before_anything_is_measured(
@@ -166,10 +159,10 @@ def test_cuda_without_cuda_is_one_line_and_exit_2_before_anything_is_measured(
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: the script would measure")
 def test_the_script_itself_exits_2_without_cuda(tmp_path):
     out = tmp_path / "never.json"
-    done = subprocess.run([sys.executable, str(_BENCHMARKS / "plan_accuracy.py"), "--device",
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "plan_accuracy.py"), "--device",
                            "cuda", "--json", str(out)], capture_output=True, text=True,
-                          timeout=120, cwd=_BENCHMARKS.parent,
-                          env={**os.environ, "PYTHONPATH": str(_BENCHMARKS.parent / "src")})
+                          timeout=120, cwd=BENCHMARKS.parent,
+                          env={**os.environ, "PYTHONPATH": str(BENCHMARKS.parent / "src")})
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "CUDA is not available" in done.stderr and not out.exists()

@@ -2,26 +2,18 @@
 rounds' order and early stop with a stand-in for training, one tiny real run through both data
 paths into its JSON, and the gpu-check step's flags. No assertion depends on speed."""
 
-import importlib
 import json
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import import_benchmark
 from tests.test_gpu_check import load_script
-
-_BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(_BENCHMARKS))  # the benchmark as a script sees its imports
-    try:
-        yield importlib.import_module("stream_vs_memory")
-    finally:
-        sys.path.remove(str(_BENCHMARKS))
+    return import_benchmark("stream_vs_memory")
 
 
 def row(k: int, path: str, speed: float, loss: float = 2.0) -> dict:
