@@ -58,3 +58,23 @@ def weights(run):
 @pytest.fixture
 def tiny_images():
     return image_task()
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """One process's gpt run of `steps` steps, as the tp and pp tests train it
+    (test_tensor_parallel.train), trained once per module: its directory."""
+    from tests.engine.test_tensor_parallel import train
+
+    done = {}
+
+    def run(steps: int):
+        if steps not in done:
+            out = tmp_path_factory.mktemp(f"one-{steps}")
+            proc = train(out, "--max-steps", str(steps))
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            done[steps] = out
+        return done[steps]
+
+    return run
+

@@ -39,26 +39,6 @@ LAYOUTS = {  # name: (processes, flags)
 }
 
 
-class OneProcess:
-    """One process's run of each length, trained once per session, on demand: its directory."""
-
-    def __init__(self, root: Path):
-        self.root, self.done = root, {}
-
-    def __call__(self, steps: int) -> Path:
-        if steps not in self.done:
-            out = self.root / f"one-{steps}"
-            proc = train(out, "--max-steps", str(steps))
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            self.done[steps] = out
-        return self.done[steps]
-
-
-@pytest.fixture(scope="module")
-def one(tmp_path_factory) -> OneProcess:
-    return OneProcess(tmp_path_factory.mktemp("one"))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name, steps", [("pp2-tp2", 1), ("pp2-tp2", 20), ("pp2-fsdp2", 20),
                                          ("pp2-ddp2", 20), ("pp2-dp2-tp2", 1)])

@@ -92,22 +92,6 @@ def test_tp_needs_torchrun_and_refuses_zero1(monkeypatch):
                     device="cpu").validate()
 
 
-@pytest.fixture(scope="module")
-def one(tmp_path_factory):
-    """One process's run of `steps` steps, trained once per module: its directory."""
-    done: dict[int, Path] = {}
-
-    def run(steps: int) -> Path:
-        if steps not in done:
-            out = tmp_path_factory.mktemp(f"one-{steps}")
-            proc = train(out, "--max-steps", str(steps))
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            done[steps] = out
-        return done[steps]
-
-    return run
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("steps", [1, 20])
 def test_tp2_trains_exactly_as_one_process(tmp_path, one, steps):
