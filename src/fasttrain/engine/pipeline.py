@@ -42,8 +42,8 @@ cuts both copies into the same dim-0 rows).
 
 Limits, checked at build: the default (x, y) step only (the loss is computed on the last stage
 from its output, a user step needs the whole model); bf16 runs every stage under autocast, fp16
-too, with torch's ShardedGradScaler (run.py: the found-inf flag all-reduced over every rank, so
-all stages skip the same steps); no compile (the schedule calls the stages eagerly).
+too, with engine/scaler.py's scaler (the found-inf flag all-reduced over every rank, so all
+stages skip the same steps); no compile (the schedule calls the stages eagerly).
 """
 
 from __future__ import annotations
