@@ -446,6 +446,8 @@ def main(argv=None) -> int:
                     help="the main process's intra-op threads, for every contender (default: "
                          "torch's); see the CPU columns")
     ap.add_argument("--regimes", nargs="+", choices=tuple(REGIMES), default=tuple(REGIMES))
+    ap.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=CONTENDERS,
+                    help="a subset, e.g. fasttrain hand-written for a longer paired A/B")
     ap.add_argument("--json", help=f"result file (default: {RESULTS}/DATE-HW-input-pipeline.json)")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one run, in a fresh process
     args = ap.parse_args(argv)
@@ -474,7 +476,8 @@ def main(argv=None) -> int:
                  threads=args.threads)
     samples = write_pngs(s.images_dir, ds.train_x[:s.limit], ds.train_y[:s.limit])
     print(f"{len(samples)} PNG files under {s.images_dir}")
-    result = run_all(s, samples, args.rounds, regimes=tuple(args.regimes))
+    result = run_all(s, samples, args.rounds, contenders=tuple(args.contenders),
+                     regimes=tuple(args.regimes))
     result["targets"] = targets(result["rows"])
     path = Path(args.json) if args.json else RESULTS / default_name(result["env"])
     write_json(path, result)

@@ -39,8 +39,20 @@ def summarize(runs: list, contenders, models: dict) -> list:
         for row in rows[-len(contenders):]:
             m = med.get(row["contender"])
             row["vs_hand"] = m / med["hand-written"] if m and "hand-written" in med else None
+            row["vs_hand_paired"] = paired(runs, regime, row["contender"], "hand-written")
             row["vs_best_peer"] = m / best_peer if m and best_peer else None
     return rows
+
+
+def paired(runs: list, regime: str, name: str, ref: str) -> float | None:
+    """The median over rounds of `name`'s samples/s over `ref`'s in the same round: slow drifts
+    of the machine (other load, clock) cancel within a round, which the ratio of medians keeps."""
+    by_round: dict[int, dict[str, float]] = {}
+    for x in runs:
+        if x["regime"] == regime and x["status"] == "ok" and x["contender"] in (name, ref):
+            by_round.setdefault(x["round"], {})[x["contender"]] = x["samples_per_s"]
+    ratios = [r[name] / r[ref] for r in by_round.values() if name in r and ref in r]
+    return statistics.median(ratios) if ratios else None
 
 
 def targets(rows: list) -> dict:
@@ -80,6 +92,7 @@ def table(result: dict):
         ("min", num("samples_per_s_min", "{:,.0f}")),
         ("max", num("samples_per_s_max", "{:,.0f}")),
         ("spread", num("spread", "{:.1%}")), ("× hand", num("vs_hand", "{:.3f}")),
+        ("× hand, paired", num("vs_hand_paired", "{:.3f}")),
         ("× best peer", num("vs_best_peer", "{:.3f}")),
         ("main CPU ms/step", num("main_cpu_ms_per_step_median", "{:.2f}")),
         ("workers CPU ms/step", num("workers_cpu_ms_per_step_median", "{:.1f}")),

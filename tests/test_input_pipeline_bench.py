@@ -105,6 +105,21 @@ def test_a_failing_contender_is_a_failed_row(bench, monkeypatch):
     assert bench.targets(result["rows"])["input-bound"]["met"] is None  # no path: not judged
 
 
+def test_the_paired_ratio_is_the_median_of_per_round_ratios(bench):
+    # Round 0: fasttrain 90 vs hand 100; round 1: 200 vs 250 (a faster machine that round);
+    # round 2: fasttrain only (no pair). Paired: median(0.9, 0.8) = 0.85; of medians: 145/175.
+    runs = [{"regime": "compute-bound", "round": r, "contender": c, "status": "ok",
+             "samples_per_s": v}
+            for r, c, v in ((0, "fasttrain", 90.0), (0, "hand-written", 100.0),
+                            (1, "fasttrain", 200.0), (1, "hand-written", 250.0),
+                            (2, "fasttrain", 100.0))]
+    rows = {r["contender"]: r for r in
+            bench.summarize(runs, ("fasttrain", "hand-written"), {"compute-bound": "cnn"})}
+    assert rows["fasttrain"]["vs_hand_paired"] == pytest.approx(0.85)
+    assert rows["fasttrain"]["vs_hand"] == pytest.approx(100.0 / 175.0)
+    assert rows["hand-written"]["vs_hand_paired"] == 1.0
+
+
 def test_a_missing_peer_is_unavailable(bench, monkeypatch):
     import importlib.util
 
