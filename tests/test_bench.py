@@ -114,6 +114,93 @@ def test_rows_are_checked_then_timed_in_interleaved_repeats(tiny_data):
         assert r["epoch_ms_min"] == min(every) and r["epoch_ms_max"] == max(every)
 
 
+POISONED = [False]  # the fake device's state: a sticky fault makes every later call fail
+
+
+class Faults(LoggedNumpy):
+    """Fails with a sticky device fault in the setup of its `at`-th instance (1: the check)."""
+
+    name, at, made = "faults", 1, 0
+
+    def setup(self, data, cfg):
+        type(self).made += 1
+        if type(self).made == self.at:
+            POISONED[0] = True
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        super().setup(data, cfg)
+
+
+class FaultsTimed(Faults):
+    name, at = "faults-timed", 3  # the check, repeat 1, then repeat 2
+
+
+def unless_poisoned(device: str) -> bool:
+    return not POISONED[0]
+
+
+def in_a_fresh_process(data, cfg, repeats: int, log: list):
+    """What bench's rerun does, in this process: the rows again from the start, device reset."""
+    def rerun(entries):
+        log.append([e.name for e in entries])
+        POISONED[0] = False
+        return bench.run_rows(entries, data, cfg, {}, repeats)
+    return rerun
+
+
+@pytest.mark.parametrize("faulty", [Faults, FaultsTimed])
+def test_a_sticky_device_fault_fails_its_row_and_reruns_the_others_fresh(tiny_data, faulty):
+    """A row that leaves the device unusable (a sticky CUDA fault) fails alone: the rows not
+    finished (checked but not timed, or not yet checked; not the ones already failed) are
+    checked and timed again in a fresh process, which is marked in their rows."""
+    data, cfg = tiny_data
+    POISONED[0], faulty.made, log = False, 0, []
+    entries = [entry_for(c) for c in (WrongSign, LoggedNumpy, faulty, OtherLogged)]
+    rows = bench.run_rows(entries, data, cfg, {}, repeats=2, usable=unless_poisoned,
+                          rerun=in_a_fresh_process(data, cfg, 2, log))
+    by = {r["impl"]: r for r in rows}
+    assert [r["impl"] for r in rows] == [e.name for e in entries]
+    assert log == [["logged", "other"]]  # wrong-sign failed before: final, not rerun
+    culprit = by[faulty.name]
+    assert culprit["status"] == "failed" and "illegal memory access" in culprit["reason"]
+    assert "left the device unusable" in culprit["reason"]
+    assert by["wrong-sign"]["status"] == "failed" and "fresh_process_after" not in by["wrong-sign"]
+    for name in ("logged", "other"):
+        assert by[name]["status"] == "ok" and len(by[name]["repeats"]) == 2, by[name]
+        assert by[name]["fresh_process_after"] == faulty.name
+
+
+def test_without_a_fresh_process_the_rows_left_fail_with_the_reason(tiny_data):
+    data, cfg = tiny_data
+    POISONED[0], Faults.made = False, 0
+    rows = bench.run_rows([entry_for(Faults), entry_for(LoggedNumpy)], data, cfg, {},
+                          repeats=1, usable=unless_poisoned)
+    assert rows[1]["status"] == "failed"
+    assert rows[1]["reason"] == "not run: faults left the device unusable for its process " \
+                                "(a sticky CUDA fault)"
+
+
+def test_a_failure_that_leaves_the_device_usable_fails_its_row_only(tiny_data):
+    data, cfg = tiny_data
+    Faults.made = 0
+    rows = bench.run_rows([entry_for(Faults), entry_for(LoggedNumpy)], data, cfg, {},
+                          repeats=1, rerun=lambda todo: pytest.fail("nothing to rerun"))
+    assert rows[0]["status"] == "failed" and "unusable" not in rows[0]["reason"]
+    assert rows[1]["status"] == "ok" and "fresh_process_after" not in rows[1]
+    assert bench.device_usable("cpu")
+
+
+def test_the_fresh_process_is_fasttrain_bench_with_these_settings(tmp_path):
+    """bench's own rerun: a real `fasttrain bench` child for the rows given, same settings."""
+    import argparse
+
+    args = argparse.Namespace(data="synthetic", data_dir=None)
+    cfg = LadderConfig(epochs=1, batch_size=64, lr=0.05, seed=3)
+    rows = bench.fresh_process([ladder.entry("numpy-cpu")], args, cfg, repeats=1)
+    assert [r["impl"] for r in rows] == ["numpy-cpu"]
+    assert rows[0]["status"] == "ok" and len(rows[0]["repeats"]) == 1
+    assert len(rows[0]["repeats"][0]["epoch_ms_all"]) == 1
+
+
 def test_repeat_summary_median_and_spread():
     s = repeat_summary([12.0, 10.0, 30.0, 11.0])
     assert s["epoch_ms"] == 11.5

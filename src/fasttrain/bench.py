@@ -155,13 +155,85 @@ def computed_row(entry: ladder.Entry, row: dict, data, cfg, peaks: dict | None) 
             "setup_ms": None, "test_accuracy": None, "test_loss": None}
 
 
-def run_rows(entries, data, cfg, env: dict, repeats: int, console=None, quiet=True) -> list[dict]:
+def device_usable(device: str) -> bool:
+    """Whether this process can still use `device`. A CUDA kernel fault (an illegal address, a
+    trap) is sticky: every later call on the process's context fails with it, so each row after
+    the culprit would fail with the culprit's error. A failure that is not sticky (a refused
+    launch, a bad argument) leaves the context usable."""
+    if not device.startswith("cuda"):
+        return True
+    import torch
+
+    try:
+        torch.ones(1, device=device).add_(1).cpu()
+        torch.cuda.synchronize(device)
+    except Exception:  # what a poisoned context raises varies (RuntimeError, AcceleratorError)
+        return False
+    return True
+
+
+class DeviceLost(Exception):
+    """Row `culprit` failed and left the device unusable for this process."""
+
+    def __init__(self, culprit: int):
+        super().__init__(culprit)
+        self.culprit = culprit
+
+
+def _lost(row: dict, cfg, usable) -> bool:
+    return row["status"] == "failed" and not usable(row.get("device") or cfg.device)
+
+
+def run_rows(entries, data, cfg, env: dict, repeats: int, console=None, quiet=True,
+             rerun=None, usable=device_usable) -> list[dict]:
     """Check every row, then time the rows that passed `repeats` times in interleaved order
     (all rows once, then all rows again, ...), so slow drifts of the machine — another job
-    starting, the clock throttling — spread over every row instead of landing on one."""
-    rows = [prepare_row(e, data, cfg, env) for e in entries]
-    for e, row in zip(entries, rows, strict=True):
-        _say(console, e.name, row, "check")
+    starting, the clock throttling — spread over every row instead of landing on one.
+
+    A row that fails and leaves the device unusable (`usable`, a sticky CUDA fault) stays
+    failed, and every row not yet finished is handed to `rerun(entries) -> rows`: the bench
+    runs them again, checked and timed from the start, in a fresh process. Without `rerun`
+    they fail with the reason."""
+    rows: list[dict] = []
+    try:
+        for e in entries:
+            rows.append(prepare_row(e, data, cfg, env))
+            _say(console, e.name, rows[-1], "check")
+            if _lost(rows[-1], cfg, usable):
+                raise DeviceLost(len(rows) - 1)
+        _time_rows(entries, rows, data, cfg, env, repeats, console, quiet, usable)
+    except DeviceLost as lost:
+        return _after_lost(entries, rows, lost.culprit, console, rerun)
+    return [summarize_row(r) for r in rows]
+
+
+def _after_lost(entries, rows: list[dict], culprit: int, console, rerun) -> list[dict]:
+    """Rows as final as they stand (failed or unavailable before the loss, computed), the
+    culprit failed, and every other row from `rerun`, or failed with the reason."""
+    name = entries[culprit].name
+    note = f"{name} left the device unusable for its process (a sticky CUDA fault)"
+    rows[culprit]["reason"] += f"; {note}"
+    final = {i for i, r in enumerate(rows)  # the roofline has its epoch_ms once computed
+             if i == culprit or r["status"] != "ok" or "epoch_ms" in r}
+    todo = [e for i, e in enumerate(entries) if i not in final]
+    if console is not None and todo:
+        console.print(f"  {note}: {len(todo)} row(s) run again in a fresh process")
+    again = {r["impl"]: r for r in rerun(todo)} if rerun and todo else {}
+    out = []
+    for i, e in enumerate(entries):
+        if i in final:
+            out.append(summarize_row(rows[i]))
+        elif e.name in again:
+            out.append({**again[e.name], "fresh_process_after": name})
+        else:
+            out.append({**_base_row(e), **{k: rows[i].get(k) for k in ("device", "precision")
+                                            if i < len(rows)},
+                        "status": "failed", "reason": f"not run: {note}"})
+    return out
+
+
+def _time_rows(entries, rows, data, cfg, env, repeats, console, quiet, usable) -> None:
+    """The computed rows, then `repeats` interleaved rounds of the checked ones (in place)."""
     peaks = None
     for i, (e, row) in enumerate(zip(entries, rows, strict=True)):
         if row["status"] == "ok" and e.load().computed:
@@ -182,7 +254,8 @@ def run_rows(entries, data, cfg, env: dict, repeats: int, console=None, quiet=Tr
                 rows[i].update(status="failed",
                                reason=f"repeat {rep + 1}: {type(e).__name__}: {e}".splitlines()[0])
             _say(console, label, rows[i], "time")
-    return [summarize_row(r) for r in rows]
+            if _lost(rows[i], cfg, usable):
+                raise DeviceLost(i)
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -223,7 +296,8 @@ def bench(args: argparse.Namespace) -> int:
             console.print(f"peaks ({env['peaks']['source']}): "
                           f"{env['peaks']['fp32_flops'] / 1e9:,.0f} GFLOP/s fp32 FMA, "
                           f"{env['peaks']['bandwidth'] / 1e9:,.1f} GB/s")
-    rows = run_rows(entries, data, cfg, env, repeats, console, args.no_progress)
+    rows = run_rows(entries, data, cfg, env, repeats, console, args.no_progress,
+                    rerun=lambda todo: fresh_process(todo, args, cfg, repeats))
     result = {
         "schema": SCHEMA,
         "env": env,
@@ -244,6 +318,32 @@ def bench(args: argparse.Namespace) -> int:
         report.bench_plot(result, args.plot)
         console.print(f"wrote {args.plot}")
     return 0
+
+
+def fresh_process(entries, args: argparse.Namespace, cfg, repeats: int) -> list[dict]:
+    """`entries` checked and timed by `fasttrain bench` in a new process (this one's settings;
+    its table is not shown, its progress is), their rows read from its JSON. A row that faults
+    there too is handed on the same way, one process further."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="fasttrain-bench-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        argv = [sys.executable, "-m", "fasttrain", "bench", "--impl",
+                ",".join(e.name for e in entries), "--epochs", str(cfg.epochs), "--repeats",
+                str(repeats), "--batch-size", str(cfg.batch_size), "--lr", repr(cfg.lr),
+                "--seed", str(cfg.seed), "--data", args.data, "--device", cfg.device,
+                "--json", out, "--no-progress",
+                *(["--data-dir", args.data_dir] if args.data_dir else [])]
+        code = subprocess.run(argv, stdout=subprocess.DEVNULL).returncode
+        if code or not os.path.exists(out):
+            return [{**_base_row(e), "status": "failed",
+                     "reason": f"the fresh process that ran it again exited with {code}"}
+                    for e in entries]
+        with open(out) as f:
+            return json.load(f)["rows"]
 
 
 def _say(console, label: str, row: dict, stage: str) -> None:
