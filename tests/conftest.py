@@ -68,3 +68,35 @@ def import_benchmark(name: str):
     finally:
         sys.path.remove(str(BENCHMARKS))
 
+
+
+# -- GPU runs: a sticky CUDA fault costs no other test its result ------------------------------
+
+# The tests of hand-written kernels run last, the cluster kernel's the very last: a kernel fault
+# (an illegal address, a trap) is sticky, failing every later CUDA call of the process.
+LAST = ("tests/ladder/test_cuda_rungs.py", "tests/ladder/test_cuda_epoch.py")
+
+
+def run_last(nodeid: str) -> int:
+    """0 for most tests; 1, 2, ... for LAST's modules, in that order (a sort key)."""
+    path = nodeid.split("::")[0]
+    return LAST.index(path) + 1 if path in LAST else 0
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: run_last(item.nodeid))  # stable: the others keep their order
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """After a GPU test fails, stop the session if the device is lost (the bench's probe): the
+    tests after it would each fail with its error."""
+    report = (yield).get_result()
+    if report.failed and item.get_closest_marker("gpu") is not None:
+        import torch
+
+        from fasttrain.bench import device_usable
+
+        if torch.cuda.is_available() and not device_usable("cuda"):
+            item.session.shouldstop = (f"{item.nodeid} left the CUDA context unusable (a "
+                                       f"sticky fault): the GPU tests after it were not run")

@@ -189,6 +189,14 @@ def test_a_failure_that_leaves_the_device_usable_fails_its_row_only(tiny_data):
     assert bench.device_usable("cpu")
 
 
+def test_gpu_runs_take_the_hand_written_kernels_last():
+    from tests.conftest import run_last
+
+    ids = ["tests/ladder/test_cuda_epoch.py::test_a", "tests/gpu/test_train.py::test_b",
+           "tests/ladder/test_cuda_rungs.py::test_c[x]", "tests/test_bench.py::test_d"]
+    assert sorted(ids, key=run_last) == [ids[1], ids[3], ids[2], ids[0]]
+
+
 def test_the_fresh_process_is_fasttrain_bench_with_these_settings(tmp_path):
     """bench's own rerun: a real `fasttrain bench` child for the rows given, same settings."""
     import argparse
