@@ -189,6 +189,57 @@ def test_a_failure_that_leaves_the_device_usable_fails_its_row_only(tiny_data):
     assert bench.device_usable("cpu")
 
 
+class Interrupts(LoggedNumpy):
+    """Ctrl-C in the setup of its third instance: the check, repeat 1, then repeat 2."""
+
+    name, made = "interrupts", 0
+
+    def setup(self, data, cfg):
+        type(self).made += 1
+        if type(self).made == 3:
+            raise KeyboardInterrupt
+        super().setup(data, cfg)
+
+
+def test_ctrl_c_keeps_the_repeats_finished(tiny_data):
+    """Each row stands on the repeats it finished (the one in progress is dropped); a row that
+    never got timed is "not run", not a row of zeros."""
+    data, cfg = tiny_data
+    Interrupts.made = 0
+    with pytest.raises(bench.Interrupted) as cut:
+        bench.run_rows([entry_for(c) for c in (LoggedNumpy, Interrupts, OtherLogged)], data,
+                       cfg, {}, repeats=3)
+    logged, interrupts, other = cut.value.rows
+    assert len(logged["repeats"]) == 2 and logged["status"] == "ok"  # rounds 1 and 2
+    assert len(interrupts["repeats"]) == 1 and interrupts["status"] == "ok"
+    assert len(other["repeats"]) == 1 and other["epoch_ms"] == other["repeats"][0]["epoch_ms"]
+    Interrupts.made = 1  # the check is now its second instance and repeat 1 its third
+    with pytest.raises(bench.Interrupted) as cut:
+        bench.run_rows([entry_for(Interrupts), entry_for(LoggedNumpy)], data, cfg, {},
+                       repeats=1)
+    assert [r["status"] for r in cut.value.rows] == ["not run", "not run"]
+    assert cut.value.rows[1]["reason"] == "interrupted before it was timed"
+
+
+def test_an_interrupted_bench_writes_what_it_has_and_exits_130(capsys, tmp_path, monkeypatch):
+    from tests.conftest import run_cli
+
+    def interrupted(entries, *args, **kwargs):
+        raise bench.Interrupted([{**bench.base_row(e), "status": "not run",
+                                  "reason": "interrupted before its check"} for e in entries])
+
+    monkeypatch.setattr(bench, "run_rows", interrupted)
+    out = tmp_path / "r.json"
+    code, _, err = run_cli(capsys, "bench", "--data", "synthetic", "--impl", "numpy-cpu",
+                           "--json", str(out))
+    import json
+
+    result = json.loads(out.read_text())
+    assert code == 130 and "interrupted" in err
+    assert result["config"]["interrupted"] is True
+    assert result["rows"][0]["status"] == "not run"
+
+
 def test_gpu_runs_take_the_hand_written_kernels_last():
     from tests.conftest import run_last
 

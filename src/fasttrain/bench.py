@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import traceback
 
 from fasttrain import ladder
 from fasttrain.errors import UserError
-from fasttrain.ladder.check import check_row
-from fasttrain.timing import repeat_summary, synchronizer, time_call, time_epochs
+from fasttrain.ladder.measure import base_row, computed_row, prepare_row, summarize_row, time_row
 
 SCHEMA = "fasttrain.bench/2"
 DEFAULT_EPOCHS, DEFAULT_REPEATS = 20, 3
@@ -74,87 +72,6 @@ def select(spec: str) -> list[ladder.Entry]:
     return [ladder.entry(n) for n in dict.fromkeys(names)]
 
 
-def _base_row(entry: ladder.Entry) -> dict:
-    return {"impl": entry.name, "reproduces": None, "report_ms": None, "device": None,
-            "precision": None, "status": "ok", "reason": None, "source": None, "check": None,
-            "repeats": []}
-
-
-def prepare_row(entry: ladder.Entry, data, cfg: ladder.LadderConfig, env: dict) -> dict:
-    """Everything before timing: import, availability, source hash, and the check step. The
-    returned row has status "ok" only when the row may be timed."""
-    row = _base_row(entry)
-    try:
-        cls = entry.load()
-    except ImportError as e:
-        return {**row, "status": "unavailable", "reason": f"cannot import: {e}"}
-    row.update(reproduces=cls.reproduces, report_ms=cls.report_ms, device=cls.device,
-               precision=cls.precision, source=entry.source_hash())
-    reason = cls.unavailable(env, cfg)
-    if reason:
-        return {**row, "status": "unavailable", "reason": reason}
-    if cls.trains and not cls.computed:
-        row["check"] = check = check_row(entry, data, cfg)
-        if not check["ok"]:
-            return {**row, "status": "failed", "reason": f"check: {check['error']}"}
-    return row
-
-
-def time_row(entry: ladder.Entry, data, cfg: ladder.LadderConfig, on_epoch=None) -> dict:
-    """One repeat: a fresh instance, set up, timed over every epoch and evaluated. Raises what the
-    row raises (the caller marks the row failed)."""
-    impl = entry.create(cfg.device)
-    sync = synchronizer(impl.device)
-    _, setup_ms = time_call(lambda: impl.setup(data, cfg), sync)
-    times, losses = time_epochs(impl.train_epoch, cfg.epochs, sync, on_epoch)
-    test_loss, test_acc = impl.evaluate()
-    read = [x for x in losses if x is not None]
-    return {
-        "device": impl.device,
-        "precision": impl.precision,
-        "setup_ms": setup_ms,
-        **times.summary(),
-        "epoch_ms_all": list(times.ms),
-        "train_loss": read[-1] if read else None,
-        "train_loss_per_epoch": losses,
-        "test_accuracy": test_acc,
-        "test_loss": test_loss,
-        "details": impl.details(),
-    }
-
-
-def summarize_row(row: dict) -> dict:
-    """The row's figures from its repeats: median and spread of the per-repeat epoch times, the
-    min / median / max over every timed epoch, the median setup; metrics of the first repeat
-    (every repeat trains the same thing from the same start)."""
-    reps = row["repeats"]
-    if row["status"] != "ok" or not reps:
-        return row
-    every = [ms for r in reps for ms in r["epoch_ms_all"]]
-    first = reps[0]
-    return {
-        **row,
-        "device": first["device"],
-        "precision": first["precision"],
-        **repeat_summary([r["epoch_ms"] for r in reps]),
-        "epoch_ms_min": min(every),
-        "epoch_ms_median": statistics.median(every),
-        "epoch_ms_max": max(every),
-        "total_ms": statistics.median([r["total_ms"] for r in reps]),
-        "setup_ms": statistics.median([r["setup_ms"] for r in reps]),
-        **{k: first[k] for k in ("train_loss", "test_accuracy", "test_loss", "details")},
-    }
-
-
-def computed_row(entry: ladder.Entry, row: dict, data, cfg, peaks: dict | None) -> dict:
-    """The roofline: its figure comes from the peaks, not from a clock."""
-    if peaks is None:
-        return {**row, "status": "unavailable", "reason": "no peak figures for this device"}
-    est = entry.create(cfg.device).estimate(data, cfg, peaks)
-    return {**row, "precision": "fp32", "roofline": est, "epoch_ms": est["epoch_ms"],
-            "setup_ms": None, "test_accuracy": None, "test_loss": None}
-
-
 def device_usable(device: str) -> bool:
     """Whether this process can still use `device`. A CUDA kernel fault (an illegal address, a
     trap) is sticky: every later call on the process's context fails with it, so each row after
@@ -170,6 +87,14 @@ def device_usable(device: str) -> bool:
     except Exception:  # what a poisoned context raises varies (RuntimeError, AcceleratorError)
         return False
     return True
+
+
+class Interrupted(Exception):
+    """Ctrl-C (or a supervisor's SIGINT) during the bench: `rows` holds what was finished."""
+
+    def __init__(self, rows: list[dict]):
+        super().__init__(len(rows))
+        self.rows = rows
 
 
 class DeviceLost(Exception):
@@ -193,7 +118,10 @@ def run_rows(entries, data, cfg, env: dict, repeats: int, console=None, quiet=Tr
     A row that fails and leaves the device unusable (`usable`, a sticky CUDA fault) stays
     failed, and every row not yet finished is handed to `rerun(entries) -> rows`: the bench
     runs them again, checked and timed from the start, in a fresh process. Without `rerun`
-    they fail with the reason."""
+    they fail with the reason.
+
+    Ctrl-C raises Interrupted with the rows as far as they got: each timed row over the repeats
+    it finished (the one in progress dropped), the others "not run"."""
     rows: list[dict] = []
     try:
         for e in entries:
@@ -204,7 +132,20 @@ def run_rows(entries, data, cfg, env: dict, repeats: int, console=None, quiet=Tr
         _time_rows(entries, rows, data, cfg, env, repeats, console, quiet, usable)
     except DeviceLost as lost:
         return _after_lost(entries, rows, lost.culprit, console, rerun)
+    except KeyboardInterrupt:
+        raise Interrupted(_cut_short(entries, rows)) from None
     return [summarize_row(r) for r in rows]
+
+
+def _cut_short(entries, rows: list[dict]) -> list[dict]:
+    out = []
+    for i, e in enumerate(entries):
+        row = rows[i] if i < len(rows) else {**base_row(e), "status": "not run",
+                                               "reason": "interrupted before its check"}
+        if row["status"] == "ok" and not row["repeats"] and "epoch_ms" not in row:
+            row = {**row, "status": "not run", "reason": "interrupted before it was timed"}
+        out.append(summarize_row(row))
+    return out
 
 
 def _after_lost(entries, rows: list[dict], culprit: int, console, rerun) -> list[dict]:
@@ -226,7 +167,7 @@ def _after_lost(entries, rows: list[dict], culprit: int, console, rerun) -> list
         elif e.name in again:
             out.append({**again[e.name], "fresh_process_after": name})
         else:
-            out.append({**_base_row(e), **{k: rows[i].get(k) for k in ("device", "precision")
+            out.append({**base_row(e), **{k: rows[i].get(k) for k in ("device", "precision")
                                             if i < len(rows)},
                         "status": "failed", "reason": f"not run: {note}"})
     return out
@@ -296,15 +237,21 @@ def bench(args: argparse.Namespace) -> int:
             console.print(f"peaks ({env['peaks']['source']}): "
                           f"{env['peaks']['fp32_flops'] / 1e9:,.0f} GFLOP/s fp32 FMA, "
                           f"{env['peaks']['bandwidth'] / 1e9:,.1f} GB/s")
-    rows = run_rows(entries, data, cfg, env, repeats, console, args.no_progress,
-                    rerun=lambda todo: fresh_process(todo, args, cfg, repeats))
+    try:
+        rows, interrupted = run_rows(entries, data, cfg, env, repeats, console,
+                                     args.no_progress,
+                                     rerun=lambda todo: fresh_process(todo, args, cfg,
+                                                                      repeats)), False
+    except Interrupted as cut:
+        rows, interrupted = cut.rows, True
+        console.print("interrupted: each row below stands on the repeats it finished")
     result = {
         "schema": SCHEMA,
         "env": env,
         "config": {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
                    "seed": cfg.seed, "data": dataset.name, "synthetic": dataset.synthetic,
                    "data_source": dataset.source, "device": cfg.device, "repeats": repeats,
-                   "impl": [e.name for e in entries]},
+                   "impl": [e.name for e in entries], "interrupted": interrupted},
         "rows": rows,
     }
     out = Console()
@@ -317,7 +264,7 @@ def bench(args: argparse.Namespace) -> int:
     if args.plot:
         report.bench_plot(result, args.plot)
         console.print(f"wrote {args.plot}")
-    return 0
+    return 130 if interrupted else 0
 
 
 def fresh_process(entries, args: argparse.Namespace, cfg, repeats: int) -> list[dict]:
@@ -337,9 +284,13 @@ def fresh_process(entries, args: argparse.Namespace, cfg, repeats: int) -> list[
                 "--seed", str(cfg.seed), "--data", args.data, "--device", cfg.device,
                 "--json", out, "--no-progress",
                 *(["--data-dir", args.data_dir] if args.data_dir else [])]
-        code = subprocess.run(argv, stdout=subprocess.DEVNULL).returncode
-        if code or not os.path.exists(out):
-            return [{**_base_row(e), "status": "failed",
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        try:
+            code = child.wait()
+        except KeyboardInterrupt:  # the child had the same SIGINT: it writes what it finished
+            code = child.wait(timeout=60)
+        if not os.path.exists(out):
+            return [{**base_row(e), "status": "failed",
                      "reason": f"the fresh process that ran it again exited with {code}"}
                     for e in entries]
         with open(out) as f:
