@@ -85,9 +85,14 @@ def _plan_accuracy_figures(path: Path) -> list[str]:
 
 
 def _bench_figures(path: Path) -> list[str]:
-    return [f"{r['impl']:<20} {r.get('device') or '-':<5} " + (
-        f"{r['epoch_ms']:.3g} ms/epoch, test acc {r.get('test_accuracy')}" if r["status"] == "ok"
-        else f"{r['status']}: {r.get('reason')}") for r in json.loads(path.read_text())["rows"]]
+    result = json.loads(path.read_text())
+    cut = ["interrupted: each row over the repeats it finished"] if result["config"].get(
+        "interrupted") else []
+    return cut + [f"{r['impl']:<20} {r.get('device') or '-':<5} " + (
+        f"{r['epoch_ms']:.3g} ms/epoch ({len(r.get('repeats') or ()) or 'computed'}"
+        f"{'×' if r.get('repeats') else ''}), test acc {r.get('test_accuracy')}"
+        if r["status"] == "ok" else f"{r['status']}: {r.get('reason')}")
+        for r in result["rows"]]
 
 
 def experiment_figures(path: Path) -> list[str]:

@@ -96,3 +96,20 @@ def test_allow_cpu_runs_the_cpu_steps_and_skips_the_gpu_ones_with_the_reason(tmp
     assert {"summary.md", "env.json", "logs/env.log", "logs/gpu-tests.log"} <= names
     assert "CUDA not available" in junit
     assert env["gpu"] is None and env["torch"] == torch.__version__
+
+
+def test_the_bench_figures_say_an_interrupted_run_and_each_rows_repeats(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check_figures
+
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"config": {"interrupted": True}, "rows": [
+        {"impl": "numpy-cpu", "device": "cpu", "status": "ok", "epoch_ms": 78.4,
+         "test_accuracy": 0.92, "repeats": [{}, {}]},
+        {"impl": "roofline", "device": "cpu", "status": "ok", "epoch_ms": 8.1},
+        {"impl": "cuda-epoch", "device": "cuda", "status": "not run",
+         "reason": "interrupted before it was timed"}]}))
+    lines = gpu_check_figures.FIGURES["bench"](path)
+    assert lines[0].startswith("interrupted")
+    assert "78.4 ms/epoch (2×)" in lines[1] and "(computed)" in lines[2]
+    assert "not run: interrupted before it was timed" in lines[3]
