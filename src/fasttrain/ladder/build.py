@@ -177,6 +177,9 @@ def compile(source: str, *, libs=(), arch: str | None = None, out_dir=None) -> P
     if not src.is_file():
         raise FileNotFoundError(src)
     cmd = [nvcc, *FLAGS, f"-arch={arch}"]
+    # nvcc's own headers first: a wheel folder added below for cuBLAS (nvidia/cu13/include) may
+    # also hold the runtime wheel's cuda_runtime.h, of another version than this nvcc.
+    cmd += [f"-I{_toolkit_root(nvcc) / 'include'}"]
     # The CUDA runtime is usually already loaded by torch (same soname); this finds it otherwise.
     for d in ("lib64", "lib"):
         if (_toolkit_root(nvcc) / d).is_dir():

@@ -26,6 +26,14 @@ inline int cublas_update(cublasHandle_t h, Ctx* c, int B, cudaStream_t s) {
   return (int)cudaGetLastError();
 }
 
+// The handle onto stream s, with our fixed workspace back: cublasSetStream unconditionally resets
+// the workspace to cuBLAS's default pool (cuBLAS docs, cublasSetStream), which it would then
+// allocate from inside a graph capture.
+inline int cublas_bind(cublasHandle_t h, Ctx* c, cudaStream_t s) {
+  FT_TRY(cublasSetStream(h, s));
+  return (int)cublasSetWorkspace(h, c->workspace, c->workspace_bytes);
+}
+
 // A handle in plain FP32 (the default math mode: no TF32, as the rungs are checked against float64
 // to fp32 tolerance), with a fixed workspace so that graph capture allocates nothing.
 inline int cublas_create(cublasHandle_t* h, Ctx* c) {

@@ -12,7 +12,7 @@ struct CublasOps {
     c->lib = new Library;
     return cublas_create(&c->lib->cublas, c);
   }
-  static int bind(Ctx* c, cudaStream_t s) { return (int)cublasSetStream(c->lib->cublas, s); }
+  static int bind(Ctx* c, cudaStream_t s) { return cublas_bind(c->lib->cublas, c, s); }
   static int destroy(Ctx* c) {
     int status = c->lib && c->lib->cublas ? (int)cublasDestroy(c->lib->cublas) : 0;
     delete c->lib;

@@ -26,7 +26,7 @@ struct CudnnOps {
                                            FT_CLASSES, 1, 1);
   }
   static int bind(Ctx* c, cudaStream_t s) {
-    FT_TRY(cublasSetStream(c->lib->cublas, s));
+    FT_TRY(cublas_bind(c->lib->cublas, c, s));
     return (int)cudnnSetStream(c->lib->cudnn, s);
   }
   static int destroy(Ctx* c) {
