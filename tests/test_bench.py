@@ -349,3 +349,24 @@ def test_source_hash_covers_declared_sources():
     assert more["files"][-1] == "common.py" and len(more["files"]) == len(plain["files"]) + 1
     assert plain["sha256"] != more["sha256"]
     assert ladder.entry("numba-tiled").source_hash()["files"] == ["numba_tiled.py"]
+
+
+def test_a_fresh_process_cut_short_marks_its_rows_interrupted(monkeypatch):
+    import argparse
+    import json
+    import subprocess
+
+    class Child:  # the child bench as it ends on a SIGINT: its JSON written, exit 130
+        def __init__(self, argv, **kwargs):
+            path = argv[argv.index("--json") + 1]
+            with open(path, "w") as f:
+                json.dump({"config": {"interrupted": True},
+                           "rows": [{"impl": "numpy-cpu", "status": "ok"}]}, f)
+
+        def wait(self):
+            return 130
+
+    monkeypatch.setattr(subprocess, "Popen", Child)
+    args = argparse.Namespace(data="synthetic", data_dir=None)
+    rows = bench.fresh_process([ladder.entry("numpy-cpu")], args, LadderConfig(), repeats=1)
+    assert rows == [{"impl": "numpy-cpu", "status": "ok", "interrupted": True}]

@@ -244,6 +244,8 @@ def bench(args: argparse.Namespace) -> int:
                                                                       repeats)), False
     except Interrupted as cut:
         rows, interrupted = cut.rows, True
+    interrupted = interrupted or any(r.get("interrupted") for r in rows)  # in a fresh process
+    if interrupted:
         console.print("interrupted: each row below stands on the repeats it finished")
     result = {
         "schema": SCHEMA,
@@ -288,13 +290,15 @@ def fresh_process(entries, args: argparse.Namespace, cfg, repeats: int) -> list[
         try:
             code = child.wait()
         except KeyboardInterrupt:  # the child had the same SIGINT: it writes what it finished
-            code = child.wait(timeout=60)
+            code = child.wait()
         if not os.path.exists(out):
             return [{**base_row(e), "status": "failed",
                      "reason": f"the fresh process that ran it again exited with {code}"}
                     for e in entries]
         with open(out) as f:
-            return json.load(f)["rows"]
+            result = json.load(f)
+    cut = result["config"].get("interrupted", False)
+    return [{**r, "interrupted": True} if cut else r for r in result["rows"]]
 
 
 def _say(console, label: str, row: dict, stage: str) -> None:
