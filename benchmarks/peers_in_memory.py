@@ -2,7 +2,8 @@
 loops training on the same tensors, each the way its documentation shows.
 
     FASTTRAIN_DATA=DIR PYTHONPATH=src python benchmarks/peers_in_memory.py [--rounds 7]
-        [--models mlp cnn] [--batch-size 128] [--warmup 20] [--steps N] [--json PATH]
+        [--models mlp cnn] [--batch-size 128] [--warmup 20] [--steps N] [--device cuda]
+        [--json PATH]
 
 The data: Fashion-MNIST's 60,000 training images as float32 tensors in [0, 1] ([N, 1, 28, 28])
 and int64 labels, made once per process before the clock (from $FASTTRAIN_DATA or --data-dir).
@@ -15,8 +16,10 @@ with AdamW at a constant learning rate, cross-entropy, fp32, batch 128, a new sh
                  progress bar, logger, checkpointing and model summary off
   accelerate     `Accelerator.prepare(model, optimizer, DataLoader(TensorDataset(x, y), ...))`
   hand-loader    `for x, y in DataLoader(TensorDataset(x, y), shuffle=True)`: the tutorial loop
+                 (on a GPU: pinned batches, `.to(device, non_blocking=True)`)
   hand-indexed   `perm = torch.randperm(n)`; `x[perm[i:i + B]]`: a careful hand loop, what
-                 fasttrain's in-memory path does, without anything else
+                 fasttrain's in-memory path does, without anything else (on a GPU: the tensors
+                 moved there once, the batches gathered there)
 
 A DataLoader over a TensorDataset fetches each sample by a Python call and collates the batch
 from them (no workers: the data is already in this process), which costs little against a cnn
@@ -75,7 +78,8 @@ def make_model(model: str, seed: int) -> torch.nn.Module:
 
 def loader(x, y, s: Settings) -> DataLoader:
     return DataLoader(TensorDataset(x, y), batch_size=s.batch_size, shuffle=True,
-                      drop_last=True, generator=torch.Generator().manual_seed(s.seed))
+                      drop_last=True, pin_memory=s.pin_memory,
+                      generator=torch.Generator().manual_seed(s.seed))
 
 
 def train_fasttrain(net, x, y, s: Settings, clock: Window) -> None:
@@ -100,12 +104,14 @@ def train_fasttrain(net, x, y, s: Settings, clock: Window) -> None:
 
 
 def train_hand_indexed(net, x, y, s: Settings, clock: Window) -> None:
+    dev = torch.device(s.device)
+    net, x, y = net.to(dev), x.to(dev), y.to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=s.lr, weight_decay=0.0)
     gen, n, b = torch.Generator().manual_seed(s.seed), len(y), s.batch_size
 
     def batches():
         while True:
-            perm = torch.randperm(n, generator=gen)
+            perm = torch.randperm(n, generator=gen).to(dev)
             for i in range(0, n - b + 1, b):
                 idx = perm[i:i + b]
                 yield x[idx], y[idx]
@@ -119,8 +125,11 @@ def train_hand_indexed(net, x, y, s: Settings, clock: Window) -> None:
 
 
 def train_hand_loader(net, x, y, s: Settings, clock: Window) -> None:
+    dev = torch.device(s.device)
+    net = net.to(dev)
     opt = torch.optim.AdamW(net.parameters(), lr=s.lr, weight_decay=0.0)
     for xb, yb in itertools.islice(endless(loader(x, y, s)), clock.total):
+        xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
         loss = F.cross_entropy(net(xb), yb)
         loss.backward()
         opt.step()
@@ -191,7 +200,8 @@ def table(result: dict):
 
     cfg, load = result["config"], result["load"]
     steps = ", ".join(f"{m} {n}" for m, n in cfg["steps"].items())
-    caption = (f"Fashion-MNIST train set as tensors, batch {cfg['batch_size']}, {cfg['rounds']} "
+    caption = (f"Fashion-MNIST train set as tensors, {cfg['device']}, batch {cfg['batch_size']}, "
+               f"{cfg['rounds']} "
                f"interleaved rounds of {steps} steps after {cfg['warmup']}, a fresh "
                f"process each; load {load['before'][0]:.2f} → {load['after'][0]:.2f} on "
                f"{load['cpu_count']} CPUs")
@@ -242,7 +252,7 @@ def run_all(s: Settings, rounds: int, models, data_dir, limit: int, contenders=C
             "rows": summarize(runs, models, contenders), "runs": runs}
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", help="folder holding fashion-mnist/ (default: $FASTTRAIN_DATA)")
     ap.add_argument("--limit", type=int, default=60_000, help="train on the first N images")
@@ -252,8 +262,14 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=20, help="steps before the clock starts")
     ap.add_argument("--steps", type=int, help=f"steps timed per run (default: {STEPS})")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", help=f"result file (default: {RESULTS}/DATE-HW-peers-in-memory.json)")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one run, in a fresh process
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if args.child:
         job = json.loads(args.child)
@@ -275,7 +291,8 @@ def main(argv=None) -> int:
     contenders = tuple(args.contenders)
     if REFERENCE not in contenders:
         contenders += (REFERENCE,)
-    s = Settings(images_dir="", batch_size=args.batch_size, workers=0, warmup=args.warmup)
+    s = Settings(images_dir="", batch_size=args.batch_size, workers=0, warmup=args.warmup,
+                 device=args.device)
     steps = dict.fromkeys(MODELS, args.steps) if args.steps else STEPS
     result = run_all(s, args.rounds, tuple(args.models), args.data_dir, args.limit, contenders,
                      steps=steps)

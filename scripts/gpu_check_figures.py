@@ -131,7 +131,16 @@ def _stream_vs_memory_figures(path: Path) -> list[str]:
     return lines
 
 
+def _peers_figures(path: Path) -> list[str]:
+    rows = json.loads(path.read_text())["rows"]
+    return [f"{r['model']} {r['contender']:<12} " + (
+        f"{r['samples_per_s_median']:,.0f} samples/s, × hand-indexed {r['vs_reference']:.3f} "
+        f"(paired {r['vs_reference_paired']:.3f})" if r["status"] == "ok"
+        else f"{r['status']}: {r.get('reason')}") for r in rows]
+
+
 FIGURES = {"gpu-tests": _pytest_figures, "env": _env_figures, "doctor": _doctor_figures,
            "engine-speedup": _speedup_figures, "memory-prediction": _memory_prediction_figures,
            "plan-accuracy": _plan_accuracy_figures, "bench": _bench_figures,
-           "profile": _profile_figures, "stream-vs-memory": _stream_vs_memory_figures}
+           "profile": _profile_figures, "stream-vs-memory": _stream_vs_memory_figures,
+           "peers-in-memory": _peers_figures}

@@ -113,3 +113,17 @@ def test_the_bench_figures_say_an_interrupted_run_and_each_rows_repeats(tmp_path
     assert lines[0].startswith("interrupted")
     assert "78.4 ms/epoch (2×)" in lines[1] and "(computed)" in lines[2]
     assert "not run: interrupted before it was timed" in lines[3]
+
+
+def test_the_peers_step_runs_the_mlp_on_cuda_and_its_figures_read_a_real_result(tmp_path):
+    peers = import_benchmark("peers_in_memory")
+    step = {s.name: s for s in load_script().plan(tmp_path, "2026-01-01-some-gpu")}[
+        "peers-in-memory"]
+    args = peers.parser().parse_args(step.argv[2:])  # a SystemExit here: a flag that is gone
+    assert args.device == "cuda" and args.models == ["mlp"]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check_figures
+
+    cpu_result = ROOT / "benchmarks/results/2026-11-26-cpu-amd-epyc-2core-peers-in-memory.json"
+    lines = gpu_check_figures.FIGURES["peers-in-memory"](cpu_result)
+    assert len(lines) == 10 and "mlp fasttrain" in lines[0] and "samples/s" in lines[0]
