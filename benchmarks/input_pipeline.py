@@ -365,18 +365,34 @@ def measure(contender: str, regime: str, s: Settings, samples: list) -> dict:
     return {**clock.row(s.batch_size), **extra}
 
 
-def measure_in_child(contender: str, regime: str, s: Settings, samples: list) -> dict:
-    """`measure` in a fresh Python process (the samples are the files under s.images_dir)."""
-    job = json.dumps({"contender": contender, "regime": regime,
-                      "settings": dataclasses.asdict(s)})
-    proc = subprocess.run([sys.executable, __file__, "--child", job], capture_output=True,
-                          text=True, timeout=1800)
+def run_child(script: str, job: dict, mark: str) -> dict:
+    """`script --child JOB` in a fresh Python process; its row is the stdout line that begins
+    with `mark` (libraries print too: Lightning's notices). A failure raises its last line."""
+    proc = subprocess.run([sys.executable, script, "--child", json.dumps(job)],
+                          capture_output=True, text=True, timeout=1800)
     if proc.returncode:
         raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
                            else f"exit code {proc.returncode}")
-    # Libraries print too (Lightning's notices): the row is the line marked as ours.
-    line = next(x for x in reversed(proc.stdout.splitlines()) if x.startswith(_MARK))
-    return json.loads(line[len(_MARK):])
+    line = next(x for x in reversed(proc.stdout.splitlines()) if x.startswith(mark))
+    return json.loads(line[len(mark):])
+
+
+def attempt(measure_one, name: str, *args) -> dict:
+    """One run of contender `name`: {"status": "ok", **measure_one(name, *args)}, or a row
+    saying why not (its package missing, or what it raised: a contender that fails is a row,
+    not a crash)."""
+    if why := unavailable(name):
+        return {"status": "unavailable", "reason": why}
+    try:
+        return {"status": "ok", **measure_one(name, *args)}
+    except Exception as e:
+        return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
+
+
+def measure_in_child(contender: str, regime: str, s: Settings, samples: list) -> dict:
+    """`measure` in a fresh Python process (the samples are the files under s.images_dir)."""
+    return run_child(__file__, {"contender": contender, "regime": regime,
+                                "settings": dataclasses.asdict(s)}, _MARK)
 
 
 # -- the benchmark: interleaved rounds (statistics and table: input_pipeline_results.py) ------
@@ -394,13 +410,7 @@ def run_all(s: Settings, samples: list, rounds: int, measure_one=measure_in_chil
             k = r % len(contenders)  # rotate the order: no contender always runs first
             for name in contenders[k:] + contenders[:k]:
                 load = os.getloadavg()[0]  # what else the machine was doing, run by run
-                if why := unavailable(name):
-                    got = {"status": "unavailable", "reason": why}
-                else:
-                    try:
-                        got = {"status": "ok", **measure_one(name, regime, s, samples)}
-                    except Exception as e:  # a contender that fails is a row, not a crash
-                        got = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
+                got = attempt(measure_one, name, regime, s, samples)
                 runs.append({"regime": regime, "round": r, "contender": name,
                              "load_1min_before": load, **got})
                 if got["status"] != "ok":

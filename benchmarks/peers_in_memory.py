@@ -42,13 +42,21 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from input_pipeline import Settings, Window, endless, train_accelerate, train_lightning, unavailable
+from input_pipeline import (
+    Settings,
+    Window,
+    attempt,
+    endless,
+    run_child,
+    train_accelerate,
+    train_lightning,
+    unavailable,  # noqa: F401  (which peers are installed: attempt() asks, and so do the tests)
+)
 from input_pipeline_results import default_name, paired
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -153,15 +161,8 @@ def measure(contender: str, model: str, s: Settings, data_dir: str | None, limit
 
 
 def measure_in_child(contender: str, model: str, s: Settings, data_dir, limit: int) -> dict:
-    job = json.dumps({"contender": contender, "model": model, "data_dir": data_dir,
-                      "limit": limit, "settings": dataclasses.asdict(s)})
-    proc = subprocess.run([sys.executable, __file__, "--child", job], capture_output=True,
-                          text=True, timeout=1800)
-    if proc.returncode:
-        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip()
-                           else f"exit code {proc.returncode}")
-    line = next(x for x in reversed(proc.stdout.splitlines()) if x.startswith(_MARK))
-    return json.loads(line[len(_MARK):])
+    return run_child(__file__, {"contender": contender, "model": model, "data_dir": data_dir,
+                                "limit": limit, "settings": dataclasses.asdict(s)}, _MARK)
 
 
 def summarize(runs: list, models, contenders=CONTENDERS) -> list[dict]:
@@ -228,13 +229,7 @@ def run_all(s: Settings, rounds: int, models, data_dir, limit: int, contenders=C
             k = r % len(contenders)  # rotate the order: no contender always runs first
             for name in contenders[k:] + contenders[:k]:
                 load = os.getloadavg()[0]
-                if why := unavailable(name):
-                    got = {"status": "unavailable", "reason": why}
-                else:
-                    try:
-                        got = {"status": "ok", **measure_one(name, model, sm, data_dir, limit)}
-                    except Exception as e:  # a contender that fails is a row, not a crash
-                        got = {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
+                got = attempt(measure_one, name, model, sm, data_dir, limit)
                 runs.append({"model": model, "round": r, "contender": name, "steps": sm.steps,
                              "load_1min_before": load, **got})
                 said = (f"{got['samples_per_s']:,.0f} samples/s" if got["status"] == "ok"
