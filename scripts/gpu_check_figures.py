@@ -95,6 +95,25 @@ def _bench_figures(path: Path) -> list[str]:
         for r in result["rows"]]
 
 
+def bench_accuracy_problem(path: Path, tolerance: float = 0.005) -> str | None:
+    """Why the ladder's rows do not all train alike, or None: every row that ran must end 20
+    epochs within `tolerance` (half a point) of numpy-cpu's test accuracy, and on the GPU machine
+    every row must run (an `unavailable` row there is a broken build). gpu-check takes this
+    check from the bench run instead of training every CUDA row 20 epochs more in pytest."""
+    rows = {r["impl"]: r for r in json.loads(path.read_text())["rows"]}
+    reference = (rows.get("numpy-cpu") or {}).get("test_accuracy")
+    if reference is None:
+        return "no numpy-cpu test accuracy to compare the rows with"
+    off = [f"{name} {r['test_accuracy']:.4f}" for name, r in rows.items()
+           if r["status"] == "ok" and r.get("test_accuracy") is not None
+           and abs(r["test_accuracy"] - reference) > tolerance]
+    failed = [f"{name} ({r['status']})" for name, r in rows.items() if r["status"] != "ok"]
+    problems = ([f"test accuracy more than {tolerance:.1%} from numpy-cpu's {reference:.4f}: "
+                 + ", ".join(off)] if off else []) + (
+        [f"rows not ok: {', '.join(failed)}"] if failed else [])
+    return "; ".join(problems) or None
+
+
 def experiment_figures(path: Path) -> list[str]:
     keys = ("row", "part", "label", "precision", "status", "ms_per_step", "peak_bytes",
             "speedup_vs_cpu", "memory_vs_gpu_fp32", "memory_saved", "reason")
@@ -139,8 +158,34 @@ def _peers_figures(path: Path) -> list[str]:
         else f"{r['status']}: {r.get('reason')}") for r in rows]
 
 
+def _sync_cost_figures(path: Path) -> list[str]:
+    result = json.loads(path.read_text())
+    barriers = result.get("barrier_ns", {})
+    lines = [f"barrier: {', '.join(f'{k} {v:.0f} ns' for k, v in barriers.items())}"]
+    if result.get("graph_node_us") is not None:
+        lines.append(f"CUDA graph: {result['graph_node_us']:.2f} µs per dependent kernel")
+    steps = result.get("config", {}).get("steps", 469)
+    lines += [f"cuda-epoch, {k}: {v:.3f} ms/epoch = {v * 1e3 / steps:.2f} µs/step"
+              for k, v in result.get("cuda_epoch_ms", {}).items()]
+    return lines
+
+
+def _cuda_profile_figures(path: Path) -> list[str]:
+    lines = []
+    for r in json.loads(path.read_text())["rows"]:
+        if r["status"] != "ok":
+            lines.append(f"{r['impl']:<14} {r['status']}: {r.get('reason')}")
+            continue
+        top = sorted(r["top_kernels_us_per_step"].items(), key=lambda kv: -kv[1])[:3]
+        lines.append(f"{r['impl']:<14} {r['span_us_per_step']:.1f} µs/step, busy "
+                     f"{r['busy_fraction']:.0%}, {r['kernels_per_step']:.0f} kernels/step; top: "
+                     + ", ".join(f"{name.split('(')[0]} {us:.1f} µs" for name, us in top))
+    return lines
+
+
 FIGURES = {"gpu-tests": _pytest_figures, "env": _env_figures, "doctor": _doctor_figures,
            "engine-speedup": _speedup_figures, "memory-prediction": _memory_prediction_figures,
            "plan-accuracy": _plan_accuracy_figures, "bench": _bench_figures,
            "profile": _profile_figures, "stream-vs-memory": _stream_vs_memory_figures,
-           "peers-in-memory": _peers_figures}
+           "peers-in-memory": _peers_figures, "sync-cost": _sync_cost_figures,
+           "cuda-step-profile": _cuda_profile_figures}

@@ -115,6 +115,30 @@ def test_the_bench_figures_say_an_interrupted_run_and_each_rows_repeats(tmp_path
     assert "not run: interrupted before it was timed" in lines[3]
 
 
+def test_the_bench_step_fails_on_a_row_that_trains_differently_or_did_not_run(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check_figures
+
+    def problem(**rows):
+        path = tmp_path / "bench.json"
+        path.write_text(json.dumps({"config": {}, "rows": [
+            {"impl": name, "status": status, "test_accuracy": acc}
+            for name, (status, acc) in rows.items()]}))
+        return gpu_check_figures.bench_accuracy_problem(path)
+
+    real = ROOT / "benchmarks/results/2026-11-26-nvidia-h100-80gb-hbm3.json"
+    assert gpu_check_figures.bench_accuracy_problem(real) is None
+    assert problem(**{"numpy-cpu": ("ok", 0.9232), "cuda-epoch": ("ok", 0.9230),
+                      "roofline": ("ok", None)}) is None
+    assert "cuda-epoch 0.9150" in problem(**{"numpy-cpu": ("ok", 0.9232),
+                                             "cuda-epoch": ("ok", 0.915)})
+    assert "triton-fused (unavailable)" in problem(**{"numpy-cpu": ("ok", 0.9232),
+                                                      "triton-fused": ("unavailable", None)})
+    assert "no numpy-cpu" in problem(**{"cuda-epoch": ("ok", 0.9232)})
+    step = {s.name: s for s in load_script().plan(tmp_path, "2026-01-01-some-gpu")}["gpu-tests"]
+    assert any("test_full_training_on_cuda" in a for a in step.argv)  # deselected: bench checks
+
+
 def test_the_peers_step_runs_the_mlp_on_cuda_and_its_figures_read_a_real_result(tmp_path):
     peers = import_benchmark("peers_in_memory")
     step = {s.name: s for s in load_script().plan(tmp_path, "2026-01-01-some-gpu")}[
