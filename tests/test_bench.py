@@ -324,6 +324,12 @@ def test_roofline_row_on_a_gpu_uses_the_data_sheet(tiny_data):
     work = epoch_work(data.n_train)
     assert est["epoch_ms"] == pytest.approx(max(1e3 * work["flops"] / 67e12,
                                                 1e3 * work["bytes"] / 3.35e12))
+    from fasttrain import ladder
+    from fasttrain.ladder.measure import base_row, computed_row
+
+    entry = ladder.entry("roofline")  # the table says whose peaks: the GPU's, not "cpu"
+    row = computed_row(entry, base_row(entry), data, LadderConfig(device="cuda"), peaks)
+    assert row["device"] == "cuda" and row["epoch_ms"] == pytest.approx(est["epoch_ms"])
     assert machine_peaks({"gpu": "Some Unknown GPU"}, "cuda") is None
     assert Roofline.unavailable({"gpu": "Some Unknown GPU"},
                                 LadderConfig(device="cuda")) is not None

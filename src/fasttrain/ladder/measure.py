@@ -88,5 +88,8 @@ def computed_row(entry: ladder.Entry, row: dict, data, cfg, peaks: dict | None) 
     if peaks is None:
         return {**row, "status": "unavailable", "reason": "no peak figures for this device"}
     est = entry.create(cfg.device).estimate(data, cfg, peaks)
-    return {**row, "precision": "fp32", "roofline": est, "epoch_ms": est["epoch_ms"],
+    # Whose peaks: the GPU's data sheet when the bench runs on cuda, else this CPU's.
+    device = "cuda" if cfg.device.startswith("cuda") else "cpu"
+    return {**row, "device": device, "precision": "fp32", "roofline": est,
+            "epoch_ms": est["epoch_ms"],
             "setup_ms": None, "test_accuracy": None, "test_loss": None}
