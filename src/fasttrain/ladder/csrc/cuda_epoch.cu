@@ -24,9 +24,22 @@
 // fp32 arithmetic throughout; pixels are kept as 0..255 floats and the 1/255 scale is folded
 // into the logits and the gradient (as in triton-fused).
 //
-// Versions: v1 pull (each CTA read all NC partials of all 128 rows from the others' shared
-// memory: 10x the DSMEM traffic and stalls on remote loads), v2 push with two barriers per step
-// (this file). Not yet timed on a GPU.
+// Versions (selectable: cuda_epoch_train's `version`; benchmarks/sync_cost.py times each):
+//   v1 pull (each CTA read all NC partials of all 128 rows from the others' shared memory: 10x the
+//      DSMEM traffic and stalls on remote loads).
+//   v2 push with two barriers per step, 288 threads. H100, 14 CTAs: 3.89 ms/epoch = 8.3 µs/step
+//      (7 CTAs: 9.8), of which ~2 x 0.5 µs is the barriers proper; the rest is serial work:
+//      the bias gradient (10 threads each walking 128 rows of g after their share of G), G's
+//      64-row dependent chains with x re-read once per class, scalar DSMEM stores to 14 CTAs
+//      per warp instruction (L) and 14 scalar stores per g value (S), the barrier's release
+//      waiting for those stores, and the next batch's widening on the critical path.
+//   v3 (train_epoch_v3) the same two barriers and math, 512 threads: L split over feature halves
+//      (half the chain), contiguous row ownership and 16-float records so pushes are float4s to
+//      one or two CTAs per warp; barrier A split into arrive/wait with the next batch's
+//      widening in between (its bytes are fetched two steps ahead, its order four); S sends
+//      float4s; G keeps 5 classes x 4 features in registers (x read twice, not 10 times) over
+//      RG row groups summed in shared memory; the bias gradient from the owners' partial sums
+//      (NC adds, not 128). Expected ~3.5 µs/step (see the report); not yet timed on a GPU.
 #include <cooperative_groups.h>
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
