@@ -6,8 +6,10 @@ costs, measured, and how the `cuda-epoch` variants compare.
   in one kernel;
 - a dependent kernel inside a CUDA graph (what each of torch-graphs' ~7 kernels a step costs at
   least): µs per node, a graph of 469 one-element kernels replayed;
-- `cuda-epoch` itself as cluster or cooperative grid of 7 or 14 CTAs: ms per epoch (CUDA events,
-  median of the epochs after a warm-up one), to pick the variant the row uses.
+- `cuda-epoch` itself, every variant (`cuda_epoch.variants()`: kernel version 2 or 3 × cluster or
+  cooperative grid × 7 or 14 CTAs): ms per epoch (CUDA events, median of the epochs after a
+  warm-up one), and its weights after those epochs against version 2's on the same cluster/CTAs
+  (max |Δw|: v2 is the kernel the float64 check passed), to pick the variant the row uses.
 
     PYTHONPATH=src python benchmarks/sync_cost.py [--data mnist] [--epochs 10] [--json PATH]
 """
@@ -81,7 +83,13 @@ def main() -> int:
 
     from fasttrain.data import load_dataset
     from fasttrain.ladder import LadderConfig, make_ladder_data
-    from fasttrain.ladder.cuda_epoch import EpochKernel, has_clusters, load_library
+    from fasttrain.ladder.cuda_epoch import (
+        EpochKernel,
+        has_clusters,
+        launch_config,
+        load_library,
+        variants,
+    )
 
     env = env_block()
     print(f"sync_cost on {hardware_line(env)}")
@@ -95,26 +103,32 @@ def main() -> int:
 
     cfg = LadderConfig(epochs=args.epochs + 1)
     data = make_ladder_data(load_dataset(args.data, None, seed=0), cfg)
-    variants = {}
-    for cluster in (k == "cluster" for k in kinds):
-        for ctas in (7, 14):
-            k = EpochKernel(data, cfg, ctas=ctas, cluster=cluster)
-            epoch = iter(range(10**9))
-            try:
-                ms = epoch_ms(lambda k=k, e=epoch: k.run(next(e) % cfg.epochs), args.epochs)
-            except RuntimeError as e:
-                variants[k.variant] = str(e)
-                print(f"  cuda-epoch, {k.variant}: {e}")
-                continue
-            variants[k.variant] = ms
-            print(f"  cuda-epoch, {k.variant}: {ms:.3f} ms/epoch = {ms * 1e3 / STEPS:.2f} µs/step")
+    times, deltas, finals = {}, {}, {}
+    for version, cluster, ctas in variants(has_clusters()):
+        k = EpochKernel(data, cfg, ctas=ctas, cluster=cluster, version=version)
+        threads, smem = launch_config(lib, ctas, version)
+        epoch = iter(range(10**9))
+        try:
+            ms = epoch_ms(lambda k=k, e=epoch: k.run(next(e) % cfg.epochs), args.epochs)
+        except RuntimeError as e:
+            times[k.variant] = str(e)
+            print(f"  cuda-epoch, {k.variant}: {e}")
+            continue
+        times[k.variant] = ms
+        # Every variant ran the same epochs in the same order: v2's weights are the reference.
+        finals[(version, cluster, ctas)] = k.w
+        ref = finals.get((2, cluster, ctas))
+        delta = (k.w - ref).abs().max().item() if ref is not None else float("nan")
+        deltas[k.variant] = delta
+        print(f"  cuda-epoch, {k.variant} ({threads} threads, {smem // 1024} KiB smem): "
+              f"{ms:.3f} ms/epoch = {ms * 1e3 / STEPS:.2f} µs/step; max |w - w(v2)| {delta:.2g}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"schema": "fasttrain.sync_cost/1", "env": env,
                        "config": {"iters": ITERS, "steps": STEPS, "data": args.data,
                                   "epochs": args.epochs},
                        "barrier_ns": barriers, "graph_node_us": node,
-                       "cuda_epoch_ms": variants}, f, indent=2)
+                       "cuda_epoch_ms": times, "cuda_epoch_max_dw_vs_v2": deltas}, f, indent=2)
         print(f"wrote {args.json}")
     return 0
 

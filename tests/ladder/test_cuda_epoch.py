@@ -1,6 +1,8 @@
-"""cuda-epoch: the kernel compiles for Hopper here (nvcc, no GPU); on a GPU, every variant
-(cluster or cooperative grid, 7 or 14 CTAs) against the float64 reference, one launch per epoch,
-and the barrier microbenchmarks. The row itself also runs in test_ladder.py's generic checks."""
+"""cuda-epoch: the kernel compiles for Hopper here (nvcc, no GPU) and its variants' launch
+configurations are read from the built library (it loads without a GPU); on a GPU, every variant
+(version 2 or 3, cluster or cooperative grid, 7 or 14 CTAs) against the float64 reference, one
+launch per epoch, and the barrier microbenchmarks. The row itself also runs in test_ladder.py's
+generic checks."""
 
 import ctypes
 from concurrent.futures import ThreadPoolExecutor
@@ -26,16 +28,63 @@ def test_compiles_for_hopper_and_for_gpus_without_clusters(tmp_path):
                                                        out_dir=tmp_path), ["sm_90a", "sm_80"]))
     for so in sos:
         symbols = so.read_bytes()
-        for name in (b"cuda_epoch_train", b"cuda_epoch_bench_cluster_sync",
+        for name in (b"cuda_epoch_train", b"cuda_epoch_variant", b"cuda_epoch_bench_cluster_sync",
                      b"cuda_epoch_bench_grid_sync", b"epoch_grid_kernel"):
             assert name in symbols, (so.name, name)
 
 
-def small_run(**kernel_args):
+@pytest.fixture(scope="module")
+def cpu_loaded_library(tmp_path_factory):
+    """The Hopper build loaded here: its host functions run without a GPU."""
+    from fasttrain.ladder import cuda_epoch
+
+    so = build.compile("cuda_epoch.cu", arch="sm_90a", out_dir=tmp_path_factory.mktemp("so"))
+    try:
+        lib = ctypes.CDLL(str(so))
+    except OSError as e:  # no CUDA runtime library to load it with
+        pytest.skip(f"cannot load the library without a CUDA runtime: {e}")
+    lib.cuda_epoch_variant.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                                       ctypes.POINTER(ctypes.c_int)]
+    lib.cuda_epoch_scratch_bytes.argtypes = [ctypes.c_int]
+    lib.cuda_epoch_scratch_bytes.restype = ctypes.c_longlong
+    return cuda_epoch, lib
+
+
+def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
+    from fasttrain.ladder import cuda_epoch as ce
+
+    every = ce.variants()
+    assert len(every) == len(set(every)) == len(ce.VERSIONS) * 2 * len(ce.CTA_COUNTS)
+    assert (ce.VERSION, True, ce.CTAS) in every and (ce.FALLBACK, True, ce.CTAS) in every
+    assert ce.VERSION != ce.FALLBACK or ce.VERSION == 2
+    # Without clusters only the cooperative grid, and v2 (the reference of the others) first.
+    assert ce.variants(clusters=False) == [v for v in every if not v[1]]
+    assert every[0][0] == ce.FALLBACK == 2
+
+
+@requires_nvcc
+def test_every_variant_launches_within_one_hopper_sm(cpu_loaded_library):
+    ce, lib = cpu_loaded_library
+    hopper_smem = 227 * 1024  # the most dynamic shared memory one CTA may have (sm_90)
+    for version in ce.VERSIONS:
+        for ctas in ce.CTA_COUNTS:
+            threads, smem = ce.launch_config(lib, ctas, version)
+            assert threads % 32 == 0 and threads <= 1024, (version, ctas, threads)
+            assert 0 < smem <= hopper_smem, (version, ctas, smem)
+        assert lib.cuda_epoch_scratch_bytes(14) > lib.cuda_epoch_scratch_bytes(7) > 0
+    # v3: one thread per (row, class half, feature half) of a 128-row batch.
+    assert ce.launch_config(lib, 14, 3)[0] == 4 * ce.MAX_BATCH
+    assert lib.cuda_epoch_scratch_bytes(16) == 0
+    with pytest.raises(ValueError, match="no version 9"):
+        ce.launch_config(lib, 14, 9)
+
+
+def small_run(batch=64, **kernel_args):
     from fasttrain.ladder.cuda_epoch import EpochKernel
 
-    # 150 samples at batch 64: steps of 64, 64 and a partial 22, over 2 epochs of different order.
-    cfg = LadderConfig(epochs=2, batch_size=64)
+    # 150 samples at batch 64: steps of 64, 64 and a partial 22, over 2 epochs of different order;
+    # at batch 16, 10 steps: v3's four-deep order and two-deep pixel rings wrap around.
+    cfg = LadderConfig(epochs=2, batch_size=batch)
     data = make_ladder_data(tiny_images(n_train=150), cfg)
     return data, cfg, EpochKernel(data, cfg, **kernel_args)
 
@@ -44,12 +93,14 @@ def small_run(**kernel_args):
 @requires_gpu
 @pytest.mark.parametrize("cluster", [True, False], ids=["cluster", "grid"])
 @pytest.mark.parametrize("ctas", [7, 14])
-def test_variants_match_float64_reference(cluster, ctas):
+@pytest.mark.parametrize("version", [2, 3], ids=["v2", "v3"])
+@pytest.mark.parametrize("batch", [64, 16])
+def test_variants_match_float64_reference(batch, version, cluster, ctas):
     from fasttrain.ladder.cuda_epoch import has_clusters
 
     if cluster and not has_clusters():
         pytest.skip("thread-block clusters need sm_90+")
-    data, cfg, k = small_run(ctas=ctas, cluster=cluster)
+    data, cfg, k = small_run(batch, ctas=ctas, cluster=cluster, version=version)
     for epoch in range(cfg.epochs):
         k.run(epoch)
     w_ref, b_ref = reference_sgd(data, cfg, cfg.epochs)

@@ -41,6 +41,7 @@ TOOLKIT_DIRS = ("/usr/local/cuda",)
 # What each library needs: a header to compile against, a library (by soname) to link.
 LIBS = {
     "cublas": ("cublas_v2.h", "libcublas.so.*"),
+    "cublasLt": ("cublasLt.h", "libcublasLt.so.*"),
     "cudnn": ("cudnn.h", "libcudnn.so.*"),
 }
 
@@ -116,7 +117,7 @@ def _find_lib(name: str, nvcc: str) -> tuple[Path, Path, str] | str:
     inc_dir = next((d for d in inc if (d / header).is_file()), None)
     if inc_dir is None:
         return (f"{header} not found (install the CUDA toolkit's {name} or `pip install "
-                f"{'nvidia-cublas' if name == 'cublas' else 'nvidia-cudnn-cu13'}`)")
+                f"{'nvidia-cublas' if name.startswith('cublas') else 'nvidia-cudnn-cu13'}`)")
     for d in lib:
         # The soname with its major version (libcublas.so.13), not a full version's file name.
         sonames = sorted(p.name for p in d.glob(pattern)

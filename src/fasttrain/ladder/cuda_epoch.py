@@ -12,7 +12,11 @@ Built by `fasttrain.ladder.build` (nvcc → cached .so → ctypes) at setup; the
 and orders are on the device as uint8 / int32.
 
 Variants the GPU session compares with `benchmarks/sync_cost.py` (the winner is wired in):
-cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each). Not yet timed on a GPU.
+kernel version 2 or 3 × cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each).
+Measured (H100, 2026-11-26): v2, cluster of 14 CTAs, 3.89 ms/epoch = 8.3 µs/step; v3 (the row's
+default since) not yet timed. Before the row uses v3 its setup runs one epoch of v3 and one of v2
+(the measured, checked kernel) from the same weights and fails the row if they disagree: v3's
+prefetch rings are exercised only over several steps, which the one-step check does not take.
 
 Run alone:  python -m fasttrain bench --impl cuda-epoch
 """
@@ -26,8 +30,14 @@ import torch
 from fasttrain.ladder.common import Impl, LadderConfig, LadderData
 
 SOURCE = "cuda_epoch.cu"
-CTAS = 14  # 56 features a CTA: half the per-step arithmetic of 7 CTAs for a wider barrier;
-# chosen before any GPU measurement: benchmarks/sync_cost.py times both
+CTAS = 14  # 56 features a CTA: 8.3 µs/step against 9.8 with 7 CTAs (H100, v2)
+VERSION = 3  # the row's kernel version; FALLBACK is the one it is cross-checked against
+FALLBACK = 2
+VERSIONS = (2, 3)  # csrc/cuda_epoch.cu's changelog
+CTA_COUNTS = (7, 14)
+CROSS_CHECK_ATOL = 1e-3
+"""v3 against v2 after one epoch from the same weights: fp32 summation orders differ (a few ulps a
+step, ~1e-5 after an epoch); a wrong batch, row or class moves weights by updates of ~1e-2."""
 MAX_BATCH = 128  # one CTA thread pair per row of the batch
 READ_LOSS_EVERY = 10
 
@@ -38,18 +48,34 @@ def load_library() -> ctypes.CDLL:
 
     lib = build.load(SOURCE)
     ptr, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    # x, y, order, n, bs, lr, w, b, stats, scratch, ctas, cluster, stream
+    # x, y, order, n, bs, lr, w, b, stats, scratch, ctas, cluster, version, stream
     lib.cuda_epoch_train.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr, i32, i32,
-                                     ptr]
+                                     i32, ptr]
     lib.cuda_epoch_train.restype = i32
     lib.cuda_epoch_scratch_bytes.argtypes = [i32]
     lib.cuda_epoch_scratch_bytes.restype = ctypes.c_longlong
+    lib.cuda_epoch_variant.argtypes = [i32, i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
+    lib.cuda_epoch_variant.restype = i32
     lib.cuda_epoch_error_name.argtypes = [i32]
     lib.cuda_epoch_error_name.restype = ctypes.c_char_p
     for name in ("cuda_epoch_bench_cluster_sync", "cuda_epoch_bench_grid_sync"):
         getattr(lib, name).argtypes = [i32, i32, ptr, ptr]
         getattr(lib, name).restype = i32
     return lib
+
+
+def variants(clusters: bool = True) -> list[tuple[int, bool, int]]:
+    """(version, cluster, ctas) of every kernel variant, in the order sync_cost.py times them."""
+    kinds = (True, False) if clusters else (False,)
+    return [(v, c, n) for v in VERSIONS for c in kinds for n in CTA_COUNTS]
+
+
+def launch_config(lib: ctypes.CDLL, ctas: int, version: int) -> tuple[int, int]:
+    """(threads per CTA, dynamic shared memory bytes) of a variant, from the library itself."""
+    threads, smem = ctypes.c_int(), ctypes.c_int()
+    if not lib.cuda_epoch_variant(ctas, version, ctypes.byref(threads), ctypes.byref(smem)):
+        raise ValueError(f"cuda-epoch has no version {version} on {ctas} CTAs")
+    return threads.value, smem.value
 
 
 def check(lib: ctypes.CDLL, code: int, what: str) -> None:
@@ -70,10 +96,11 @@ class EpochKernel:
     """The device state of one run and the launch of one epoch."""
 
     def __init__(self, data: LadderData, cfg: LadderConfig, ctas: int = CTAS,
-                 cluster: bool | None = None):
+                 cluster: bool | None = None, version: int = VERSION):
         dev = torch.device("cuda")
         self.lib = load_library()
-        self.n, self.cfg, self.ctas = data.n_train, cfg, ctas
+        self.n, self.cfg, self.ctas, self.version = data.n_train, cfg, ctas, version
+        launch_config(self.lib, ctas, version)  # a bad variant is a ValueError here
         self.cluster = has_clusters() if cluster is None else cluster
         self.x = torch.from_numpy(data.train_x).to(dev).contiguous()  # uint8 [N, 784]
         self.y = torch.from_numpy(data.train_y).to(dev, torch.int32)
@@ -93,12 +120,13 @@ class EpochKernel:
         code = self.lib.cuda_epoch_train(
             p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
             self.cfg.lr, p(w), p(b), p(stats), p(self.scratch), self.ctas, int(self.cluster),
-            stream_handle())
+            self.version, stream_handle())
         check(self.lib, code, f"cuda_epoch_train ({self.variant})")
 
     @property
     def variant(self) -> str:
-        return f"{'cluster' if self.cluster else 'cooperative grid'} of {self.ctas} CTAs"
+        kind = "cluster" if self.cluster else "cooperative grid"
+        return f"v{self.version}, {kind} of {self.ctas} CTAs"
 
 
 class CudaEpoch(Impl):
@@ -120,9 +148,18 @@ class CudaEpoch(Impl):
         self.data, self.cfg = data, cfg
         self.kernel = EpochKernel(data, cfg)
         # Build, load and run one epoch now (setup time) on scratch copies of the weights: a
-        # launch error shows here, and the first timed epoch is not the first launch.
+        # launch error shows here, and the first timed epoch is not the first launch. The same
+        # epoch by the fallback version must agree (see the module docstring).
         k = self.kernel
-        k.run(0, k.w.clone(), k.b.clone(), k.stats.clone())
+        w, b = k.w.clone(), k.b.clone()
+        k.run(0, w, b, k.stats.clone())
+        if k.version != FALLBACK:
+            ref = EpochKernel(data, cfg, ctas=k.ctas, cluster=k.cluster, version=FALLBACK)
+            ref.run(0, ref.w, ref.b, ref.stats)
+            err = max((w - ref.w).abs().max().item(), (b - ref.b).abs().max().item())
+            if not err <= CROSS_CHECK_ATOL:  # NaN fails too
+                raise RuntimeError(f"cuda-epoch {k.variant} disagrees with v{FALLBACK} after one "
+                                   f"epoch: max |Δw| {err:.3g} > {CROSS_CHECK_ATOL}")
         torch.cuda.synchronize()
         self.epochs_summed = 0
 

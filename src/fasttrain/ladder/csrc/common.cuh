@@ -147,26 +147,54 @@ __global__ void softmax_backward_kernel(float* p, const int* __restrict__ y, int
   p[t] = (p[t] - (j == y[i] ? 1.f : 0.f)) / (float)B;
 }
 
-// gW[j, k] = Σ_i g[i, j] x[i, k]: one thread per weight, consecutive threads read consecutive k.
-__global__ void weight_grad_kernel(const float* __restrict__ g, const float* __restrict__ x, int B,
-                                   float* __restrict__ gW) {
-  int t = blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= FT_CLASSES * FT_IN) return;
-  int j = t / FT_IN, k = t % FT_IN;
-  float acc = 0.f;
-  for (int i = 0; i < B; ++i) acc += g[i * FT_CLASSES + j] * x[i * FT_IN + k];
-  gW[t] = acc;
+// gW[j, k] = Σ_i g[i, j] x[i, k]. v1 (H100: 6.15 µs a step at B = 128) gave each of the 7,840
+// weights a thread that walked all B rows: x was read 10 times (once per class), only 31 CTAs ran,
+// and each thread's B dependent loads were the kernel's time. v2: a CTA takes WG_K features, its
+// WG_R row groups each sum B / WG_R rows for all 10 classes (x read once, 10 independent chains
+// a thread), and the row groups are added in shared memory; 49 CTAs of 256 threads.
+#define WG_K 16
+#define WG_R 16
+__global__ void __launch_bounds__(WG_K * WG_R)
+    weight_grad_kernel(const float* __restrict__ g, const float* __restrict__ x, int B,
+                       float* __restrict__ gW) {
+  __shared__ float part[WG_R][FT_CLASSES][WG_K];
+  const int kf = threadIdx.x % WG_K, rg = threadIdx.x / WG_K, k = blockIdx.x * WG_K + kf;
+  float acc[FT_CLASSES] = {};
+  for (int i = rg; i < B; i += WG_R) {  // a half-warp reads 16 consecutive x (64 B) of row i
+    const float xv = x[i * FT_IN + k];
+#pragma unroll
+    for (int j = 0; j < FT_CLASSES; ++j) acc[j] += g[i * FT_CLASSES + j] * xv;  // g: L1 broadcast
+  }
+#pragma unroll
+  for (int j = 0; j < FT_CLASSES; ++j) part[rg][j][kf] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < FT_CLASSES * WG_K) {
+    const int j = threadIdx.x / WG_K, f = threadIdx.x % WG_K;
+    float sum = 0.f;
+#pragma unroll
+    for (int r = 0; r < WG_R; ++r) sum += part[r][j][f];
+    gW[j * FT_IN + blockIdx.x * WG_K + f] = sum;
+  }
 }
+static_assert(FT_IN % WG_K == 0, "whole feature tiles");
 
 // SGD: W -= lr gW (when gW is given; cuBLAS families fold it into their GEMM) and b -= lr Σ_i g[i].
-__global__ void sgd_update_kernel(float* W, const float* __restrict__ gW, float* b,
-                                  const float* __restrict__ g, int B, float lr) {
+// v1 (H100: 7.06 µs a step, 6.92 µs alone in the cuBLAS rungs' <<<1, 32>>>) summed the bias
+// gradient with one thread per class walking all B rows of g: B dependent global loads. v2: one
+// warp per class in block 0 (lanes stride the rows, then a shuffle tree); blocks of SGD_THREADS
+// (10 warps), so the same kernel serves as <<<1, SGD_THREADS>>> for the bias alone.
+#define SGD_THREADS (32 * FT_CLASSES)
+__global__ void __launch_bounds__(SGD_THREADS)
+    sgd_update_kernel(float* W, const float* __restrict__ gW, float* b,
+                      const float* __restrict__ g, int B, float lr) {
   int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (gW != nullptr && t < FT_CLASSES * FT_IN) W[t] -= lr * gW[t];
-  if (t < FT_CLASSES) {
+  if (blockIdx.x == 0) {
+    const int j = threadIdx.x / 32, lane = threadIdx.x % 32;
     float gb = 0.f;
-    for (int i = 0; i < B; ++i) gb += g[i * FT_CLASSES + t];
-    b[t] -= lr * gb;
+    for (int i = lane; i < B; i += 32) gb += g[i * FT_CLASSES + j];
+    for (int off = 16; off > 0; off /= 2) gb += __shfl_down_sync(0xffffffff, gb, off);
+    if (lane == 0) b[j] -= lr * gb;
   }
 }
 

@@ -7,6 +7,7 @@
 
 struct Library {
   cublasHandle_t cublas = nullptr;
+  LtUpdate update;  // the weight-gradient GEMM's cublasLt handle, layouts and chosen algorithms
   cudnnHandle_t cudnn = nullptr;
   // z and p as N×C×1×1 tensors: one descriptor for full batches, one for the last partial batch.
   cudnnTensorDescriptor_t full = nullptr, last = nullptr;
@@ -16,6 +17,7 @@ struct CudnnOps {
   static int create(Ctx* c) {
     Library* L = c->lib = new Library;
     FT_TRY(cublas_create(&L->cublas, c));
+    FT_TRY(lt_update_create(&L->update, c));
     FT_TRY(cudnnCreate(&L->cudnn));
     FT_TRY(cudnnCreateTensorDescriptor(&L->full));
     FT_TRY(cudnnCreateTensorDescriptor(&L->last));
@@ -35,8 +37,10 @@ struct CudnnOps {
     if (L->full) cudnnDestroyTensorDescriptor(L->full);
     if (L->last) cudnnDestroyTensorDescriptor(L->last);
     if (L->cudnn) cudnnDestroy(L->cudnn);
+    int lt = lt_update_destroy(&L->update);
     int status = L->cublas ? (int)cublasDestroy(L->cublas) : 0;
     delete L;
+    if (status == 0) status = lt;
     return status;
   }
 
@@ -49,7 +53,7 @@ struct CudnnOps {
     return (int)cudnnSoftmaxForward(c->lib->cudnn, CUDNN_SOFTMAX_ACCURATE,
                                     CUDNN_SOFTMAX_MODE_INSTANCE, &one, d, c->z, &zero, d, c->p);
   }
-  static int update(Ctx* c, int B, cudaStream_t s) { return cublas_update(c->lib->cublas, c, B, s); }
+  static int update(Ctx* c, int B, cudaStream_t s) { return cublas_update(&c->lib->update, c, B, s); }
 };
 
 FT_EXPORT_ENTRY_POINTS(CudnnOps)

@@ -18,10 +18,10 @@ struct KernelOps {
     return (int)cudaGetLastError();
   }
   static int update(Ctx* c, int B, cudaStream_t s) {
-    weight_grad_kernel<<<blocks(FT_CLASSES * FT_IN, 256), 256, 0, s>>>(c->p, c->xb, B, c->gW);
+    weight_grad_kernel<<<FT_IN / WG_K, WG_K * WG_R, 0, s>>>(c->p, c->xb, B, c->gW);
     FT_LAUNCHED();
-    sgd_update_kernel<<<blocks(FT_CLASSES * FT_IN, 256), 256, 0, s>>>(c->W, c->gW, c->b, c->p, B,
-                                                                     c->lr);
+    sgd_update_kernel<<<blocks(FT_CLASSES * FT_IN, SGD_THREADS), SGD_THREADS, 0, s>>>(
+        c->W, c->gW, c->b, c->p, B, c->lr);
     return (int)cudaGetLastError();
   }
 };
