@@ -19,9 +19,10 @@ the GPU is starved by launches: few, fused, in-place eager ops on a preloaded de
 - The loss costs nothing per step: the log-probs land in an epoch-long buffer, reduced once per
   epoch on the device (3 kernels) and read every 10 epochs (the one host sync).
 - fp32: at these sizes (B = 128, N = 10) every GEMM is latency-bound, so bf16 autocast would buy
-  nothing and add cast kernels. No torch.compile either: measured on the H100 (2026-11-26), the
-  compiled bf16 autograd step took 114 µs a step, host-bound on Inductor's per-kernel launches
-  and guards (~10 launches a step); 4 eager dispatches cost ~4 × 5 µs of host time.
+  nothing and add cast kernels. No torch.compile either: on the H100 (2026-11-26) v1's compiled
+  bf16 autograd step took 114 µs, against ~25-30 µs of GPU work in ~10 kernels: host-bound on
+  Inductor's per-kernel launches and guards; 4 eager dispatches are ~4 × 5 µs of host time
+  (an estimate, not yet measured).
 
 What limits it: host dispatch (~5 µs an op, 4 a step) against GPU time per step (~15-20 µs, two
 cuBLAS GEMMs of which the forward, K = 785 and N = 10, is split-K); `torch-graphs` replays this
@@ -129,6 +130,9 @@ class TorchOptimized(Impl):
         train_epoch_steps(self.state, self.orders[epoch])
         self.epochs_summed += 1
         return read_loss(self, epoch)
+
+    def details(self) -> dict:
+        return {"ops_per_step": OPS_PER_STEP, "shuffle": "one gather an epoch", "cuda_graph": False}
 
     def params(self):
         return self.state.params()
