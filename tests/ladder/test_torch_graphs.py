@@ -1,23 +1,52 @@
-"""torch-graphs: the step code that CUDA graphs capture, run eagerly on the CPU against the float64
-reference; on a GPU the row itself runs in test_ladder.py's generic checks."""
+"""torch-optimized's step code, which torch-graphs captures as CUDA graphs: run eagerly on the CPU
+against the float64 reference, its loss sum checked, and its aten ops counted — every op is one
+kernel (cuBLAS may add a split-K reduction to a GEMM), so a step that grows an op fails here. On
+a GPU both rows run in test_ladder.py's and test_torch_rows_cuda.py's generic checks."""
+
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from fasttrain.ladder.common import IN_FEATURES, LadderConfig, make_ladder_data, softmax_xent
-from fasttrain.ladder.torch_graphs import EpochState, train_steps
+from fasttrain.ladder.common import LadderConfig, make_ladder_data, softmax_xent
+from fasttrain.ladder.torch_optimized import (
+    OPS_PER_STEP,
+    EpochState,
+    shuffle,
+    sum_loss,
+    train_epoch_steps,
+    train_steps,
+)
 from tests.conftest import tiny_images
 from tests.ladder.test_ladder import ATOL, reference_sgd
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the aten ops dispatched (views, which launch nothing, apart)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.views = Counter(), Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        kind = self.views if func._schema.name in VIEWS else self.ops
+        kind[func._schema.name.removeprefix("aten::")] += 1
+        return out
+
+
+VIEWS = {"aten::slice", "aten::t", "aten::transpose", "aten::view", "aten::select",
+         "aten::alias", "aten::as_strided", "aten::numpy_T", "aten::permute"}
 
 
 def run_eager(data, cfg):
     s = EpochState(data, cfg, torch.device("cpu"))
     for epoch in range(cfg.epochs):
-        s.order.copy_(torch.from_numpy(data.orders[epoch]))
-        train_steps(s, s.spans)
-    w = s.w.numpy()
-    return w[:, :IN_FEATURES], w[:, IN_FEATURES], s
+        train_epoch_steps(s, torch.from_numpy(data.orders[epoch]))
+    w, b = s.params()
+    return w, b, s
 
 
 def test_steps_with_partial_batch_match_float64_reference():
@@ -31,9 +60,31 @@ def test_steps_with_partial_batch_match_float64_reference():
     np.testing.assert_allclose(b, b_ref, atol=ATOL, rtol=0)
 
 
-def test_loss_accumulated_is_the_batch_loss():
+def test_loss_summed_is_the_batch_loss():
     cfg = LadderConfig(epochs=1, batch_size=128)
     data = make_ladder_data(tiny_images(n_train=128), cfg)  # one step, from the initial weights
     _, _, s = run_eager(data, cfg)
     loss, _ = softmax_xent(data.w0, data.b0, data.train_x / 255.0, data.train_y)
-    assert s.loss_acc.sum().item() == pytest.approx(128 * loss, rel=1e-5)
+    assert s.loss_sum.item() == pytest.approx(128 * loss, rel=1e-5)
+
+
+def test_a_step_is_four_ops_and_an_epoch_adds_four():
+    cfg = LadderConfig(epochs=1, batch_size=64)
+    data = make_ladder_data(tiny_images(n_train=150), cfg)  # 3 steps, the last partial
+    s = EpochState(data, cfg, torch.device("cpu"))
+    order = torch.from_numpy(data.orders[0])
+    with CountOps() as step:
+        shuffle(s, order)
+    assert sum(step.ops.values()) == 1  # the whole set gathered in epoch order, once
+    with CountOps() as step:
+        train_steps(s, s.spans[:1])
+    assert step.ops == Counter({"mm": 1, "_log_softmax": 1, "_log_softmax_backward_data": 1,
+                                "addmm_": 1})
+    assert sum(step.ops.values()) == OPS_PER_STEP
+    with CountOps() as epoch:
+        train_steps(s, s.spans)
+    assert sum(epoch.ops.values()) == OPS_PER_STEP * len(s.spans)
+    with CountOps() as loss:
+        sum_loss(s)
+    assert sum(loss.ops.values()) == 3  # mul, sum, add_: once an epoch, no host sync
+    assert "_local_scalar_dense" not in epoch.ops | loss.ops  # .item(): a host sync

@@ -1,45 +1,114 @@
 """`torch-optimized`: the report's optimized PyTorch row ("torch.compile(), pinned memory, AMP,
-preloading dataset"), with the whole training step compiled as one graph.
+preloading dataset"), written the way a strong user writes a small model's training loop when
+the GPU is starved by launches: few, fused, in-place eager ops on a preloaded device data set.
 
-- The training set is copied to the device once, as uint8 (a quarter of float32's bytes), through
-  pinned host memory on CUDA; pixels become [0, 1] floats inside the compiled graph.
-- Each epoch's shuffle order is on the device too, so a batch is a device-side gather: nothing
-  crosses the bus and nothing waits for the host inside an epoch.
-- The model is still `nn.Linear` with `F.cross_entropy`, differentiated by PyTorch (`torch.func`),
-  but forward, backward and the SGD update of 4 consecutive steps run inside ONE
-  `torch.compile`d call, instead of ~5 dispatches per step for the eager
-  forward/backward/optimizer/zero-grad pattern (measured on the 2-core CPU: ~65 ms/epoch; ~90 with
-  one step per call; ~130-210 for compiled forward + eager backward + fused SGD).
-- AMP where the device runs low precision fast: bf16 autocast on GPUs that have bf16 tensor cores
-  (compute capability ≥ 8.0); bf16 needs no loss scaling. Elsewhere fp32: on the CPU bf16 autocast
-  measured no faster for these skinny (N = 10) products, and on older GPUs fp16 would need a
-  GradScaler, which the single-graph step does not carry.
-- The loss is summed on the device inside the step and read only every 10 epochs.
+- Preloading: the training set crosses the bus once, as uint8 through pinned memory, and is
+  expanded on the device into one float32 row per sample, `[x / 255 (784) | 1 | -onehot (10) |
+  0 (5)]` (800 floats: 16-byte aligned rows for cuBLAS). The bias is column 784 of an augmented
+  weight `[10, 785]`, so the forward is one GEMM and the weight *and* bias update is one.
+- Shuffling: once per epoch the rows are gathered in the epoch's order (one `index_select` of
+  the whole set, ~0.3 µs a step at HBM bandwidth on an H100); a step then reads a contiguous
+  slice — no gather, no dtype conversion, no host work per step.
+- The step is 4 ops, each one kernel (cuBLAS may add a split-K reduction to a GEMM):
+      z    = x @ Wᵀ                          mm
+      logp = log_softmax(z)  → this epoch's [N, 10] log-prob buffer   _log_softmax
+      g    = softmax(z) - onehot             _log_softmax_backward_data(-onehot, logp)
+      W   -= lr/B · gᵀ x                     addmm_ (gradient and SGD update in one GEMM)
+  The gradient of the mean cross-entropy is written out (dL/dz = (softmax - onehot) / B), not
+  taken by autograd: autograd + optimizer + zero_grad launch ~15 kernels a step.
+- The loss costs nothing per step: the log-probs land in an epoch-long buffer, reduced once per
+  epoch on the device (3 kernels) and read every 10 epochs (the one host sync).
+- fp32: at these sizes (B = 128, N = 10) every GEMM is latency-bound, so bf16 autocast would buy
+  nothing and add cast kernels. No torch.compile either: on the H100 (2026-11-26) v1's compiled
+  bf16 autograd step took 114 µs, against ~25-30 µs of GPU work in ~10 kernels: host-bound on
+  Inductor's per-kernel launches and guards; 4 eager dispatches are ~4 × 5 µs of host time
+  (an estimate, not yet measured).
 
-What limits it on the CPU: two oneDNN GEMM calls per step sized badly for their library (N = 10),
-the fused gather/softmax kernels, and ~45 µs of guard checks and wrapper per call.
+What limits it: host dispatch (~5 µs an op, 4 a step) against GPU time per step (~15-20 µs, two
+cuBLAS GEMMs of which the forward, K = 785 and N = 10, is split-K); `torch-graphs` replays this
+same step from a CUDA graph.
+
+Versions: v1 torch.compile of 4 unrolled autograd steps with bf16 autocast (H100: 53.4 ms/epoch,
+114 µs/step; 2-core CPU: ~65 ms/epoch); v2 (this file) 4 eager ops a step, epoch-wise shuffle.
 
 Run alone:  python -m fasttrain bench --impl torch-optimized [--device cuda]
 """
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
-from torch import nn
 
-from fasttrain.ladder.common import Impl, LadderConfig, LadderData
+from fasttrain.ladder.common import CLASSES, IN_FEATURES, Impl, LadderConfig, LadderData, batches
 
 READ_LOSS_EVERY = 10
-STEPS_PER_CALL = 4  # steps unrolled into one compiled call (CPU, 2 cores: 1 → ~90, 4 → ~65,
-# 8 → ~70 ms/epoch, and compile time grows with it)
+X = IN_FEATURES + 1  # augmented input: pixels | 1
+ROW = 800  # [pixels | 1 | -onehot | 0 pad]: a multiple of 4 floats, so every row is 16-byte aligned
+OPS_PER_STEP = 4  # mm, _log_softmax, _log_softmax_backward_data, addmm_ (asserted by the tests)
 
 
-def _precision(device: str) -> str:
-    if device == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
-        return "bf16"
-    return "fp32"
+class EpochState:
+    """Static device buffers for one epoch of steps: what the steps read and write, in place."""
+
+    def __init__(self, data: LadderData, cfg: LadderConfig, device: torch.device):
+        n = data.n_train
+        pinned = device.type == "cuda"
+
+        def to_device(array):
+            t = torch.from_numpy(array)
+            return t.pin_memory().to(device, non_blocking=True) if pinned else t
+
+        x = to_device(data.train_x)  # uint8 [N, 784]: a quarter of float32's bytes on the bus
+        y = to_device(data.train_y)
+        rows = torch.zeros(n, ROW, dtype=torch.float32, device=device)
+        rows[:, :IN_FEATURES] = x.float() / 255
+        rows[:, IN_FEATURES] = 1.0
+        rows[torch.arange(n, device=device), X + y] = -1.0
+        self.rows = rows  # float32 [N, 800], the whole training set
+        self.shuffled = torch.empty_like(rows)  # this epoch's rows in visiting order
+        w = torch.cat([torch.from_numpy(data.w0), torch.from_numpy(data.b0)[:, None]], dim=1)
+        self.w = w.to(device).contiguous()  # float32 [10, 785]: weight | bias
+        self.z = torch.empty(cfg.batch_size, CLASSES, device=device)  # one step's logits
+        self.g = torch.empty(cfg.batch_size, CLASSES, device=device)  # one step's dL/dz · B
+        self.logp = torch.empty(n, CLASSES, device=device)  # the epoch's log-probabilities
+        self.loss_sum = torch.zeros((), device=device)  # summed over epochs until read
+        self.lr = cfg.lr
+        self.spans = batches(n, cfg.batch_size)
+
+    def params(self):
+        w = self.w.detach().cpu().numpy()
+        return w[:, :IN_FEATURES].copy(), w[:, IN_FEATURES].copy()
+
+
+def shuffle(s: EpochState, order: torch.Tensor) -> None:
+    """The epoch's rows in visiting order: one gather of the whole set (int64 order [N])."""
+    torch.index_select(s.rows, 0, order, out=s.shuffled)
+
+
+def train_steps(s: EpochState, spans) -> None:
+    """SGD steps over `s.shuffled[start:stop]` for each span, in place, OPS_PER_STEP ops each.
+    Only fixed-shape views of static buffers and no host syncs: CUDA graphs capture it as is."""
+    for start, stop in spans:
+        nb = stop - start
+        batch = s.shuffled[start:stop]
+        x, neg_onehot = batch[:, :X], batch[:, X : X + CLASSES]  # [nb, 785], [nb, 10]
+        z, g, logp = s.z[:nb], s.g[:nb], s.logp[start:stop]
+        torch.mm(x, s.w.T, out=z)
+        torch._log_softmax(z, 1, False, out=logp)
+        # log_softmax's own backward with upstream gradient -onehot: -onehot + softmax · 1.
+        torch._log_softmax_backward_data(neg_onehot, logp, 1, torch.float32, out=g)
+        s.w.addmm_(g.T, x, alpha=-s.lr / nb)  # mean over the batch folded into alpha
+
+
+def sum_loss(s: EpochState) -> None:
+    """loss_sum += Σ over the epoch of -log p(label): 3 kernels an epoch, no host sync."""
+    s.loss_sum.add_(torch.sum(s.logp * s.shuffled[:, X : X + CLASSES]))
+
+
+def train_epoch_steps(s: EpochState, order: torch.Tensor) -> None:
+    """One whole epoch: shuffle, every step, the loss sum."""
+    shuffle(s, order)
+    train_steps(s, s.spans)
+    sum_loss(s)
 
 
 class TorchOptimized(Impl):
@@ -49,81 +118,33 @@ class TorchOptimized(Impl):
 
     def __init__(self, device: str = "cpu"):
         self.device = device
-        self.precision = _precision(device)
 
     def setup(self, data: LadderData, cfg: LadderConfig) -> None:
         self.data, self.cfg = data, cfg
-        dev, cuda = torch.device(self.device), self.device == "cuda"
-
-        def to_device(array):
-            t = torch.from_numpy(array)
-            return t.pin_memory().to(dev, non_blocking=True) if cuda else t
-
-        x_all = to_device(data.train_x)  # uint8 [N, 784]
-        y_all = to_device(data.train_y)  # int64 [N]
-        self.orders = to_device(data.orders)  # int64 [epochs, N]
-        model = nn.Linear(784, 10).to(dev)
-        with torch.no_grad():
-            model.weight.copy_(torch.from_numpy(data.w0))
-            model.bias.copy_(torch.from_numpy(data.b0))
-        self.weights = {k: v.detach() for k, v in model.named_parameters()}
-        self.loss_sum = torch.zeros((), device=dev)
+        dev = torch.device(self.device)
+        self.state = EpochState(data, cfg, dev)
+        self.orders = torch.from_numpy(data.orders).to(dev)  # int64 [epochs, N]
         self.epochs_summed = 0
-        lr = cfg.lr
-        # Switches resolve here, once: the step below has no feature branches.
-        autocast = (
-            torch.autocast(self.device, dtype=torch.bfloat16)
-            if self.precision == "bf16"
-            else contextlib.nullcontext()
-        )
-
-        def loss_of(params, x, y):
-            with autocast:
-                logits = torch.func.functional_call(model, params, (x,))
-            return nn.functional.cross_entropy(logits.float(), y)
-
-        def steps(params, idx, loss_sum):  # idx: int64 [K, B] on the device, K steps in a row
-            for i in range(idx.shape[0]):  # unrolled by the compiler: K steps, one call
-                x = x_all[idx[i]].float() / 255  # gather + convert, fused by the compiler
-                y = y_all[idx[i]]
-                grads, loss = torch.func.grad_and_value(loss_of)(params, x, y)
-                torch._foreach_add_(list(params.values()), list(grads.values()), alpha=-lr)
-                loss_sum.add_(loss.detach() * idx.shape[1])
-
-        self.run_steps = torch.compile(steps, dynamic=False)
-        # An epoch = calls of STEPS_PER_CALL full batches, then single full batches, then the last
-        # partial batch: at most 3 graph shapes, compiled now (setup time) on scratch copies of
-        # the state so that training starts from the shared initial weights.
-        n, bs = data.n_train, cfg.batch_size
-        full = n // bs
-        grouped = full - full % STEPS_PER_CALL
-        self.split = (grouped * bs, full * bs)
-        scratch = {k: v.clone() for k, v in self.weights.items()}
-        for idx in self._schedule(self.orders[0]):
-            self.run_steps(scratch, idx, self.loss_sum.clone())
-
-    def _schedule(self, order: torch.Tensor) -> list[torch.Tensor]:
-        """Views of one epoch's order as [K, B] index blocks, in the order they are trained."""
-        g, f = self.split
-        bs = self.cfg.batch_size
-        blocks = list(order[:g].view(-1, STEPS_PER_CALL, bs).unbind(0))
-        blocks += [order[s : s + bs].view(1, -1) for s in range(g, f, bs)]
-        if f < len(order):
-            blocks.append(order[f:].view(1, -1))
-        return blocks
 
     def train_epoch(self, epoch: int) -> float | None:
-        for idx in self._schedule(self.orders[epoch]):
-            self.run_steps(self.weights, idx, self.loss_sum)
+        train_epoch_steps(self.state, self.orders[epoch])
         self.epochs_summed += 1
-        if (epoch + 1) % READ_LOSS_EVERY and epoch + 1 != self.cfg.epochs:
-            return None  # keep the sum on the device: no host sync this epoch
-        # The one host read in 10 epochs: the mean loss over the epochs summed since the last.
-        mean = self.loss_sum.item() / (self.data.n_train * self.epochs_summed)
-        self.loss_sum.zero_()
-        self.epochs_summed = 0
-        return mean
+        return read_loss(self, epoch)
+
+    def details(self) -> dict:
+        return {"ops_per_step": OPS_PER_STEP, "shuffle": "one gather an epoch", "cuda_graph": False}
 
     def params(self):
-        w, b = self.weights["weight"], self.weights["bias"]
-        return w.detach().float().cpu().numpy().copy(), b.detach().float().cpu().numpy().copy()
+        return self.state.params()
+
+
+def read_loss(impl, epoch: int) -> float | None:
+    """The mean training loss over the epochs summed since the last read, every READ_LOSS_EVERY
+    epochs and after the last; None (no host sync) otherwise."""
+    if (epoch + 1) % READ_LOSS_EVERY and epoch + 1 != impl.cfg.epochs:
+        return None
+    s = impl.state
+    mean = s.loss_sum.item() / (impl.data.n_train * impl.epochs_summed)  # the host sync
+    s.loss_sum.zero_()
+    impl.epochs_summed = 0
+    return mean

@@ -1,20 +1,31 @@
-"""`triton-fused`: each SGD step is one fused Triton program — gather of the batch's uint8 pixels,
-logits, softmax, loss and accuracy accumulation, weight gradient and update — and the program is
-persistent: one launch runs a whole epoch's dependent steps in order, so no host and no launch
-gap sits between steps.
+"""`triton-fused`: each SGD step is ONE Triton kernel — gather of the batch's uint8 pixels,
+logits, softmax, loss and accuracy, weight gradient and update — spread over SPLITS programs
+(one per SM), and an epoch's 470 launches are captured once as a CUDA graph and replayed, so no
+Python and no host sits between steps.
 
-- One program (one CTA, one SM): the steps depend on each other, and a single program needs no
-  cross-SM synchronization (which Triton does not offer); the multi-SM version is `cuda-epoch`.
-- The weights (31 KB fp32) are read and written by this one SM every step, so they live in its
-  L1/L2 rather than in DRAM; the pixels stay uint8 (a quarter of float32's bytes) and the 1/255
-  scale is folded into the logits and the gradient.
-- fp32 everywhere: `tl.dot(..., input_precision="ieee")`, never TF32, so the weights match the
-  float64 reference to float32 rounding.
+- The work is split over pixels (K): program j owns weight columns [64j, 64j + 64) of every class
+  and updates them from its own pixels, so the update needs no reduction across programs; only
+  the logits do. Program j therefore writes a *partial* logit block `x[:, cols_j] @ W[:, cols_j]ᵀ`
+  ([B, 16] fp32, program 0 adds the bias), and the next launch — the kernel boundary is the only
+  grid-wide barrier Triton offers — sums the SPLITS partials in a fixed order (deterministic,
+  identical in every program), takes softmax, loss, accuracy and dL/dz, updates its columns, and
+  computes the next step's partial logits with the columns it has just updated, still in
+  registers. Step s's kernel thus also does step s+1's forward; one extra launch per epoch
+  computes step 0's logits. Partials are double-buffered (step s reads one, writes the other).
+- The bias and the loss/accuracy sums belong to program 0 alone (only it reads or writes them).
+- Pixels stay uint8 (a quarter of float32's bytes); the 1/255 scale is folded into the logits and
+  the gradient. fp32 everywhere: `tl.dot(..., input_precision="ieee")` (FMA, no tensor cores),
+  never TF32, so the weights match the float64 reference to float32 rounding.
 - Loss and accuracy are summed on the device and read every 10 epochs.
 
-Versions (the winner is wired in): v1 one launch per step (469 Python launches an epoch, each
-~10-20 µs of launch overhead: launch-bound by construction), v2 persistent, one launch per epoch
-(this file). Not yet timed on a GPU.
+Per step and program: 8 KB of gathered pixels for this step and 8 KB for the next, 2.5 KB of
+weights, SPLITS × 8 KB of partial logits from L2; 2 × 128 × 64 × 16 FMA.
+
+Versions (the winner is wired in): v1 one launch per step from Python (launch-bound: ~20-40 µs of
+Python per launch); v2 one single-program persistent launch per epoch (H100, 2026-11-26:
+67.5 ms/epoch = 144 µs/step: one SM walked 2 × 49 dependent K-chunks of gathered loads a step,
+~1.5 µs of memory latency each); v3 (this file) SPLITS programs per step, one kernel per step,
+the epoch replayed from a CUDA graph. Not yet timed on a GPU.
 
 Tested on the CPU under Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported).
 
@@ -34,45 +45,56 @@ except ImportError:  # optional: the row reports itself unavailable
     triton = None
 
 READ_LOSS_EVERY = 10
-BLOCK_K = 16  # pixels per chunk: the largest with no register spills at 8 warps (ptxas, sm_90;
-# 32 and 64 spill, as do 4 or 16 warps)
+BLOCK_K = 64  # pixels per program: 784 → 13 programs. Smaller blocks mean less FMA per program
+# but more partial logits to read (SPLITS × 8 KB from L2 each step); 64 balances the two.
+SPLITS = -(-IN_FEATURES // BLOCK_K)
 BLOCK_C = 16  # classes padded to tl.dot's minimum dimension
-NUM_WARPS = 8
+NUM_WARPS = 8  # ptxas, sm_90a, BLOCK_K 64: 4 warps spill 1.2 KB a thread, 8 warps 120 bytes
+DOT_PRECISION = "ieee"  # exact fp32 FMA. "tf32x3" (fp32 emulated on tensor cores, ~fp32 accurate)
+# compiles with no spills at all: the first variant to time on a GPU, checked against float64.
 
 if triton is not None:
 
     @triton.jit
-    def sgd_steps_kernel(x_ptr, y_ptr, order_ptr, w_ptr, b_ptr, stats_ptr,
-                         n, first, n_steps, batch, lr,
-                         K: tl.constexpr, C: tl.constexpr, BLOCK_B: tl.constexpr,
-                         BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
-        """`n_steps` SGD steps from batch `first` of the order, in place on w [C, K], b [C];
-        x uint8 [N, K], y int64 [N], order int64 [N]; stats fp32 [2] += (loss sum, correct)."""
+    def sgd_step_kernel(x_ptr, y_ptr, order_ptr, w_ptr, b_ptr, z_in_ptr, z_out_ptr, stats_ptr,
+                        cur, n_cur, nxt, n_nxt, lr,
+                        K: tl.constexpr, C: tl.constexpr, SPLITS: tl.constexpr,
+                        BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+                        UPDATE: tl.constexpr, PREC: tl.constexpr):
+        """Program j of one step. With UPDATE: the SGD step on batch `order[cur : cur + n_cur]`
+        from the partial logits z_in [SPLITS, BLOCK_B, BLOCK_C], in place on columns j of
+        w [C, K] (and, program 0, on b [C] and stats fp32 [2] += (loss sum, correct)). Always:
+        partial logits of batch `order[nxt : nxt + n_nxt]` with the (updated) columns → z_out.
+        x uint8 [N, K], y int64 [N], order int64 [N]."""
+        pid = tl.program_id(0)
+        first = pid == 0
         rows = tl.arange(0, BLOCK_B)
         cls = tl.arange(0, BLOCK_C)
         cmask = cls < C
+        ks = pid * BLOCK_K + tl.arange(0, BLOCK_K)
+        kmask = ks < K
         inv255 = 1.0 / 255.0
-        loss_acc = tl.zeros([BLOCK_B], tl.float32)
-        correct_acc = tl.zeros([BLOCK_B], tl.float32)
-        step = first
-        while step < first + n_steps:  # (a while loop: the interpreter cannot range() over it)
-            start = step * batch
-            nb = tl.minimum(batch, n - start)
-            rmask = rows < nb
-            idx = tl.load(order_ptr + start + rows, mask=rmask, other=0)
+        zoffs = rows[:, None] * BLOCK_C + cls[None, :]  # [BLOCK_B, BLOCK_C] in a partial
+        wt_ptr = w_ptr + cls[None, :] * K + ks[:, None]  # this program's columns, as Wᵀ
+        wt_mask = kmask[:, None] & cmask[None, :]
+        wt = tl.load(wt_ptr, mask=wt_mask, other=0.0)  # [BLOCK_K, BLOCK_C]
+        bmask = cmask & first
+        b = tl.load(b_ptr + cls, mask=bmask, other=0.0)  # program 0 only; 0 elsewhere
+        # The next batch's pixels do not depend on this step: issue their loads first.
+        nmask = rows < n_nxt
+        nidx = tl.load(order_ptr + nxt + rows, mask=nmask, other=0)
+        xn = tl.load(x_ptr + nidx[:, None] * K + ks[None, :],
+                     mask=nmask[:, None] & kmask[None, :], other=0).to(tl.float32)
+        if UPDATE:
+            rmask = rows < n_cur
+            idx = tl.load(order_ptr + cur + rows, mask=rmask, other=0)
             y = tl.load(y_ptr + idx, mask=rmask, other=0)
-            # Logits: z = x_u8 @ Wᵀ, K in chunks, then the 1/255 scale and the bias.
-            z = tl.zeros([BLOCK_B, BLOCK_C], tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                kmask = ks < K
-                xb = tl.load(x_ptr + idx[:, None] * K + ks[None, :],
-                             mask=rmask[:, None] & kmask[None, :], other=0).to(tl.float32)
-                wt = tl.load(w_ptr + cls[None, :] * K + ks[:, None],
-                             mask=kmask[:, None] & cmask[None, :], other=0.0)  # [BLOCK_K, C]
-                z += tl.dot(xb, wt, input_precision="ieee")
-            bias = tl.load(b_ptr + cls, mask=cmask, other=0.0)
-            z = z * inv255 + bias[None, :]
+            xb = tl.load(x_ptr + idx[:, None] * K + ks[None, :],
+                         mask=rmask[:, None] & kmask[None, :], other=0).to(tl.float32)
+            # This step's logits: the sum of every program's partial, in a fixed order.
+            z = tl.load(z_in_ptr + zoffs)
+            for j in range(1, SPLITS):
+                z += tl.load(z_in_ptr + j * BLOCK_B * BLOCK_C + zoffs)
             z = tl.where(cmask[None, :], z, float("-inf"))
             # Softmax, loss, accuracy; rows past the batch end (the last partial batch) masked.
             zmax = tl.max(z, axis=1)
@@ -80,38 +102,55 @@ if triton is not None:
             se = tl.sum(e, axis=1)
             onehot = cls[None, :] == y[:, None]
             zy = tl.sum(tl.where(onehot, z, 0.0), axis=1)
-            loss_acc += tl.where(rmask, tl.log(se) + zmax - zy, 0.0)
-            correct_acc += tl.where(rmask & (zy == zmax), 1.0, 0.0)
-            # d(mean loss)/dz, with the learning rate folded in: lr * (softmax - onehot) / nb.
+            loss = tl.sum(tl.where(rmask, tl.log(se) + zmax - zy, 0.0), axis=0)
+            correct = tl.sum(tl.where(rmask & (zy == zmax), 1.0, 0.0), axis=0)
+            tl.store(stats_ptr, tl.load(stats_ptr, mask=first, other=0.0) + loss, mask=first)
+            tl.store(stats_ptr + 1, tl.load(stats_ptr + 1, mask=first, other=0.0) + correct,
+                     mask=first)
+            # d(mean loss)/dz with the learning rate folded in: lr * (softmax - onehot) / nb.
             g = e / se[:, None] - tl.where(onehot, 1.0, 0.0)
-            g = tl.where(rmask[:, None] & cmask[None, :], g, 0.0) * (lr / nb)
-            # Every thread has read this step's weights before any thread overwrites them.
-            tl.debug_barrier()
-            for k0 in range(0, K, BLOCK_K):
-                ks = k0 + tl.arange(0, BLOCK_K)
-                kmask = ks < K
-                xb = tl.load(x_ptr + idx[:, None] * K + ks[None, :],
-                             mask=rmask[:, None] & kmask[None, :], other=0).to(tl.float32)
-                gw = tl.dot(tl.trans(g), xb, input_precision="ieee")  # [C, BLOCK_K]
-                wptr = w_ptr + cls[:, None] * K + ks[None, :]
-                wmask = cmask[:, None] & kmask[None, :]
-                w = tl.load(wptr, mask=wmask, other=0.0)
-                tl.store(wptr, w - gw * inv255, mask=wmask)
-            tl.store(b_ptr + cls, bias - tl.sum(g, axis=0), mask=cmask)
-            # The update is visible to every thread of the program before the next step reads.
-            tl.debug_barrier()
-            step += 1
-        tl.store(stats_ptr, tl.load(stats_ptr) + tl.sum(loss_acc, axis=0))
-        tl.store(stats_ptr + 1, tl.load(stats_ptr + 1) + tl.sum(correct_acc, axis=0))
+            g = tl.where(rmask[:, None] & cmask[None, :], g, 0.0) * (lr / n_cur)
+            # Wᵀ[cols_j] -= x[:, cols_j]ᵀ g / 255, b -= Σ_rows g: no other program touches them.
+            wt = wt - tl.dot(tl.trans(xb), g, input_precision=PREC) * inv255
+            tl.store(wt_ptr, wt, mask=wt_mask)
+            b = tl.where(bmask, b - tl.sum(g, axis=0), 0.0)
+            tl.store(b_ptr + cls, b, mask=bmask)
+        # The next step's partial logits from the columns just updated (still in registers).
+        zp = tl.dot(xn, wt, input_precision=PREC) * inv255 + b[None, :]
+        tl.store(z_out_ptr + pid * BLOCK_B * BLOCK_C + zoffs, zp)
 
 
-def sgd_steps(x, y, order, w, b, stats, first: int, n_steps: int, batch: int, lr: float) -> None:
-    """Launch `n_steps` fused steps (one program) on tensors of any device Triton runs on."""
+def block_b(batch: int) -> int:
     if batch > 128:
         raise ValueError(f"triton-fused keeps a batch in one program: batch ≤ 128, got {batch}")
-    sgd_steps_kernel[(1,)](x, y, order, w, b, stats, len(y), first, n_steps, batch, lr,
-                           K=IN_FEATURES, C=CLASSES, BLOCK_B=max(16, triton.next_power_of_2(batch)),
-                           BLOCK_K=BLOCK_K, BLOCK_C=BLOCK_C, num_warps=NUM_WARPS)
+    return max(16, triton.next_power_of_2(batch))
+
+
+def launch(x, y, order, w, b, z_in, z_out, stats, cur, n_cur, nxt, n_nxt, lr, update):
+    """One step (update=True) or the epoch's first forward (update=False): SPLITS programs."""
+    sgd_step_kernel[(SPLITS,)](x, y, order, w, b, z_in, z_out, stats, cur, n_cur, nxt, n_nxt,
+                               lr, K=IN_FEATURES, C=CLASSES, SPLITS=SPLITS,
+                               BLOCK_B=z_in.shape[1], BLOCK_K=BLOCK_K, BLOCK_C=BLOCK_C,
+                               UPDATE=update, PREC=DOT_PRECISION, num_warps=NUM_WARPS)
+
+
+def partials(batch: int, device) -> torch.Tensor:
+    """The double-buffered partial logits: fp32 [2, SPLITS, BLOCK_B, BLOCK_C]."""
+    return torch.zeros(2, SPLITS, block_b(batch), BLOCK_C, device=device)
+
+
+def sgd_epoch(x, y, order, w, b, z, stats, batch: int, lr: float) -> int:
+    """One epoch in `order` (int64 [N]) on tensors of any device Triton runs on: the launch
+    sequence that CUDA graphs capture. z: `partials(batch)`. Returns the number of launches."""
+    n = len(order)
+    starts = list(range(0, n, batch))
+    size = [min(batch, n - s) for s in starts]
+    launch(x, y, order, w, b, z[1], z[0], stats, 0, 0, 0, size[0], lr, update=False)
+    for i, s in enumerate(starts):  # step i reads partials i % 2, writes (i + 1) % 2
+        last = i + 1 == len(starts)
+        launch(x, y, order, w, b, z[i % 2], z[(i + 1) % 2], stats, s, size[i],
+               0 if last else starts[i + 1], 0 if last else size[i + 1], lr, update=True)
+    return len(starts) + 1
 
 
 class TritonFused(Impl):
@@ -134,19 +173,29 @@ class TritonFused(Impl):
         self.x = torch.from_numpy(data.train_x).to(dev)  # uint8 [N, 784]
         self.y = torch.from_numpy(data.train_y).to(dev)
         self.orders = torch.from_numpy(data.orders).to(dev)
+        self.order = self.orders[0].clone()  # the graph's static order buffer
         self.w = torch.from_numpy(data.w0).to(dev).contiguous()
         self.b = torch.from_numpy(data.b0).to(dev)
+        self.z = partials(cfg.batch_size, dev)
         self.stats = torch.zeros(2, device=dev)
-        self.steps = -(-data.n_train // cfg.batch_size)
-        # Compile now (setup time): a whole epoch on scratch weights, since Triton specializes
-        # the kernel on its integer arguments' values (== 1, multiple of 16).
-        sgd_steps(self.x, self.y, self.orders[0], self.w.clone(), self.b.clone(),
-                  self.stats.clone(), 0, self.steps, cfg.batch_size, cfg.lr)
+        # Compile every specialization (Triton specializes integer arguments on == 1 and
+        # multiples of 16) with a whole epoch on scratch weights, on a side stream, then capture
+        # the epoch's launches on the real buffers (capturing runs nothing).
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            sgd_epoch(self.x, self.y, self.order, self.w.clone(), self.b.clone(), self.z,
+                      self.stats.clone(), cfg.batch_size, cfg.lr)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.launches = sgd_epoch(self.x, self.y, self.order, self.w, self.b, self.z,
+                                      self.stats, cfg.batch_size, cfg.lr)
         self.epochs_summed = 0
 
     def train_epoch(self, epoch: int) -> float | None:
-        sgd_steps(self.x, self.y, self.orders[epoch], self.w, self.b, self.stats,
-                  0, self.steps, self.cfg.batch_size, self.cfg.lr)
+        self.order.copy_(self.orders[epoch])  # device to device, stream-ordered
+        self.graph.replay()
         self.epochs_summed += 1
         if (epoch + 1) % READ_LOSS_EVERY and epoch + 1 != self.cfg.epochs:
             return None
@@ -154,6 +203,10 @@ class TritonFused(Impl):
         self.stats.zero_()
         self.epochs_summed = 0
         return mean
+
+    def details(self) -> dict:
+        return {"programs_per_step": SPLITS, "block_k": BLOCK_K, "num_warps": NUM_WARPS,
+                "launches_per_epoch": self.launches, "cuda_graph": True}
 
     def params(self):
         return self.w.cpu().numpy().copy(), self.b.cpu().numpy().copy()
