@@ -131,7 +131,8 @@ class EpochKernel:
 
 class CudaEpoch(Impl):
     name = "cuda-epoch"
-    sources = ("csrc/cuda_epoch.cu",)  # the kernel its figures come from
+    sources = ("csrc/cuda_epoch.cu", "csrc/epoch_shared.cuh", "csrc/epoch_v2.cuh",
+               "csrc/epoch_v3.cuh")  # the kernel its figures come from
     device = "cuda"
 
     @classmethod

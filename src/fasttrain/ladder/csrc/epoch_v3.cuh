@@ -1,0 +1,268 @@
+// cuda-epoch v3 (see cuda_epoch.cu for the changelog).
+#pragma once
+#include "epoch_shared.cuh"
+
+namespace {
+
+// The same step with the serial parts of v2 taken off the critical path (see the changelog at the
+// top). 512 threads; owner q holds rows [q*RPC, (q+1)*RPC) (contiguous, so a warp's pushes go to
+// one or two CTAs); per-row records are 16 floats with classes 0-4 in slots 0-4 and 5-9 in slots
+// 8-12 (slot = c + 3*(c >= 5)), so a class half is one float4 and one float, 16-byte aligned.
+constexpr int THREADS3 = 512;  // = 4 * BMAX: L is (row, class half, feature half)
+
+__host__ __device__ constexpr int pow2_floor(int n) { return n >= 2 ? 2 * pow2_floor(n / 2) : 1; }
+
+template <int NC>
+struct Shape3 {
+  static constexpr int F = K / NC;                  // my features (112 or 56)
+  static constexpr int FP = F + 4;                  // padded float row of a batch
+  static constexpr int KG = F / 4;                  // float4 feature groups (28 or 14)
+  static constexpr int RPC = (BMAX + NC - 1) / NC;  // rows each CTA owns (19 or 10)
+  static constexpr int UNITS = 2 * KG;              // gradient unit: (class half, feature group)
+  static constexpr int RG = pow2_floor(THREADS3 / UNITS);  // row groups of the gradient (8, 16)
+  static constexpr int PART = NC * RPC * 16;        // inbox of partial logits [src][row][16]
+  static constexpr int GIN = BMAX * 16;             // inbox of g [row][16]
+  static constexpr int DBIN = NC * 16;              // inbox of bias-gradient partials [src][16]
+  static constexpr int INBOX = PART + GIN + DBIN;
+  // Shared memory, in floats (every region 16-byte aligned).
+  static constexpr int W_OFF = 0;
+  static constexpr int BIAS_OFF = W_OFF + C * F;
+  static constexpr int XF_OFF = BIAS_OFF + 16;
+  static constexpr int INBOX_OFF = XF_OFF + 2 * BMAX * FP;
+  static constexpr int RED_OFF = INBOX_OFF + INBOX;
+  static constexpr int GL_OFF = RED_OFF + RG * C * F;  // my rows' g before they are sent
+  static constexpr int IDX_OFF = GL_OFF + RPC * 16;
+  static constexpr int YS_OFF = IDX_OFF + 4 * BMAX;
+  static constexpr int XB_OFF = YS_OFF + 4 * BMAX;
+  static constexpr int BYTES = XB_OFF * 4 + 2 * BMAX * F;
+  static_assert(K % NC == 0 && F % 8 == 0 && KG % 2 == 0, "feature halves of whole float4s");
+  static_assert(THREADS3 == 4 * BMAX && RPC * 16 <= THREADS3 && UNITS * RG <= THREADS3 &&
+                C * KG <= THREADS3 - C, "one pass of each phase");
+  static_assert(BYTES <= 227 * 1024, "fits a Hopper SM's shared memory");
+};
+
+__device__ __forceinline__ void fma4(float4& acc, float g, const float4& x) {
+  acc.x += g * x.x;
+  acc.y += g * x.y;
+  acc.z += g * x.z;
+  acc.w += g * x.w;
+}
+
+template <int NC, class Ex>
+__device__ void train_epoch_v3(Ex& ex, const Args& a, float* sm) {
+  using S = Shape3<NC>;
+  constexpr int F = S::F, FP = S::FP, KG = S::KG, RPC = S::RPC, RG = S::RG, CH = F / 8;
+  const int tid = threadIdx.x, r = ex.rank(), k0 = r * F;
+  float* Ws = sm + S::W_OFF;
+  float* bias = sm + S::BIAS_OFF;
+  float* xf = sm + S::XF_OFF;   // [2][BMAX][FP] batch j in j & 1, as floats
+  float* red = sm + S::RED_OFF;  // [RG][C][F] gradient partials of the row groups
+  float* gl = sm + S::GL_OFF;    // [RPC][16] g of my rows
+  int* idx = reinterpret_cast<int*>(sm + S::IDX_OFF);  // [4][BMAX] order, batch j in j & 3
+  int* ys = reinterpret_cast<int*>(sm + S::YS_OFF);    // [4][BMAX] labels, batch j in j & 3
+  uint8_t* xb = reinterpret_cast<uint8_t*>(sm + S::XB_OFF);  // [2][BMAX][F] raw, j in j & 1
+  float* inbox = ex.local();
+  const float* part = inbox;          // [NC][RPC][16] partial logits of my rows
+  const float* g = inbox + S::PART;   // [BMAX][16] lr * dL/dz, every row
+  const float* dbp = g + S::GIN;      // [NC][16] each owner's sum of its rows of g
+  const float inv255 = 1.f / 255.f;
+  const int steps = (a.n + a.bs - 1) / a.bs;
+  auto rows_of = [&](int step) { return min(a.bs, a.n - step * a.bs); };
+
+  for (int i = tid; i < C * F; i += THREADS3) Ws[i] = a.w[(i / F) * K + k0 + i % F];
+  if (tid < C) bias[tid] = a.b[tid];
+  for (int i = tid; i < 2 * BMAX * FP; i += THREADS3) xf[i] = 0.f;  // finite, never NaN garbage
+
+  // Prologue: order of batches 0-3; pixels and labels of batches 0 and 1.
+  for (int j = 0; j < 4 && j < steps; ++j)
+    for (int i = tid; i < rows_of(j); i += THREADS3) idx[j * BMAX + i] = a.order[j * a.bs + i];
+  __syncthreads();
+  auto fetch = [&](int j) {  // pixels (my F columns) and labels of batch j, asynchronously
+    const int* rows = idx + (j & 3) * BMAX;
+    uint8_t* dst = xb + (j & 1) * BMAX * F;
+    for (int i = tid; i < rows_of(j) * CH; i += THREADS3) {
+      const int row = i / CH, c = i % CH;
+      __pipeline_memcpy_async(dst + row * F + c * 8,
+                              a.x + static_cast<size_t>(rows[row]) * K + k0 + c * 8, 8);
+    }
+    for (int i = tid; i < rows_of(j); i += THREADS3)
+      __pipeline_memcpy_async(ys + (j & 3) * BMAX + i, a.y + rows[i], 4);
+  };
+  auto widen = [&](int j) {  // xb[j & 1] -> xf[j & 1]
+    float* dst = xf + (j & 1) * BMAX * FP;
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(xb + (j & 1) * BMAX * F);
+    for (int i = tid; i < rows_of(j) * (F / 4); i += THREADS3) {
+      const int row = i / (F / 4), c4 = i % (F / 4);
+      *reinterpret_cast<float4*>(dst + row * FP + c4 * 4) = bytes_to_float4(src[i]);
+    }
+  };
+  fetch(0);
+  if (steps > 1) fetch(1);
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  widen(0);
+  ex.sync();  // every CTA is set up before anyone writes into its inbox
+
+  float loss = 0.f, correct = 0.f;
+  for (int s = 0; s < steps; ++s) {
+    const int nb = rows_of(s);
+    const float* x = xf + (s & 1) * BMAX * FP;
+    // Prefetch two batches ahead (order four ahead): the bytes land during this step and the next,
+    // and are widened in the next step's barrier-A window, off the critical path. One commit
+    // group per step, empty or not, so that wait_prior(1) below always means "the previous step's".
+    if (s + 2 < steps) fetch(s + 2);  // its order came with step s-2's group
+    if (s + 4 < steps)
+      for (int i = tid; i < rows_of(s + 4); i += THREADS3)
+        __pipeline_memcpy_async(idx + ((s + 4) & 3) * BMAX + i, a.order + (s + 4) * a.bs + i, 4);
+    __pipeline_commit();
+
+    // L: partial logits over my features; thread = (row, class half h, feature half fh), the two
+    // feature halves summed by a shuffle; the pair stores one float4 + one float to the owner.
+    {
+      const int row = tid >> 2, h = (tid >> 1) & 1, fh = tid & 1, kb = fh * (F / 2);
+      float acc[5] = {0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int k = 0; k < F / 2; k += 4) {
+        const float4 xv = *reinterpret_cast<const float4*>(x + row * FP + kb + k);
+#pragma unroll
+        for (int j = 0; j < 5; ++j) {
+          const float4 wv = *reinterpret_cast<const float4*>(Ws + (5 * h + j) * F + kb + k);
+          acc[j] += xv.x * wv.x + xv.y * wv.y + xv.z * wv.z + xv.w * wv.w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 5; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 1);
+      if (row < nb) {
+        float* dst = ex.inbox_of(row / RPC) + (r * RPC + row % RPC) * 16 + 8 * h;
+        if (fh == 0)
+          *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        else
+          dst[4] = acc[4];
+      }
+    }
+    ex.arrive();  // A: my partials are sent
+    // Window: the next batch's bytes (the previous step's group) -> floats.
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    if (s + 1 < steps) widen(s + 1);
+    ex.wait();  // A: every partial of my rows is in my inbox
+
+    // S: my rows; 16 lanes per row (one per slot, 10 hold a class), every thread in the shuffles.
+    {
+      const int i = tid >> 4, l = tid & 15, row = r * RPC + i, c = l < 8 ? l : l - 3;
+      const bool valid = i < RPC && row < nb && (l < 5 || (l >= 8 && l < 13));
+      float z = -INFINITY;
+      if (valid) {
+        float acc = 0.f;
+#pragma unroll
+        for (int src = 0; src < NC; ++src) acc += ex.read(part + (src * RPC + i) * 16 + l);
+        z = acc * inv255 + bias[c];  // the partials are sums over raw 0..255 pixels
+      }
+      float m = z;
+      for (int off = 8; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off, 16));
+      const float e = valid ? __expf(z - m) : 0.f;
+      float se = e;
+      for (int off = 8; off; off >>= 1) se += __shfl_xor_sync(0xffffffffu, se, off, 16);
+      float gv = 0.f;  // 0 in the pad slots and past the batch: the bias partials sum them
+      if (valid) {
+        const int label = ys[(s & 3) * BMAX + row];
+        if (c == label) {
+          loss += logf(se) + m - z;
+          correct += z == m ? 1.f : 0.f;
+        }
+        gv = a.lr * (e / se - (c == label ? 1.f : 0.f)) / nb;
+      }
+      if (i < RPC) gl[i * 16 + l] = gv;
+    }
+    __syncthreads();
+    // Send my rows of g, and their sum (my share of the bias gradient), to every CTA as float4s;
+    // consecutive threads write consecutive float4s of one destination.
+    for (int it = tid; it < NC * (RPC + 1) * 4; it += THREADS3) {
+      const int v = it & 3, i = (it >> 2) % (RPC + 1), q = (it >> 2) / (RPC + 1);
+      float4 val;
+      float* dst;
+      if (i < RPC) {
+        const int row = r * RPC + i;
+        if (row >= nb) continue;
+        val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * v);
+        dst = ex.inbox_of(q) + S::PART + row * 16 + 4 * v;
+      } else {
+        val = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int j = 0; j < RPC; ++j) {
+          const float4 o = *reinterpret_cast<const float4*>(gl + j * 16 + 4 * v);
+          val.x += o.x;
+          val.y += o.y;
+          val.z += o.z;
+          val.w += o.w;
+        }
+        dst = ex.inbox_of(q) + S::PART + S::GIN + r * 16 + 4 * v;
+      }
+      *reinterpret_cast<float4*>(dst) = val;
+    }
+    ex.sync();  // B: every CTA holds g of every row and every owner's bias partial
+
+    // G: thread = (row group, class half h, feature group kg): 5 classes x 4 features in registers,
+    // so each x float4 is read once per class half instead of once per class; the RG row groups
+    // are summed through shared memory by the thread that updates those 4 weights of a class.
+    {
+      const int u = tid % S::UNITS, rg = tid / S::UNITS, h = u / KG, kg = u % KG;
+      if (rg < RG) {
+        float4 acc[5];
+#pragma unroll
+        for (int j = 0; j < 5; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int row = rg; row < nb; row += RG) {
+          const float4 xv = *reinterpret_cast<const float4*>(x + row * FP + kg * 4);
+          const float4 gv = ex.read4(g + row * 16 + 8 * h);
+          fma4(acc[0], gv.x, xv);
+          fma4(acc[1], gv.y, xv);
+          fma4(acc[2], gv.z, xv);
+          fma4(acc[3], gv.w, xv);
+          fma4(acc[4], ex.read(g + row * 16 + 8 * h + 4), xv);
+        }
+#pragma unroll
+        for (int j = 0; j < 5; ++j)
+          *reinterpret_cast<float4*>(red + (rg * C + 5 * h + j) * F + kg * 4) = acc[j];
+      }
+      __syncthreads();
+      if (tid < C * KG) {
+        const int c = tid / KG, k = (tid % KG) * 4;
+        float4 sum = *reinterpret_cast<const float4*>(red + c * F + k);
+#pragma unroll
+        for (int q = 1; q < RG; ++q) {
+          const float4 o = *reinterpret_cast<const float4*>(red + (q * C + c) * F + k);
+          sum.x += o.x;
+          sum.y += o.y;
+          sum.z += o.z;
+          sum.w += o.w;
+        }
+        float4* wp = reinterpret_cast<float4*>(Ws + c * F + k);
+        float4 wv = *wp;
+        wv.x -= sum.x * inv255;
+        wv.y -= sum.y * inv255;
+        wv.z -= sum.z * inv255;
+        wv.w -= sum.w * inv255;
+        *wp = wv;
+      }
+      if (tid >= THREADS3 - C) {  // otherwise idle: the bias from the NC owners' partials
+        const int cb = tid - (THREADS3 - C), slot = cb < 5 ? cb : cb + 3;
+        float db = 0.f;
+#pragma unroll
+        for (int src = 0; src < NC; ++src) db += ex.read(dbp + src * 16 + slot);
+        bias[cb] -= db;
+      }
+      __syncthreads();  // W and b updated before the next step's L and S read them
+    }
+  }
+
+  for (int i = tid; i < C * F; i += THREADS3) a.w[(i / F) * K + k0 + i % F] = Ws[i];
+  if (r == 0 && tid < C) a.b[tid] = bias[tid];
+  if (loss != 0.f || correct != 0.f) {
+    atomicAdd(a.stats, loss);
+    atomicAdd(a.stats + 1, correct);
+  }
+}
+
+}  // namespace
