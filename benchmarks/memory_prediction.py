@@ -25,7 +25,8 @@ DATA = {"cnn": "synthetic", "resnet": "synthetic-cifar", "gpt": "synthetic-text"
 BATCHES = (32, 128)
 PRECISIONS = ("fp32", "bf16")
 KEEP = ("predicted_peak", "measured_peak", "error", "measured_by", "weights", "gradients",
-        "optimizer", "activations", "weight_copies", "inputs", "data", "workspace", "step_temp")
+        "optimizer", "activations", "weight_copies", "inputs", "data", "workspace",
+        "conv_workspace", "step_temp", "first_step_peak")
 
 
 def measure(model: str, batch: int, precision: str, device: str) -> dict:

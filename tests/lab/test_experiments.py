@@ -52,6 +52,34 @@ def test_memory_experiment_sweep_accumulation_and_checkpointing():
     off, on = (r for r in rows if r["part"] == "checkpointing")
     assert on["memory_saved"] > 0.2 and on["peak_bytes"] < off["peak_bytes"]
     assert "time_lost" in on
+    # What checkpointing trades, counted apart from the peak: the bytes saved for backward.
+    assert 0 < on["saved_bytes"] < off["saved_bytes"] and on["activations_saved"] > 0.3
+    assert "note" not in on  # on the CPU the peak moves with them: nothing to explain
+
+
+def _ckpt_row(peak, saved, **cuda):
+    return {"ms_per_step": 2.0, "peak_bytes": peak, "saved_bytes": saved, **cuda}
+
+
+def test_checkpointing_that_moves_no_peak_says_why():
+    # The first H100 run: cnn, batch 64, fp32 — the same peak to the byte, off and on.
+    off = _ckpt_row(193_114_112, 26_000_000, after_forward_bytes=27_000_000,
+                    backward_peak_bytes=61_000_000)
+    on = _ckpt_row(193_114_112, 4_000_000, after_forward_bytes=5_000_000,
+                   backward_peak_bytes=61_000_000)
+    on["ms_per_step"] = 3.0
+    got = ex.checkpointing_summary(off, on)
+    assert got["memory_saved"] == got["memory_saved_bytes"] == 0
+    assert got["time_lost"] == pytest.approx(0.5)
+    assert got["activations_saved"] == pytest.approx(1 - 4 / 26)
+    assert "22,000,000" in got["note"] and "inside backward" in got["note"]
+    assert "little or no peak memory" in got["note"]
+
+
+def test_checkpointing_that_lowers_the_peak_needs_no_note():
+    got = ex.checkpointing_summary(_ckpt_row(100_000_000, 30_000_000),
+                                   _ckpt_row(75_000_000, 5_000_000))
+    assert got["memory_saved_bytes"] == 25_000_000 and "note" not in got
 
 
 def test_memory_sweep_stops_at_the_limit():

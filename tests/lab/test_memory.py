@@ -241,3 +241,133 @@ def test_memory_command_finds_a_batch_size(capsys, tmp_path, fixed_step_time):
 def test_bad_input_is_a_one_line_error(capsys, argv, words):
     code, _, err = run_cli(capsys, *BASE, *argv)
     assert_one_line_error(code, err, *words)
+
+
+# -- convolution workspaces, the warm-up's peak, what a try gives back ---------------------------
+
+
+def test_conv_calls_are_recorded_without_changing_the_run():
+    from fasttrain.lab import conv_workspace as cw
+
+    run = build(config(model="resnet", batch_size=4), data=image_task(), verbose=False)
+    micro = next(endless_batches(run))[0]
+    buffers = [b.clone() for b in run.model.buffers()]
+    rng = torch.get_rng_state()
+    calls = cw.conv_calls(run, micro)
+    convs = [m for m in run.model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert {id(c[0]) for c in calls} == {id(m) for m in convs}  # every convolution, once each
+    first = next(c for c in calls if c[0] is convs[0])
+    assert first[1] == tuple(micro[0].shape) and first[4] is False  # the images need no grad
+    assert all(c[4] for c in calls if c[0] is not convs[0])
+    assert all(p.grad is None for p in run.model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(buffers, run.model.buffers(), strict=True))
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_no_conv_workspace_or_first_step_peak_on_the_cpu():
+    b = measure(model="cnn")
+    assert b.conv_workspace == 0 and b.first_step_peak is None
+    assert b.to_dict()["conv_workspace"] == 0
+
+
+def test_the_conv_workspace_is_added_where_activations_peak():
+    b = measure(model="cnn")
+    w = dataclasses.replace(b, conv_workspace=10**6)
+    assert w.predicted_peak == b.predicted_peak + 10**6  # activations + copies > step temp here
+    huge_temp = dataclasses.replace(b, step_temp=b.activations + b.weight_copies + 2 * 10**6)
+    assert (dataclasses.replace(huge_temp, conv_workspace=10**6).predicted_peak
+            == huge_temp.predicted_peak)  # it lives inside a call, not during the optimizer step
+
+
+class _FakeAllocator:
+    """torch.cuda's allocator statistics for CPU tensors: the probe's arithmetic, checked."""
+
+    def __init__(self):
+        self.allocated = self.peak = 0
+
+    def bump(self, nbytes: int) -> None:  # a scratch buffer taken and given back
+        self.peak = max(self.peak, self.allocated + nbytes)
+
+
+@pytest.mark.parametrize("fwd, bwd", [(3_000_000, 1_000_000), (512, 7_000_000)])
+def test_probe_takes_the_larger_transient_beyond_the_outputs(monkeypatch, fwd, bwd):
+    from fasttrain.lab import conv_workspace as cw
+
+    fake = _FakeAllocator()
+    for name, fn in (("synchronize", lambda *_: None),
+                     ("memory_allocated", lambda *_: fake.allocated),
+                     ("max_memory_allocated", lambda *_: fake.peak),
+                     ("reset_peak_memory_stats", lambda *_: setattr(fake, "peak", fake.allocated))):
+        monkeypatch.setattr(torch.cuda, name, fn)
+
+    class Scratch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y):
+            fake.bump(cw._alloc(y) + fwd)  # output and workspace alive together
+            return y.view_as(y)
+
+        @staticmethod
+        def backward(ctx, g):
+            fake.bump(grads + bwd)  # the gradients being written, and the workspace
+            return g
+
+    class Conv(torch.nn.Conv2d):
+        def _conv_forward(self, x, w, b):
+            return Scratch.apply(super()._conv_forward(x, w, b))
+
+    conv = Conv(3, 8, 3, padding=1)
+    shape = (4, 3, 16, 16)
+    grads = cw._alloc(torch.empty(shape)) + cw._alloc(conv.weight) + cw._alloc(conv.bias)
+    x = torch.empty(shape)
+    assert cw.probe(conv, shape, x.stride(), x.dtype, True) == max(fwd, bwd)
+
+
+def test_a_counted_forward_that_no_backward_follows_is_freed():
+    # tanh saves its output: kept with its grad_fn by the pack hook, that output would hold the
+    # graph that saves it, a cycle no gc.collect() breaks.
+    import gc
+    import weakref
+
+    w = torch.randn(64, 64, requires_grad=True)
+    saved = []
+
+    def part(t):
+        saved.append(weakref.ref(t))
+        return None
+
+    loss, count = mem.saved_bytes(lambda: torch.tanh(torch.tanh(w @ w) @ w).sum(), [w],
+                                  part=part)
+    assert count.parts[None] > 0 and saved
+    del loss  # no backward: an out-of-memory error, or a count of the forward alone
+    gc.collect()
+    assert all(r() is None for r in saved), "the counted graph outlived its loss"
+
+
+def test_a_try_that_ran_out_while_counting_gives_its_memory_back(fixed_step_time, monkeypatch):
+    # Out of memory in the counting forward (after the measured step fit): every tensor that
+    # try allocated must go, the parameters (which the graph's AccumulateGrad nodes hold) too.
+    import gc
+    import weakref
+
+    params = []
+    real = mem.saved_bytes
+
+    def oom_while_counting(run_forward, *args, **kwargs):
+        def forward():
+            run_forward()  # a graph half-built when the allocator gives up
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(forward, *args, **kwargs)
+
+    def tracked(cfg, **kwargs):
+        run = build(cfg, **kwargs)
+        params.extend(weakref.ref(p) for p in run.model.parameters())
+        return run
+
+    from fasttrain.engine import run as engine_run
+
+    monkeypatch.setattr(mem, "saved_bytes", oom_while_counting)
+    monkeypatch.setattr(engine_run, "build", tracked)
+    t = bs.try_batch(config(model="mlp"), image_task(), 16, 2**40, steps=1)
+    assert not t.fits and t.reason == "out of memory" and t.held_after is None  # CPU
+    gc.collect()
+    assert params and all(r() is None for r in params), "the failed try's graph is still alive"

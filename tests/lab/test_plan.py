@@ -106,6 +106,7 @@ def test_fsdp_and_ddp_needs_by_hand():
 
     b = SimpleNamespace(weights=400, gradients=400, optimizer=800, step_temp=400,
                         activations=1000, weight_copies=0, inputs=100, data=0, workspace=0,
+                        conv_workspace=0,
                         predicted_peak=2900)
     # sharded 4 ways: (400 + 400 + 800 + 400) / 4 = 500, plus the unsharded 1100
     assert plan_cmd.fsdp_need(b, 4) == 1600

@@ -66,10 +66,15 @@ def table(result: dict):
             ("ms/step", _ms), ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
             ("peak", _peak),
             ("max |Δw| vs batch B", lambda r: _num(r.get("max_abs_dweight"), "{:.2e}")),
-            ("memory saved / time lost", lambda r: "-" if "memory_saved" not in r
+            ("saved for backward", lambda r: "-" if "saved_bytes" not in r
+             else report.fmt_bytes(r["saved_bytes"])),
+            ("peak saved / time lost", lambda r: "-" if "memory_saved" not in r
              else f"{r['memory_saved']:.0%} / {r['time_lost']:+.0%}"),
         ], rows, caption=f"{peak_note}. Accumulation: weights compared after the same "
-            f"{result['options']['warmup'] + result['options']['steps']} steps.",
+            f"{result['options']['warmup'] + result['options']['steps']} steps. Saved for "
+            f"backward: one micro-batch's activations, hook-counted (what checkpointing "
+            f"trades)." + "".join(f" Checkpointing: {r['note']}." for r in rows
+                                   if r.get("part") == "checkpointing" and r.get("note")),
             label_columns=2)
     return report.rows_table(title, [
         ("setup", lambda r: r["label"]),

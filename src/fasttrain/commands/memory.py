@@ -44,6 +44,7 @@ _PARTS = (("weights", "weights (parameters, buffers)"),
           ("inputs", "inputs (not saved)"),
           ("data", "dataset on the device"),
           ("workspace", "workspace (measured)"),
+          ("conv_workspace", "convolution workspace (probed)"),
           ("step_temp", "optimizer step temporaries"))
 
 
@@ -57,14 +58,19 @@ def breakdown_table(b: Breakdown, title: str):
     rows.append({"part": "predicted peak", "ours": b.predicted_peak,
                  "fp32": seed["fp32"]["total"], "mixed": seed["mixed"]["total"]})
     rows.append({"part": "measured peak", "ours": b.measured_peak, "fp32": None, "mixed": None})
+    if b.first_step_peak is not None:
+        rows.append({"part": "first step's peak (warm-up)", "ours": b.first_step_peak,
+                     "fp32": None, "mixed": None})
     fmt = report.fmt_bytes
     measured = b.measured_by.startswith("torch.cuda")  # else the CPU's hook count
     error = (f"prediction error {b.error:+.1%} (the goal: within 10%)" if measured
              else "on the CPU the two differ only by the step temporaries")
     caption = (f"measured: {b.measured_by}. Predicted peak = weights + optimizer + data + "
-               f"workspace + inputs + gradients + max(activations + copies, step temporaries); "
-               f"{error}. Seed formula: P = {b.params:,} parameters, weights + "
-               f"gradients + optimizer + activations (mixed: + half copy, half gradients, half "
+               f"workspace + inputs + gradients + max(activations + copies + convolution "
+               f"workspace, step temporaries); {error}. Convolution workspace: the largest "
+               f"scratch one cuDNN call takes, each convolution probed alone (CUDA only). "
+               f"Seed formula: P = {b.params:,} parameters, weights + gradients + optimizer + "
+               f"activations (mixed: + half copy, half gradients, half "
                f"the fp32 activations; torch autocast keeps fp32 gradients). Micro-batch "
                f"{b.micro_batch} on {b.device}.")
     return report.rows_table(title, [
@@ -236,7 +242,11 @@ def memory(args: argparse.Namespace) -> int:
     result = {"schema": SCHEMA, "env": env, "config": config, "rows": []}
     if args.find_batch_size:
         if cuda:
+            # What this process may allocate: all of the device unless a cap was set
+            # (torch.cuda.set_per_process_memory_fraction), beyond which it runs out early.
             total = torch.cuda.get_device_properties(0).total_memory
+            fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)(0)
+            total = int(total * fraction)
             limit = min(limit or total, total)
         usable = int(limit * (1 - args.margin))
         config.update(floor=args.floor, try_steps=args.try_steps, usable_bytes=usable)
@@ -249,7 +259,10 @@ def memory(args: argparse.Namespace) -> int:
             err.print(f"  batch {t.batch:>6}: {'fits' if t.fits else 'does not fit'}"
                       + (f", {t.samples_per_s:,.0f} samples/s" if t.samples_per_s else "")
                       + (f", peak {report.fmt_bytes(t.peak)}" if t.peak else "")
-                      + (f" ({t.reason})" if t.reason else ""))
+                      + (f" ({t.reason})" if t.reason else "")
+                      + (f"; {report.fmt_bytes(t.held_after)} still allocated after it (a "
+                         f"leak: later tries have less memory)" if (t.held_after or 0) > 2**20
+                         else ""))
             return t
 
         unit = math.lcm(8, cfg.accum_steps)

@@ -70,7 +70,8 @@ def fsdp_need(b, k: int) -> int:
     """One of k FSDP GPUs: its 1/k of weights, gradients, optimizer state and step temporaries
     (sharded), the whole of the activations and inputs of its micro-batch."""
     sharded = b.weights + b.gradients + b.optimizer + b.step_temp
-    return (sharded // k + b.activations + b.weight_copies + b.inputs + b.data + b.workspace)
+    return (sharded // k + b.activations + b.weight_copies + b.conv_workspace + b.inputs + b.data
+            + b.workspace)
 
 
 def largest_micro(models: _Models, cfg, usable: int) -> tuple[int, int, int]:

@@ -4,12 +4,20 @@ samples/s among the batches that fit. `fasttrain memory --find-batch-size` print
 
 On CUDA a batch fits when the allocator's measured peak stays under the usable memory; on the CPU,
 whose allocator keeps no statistics, when the predicted peak does.
+
+Every try must give back all it allocated, or the tries after it run in less memory than there is
+and fail where they would fit. So each try runs in a frame of its own, an out-of-memory error's
+frames are cleared (a traceback pins every tensor its frames reference: the Run, the half-built
+graph), compiled code and cycles are collected, and on CUDA what is still allocated afterwards
+beyond what was before the try is recorded with it (`held_after`, bytes): 0 unless something
+outside the search keeps a reference.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,18 +43,31 @@ class Try:
     peak: int | None = None  # CUDA: measured; CPU: predicted (what "fits" was judged on)
     predicted: int | None = None
     reason: str | None = None  # why it does not fit
+    held_after: int | None = None  # CUDA: bytes still allocated after the try's cleanup
 
 
 def try_batch(cfg: TrainConfig, task, batch: int, usable: int, steps: int) -> Try:
     """Build a run at `batch`, measure it and time `steps` real steps after the warm-up.
     Out of memory — anywhere, construction included — is "does not fit", never a crash."""
+    from fasttrain.env import resolve_device
+
+    before = _allocated() if resolve_device(cfg.device) == "cuda" else None
     try:
         result = _try(cfg, task, batch, usable, steps)
-    except torch.OutOfMemoryError:
+    except torch.OutOfMemoryError as e:
+        # Whatever still holds the error (or its traceback) must not hold the try's tensors.
+        traceback.clear_frames(e.__traceback__)
         result = Try(batch, False, reason="out of memory")
-    # After the except block: its traceback (and the frames holding the tensors) is gone.
+    # After the except block: the error, its traceback and the frames holding tensors are gone.
     free_memory()
+    if before is not None:
+        result.held_after = max(0, _allocated() - before)
     return result
+
+
+def _allocated() -> int:
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
 
 
 def _try(cfg: TrainConfig, task, batch: int, usable: int, steps: int) -> Try:

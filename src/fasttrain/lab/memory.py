@@ -24,18 +24,25 @@ caching allocator's 512-byte blocks, as `max_memory_allocated` counts them):
   data           the dataset resident on an accelerator (0 on the CPU: host memory either way)
   workspace      CUDA only, measured: what stays allocated after a warm-up step beyond the parts
                  above — cuBLAS/cuBLASLt workspaces (8–32 MiB per stream), scalars
+  conv workspace CUDA only, probed: the largest scratch one convolution call takes and gives
+                 back (cuDNN's algorithm workspace), each convolution run alone at its shape,
+                 dtype and math mode (lab/conv_workspace.py) — not the step's peak fed back
   step temp      the optimizer step's temporaries (foreach AdamW: one fp32 copy of the weights)
 
     predicted peak = weights + optimizer + data + workspace + inputs + gradients
-                     + max(activations + weight copies, step temp)
+                     + max(activations + weight copies + conv workspace, step temp)
 
-because activations die during backward while gradients are born, and the optimizer's temporaries
-exist only after both. The measured peak is `torch.cuda.max_memory_allocated` around one full
-step (reset before it) on CUDA; on the CPU the allocator keeps no statistics, so the "measured"
+because activations die during backward while gradients are born, a convolution's workspace
+lives only inside its call (one at a time), and the optimizer's temporaries exist only after all
+of them. The measured peak is `torch.cuda.max_memory_allocated` around one full step after the
+warm-up (reset before it): the steady state. The warm-up step's own peak (lazy optimizer state,
+cuDNN's plans, `cudnn.benchmark`'s trial workspaces when a user turns it on) is reported apart as
+`first_step_peak`, not compared. On the CPU the allocator keeps no statistics, so the "measured"
 peak there is the hook-based count: weights + gradients + optimizer + saved tensors + inputs.
-What the prediction cannot see on CUDA: cuDNN's per-call workspaces, the gradients of activations
-alive together during backward, and up to 1 MiB per large block that the allocator hands out
-unsplit. It aims at 10% of the measured peak; that is untested here (no GPU).
+What the prediction cannot see on CUDA: the gradients of activations alive together during
+backward, and up to 1 MiB per large block that the allocator hands out unsplit (it runs a few %
+low for that); counted for CUDA on a CPU (`plan`), the conv workspace as well (nothing to probe).
+It aims at 10% of the measured peak.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ import torch
 from fasttrain.engine.loop import endless_batches, step
 from fasttrain.engine.tree import leaves
 from fasttrain.lab import layouts
+from fasttrain.lab.conv_workspace import conv_workspace
 from fasttrain.lab.layouts import Layout, RankMemory
 
 if TYPE_CHECKING:
@@ -111,7 +119,11 @@ def saved_bytes(run_forward: Callable[[], object], owned: Iterable[torch.Tensor]
     part), the storages of `owned` (parameters, buffers: counted apart) left out, each rounded up
     to `block` bytes (CUDA's allocator: 512). Returns what `run_forward` returned (the loss, for
     a backward outside the hooks: its recomputation under checkpointing saves nothing new) and
-    the count. The hooks keep each tensor as it is: counting changes nothing that is saved."""
+    the count. Counting changes nothing that is saved: each tensor is kept as a detached view of
+    its own storage (autograd restores its grad_fn on unpack). Kept as is, a saved output would
+    hold its own grad_fn, a cycle through C++ that no gc.collect() breaks: a forward that no
+    backward follows (an out-of-memory error, or a count of the forward alone) would keep its
+    whole graph allocated for good (pytorch/pytorch#189025)."""
     skip = {storage_key(t) for t in owned}
     seen: dict[tuple[Hashable, int], int] = {}
 
@@ -119,7 +131,7 @@ def saved_bytes(run_forward: Callable[[], object], owned: Iterable[torch.Tensor]
         key = storage_key(t)
         if key not in skip:
             seen.setdefault((part(t), key), t.untyped_storage().nbytes())
-        return t
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = run_forward()
@@ -246,11 +258,14 @@ class Breakdown:
     activations_fp32: int  # the same micro-batch counted without autocast: the formula's input
     measured_peak: int
     measured_by: str
+    conv_workspace: int = 0  # CUDA: the largest per-call convolution workspace, probed
+    first_step_peak: int | None = None  # CUDA: the warm-up step's peak, apart from the steady one
 
     @property
     def predicted_peak(self) -> int:
         return (self.weights + self.optimizer + self.data + self.workspace + self.inputs
-                + self.gradients + max(self.activations + self.weight_copies, self.step_temp))
+                + self.gradients + max(self.activations + self.weight_copies
+                                       + self.conv_workspace, self.step_temp))
 
     @property
     def error(self) -> float:
@@ -277,7 +292,8 @@ class Breakdown:
 
 
 def breakdown(run: Run, micro_batches: list, measured_peak: int | None = None,
-              workspace: int = 0, device_type: str | None = None) -> Breakdown:
+              workspace: int = 0, device_type: str | None = None,
+              first_step_peak: int | None = None) -> Breakdown:
     """The parts for a run that has taken at least one step (so its optimizer state exists).
     Without `measured_peak` (the CPU), the hook-based count stands in for the measurement.
 
@@ -314,13 +330,17 @@ def breakdown(run: Run, micro_batches: list, measured_peak: int | None = None,
         how = ("hook count (CPU: the allocator keeps no statistics): weights + gradients + "
                "optimizer state + tensors saved for backward + inputs")
     else:
-        how = "torch.cuda.max_memory_allocated around one full step"
+        how = "torch.cuda.max_memory_allocated around one full step after the warm-up"
+    # Probed after the peak was read: the probe resets the allocator's peak statistics.
+    parts["conv_workspace"] = (conv_workspace(run, micro_batches[0])
+                               if cuda and dev.type == "cuda" else 0)
     where = str(dev) if device_type == dev.type else f"{device_type} (counted on {dev})"
     return Breakdown(device=where, precision=cfg.precision, optimizer_name=cfg.optimizer,
                      momentum=cfg.momentum, batch_size=cfg.batch_size, micro_batch=cfg.micro_batch,
                      params=param_count(model),
                      activations_fp32=fp32.activations + fp32.weight_copies,
-                     measured_peak=measured_peak, measured_by=how, **parts)
+                     measured_peak=measured_peak, measured_by=how,
+                     first_step_peak=first_step_peak, **parts)
 
 
 def measure(run: Run, batches: Iterator[list] | None = None,
@@ -332,6 +352,8 @@ def measure(run: Run, batches: Iterator[list] | None = None,
     dev = run.device
     cuda = dev.type == "cuda"
     micro_batches = next(batches)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(dev)  # the warm-up's own peak, reported apart
     for _ in range(_WARMUP_MAX):
         scale = run.scaler.get_scale() if run.scaler.is_enabled() else None
         step(run, micro_batches)
@@ -340,6 +362,7 @@ def measure(run: Run, batches: Iterator[list] | None = None,
     if not cuda:
         return breakdown(run, micro_batches, device_type=device_type)
     torch.cuda.synchronize(dev)
+    first = torch.cuda.max_memory_allocated(dev)
     resident = (_bytes([*run.model.parameters(), *run.model.buffers()], True)
                 + _optimizer_bytes(run.opt, True) + resident_data(run, True)
                 + _bytes(leaves(micro_batches), True))
@@ -350,7 +373,8 @@ def measure(run: Run, batches: Iterator[list] | None = None,
     step(run, micro_batches)
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev)
-    return breakdown(run, micro_batches, measured_peak=peak, workspace=workspace)
+    return breakdown(run, micro_batches, measured_peak=peak, workspace=workspace,
+                     first_step_peak=first)
 
 
 def predict(cfg: TrainConfig, model: nn.Module | str | None = None, data=None, *,
