@@ -103,7 +103,8 @@ class TrainConfig:
     grad_clip: float = _f(0.0, "clip the global gradient norm to this (0: off); fp16 gradients "
                           "are unscaled first", group="optimization")
     fused_optimizer: bool = _f(False, "use the optimizer's fused kernel (one launch for all "
-                               "parameters; always on for fp16 on CUDA)", group="optimization")
+                               "parameters; always on for fp16, --compile and --cuda-graphs on "
+                               "CUDA)", group="optimization")
     # -- speed switches -----------------------------------------------------------------------
     device: str = _f("auto", "device (auto: cuda, then mps, then xpu, else cpu)", DEVICES,
                      group="speed")

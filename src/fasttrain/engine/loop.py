@@ -63,7 +63,8 @@ def accumulate(run, micro_batches: list, forward=None) -> None:
         with run.no_sync() if i < last else _NO_CONTEXT:
             with run.autocast:
                 loss, extras = run.compute_loss(forward, micro_batch)
-                loss = loss / accum
+                if accum > 1:  # dividing by 1 would be two more kernels (and their launches)
+                    loss = loss / accum
             run.scaler.scale(loss).backward()
         run.loss_sum += loss.detach()
         accumulate_extras(run.extra_sums, extras, accum)  # nothing for the default step

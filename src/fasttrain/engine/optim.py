@@ -51,21 +51,35 @@ def optimizer(cfg, model: nn.Module, world, factory: Callable | None = None,
         opt = usercode.call(factory, f"your optimizer factory {name}", groups)
         _check_optimizer(opt, model, name)
         return opt
-    # fp16 on CUDA takes the fused kernel even unasked: with a foreach optimizer GradScaler.step
-    # reads its inf check on the host (`.item()`, a sync every step); the fused kernel skips the
-    # update on the device instead. Not under FSDP, whose sharded parameters it does not take.
-    fp16_cuda = (cfg.precision == "fp16" and world.device.type == "cuda"
-                 and cfg.parallel != "fsdp")
     kw = {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
-          "fused": True if cfg.fused_optimizer or fp16_cuda else None}
+          "fused": True if cfg.fused_optimizer or _fused_unasked(cfg, world) else None}
     try:
         if cfg.optimizer == "sgd":
             return distributed.optimizer(torch.optim.SGD, groups, world,
                                          momentum=cfg.momentum, **kw)
         return distributed.optimizer(torch.optim.AdamW, groups, world, **kw)
     except RuntimeError as e:  # fused kernels exist only for some devices and dtypes
-        raise UserError(f"--fused-optimizer is not supported here ({e}); drop the flag") \
-            from None
+        raise UserError(f"the fused optimizer (--fused-optimizer; taken unasked on CUDA for "
+                        f"--compile, --cuda-graphs and fp16) is not supported here ({e}); use "
+                        f"fp32 parameters or drop the flag") from None
+
+
+def _fused_unasked(cfg, world) -> bool:
+    """Does a CUDA run take the fused kernel without --fused-optimizer? The foreach one costs
+    the host, every step and per parameter group, ~8 launches and two `.item()` reads of each
+    parameter's step count (CPU tensors: no sync, but ~2 µs each); the fused one launches two
+    kernels per group and keeps the count on the device. Its results differ from foreach's in
+    the last bits only (tests/engine/test_trainer.py), so it is taken where results already
+    differ that much from eager fp32's:
+      - fp16: with foreach, GradScaler.step also reads its inf check on the host (a sync every
+        step); the fused kernel skips the update on the device instead;
+      - --compile / --cuda-graphs: the switches whose point is the host's time per step (the
+        H100's traced cnn step spent a sixth of its host time in the foreach AdamW).
+    Not under FSDP, whose sharded parameters it does not take (nor, for the switches, --tp's
+    DTensors)."""
+    if world.device.type != "cuda" or cfg.parallel == "fsdp":
+        return False
+    return cfg.precision == "fp16" or ((cfg.compile or cfg.cuda_graphs) and world.tp == 1)
 
 
 def scheduler(cfg, run, opt: torch.optim.Optimizer, factory: Callable | None = None,
