@@ -8,12 +8,12 @@ once as ONE CUDA graph and replayed each epoch with no host involvement.
   stream-ordered, no host sync) and replays the graph: one host call an epoch.
 - The loss is read every 10 epochs, the only host sync.
 
-What limits it: ~4-6 dependent kernels a step (cuBLAS may split the forward GEMM, K = 785 and
-N = 10, into a GEMM and a reduction), each ≥ ~1 µs even inside a graph (graph_node_us, measured
-1.03 µs on the H100), plus the GEMMs' own time: measured in the CUDA rungs (cuda_step_profile,
-H100) cuBLAS takes 12.5 µs for the split-K forward and 4 µs for the weight gradient, so the step
-cannot go much under ~15-20 µs while cuBLAS does the products; the ops are far too small to fill
-the GPU. `triton-fused` removes that floor.
+What limits it: ~4-6 dependent kernels a step (cuBLAS may split a GEMM's K into a GEMM and a
+reduction kernel), each ≥ ~1 µs even inside a graph (graph_node_us, measured 1.03 µs on the
+H100), plus the GEMMs' own time: in the CUDA rungs on the H100 (cuda_step_profile) cuBLAS took
+~16.5 µs a step for the two products at these shapes (a split-K GEMM with its reduction, 12.5 µs,
+and a 4 µs one), so the step cannot go much under ~15-20 µs while cuBLAS does the products; the
+ops are far too small to fill the GPU. `triton-fused` removes that floor.
 
 Versions: v1 7 kernels a step (gather, mm, log_softmax, loss addcmul, exp, sub, addmm_), 4 graphs
 an epoch (H100: 14.7 ms/epoch, 31 µs/step); v2 (this file) 4 ops a step, the gather and the loss

@@ -25,7 +25,7 @@ the GPU is starved by launches: few, fused, in-place eager ops on a preloaded de
   (an estimate, not yet measured).
 
 What limits it: host dispatch (~5 µs an op, 4 a step) against GPU time per step (~15-20 µs, two
-cuBLAS GEMMs of which the forward, K = 785 and N = 10, is split-K); `torch-graphs` replays this
+cuBLAS GEMMs, one of which cuBLAS may run split-K); `torch-graphs` replays this
 same step from a CUDA graph.
 
 Versions: v1 torch.compile of 4 unrolled autograd steps with bf16 autocast (H100: 53.4 ms/epoch,
