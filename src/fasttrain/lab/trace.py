@@ -50,7 +50,11 @@ def _covered(merged: list[tuple[float, float]], starts: list[float], lo: float, 
 
 
 def windows(events, name: str) -> list[tuple[float, float]]:
-    return sorted((e.time_range.start, e.time_range.end) for e in events if e.name == name)
+    """The host's ranges named `name` (µs). On CUDA, Kineto also puts a copy of every
+    record_function range on the GPU's timeline ("gpu_user_annotation", a DeviceType.CUDA event
+    from the range's first to its last kernel): not a step, and counting it doubled the rows."""
+    return sorted((e.time_range.start, e.time_range.end) for e in events
+                  if e.name == name and e.device_type == DeviceType.CPU)
 
 
 def step_rows(events, device_type: str) -> list[dict]:
