@@ -1,15 +1,29 @@
-"""The streamed path on CUDA: the bundled cnn trained through `fasttrain.build(model="cnn",
-data=DataLoader(...))` — a TensorDataset of MNIST-shaped uint8 images and int64 labels, pinned
-memory, 2 workers — copies each batch to the device on a CUDA side stream while the step's
-kernels run (stream.py: the next batch's copy is issued before the current batch is handed out),
-and adds no host sync between logs.
+"""The streamed path on CUDA: the bundled cnn trained through `fasttrain.build(data=DataLoader(
+...))` — a TensorDataset of MNIST-shaped uint8 images and int64 labels, pinned memory, 2 workers —
+copies each batch to the device on a CUDA side stream ahead of the step (stream.py: batch k+1's
+copy is queued before batch k is handed out; tests/engine/test_stream_ahead.py checks that order
+on the CPU), the step's stream waiting for it with an event, and adds no host sync between logs.
 
 1. Under torch.profiler (CUDA activity), ACTIVE steps after a warm-up: every host→device copy
-   ran on a stream where no compute kernel ran, was from pinned memory, and at least
-   OVERLAPPING of them overlap in time a compute kernel on the step's stream
-   (fasttrain.lab.trace.copy_overlap reads the trace).
+   ran on a stream where no compute kernel ran, was from pinned memory, the step's stream was
+   told to wait for the copies (cudaStreamWaitEvent), and at least OVERLAPPING of them overlap
+   in time a compute kernel on the step's stream (fasttrain.lab.trace.copy_overlap reads it).
 2. Sync count (tests/gpu/common.counting_syncs, as in test_train.py): after a warm-up run, a run
    of 2·LOG steps logging once makes exactly as many syncs as a run of LOG steps logging once.
+
+Why the step of test 1 is made GPU-bound. A copy runs as soon as it is queued (its stream holds
+nothing else), so it overlaps compute only if the GPU is still running earlier steps' kernels when
+the host queues it: only where the host runs ahead of the GPU. The first H100 run (2026-11-26)
+used the plain fp32 cnn at batch 512, whose step is host-bound there (~3 ms of launches a step,
+more under the profiler, for well under that of kernels): the GPU had drained before every copy
+was queued, and 0 of 40 copies overlapped although all ran on the side stream — no pipeline, right
+or wrong, could have made them overlap, so that test measured the host's speed, not the prefetch.
+Here every forward starts with a kernel that keeps the GPU busy SPIN_MS (torch.cuda._sleep,
+calibrated with CUDA events), several times the host's time per step, and the test first checks
+that premise (compute kernels ran over ≥ 90% of the traced span). Then a working pipeline
+overlaps nearly every copy, and each way of breaking it overlaps none: a host sync on the batch
+path (or a blocking copy) drains the GPU before each copy is queued; copies on the step's stream
+run between its kernels, never beside them.
 
 Neither assertion depends on speed; the data are random, so nothing is learnt.
 """
@@ -17,11 +31,13 @@ Neither assertion depends on speed; the data are random, so nothing is learnt.
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.data import DataLoader, TensorDataset
 
 import fasttrain
 from fasttrain.lab.trace import copy_overlap
+from fasttrain.models import build_model
 from tests.gpu.common import GPU, counting_syncs
 
 pytestmark = GPU
@@ -30,16 +46,12 @@ BATCH = 512
 SAMPLES = 32 * BATCH  # 32 steps an epoch: no run below reaches an epoch's end
 WAIT, WARMUP, ACTIVE = 2, 3, 20  # profiler schedule, in steps
 LOG = 8
-# At least 3/4 of the traced copies must overlap a compute kernel. The step is made the
-# bottleneck: at batch 512 the fp32 cnn's kernels take a few ms (~110 MFLOP a sample, no TF32),
-# longer than the host takes to launch them (~0.1k ops) and than 2 workers take to read a batch
-# (512 samples of 784 bytes: ~1–2 ms each). So the host runs ahead and issues batch k+1's copy
-# while the kernels of step k and earlier are still queued, and the copy runs beside them. The
-# misses allowed: copies issued where the device had just run dry (at the trace's start, after a
-# hiccup of the workers) and label copies (4 KiB, ~2 µs) that fall in a gap between two kernels.
-# Without the side stream no copy could overlap at all (one stream runs its work in order), so
-# 3/4 still tells a working prefetch from a broken one.
-OVERLAPPING = 0.75
+SPIN_MS = 20  # GPU time planted in each step: the host takes a few ms per step
+BUSY = 0.9  # the premise: compute kernels ran over ≥ 90% of the traced span
+# Nearly every copy overlaps a compute kernel in a GPU-bound step; the misses allowed: copies
+# queued in a gap between two kernels (the spin kernel and the cnn's are back to back on the
+# step's stream, so few).
+OVERLAPPING = 0.9
 
 
 def streamed_loader() -> DataLoader:
@@ -52,8 +64,33 @@ def streamed_loader() -> DataLoader:
                       persistent_workers=True)
 
 
-def streamed_run(steps: int, log_every: int):
-    run = fasttrain.build(model="cnn", data=streamed_loader(), device="cuda", batch_size=BATCH,
+def spin_cycles(ms: float) -> int:
+    """Clock cycles of torch.cuda._sleep that keep this GPU busy ~`ms` (timed by CUDA events)."""
+    n = 10_000_000
+    torch.cuda._sleep(n)  # warm-up: the kernel's first launch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(n)
+    end.record()
+    end.synchronize()
+    return max(1, int(n * ms / start.elapsed_time(end)))
+
+
+class SpinThenCNN(nn.Module):
+    """The bundled cnn, its forward preceded by a kernel spinning `cycles` on the GPU."""
+
+    def __init__(self, cycles: int):
+        super().__init__()
+        self.cycles = cycles
+        self.cnn = build_model("cnn", in_shape=(1, 28, 28), num_classes=10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(self.cycles)  # queued on the step's stream like any kernel
+        return self.cnn(x)
+
+
+def streamed_run(steps: int, log_every: int, model="cnn"):
+    run = fasttrain.build(model=model, data=streamed_loader(), device="cuda", batch_size=BATCH,
                           max_steps=steps, epochs=10**6, log_every=log_every, lr=1e-3, seed=0,
                           progress=False, verbose=False)
     assert run.batches.path == "streamed" and not run.batches.on_device
@@ -71,7 +108,9 @@ class ProfilerStep:
 
 
 def test_batch_copies_run_on_a_side_stream_and_overlap_the_step():
-    run = streamed_run(steps=WAIT + WARMUP + ACTIVE + 2, log_every=10**6)  # no log inside
+    model = SpinThenCNN(spin_cycles(SPIN_MS))
+    run = streamed_run(steps=WAIT + WARMUP + ACTIVE + 2, log_every=10**6,  # no log inside
+                       model=model)
     traced = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
                  schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=1),
@@ -80,13 +119,21 @@ def test_batch_copies_run_on_a_side_stream_and_overlap_the_step():
     assert traced, "the profiler handed over no trace"
     found = copy_overlap(traced)
     copies, kernel_streams = found["copies"], found["kernel_streams"]
+    calls = [e.name for e in traced if e.name.startswith("cuda") and "Sync" in e.name]
+    waits = sum(e.name == "cudaStreamWaitEvent" for e in traced)
     described = (f"{len(copies)} host→device copies on streams "
                  f"{sorted({c['stream'] for c in copies})}, compute kernels per stream "
-                 f"{kernel_streams}")
+                 f"{kernel_streams}, busy {found['kernel_busy']:.0%} of the span; "
+                 f"{waits} cudaStreamWaitEvent, synchronizing calls {calls}")
+    assert found["kernel_busy"] >= BUSY, (
+        f"the premise failed: the GPU was not the bottleneck ({described}); raise SPIN_MS")
     # Two tensors (images, labels) a batch, one batch a step: the batches' copies were traced.
     assert len(copies) >= 2 * (ACTIVE - 1), described
     assert not any("Pageable" in c["name"] for c in copies), \
         f"a batch was copied from pageable memory: {[c['name'] for c in copies]}"
+
+    # The step's stream waited for the copies on the device, one wait a batch at least.
+    assert waits >= ACTIVE - 1, described
 
     # (a) No copy ran on a stream that ran compute kernels: the copies are on the side stream.
     shared = {c["stream"] for c in copies} & set(kernel_streams)

@@ -222,6 +222,7 @@ def test_copy_overlap_counts_only_other_streams_kernels():
               _gpu_event("Memcpy DtoH (Device -> Pinned)", 13, 0, 10)]
     found = trace.copy_overlap(events)
     assert found["kernel_streams"] == {7: 2}
+    assert found["kernel_busy"] == pytest.approx(20 / 30)  # kernels 0–10 and 20–30
     assert [(c["stream"], c["overlap"]) for c in found["copies"]] == [
         (7, 0.0), (13, 0.5), (13, 0.0), (13, 1.0)]
     assert [c["us"] for c in found["copies"]] == [2, 10, 6, 0]

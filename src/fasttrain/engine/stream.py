@@ -72,6 +72,7 @@ from fasttrain.engine.sampling import (
     make_split,
     mix,
 )
+from fasttrain.engine.sidestream import SideStreamCopies
 from fasttrain.errors import UserError
 
 _END = object()
@@ -287,29 +288,19 @@ class Stream:
                 here = {t.device for t in tensors} == {self.device}
                 yield self.finish(batch if here else tree.to_device(batch, self.device))
             return
+        copies = self._copies()
         pending = None
         for batch in batches:
             check_batch(batch, where)
-            issued = self._issue(batch)  # batch k+1's copy starts before batch k's step
+            issued = copies.issue(batch)  # batch k+1's copy is queued before batch k's step
             if pending is not None:
-                yield self._ready(*pending)
+                yield self.finish(copies.ready(*pending))
             pending = issued
         if pending is not None:
-            yield self._ready(*pending)
+            yield self.finish(copies.ready(*pending))
 
-    def _issue(self, batch):
-        with torch.cuda.stream(self.copy_stream):
-            moved = tree.to_device(batch, self.device, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self.copy_stream)
-        return moved, done
-
-    def _ready(self, moved, done):
-        step_stream = torch.cuda.current_stream(self.device)
-        step_stream.wait_event(done)  # a device-side wait: the host goes on
-        for t in tree.leaves(moved):
-            t.record_stream(step_stream)  # allocated on the copy stream, used on this one
-        return self.finish(moved)
+    def _copies(self) -> SideStreamCopies:
+        return SideStreamCopies(self.device, self.copy_stream)
 
     def close(self) -> None:
         """Stop persistent workers now (at the end of fit): forked, they hold copies of every
@@ -374,3 +365,4 @@ def _finisher(data: StreamData, channels_last: bool):
         return type(batch)([inputs, target])
 
     return finish
+

@@ -50,7 +50,11 @@ def _covered(merged: list[tuple[float, float]], starts: list[float], lo: float, 
 
 
 def windows(events, name: str) -> list[tuple[float, float]]:
-    return sorted((e.time_range.start, e.time_range.end) for e in events if e.name == name)
+    """The host's ranges named `name` (µs). On CUDA, Kineto also puts a copy of every
+    record_function range on the GPU's timeline ("gpu_user_annotation", a DeviceType.CUDA event
+    from the range's first to its last kernel): not a step, and counting it doubled the rows."""
+    return sorted((e.time_range.start, e.time_range.end) for e in events
+                  if e.name == name and e.device_type == DeviceType.CPU)
 
 
 def step_rows(events, device_type: str) -> list[dict]:
@@ -122,10 +126,12 @@ def copy_overlap(events) -> dict:
     kernels that are neither memcpy nor memset). An event's stream is its `device_resource_id`
     (Kineto's resource of a GPU activity is its CUDA stream).
 
-    Returns {"copies": [{"name", "stream", "us", "overlap"}], "kernel_streams": {stream: kernels}}
-    where `overlap` is the share (0..1) of the copy's time during which a compute kernel ran on
-    another stream: a stream runs its work in order, so only another stream's kernel can run
-    during a copy."""
+    Returns {"copies": [{"name", "stream", "us", "overlap"}], "kernel_streams": {stream: kernels},
+    "kernel_busy": share} where `overlap` is the share (0..1) of the copy's time during which a
+    compute kernel ran on another stream (a stream runs its work in order, so only another
+    stream's kernel can run during a copy) and `kernel_busy` the share of the time from the first
+    compute kernel's start to the last one's end during which one ran: near 1 where the GPU, not
+    the host, set the pace (0 without kernels)."""
     ops = [e for e in events if _is_device_op(e, "cuda")]
     kernels = [e for e in ops if not e.name.startswith(("Memcpy", "Memset"))]
     copies = sorted((e for e in ops if e.name.startswith(HTOD)), key=lambda e: e.time_range.start)
@@ -144,4 +150,7 @@ def copy_overlap(events) -> dict:
             share = float(any(a <= lo <= b for a, b in merged))
         rows.append({"name": e.name, "stream": e.device_resource_id, "us": hi - lo,
                      "overlap": share})
-    return {"copies": rows, "kernel_streams": dict(Counter(k.device_resource_id for k in kernels))}
+    busy = _union([(k.time_range.start, k.time_range.end) for k in kernels])
+    span = busy[-1][1] - busy[0][0] if busy else 0.0
+    return {"copies": rows, "kernel_streams": dict(Counter(k.device_resource_id for k in kernels)),
+            "kernel_busy": sum(e - s for s, e in busy) / span if span > 0 else 0.0}
