@@ -24,6 +24,7 @@ Run alone:  python -m fasttrain bench --impl cuda-epoch
 from __future__ import annotations
 
 import ctypes
+import warnings
 
 import torch
 
@@ -150,19 +151,38 @@ class CudaEpoch(Impl):
         self.kernel = EpochKernel(data, cfg)
         # Build, load and run one epoch now (setup time) on scratch copies of the weights: a
         # launch error shows here, and the first timed epoch is not the first launch. The same
-        # epoch by the fallback version must agree (see the module docstring).
+        # epoch by the fallback version must agree (see the module docstring); where it does not,
+        # the row times the fallback (verified on an H100) and says why in its details, so a
+        # wrong new version costs the table its speed, never its correctness.
+        self.fallback_reason = self.cross_check(data, cfg)
+        if self.fallback_reason:
+            warnings.warn(f"cuda-epoch: {self.fallback_reason}; timing v{FALLBACK} instead",
+                          stacklevel=2)
+            self.kernel = EpochKernel(data, cfg, ctas=self.kernel.ctas,
+                                      cluster=self.kernel.cluster, version=FALLBACK)
+            self.kernel.run(0, self.kernel.w.clone(), self.kernel.b.clone(),
+                            self.kernel.stats.clone())
+        torch.cuda.synchronize()
+        self.epochs_summed = 0
+
+    def cross_check(self, data: LadderData, cfg: LadderConfig) -> str | None:
+        """Why the row's version cannot be trusted (it disagrees with FALLBACK after one epoch
+        from the same weights), or None."""
         k = self.kernel
         w, b = k.w.clone(), k.b.clone()
         k.run(0, w, b, k.stats.clone())
-        if k.version != FALLBACK:
-            ref = EpochKernel(data, cfg, ctas=k.ctas, cluster=k.cluster, version=FALLBACK)
-            ref.run(0, ref.w, ref.b, ref.stats)
-            err = max((w - ref.w).abs().max().item(), (b - ref.b).abs().max().item())
-            if not err <= CROSS_CHECK_ATOL:  # NaN fails too
-                raise RuntimeError(f"cuda-epoch {k.variant} disagrees with v{FALLBACK} after one "
-                                   f"epoch: max |Δw| {err:.3g} > {CROSS_CHECK_ATOL}")
-        torch.cuda.synchronize()
-        self.epochs_summed = 0
+        if k.version == FALLBACK:
+            return None
+        ref = EpochKernel(data, cfg, ctas=k.ctas, cluster=k.cluster, version=FALLBACK)
+        ref.run(0, ref.w, ref.b, ref.stats)
+        err = max((w - ref.w).abs().max().item(), (b - ref.b).abs().max().item())
+        if err <= CROSS_CHECK_ATOL:  # NaN fails too
+            return None
+        return (f"{k.variant} disagrees with v{FALLBACK} after one epoch: max |Δw| {err:.3g} > "
+                f"{CROSS_CHECK_ATOL}")
+
+    def details(self) -> dict:
+        return {"variant": self.kernel.variant, "fallback_reason": self.fallback_reason}
 
     def train_epoch(self, epoch: int) -> float | None:
         self.kernel.run(epoch)
