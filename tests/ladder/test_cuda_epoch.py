@@ -143,3 +143,34 @@ def test_barrier_microbenchmarks_measure_something():
             8, 1000, ctypes.c_void_p(out.data_ptr()), stream_handle())
         assert code == 0, lib.cuda_epoch_error_name(code)
         assert out.item() > 0, kind
+
+
+def test_a_version_that_disagrees_with_the_fallback_is_replaced_by_it(monkeypatch):
+    """The wiring of the setup's cross-check, on the CPU: a disagreeing version is not timed;
+    the row times FALLBACK and its details say why."""
+    from fasttrain.ladder import cuda_epoch as ce
+
+    made = []
+
+    class FakeKernel:
+        def __init__(self, data, cfg, ctas=14, cluster=None, version=3):
+            self.ctas, self.cluster, self.version = ctas, cluster, version
+            self.w = self.b = self.stats = torch.zeros(1)
+            self.variant = f"v{version}"
+            made.append(version)
+
+        def run(self, epoch, w=None, b=None, stats=None):
+            pass
+
+    monkeypatch.setattr(ce, "EpochKernel", FakeKernel)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(ce.CudaEpoch, "cross_check", lambda self, d, c: "v3 disagrees")
+    row = ce.CudaEpoch()
+    with pytest.warns(UserWarning, match="timing v2 instead"):
+        row.setup(None, None)
+    assert row.kernel.version == ce.FALLBACK and made == [ce.VERSION, ce.FALLBACK]
+    assert row.details() == {"variant": "v2", "fallback_reason": "v3 disagrees"}
+    monkeypatch.setattr(ce.CudaEpoch, "cross_check", lambda self, d, c: None)
+    made.clear()
+    row.setup(None, None)
+    assert row.kernel.version == ce.VERSION and made == [ce.VERSION]
