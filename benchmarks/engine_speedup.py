@@ -1,5 +1,6 @@
 """What the engine's speed switches buy on a GPU: fp32 eager with a DataLoader against
-bf16 + torch.compile + device-resident data (and + CUDA graphs), on `cnn` and `gpt`.
+bf16 + torch.compile + device-resident data (and + CUDA graphs: the whole step captured,
+engine/graphed.py; and the same graph around the uncompiled model), on `cnn` and `gpt`.
 
 The seed lab expects 1.5–3× faster and ~1.7× less memory from mixed precision; this measures it.
 Each configuration trains STEPS steps in one process; the figure is the median ms/step of the
@@ -29,6 +30,9 @@ CONFIGS = {
                                    pin_memory=True),
     "bf16 + compile + data on device": dict(precision="bf16", compile=True, data_on_device="on"),
     "+ CUDA graphs": dict(precision="bf16", compile=True, cuda_graphs=True, data_on_device="on"),
+    # The whole step captured around the eager model: what compile's fusion adds inside a graph.
+    "bf16 + CUDA graphs, no compile": dict(precision="bf16", cuda_graphs=True,
+                                           data_on_device="on"),
 }
 
 
@@ -49,6 +53,11 @@ def measure(model: str, switches: dict, steps: int, device: str) -> dict:
     logs = [r for r in trainer.history if r["kind"] == "train"][1:]
     row = {"status": "ok", "ms_per_step": statistics.median(r["step_ms"] for r in logs),
            "samples_per_s": statistics.median(r["samples_per_s"] for r in logs)}
+    if cfg.cuda_graphs:  # which path --cuda-graphs took (engine/graphed.py), and why not whole
+        row["whole_step_graph"] = trainer.graph is not None
+        row["graph_replays"] = sum(r.get("graph_replays", 0) for r in logs)
+        if trainer.graph_why:
+            row["why_not_whole_step"] = trainer.graph_why
     if device == "cuda":
         row["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         row["mfu"] = logs[-1].get("mfu")

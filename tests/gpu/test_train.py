@@ -7,6 +7,10 @@ the same configuration (compilation, CUDA graph recording and cuDNN's algorithm 
 cached alike for what follows), a run of 2·LOG steps logging once must make exactly as many syncs
 as a run of LOG steps logging once. Both have one log, one evaluation and one final checkpoint;
 only the number of steps between logs differs.
+
+Under --cuda-graphs the whole step is one CUDA graph (engine/graphed.py): the start line must say
+so, and from the capture on every step must be exactly one replay (the train records'
+graph_replays: none in the WARMUP_STEPS eager steps, one in each later step).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 
 import pytest
 
+from fasttrain.engine.graphed import WARMUP_STEPS
 from tests.gpu.common import GPU, counting_syncs, train
 
 pytestmark = GPU
@@ -33,12 +38,17 @@ COMMON = ("--batch-size", "64", "--lr", "1e-3", "--seed", "0", "--epochs", "1")
 SWITCHES = {
     "bf16-compile": (("--precision", "bf16", "--compile"), 0.05),
     "bf16-compile-cuda-graphs": (("--precision", "bf16", "--compile", "--cuda-graphs"), 0.05),
+    # The eager step captured whole (no compile); accumulation, clipping and a schedule inside.
+    "bf16-cuda-graphs-accum-clip": (("--precision", "bf16", "--cuda-graphs", "--accum-steps",
+                                     "2", "--grad-clip", "1.0", "--schedule", "cosine",
+                                     "--warmup-steps", "4"), 0.05),
     # fp16 takes the fused optimizer on CUDA by itself (see test_fp16_does_not_sync_... below).
     "fp16": (("--precision", "fp16"), 0.10),
     "tf32": (("--precision", "tf32"), 0.02),
     "dataloader-pinned": (("--data-on-device", "off", "--workers", "2", "--pin-memory"), 2e-3),
 }
-CASES = ([(m, s) for m in DATA for s in ("bf16-compile", "bf16-compile-cuda-graphs")]
+GRAPHED = ("bf16-compile-cuda-graphs", "bf16-cuda-graphs-accum-clip")
+CASES = ([(m, s) for m in DATA for s in ("bf16-compile", *GRAPHED)]
          + [(m, s) for m in ("cnn", "resnet", "gpt")
             for s in ("fp16", "tf32", "dataloader-pinned")])
 
@@ -57,26 +67,31 @@ def _losses(records: list[dict]) -> dict:
 
 @pytest.fixture(scope="module")
 def cpu_reference(tmp_path_factory):
-    """model → the losses of the CPU fp32 run (computed once per model)."""
-    cache: dict[str, dict] = {}
+    """(model, flags) → the losses of the CPU fp32 run (computed once per pair)."""
+    cache: dict[tuple, dict] = {}
 
-    def get(model: str) -> dict:
-        if model not in cache:
+    def get(model: str, flags: tuple = ()) -> dict:
+        key = (model, _flags(model, "cpu", STEPS, LOG, *flags))
+        if key not in cache:
             out = tmp_path_factory.mktemp(f"cpu-{model}")
-            cache[model] = _losses(train(out, *_flags(model, "cpu", STEPS, LOG)))
-        return cache[model]
+            cache[key] = _losses(train(out, *key[1]))
+        return cache[key]
 
     return get
 
 
 @pytest.mark.parametrize(("model", "switch"), CASES, ids=[f"{m}-{s}" for m, s in CASES])
 def test_train_on_cuda_tracks_cpu_and_never_syncs_between_logs(model, switch, tmp_path,
-                                                              cpu_reference):
+                                                              cpu_reference, capsys):
     flags, tol = SWITCHES[switch]
     records = train(tmp_path / "run", *_flags(model, "cuda", STEPS, LOG, *flags))
+    start = capsys.readouterr().err
+    # The CPU reference takes the same accumulation, clipping and schedule (the flags from
+    # --accum-steps on), in fp32 eager.
+    cpu_flags = flags[flags.index("--accum-steps"):] if "--accum-steps" in flags else ()
 
     # 1. Tracks the CPU fp32 reference, log by log, and the final test loss.
-    got, ref = _losses(records), cpu_reference(model)
+    got, ref = _losses(records), cpu_reference(model, cpu_flags)
     assert got.keys() == ref.keys() == {("train", LOG), ("train", STEPS), ("eval", STEPS)}
     for key, want in ref.items():
         assert math.isfinite(got[key]), (key, got)
@@ -92,7 +107,15 @@ def test_train_on_cuda_tracks_cpu_and_never_syncs_between_logs(model, switch, tm
             assert 1 <= r["loss_scale"] <= 2**16 and math.log2(r["loss_scale"]).is_integer()
             assert 0 <= r["skipped_steps"] < STEPS // 2, r
 
-    # 3. No host sync inside the step loop: 2·LOG steps sync as often as LOG steps.
+    # 3. --cuda-graphs: the whole step captured, then exactly one replay a step.
+    replays = [r.get("graph_replays") for r in records if r["kind"] == "train"]
+    if switch in GRAPHED:
+        assert "step: one CUDA graph of the whole step" in start, start
+        assert replays == [LOG - WARMUP_STEPS, LOG], replays
+    else:
+        assert replays == [None, None] and "CUDA graph" not in start
+
+    # 4. No host sync inside the step loop: 2·LOG steps sync as often as LOG steps.
     with counting_syncs() as short:
         train(tmp_path / "short", *_flags(model, "cuda", LOG, LOG, *flags))
     with counting_syncs() as long:

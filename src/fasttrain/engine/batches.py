@@ -115,14 +115,26 @@ class Batches:
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y
 
-    def micro_batches(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+    def step_indices(self, epoch: int, start_step: int = 0) -> torch.Tensor:
+        """This rank's sample indices of the remaining steps of `epoch`, int64 [steps, accum,
+        micro], on the device where the data is (on the host for the DataLoader): what
+        micro_batches gathers (and a captured step, by `gather`: graphed.py)."""
         order = epoch_order(self.seed, epoch, len(self.train))
         order = order[:self.steps_per_epoch * self.batch_size]  # whole steps, as for 1 process
         order = order[self.rank::self.world]  # this rank's share (a no-op view for one process)
-        order = order[start_step * self.micro * self.accum:].reshape(-1, self.micro)
+        order = order[start_step * self.micro * self.accum:].reshape(-1, self.accum, self.micro)
+        return order.to(self.device) if self.on_device else order
+
+    def gather(self, idx: torch.Tensor) -> Batch:
+        """The training micro-batch of samples `idx` (on the data's device), prepared as
+        micro_batches prepares it but without --augment: device work only, so it can be
+        captured in a CUDA graph (graphed.py)."""
+        return self._prepare(*self.train[idx])
+
+    def micro_batches(self, epoch: int, start_step: int = 0) -> Iterator[Batch]:
+        order = self.step_indices(epoch, start_step).reshape(-1, self.micro)
         first = start_step * self.accum  # index of the first micro-batch in the epoch
         if self.on_device:
-            order = order.to(self.device)
             for i, idx in enumerate(order, first):  # a device-side gather: no host work, no copy
                 yield self._prepare(*self.train[idx], (epoch, i))
             return

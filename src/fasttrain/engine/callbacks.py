@@ -83,6 +83,8 @@ def log(run, epoch: int) -> None:
         raise UserError(f"your step {run.step_name} returns {sorted(clash)}, which the train "
                         f"record already holds; rename it")
     record.update(zip(run.extra_sums, extras, strict=True))
+    if run.graph is not None:  # --cuda-graphs, whole step: a replay per step once captured
+        record["graph_replays"] = run.graph.take_replays()
     if run.scaler.is_enabled():
         record["loss_scale"] = run.scaler.get_scale()
         record["skipped_steps"] = int(run.skipped.item())

@@ -138,8 +138,8 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
             load_sharded(Path(path), tensors)
             distributed.load_sharded_state(run.model, run.opt, tensors)
         else:
-            run.model.load_state_dict(saved["model"])
-            run.opt.load_state_dict(saved["optimizer"])
+            run.model.load_state_dict(saved["model"])  # copies into the parameters
+            optim.load_state(run.opt, saved["optimizer"])  # into the state tensors held
         run.sched.load_state_dict(saved["scheduler"])
         run.scaler.load_state_dict(saved["scaler"])
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:

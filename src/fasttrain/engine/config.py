@@ -110,8 +110,16 @@ class TrainConfig:
                      group="speed")
     precision: str = _f("fp32", "fp32 | tf32 (CUDA matmuls in TF32) | fp16 (autocast + "
                         "GradScaler) | bf16 (autocast)", PRECISIONS, group="speed")
-    compile: bool = _f(False, "torch.compile the model", group="speed")
-    cuda_graphs: bool = _f(False, "capture the whole step in a CUDA graph and replay it",
+    compile: bool = _f(False, "torch.compile the model (default mode; with --cuda-graphs the "
+                       "compiled model runs inside the captured step)", group="speed")
+    cuda_graphs: bool = _f(False, "capture the whole optimizer step in one CUDA graph (the "
+                           "batch gathered from the data on the device, forward, loss, "
+                           "backward, clipping, the fused optimizer's update) after 3 eager "
+                           "warm-up steps, then replay it once a step (CUDA, one process, not "
+                           "fp16). Streamed or host-held data, --augment, "
+                           "--activation-checkpointing or your own step, optimizer or "
+                           "scheduler take CUDA graphs of the model only instead "
+                           "(torch.compile reduce-overhead): the start line says which and why",
                            group="speed")
     data_on_device: str = _f("auto", "keep the dataset on the device (auto: when it fits in a "
                              "quarter of free memory)", ON_OFF_AUTO, group="speed")

@@ -238,8 +238,9 @@ def parallelize(model: nn.Module, world: World, *, activation_checkpointing: boo
          modules named in `checkpoint`, model.blocks, or a Sequential's children), so DDP must
          bucket, FSDP must shard and compile must trace the final module tree;
       2. data parallelism — DDP / fully_shard per block, then the root / DataParallel;
-      3. torch.compile, of the wrapped module. This is PyTorch's documented recommendation for
-         DDP (compile the DDP module: dynamo's DDPOptimizer splits the graph at bucket
+      3. torch.compile, of the wrapped module (`cuda_graphs`: in reduce-overhead mode, the
+         model's own CUDA graphs). This is PyTorch's documented recommendation for DDP
+         (compile the DDP module: dynamo's DDPOptimizer splits the graph at bucket
          boundaries so each bucket's all-reduce overlaps the rest of backward); one order for
          every mode keeps the engine to one code path. torchtitan compiles each block before
          fully_shard instead; with FSDP2 ours also works (its hooks run between compiled
@@ -290,7 +291,8 @@ def parallelize(model: nn.Module, world: World, *, activation_checkpointing: boo
     elif world.parallel == "dp":
         forward = nn.DataParallel(model)  # scatters each micro-batch over every visible GPU
     if (compile or cuda_graphs) and not per_block:  # 3.
-        # reduce-overhead = torch.compile's CUDA graphs (single process only, see config).
+        # reduce-overhead = torch.compile's CUDA graphs of the model alone: --cuda-graphs where
+        # the whole step cannot be captured (graphed.py; single process only, see config).
         forward = torch.compile(forward, mode="reduce-overhead" if cuda_graphs else None)
     return forward, no_sync
 

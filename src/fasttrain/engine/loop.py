@@ -143,9 +143,10 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
             while (run.epoch < run.cfg.epochs and run.step < run.total_steps
                    and run.stop is None):
                 ran_out = True  # the epoch's batches ran out (a stream's pass may end early)
-                for batch in usercode.pulled(step_batches(run, run.epoch)):
+                # loop.step_batches and loop.step, or the whole-step CUDA graph's (graphed.py)
+                for batch in usercode.pulled(run.step_inputs(run, run.epoch)):
                     try:
-                        step(run, batch)
+                        run.train_step(run, batch)
                     except Exception as e:  # free unless raised: user code's own frames
                         raise usercode.explain(run, e, batch) from None
                     run.step += 1

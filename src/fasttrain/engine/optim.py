@@ -120,3 +120,21 @@ def lr_factor(cfg, run, step: int) -> float:
         return 1.0
     progress = min(1.0, (step - warm) / max(1, total - warm))
     return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine / the annealing of onecycle
+
+
+def load_state(opt: torch.optim.Optimizer, saved: dict) -> None:
+    """`opt.load_state_dict(saved)`, its state copied into the tensors `opt` already holds (where
+    it holds one of that shape and dtype) rather than replacing them: a captured CUDA graph
+    (graphed.py) reads and writes them at the addresses it captured. load_state_dict alone makes
+    new tensors (cast to each parameter's device)."""
+    held = {p: dict(opt.state[p]) for g in opt.param_groups for p in g["params"]
+            if p in opt.state}
+    opt.load_state_dict(saved)
+    for p, old in held.items():
+        new = opt.state[p]
+        for key, t in old.items():
+            loaded = new.get(key)
+            if (torch.is_tensor(t) and torch.is_tensor(loaded) and t.shape == loaded.shape
+                    and t.dtype == loaded.dtype and t.device == loaded.device):
+                t.copy_(loaded)
+                new[key] = t

@@ -30,10 +30,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from fasttrain.engine import agree, augment, distributed, inputs, optim, steps, usercode
+from fasttrain.engine import agree, augment, distributed, graphed, inputs, optim, steps, usercode
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
-from fasttrain.engine.loop import accumulate
+from fasttrain.engine.loop import accumulate, step, step_batches
 from fasttrain.engine.output import RunDir
 from fasttrain.engine.signals import StopSignals
 from fasttrain.engine.stream import Stream, StreamData
@@ -63,6 +63,10 @@ class Run:
     compute_loss: steps.ComputeLoss  # (forward, micro_batch) -> (loss, extras): steps.py
     evaluate_loss: steps.ComputeLoss  # the same for evaluation, with the default's metrics
     forward_backward: Callable  # (run, micro_batches) -> None: loop.accumulate by default
+    step_inputs: Callable  # (run, epoch) -> each remaining step's input: loop.step_batches, or
+    train_step: Callable  # (run, input) -> None: loop.step, or the whole-step CUDA graph's
+    graph: Any  # graphed.GraphStep when --cuda-graphs captures the whole step, else None
+    graph_why: str | None  # why --cuda-graphs does not capture the whole step (graphed.why_not)
     step_name: str  # the user's step as 'pkg.mod:fn', for messages ("" for the default step)
     metrics: dict[str, Metric]
     total_steps: int
@@ -77,6 +81,8 @@ class Run:
         self.stop: str | None = None  # set (e.g. by early stopping) to end fit() cleanly
         self.signals = StopSignals()  # SIGTERM/SIGUSR1/SIGINT received: stop (signals.py)
         self.callbacks: list = []  # fit()'s, while it runs
+        self.step_inputs, self.train_step = step_batches, step  # graphed.attach replaces them
+        self.graph, self.graph_why = None, None
 
     @property
     def main(self) -> bool:
@@ -205,6 +211,9 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.compute_loss = steps.compute_loss(run, user.get("step"), run.step_name)
     run.evaluate_loss = steps.evaluate_loss(run)
     run.forward_backward = accumulate  # under --pp, pipeline.attach puts its schedule here
+    # --cuda-graphs: the whole step in one graph where it can be (graphed.py), else the model's
+    # forward and backward only (compile's reduce-overhead mode), with the reason on the start line.
+    run.graph_why = graphed.why_not(run) if cfg.cuda_graphs else None
 
     module, label = inputs.resolve_model(model, task)
     run.label = label
@@ -232,7 +241,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         run.forward, run.no_sync = agree.together(
             world, distributed.parallelize, module, world,
             activation_checkpointing=cfg.activation_checkpointing, compile=cfg.compile,
-            cuda_graphs=cfg.cuda_graphs, checkpoint=names, tp_plan=tp_plan,
+            cuda_graphs=cfg.cuda_graphs and run.graph_why is not None, checkpoint=names,
+            tp_plan=tp_plan,
             loss_parallel=sharded_logits)
         if sharded_logits:  # the loss on vocab shards (tensor_parallel.py)
             tensor_parallel.attach_loss_parallel(run)
@@ -257,6 +267,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     # Every rank takes part in checkpoints (collectives; FSDP shards): all need the path.
     run.checkpoints = Path(cfg.out) / "checkpoints" if cfg.out else None
     agree.together(world, checkpoint.resume, run)  # a bad checkpoint stops every rank
+    if cfg.cuda_graphs and run.graph_why is None:
+        graphed.attach(run)  # after the restore: it sets the optimizer's flags the graph needs
     run.rundir.write_text("config.toml", _toml(cfg))
     run.rundir.write_json("model.json", {"model": label, "in_shape": list(task.in_shape or ()),
                                          "num_classes": task.num_classes})
@@ -290,7 +302,8 @@ def describe(run: Run) -> str:
             f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}: "
             f"micro-batch {b.micro} per rank × {cfg.accum_steps} accumulation × "
             f"{run.world.size} process(es){_layout(run.world)}; data {b.path} ({b.why}), "
-            f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}")
+            f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}"
+            f"{graphed.describe(run)}")
 
 
 def _layout(world) -> str:
