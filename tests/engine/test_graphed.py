@@ -244,3 +244,27 @@ def test_data_held_on_the_host_is_not_captured():
 def test_without_cuda_graphs_the_start_line_is_unchanged(capsys):
     build(TrainConfig(**{**BASE, "model": "mlp"}), data=image_task())
     assert "step:" not in capsys.readouterr().err
+
+
+def test_a_failed_capture_goes_on_eagerly_and_says_why(monkeypatch):
+    """A capture that raises (an op the graph cannot hold, say) must neither stop the run nor
+    pass for graphed: the step goes on eagerly, the same training, with a warning and the
+    reason in run.graph_why."""
+
+    class Refused:
+        def __enter__(self):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+        def __exit__(self, *exc):
+            return False
+
+    run = _graph_run("adamw-cosine-clip-accum", max_steps=5, log_every=5)
+    run.graph.capture, run.graph.warm = True, graphed.WARMUP_STEPS  # capture at the first step
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: object())
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: Refused())
+    with pytest.warns(RuntimeWarning, match="the capture failed .*runs eagerly"):
+        fit(run)
+    assert run.graph.graph is None and "not permitted" in run.graph_why
+    plain = _build("adamw-cosine-clip-accum", max_steps=5, log_every=5)
+    fit(plain)
+    assert _losses(run) == _losses(plain)

@@ -43,6 +43,7 @@ optimizer and schedule eager; the start line says which path was taken and why.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import torch
 
@@ -143,6 +144,16 @@ class GraphStep:
         try:
             with torch.cuda.graph(self.graph):  # syncs the device before and after: once, setup
                 graph_step(self)
+        except RuntimeError as e:
+            # Nothing captured ran (a capture records kernels, it does not execute them), so the
+            # weights are as the warm-up left them: go on with the same step, eagerly, and say
+            # so — a --cuda-graphs run that cannot capture must not stop, nor pass for graphed.
+            self.graph, self.capture = None, False
+            run.graph_why = f"the capture failed ({type(e).__name__}: {str(e)[:200]})"
+            warnings.warn(f"--cuda-graphs: {run.graph_why}; the whole step runs eagerly from "
+                          f"here on (no CUDA graphs)", RuntimeWarning, stacklevel=2)
+            run.opt.zero_grad(set_to_none=True)
+            return self.eager_step(run, idx)
         finally:
             for g, flag in zip(run.opt.param_groups, flags, strict=True):
                 if flag is not None:
