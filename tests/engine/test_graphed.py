@@ -268,3 +268,15 @@ def test_a_failed_capture_goes_on_eagerly_and_says_why(monkeypatch):
     plain = _build("adamw-cosine-clip-accum", max_steps=5, log_every=5)
     fit(plain)
     assert _losses(run) == _losses(plain)
+
+
+def test_the_lab_measures_the_step_a_graph_run_trains_with():
+    """profile, experiments, the batch-size search and plan's calibration time
+    run.train_step: on a whole-step graph run that is the graph (after enough warm-up steps to
+    capture it), not loop.step around an uncompiled model."""
+    from fasttrain.lab import steptime
+
+    run = _graph_run("adamw-cosine-clip-accum")
+    times = steptime.time_steps(run, steps=2, warmup=1)
+    assert len(times) == 2
+    assert run.graph.warm == run.graph.steps_to_capture + 2  # on the CPU: every step eager

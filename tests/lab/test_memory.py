@@ -173,7 +173,9 @@ def test_find_batch_size_never_raises_on_out_of_memory(fixed_step_time, monkeypa
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return engine_step(run, micro_batches)
 
-    monkeypatch.setattr(bs, "step", oom_above_64)
+    from fasttrain.engine import run as run_module
+
+    monkeypatch.setattr(run_module, "step", oom_above_64)  # each new run's train_step
     cfg, task = config(model="logreg"), image_task()
     best, tries = bs.search(lambda b: bs.try_batch(cfg, task, b, 2**40, steps=1),
                              floor=8, unit=8, cap=256)

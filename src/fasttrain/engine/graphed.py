@@ -97,6 +97,7 @@ class GraphStep:
         self.capture = capture
         self.side = torch.cuda.Stream(run.device) if capture else None
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.steps_to_capture = WARMUP_STEPS + 1  # the warm-up, then the capturing step
         self.warm = 0  # steps run eagerly
         self.replays = 0  # replays since the last log: the train record's graph_replays
         # A resumed checkpoint brings its optimizer flags (load_state_dict takes the saved

@@ -110,6 +110,22 @@ def endless_batches(run) -> Iterator[list]:
         epoch += 1
 
 
+def endless_steps(run) -> Iterator:
+    """Each optimizer step's input, epoch after epoch, for as many steps as wanted (the lab):
+    what `run.train_step` takes — micro-batches, or a whole-step CUDA graph's sample indices."""
+    epoch = 0
+    while True:
+        yield from run.step_inputs(run, epoch)
+        epoch += 1
+
+
+def warm_up(run, inputs: Iterator, steps: int) -> None:
+    """`steps` training steps before a measurement; a whole-step graph run (graphed.py) takes at
+    least enough to be captured, so that what is measured next is replays."""
+    for _ in range(max(steps, getattr(run.graph, "steps_to_capture", 0))):
+        run.train_step(run, next(inputs))
+
+
 def notify(run, event: str, *args) -> None:
     """Call `event` on every callback of the running fit (in order)."""
     for cb in run.callbacks:

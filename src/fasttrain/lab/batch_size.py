@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fasttrain.engine.loop import endless_batches, step
+from fasttrain.engine.loop import endless_batches, endless_steps, warm_up
 from fasttrain.lab.memory import free_memory, measure
 
 if TYPE_CHECKING:
@@ -85,7 +85,9 @@ def _try(cfg: TrainConfig, task, batch: int, usable: int, steps: int) -> Try:
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
     sync = synchronizer(dev.type)
-    ms = [time_call(lambda: step(run, next(batches)), sync)[1] for _ in range(steps)]
+    inputs = endless_steps(run)  # what run.train_step takes: the whole-step graph's, if any
+    warm_up(run, inputs, 0)
+    ms = [time_call(lambda: run.train_step(run, next(inputs)), sync)[1] for _ in range(steps)]
     peak = max(b.measured_peak, torch.cuda.max_memory_allocated(dev)) if cuda else b.predicted_peak
     sps = batch / (statistics.median(ms) / 1e3)
     if peak > usable:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fasttrain.engine.loop import endless_batches, step
+from fasttrain.engine.loop import endless_batches, endless_steps, warm_up
 from fasttrain.errors import UserError
 from fasttrain.lab import memory as mem
 from fasttrain.lab.batch_size import train_samples
@@ -89,9 +89,8 @@ def measure_run(cfg: TrainConfig, task, opts: Options, evaluate_after: bool = Tr
     dev = run.device
     cuda = dev.type == "cuda"
     sync = synchronizer(dev.type)
-    batches = endless_batches(run)
-    for _ in range(opts.warmup):
-        step(run, next(batches))
+    inputs = endless_steps(run)  # what run.train_step takes: the whole-step graph's, if any
+    warm_up(run, inputs, opts.warmup)
     if cuda:
         sync()
         torch.cuda.reset_peak_memory_stats(dev)  # the peak of the timed steps, data included
@@ -101,14 +100,14 @@ def measure_run(cfg: TrainConfig, task, opts: Options, evaluate_after: bool = Tr
         if i == opts.steps - tail:
             run.loss_sum.zero_()
         # The next batch's gather is part of a step, as in the engine's own loop.
-        ms.append(time_call(lambda: step(run, next(batches)), sync)[1])
+        ms.append(time_call(lambda: run.train_step(run, next(inputs)), sync)[1])
     final_loss = run.loss_sum.item() / tail
     if cuda:
         peak, peak_by = torch.cuda.max_memory_allocated(dev), "cuda allocator"
         data = mem.resident_data(run)  # in the peak: the dataset on the GPU
     else:
         data = 0
-        peak, peak_by = mem.breakdown(run, next(batches)).measured_peak, "hook count"
+        peak, peak_by = mem.breakdown(run, next(endless_batches(run))).measured_peak, "hook count"
     median = statistics.median(ms)
     row = {"device": dev.type, "precision": cfg.precision, "batch_size": cfg.batch_size,
            "accum_steps": cfg.accum_steps, "ms_per_step": median, "ms_per_step_min": min(ms),

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.profiler import ProfilerActivity, record_function
 
-from fasttrain.engine.loop import endless_batches, step
+from fasttrain.engine.loop import endless_batches, endless_steps, warm_up
 from fasttrain.lab.classify import classify, count_step, device_peaks, next_switches
 from fasttrain.lab.trace import INPUT, STEP, op_times, steady_steps, step_rows, top_ops, windows
 from fasttrain.timing import synchronizer
@@ -228,15 +228,16 @@ def profile_run(run: Run, steps: int = 10, warmup: int = 3, trace: str | None = 
     device, cfg = run.device, run.cfg
     sync = synchronizer(str(device))  # the original function: the audit never sees these
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    batches = endless_batches(run)
+    inputs = endless_steps(run)  # what run.train_step takes: the whole-step graph's, if any
+    warm_up(run, inputs, max(warmup - 1, 0))
     untraced = []
-    for _ in range(warmup):
+    for _ in range(min(warmup, 1)):
         t0 = time.perf_counter()
-        step(run, next(batches))
+        run.train_step(run, next(inputs))
         sync()
         untraced.append(time.perf_counter() - t0)
     peaks = device_peaks(device, cfg.precision)
-    work = count_step(run, batches, peaks)
+    work = count_step(run, endless_batches(run), peaks)  # one eager step's micro-batches
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -249,8 +250,8 @@ def profile_run(run: Run, steps: int = 10, warmup: int = 3, trace: str | None = 
         for _ in range(steps):
             with record_function(STEP):
                 with record_function(INPUT):
-                    micro_batches = next(batches)
-                step(run, micro_batches)
+                    step_input = next(inputs)
+                run.train_step(run, step_input)
                 sync()  # the step's kernels end inside its window
     if trace:
         prof.export_chrome_trace(str(trace))

@@ -231,19 +231,18 @@ def fit(points: list[Point]) -> tuple[float, float]:
 def time_steps(run, steps: int, warmup: int = WARMUP, clock=time.perf_counter) -> list[float]:
     """Seconds of each of `steps` optimizer steps after `warmup`, each timed to the device's end
     (`clock` may be time.process_time for a one-thread CPU run on a shared machine)."""
-    from fasttrain.engine.loop import endless_batches, step
+    from fasttrain.engine.loop import endless_steps, warm_up
     from fasttrain.timing import synchronizer
 
     sync = synchronizer(str(run.device))
-    batches = endless_batches(run)
-    for _ in range(warmup):
-        step(run, next(batches))
+    inputs = endless_steps(run)  # what run.train_step takes: the whole-step graph's, if any
+    warm_up(run, inputs, warmup)
     times = []
     for _ in range(steps):
-        micro = next(batches)  # fetched outside the clock: input time is not step time
+        step_input = next(inputs)  # fetched outside the clock: input time is not step time
         sync()
         t0 = clock()
-        step(run, micro)
+        run.train_step(run, step_input)
         sync()
         times.append(clock() - t0)
     return times
