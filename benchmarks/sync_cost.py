@@ -124,8 +124,13 @@ def main() -> int:
         ref = finals.get((2, cluster, ctas))
         delta = (k.w - ref).abs().max().item() if ref is not None else float("nan")
         deltas[k.variant] = delta
+        # v4 runs v3's fp32 arithmetic in v3's order: a difference from v3 beyond a few ulps means
+        # the signals let a step read a stale or half-written inbox.
+        v3 = finals.get((3, cluster, ctas)) if version == 4 else None
+        same = "" if v3 is None else f", max |w - w(v3)| {(k.w - v3).abs().max().item():.2g}"
         print(f"  cuda-epoch, {k.variant} ({threads} threads, {smem // 1024} KiB smem): "
-              f"{ms:.3f} ms/epoch = {ms * 1e3 / STEPS:.2f} µs/step; max |w - w(v2)| {delta:.2g}")
+              f"{ms:.3f} ms/epoch = {ms * 1e3 / STEPS:.2f} µs/step; max |w - w(v2)| {delta:.2g}"
+              + same)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"schema": "fasttrain.sync_cost/1", "env": env,
