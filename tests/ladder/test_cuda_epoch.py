@@ -143,6 +143,40 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
 
 @pytest.mark.gpu
 @requires_gpu
+def test_v4_protocol_fault_is_an_error_not_a_hang():
+    """The test hook makes CTA 0 wait at step 2 for bytes that never come: the launch ends after
+    the wait budget (~70 ms) with a RuntimeError naming the wait, the GPU stays usable, and once
+    the flag is read v4 runs correctly again."""
+    import time
+
+    from fasttrain.ladder.cuda_epoch import has_clusters
+
+    if not has_clusters():
+        pytest.skip("v4 needs thread-block clusters (sm_90+)")
+    data, cfg, k = small_run(16, ctas=14, cluster=True, version=4)  # 10 steps
+    w0 = k.w.clone()
+    assert k.lib.cuda_epoch_signal_fault(1) == 0
+    try:
+        start = time.perf_counter()
+        # CTA 0's wait starts first, so it times out first, but by microseconds of a 70 ms
+        # budget: another CTA's wait for g at the same step may be the one reported.
+        with pytest.raises(RuntimeError, match=r"waited too long for .* at step 2 "):
+            k.run(0)
+        assert time.perf_counter() - start < 5.0
+    finally:
+        assert k.lib.cuda_epoch_signal_fault(0) == 0
+    k.check_signals()  # read and cleared: nothing left
+    assert torch.equal(k.w[:, :56], w0[:, :56])  # CTA 0 did not write back its slice
+    k.w.copy_(torch.from_numpy(data.w0))
+    k.b.copy_(torch.from_numpy(data.b0))
+    for epoch in range(cfg.epochs):
+        k.run(epoch)
+    w_ref, _ = reference_sgd(data, cfg, cfg.epochs)
+    np.testing.assert_allclose(k.w.cpu().numpy(), w_ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.gpu
+@requires_gpu
 def test_one_launch_per_epoch():
     from torch.profiler import ProfilerActivity, profile
 

@@ -68,6 +68,8 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_error_name.restype = ctypes.c_char_p
     lib.cuda_epoch_signal_status.argtypes = [ptr, ctypes.POINTER(i32)]
     lib.cuda_epoch_signal_status.restype = i32
+    lib.cuda_epoch_signal_fault.argtypes = [i32]
+    lib.cuda_epoch_signal_fault.restype = i32
     for name in ("cuda_epoch_bench_cluster_sync", "cuda_epoch_bench_grid_sync"):
         getattr(lib, name).argtypes = [i32, i32, ptr, ptr]
         getattr(lib, name).restype = i32

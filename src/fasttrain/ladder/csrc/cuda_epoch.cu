@@ -264,6 +264,12 @@ int cuda_epoch_signal_status(cudaStream_t stream, int* detail) {
   return SIGNAL_TIMEOUT;
 }
 
+// Test hook of v4's bounded waits: fault 1 makes the next v4 launches' CTA 0 wait at step 2 for
+// bytes that never come (see epoch_v4.cuh), 0 switches it off. Returns 0 or a cudaError_t.
+int cuda_epoch_signal_fault(int fault) {
+  return cudaMemcpyToSymbol(g_signal_fault, &fault, sizeof(int));
+}
+
 // Microbenchmarks: `iters` back-to-back barriers over `ctas` CTAs; *ns (device) = their total
 // time in ns, from the GPU's global timer.
 int cuda_epoch_bench_cluster_sync(int ctas, int iters, long long* ns, cudaStream_t stream) {

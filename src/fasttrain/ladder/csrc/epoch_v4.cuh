@@ -50,6 +50,9 @@ enum SignalWait { WAIT_PARTIALS = 1, WAIT_G = 2 };
 
 // 0, or kind | rank << 4 | step << 12 of the first wait that timed out (sticky, see above).
 __device__ int g_signal_error;
+// Test hook (cuda_epoch_signal_fault): 1 = CTA 0 arms its partials' mbarrier for step 2 with 16
+// bytes more than will come, so that wait must time out (the GPU test of the no-hang path).
+__device__ int g_signal_fault;
 
 template <int NC>
 struct Shape4 {
@@ -161,6 +164,7 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
   // Stale failure of an earlier launch not yet read by the host: every CTA reads the same value
   // (nothing writes it before the first barrier below), so all of them leave here together.
   if (*static_cast<volatile int*>(&g_signal_error) != 0) return;
+  const int extra = g_signal_fault == 1 && r == 0 ? 16 : 0;  // the test hook, step 2 only
   float* Ws = sm + S::W_OFF;
   float* bias = sm + S::BIAS_OFF;
   float* xf = sm + S::XF_OFF;
@@ -305,7 +309,8 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
       failed = true;
       break;
     }
-    if (tid == 0 && s + 2 < steps) mbar_arm(pbar_u + 8 * p, part_bytes(s + 2));  // PART[p] read
+    if (tid == 0 && s + 2 < steps)  // PART[p] read: re-arm for step s + 2
+      mbar_arm(pbar_u + 8 * p, part_bytes(s + 2) + (s == 0 ? extra : 0));
     // Send my rows of g and their sum to every CTA's GB[p], completing on its GBAR[p].
     for (int it = tid; it < NC * (RPC + 1) * 4; it += T) {
       const int v = it & 3, i = (it >> 2) % (RPC + 1), q = (it >> 2) / (RPC + 1);
