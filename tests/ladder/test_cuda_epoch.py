@@ -1,6 +1,7 @@
 """cuda-epoch: the kernel compiles for Hopper here (nvcc, no GPU) and its variants' launch
 configurations are read from the built library (it loads without a GPU); on a GPU, every variant
-(version 2 or 3, cluster or cooperative grid, 7 or 14 CTAs) against the float64 reference, one
+(version 2 or 3, cluster or cooperative grid, 7 or 14 CTAs; version 4 on clusters only, 7 or 14
+CTAs) against the float64 reference, one
 launch per epoch, and the barrier microbenchmarks. The row itself also runs in test_ladder.py's
 generic checks."""
 
@@ -43,8 +44,8 @@ def cpu_loaded_library(tmp_path_factory):
         lib = ctypes.CDLL(str(so))
     except OSError as e:  # no CUDA runtime library to load it with
         pytest.skip(f"cannot load the library without a CUDA runtime: {e}")
-    lib.cuda_epoch_variant.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
-                                       ctypes.POINTER(ctypes.c_int)]
+    lib.cuda_epoch_variant.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                       ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int)]
     lib.cuda_epoch_scratch_bytes.argtypes = [ctypes.c_int]
     lib.cuda_epoch_scratch_bytes.restype = ctypes.c_longlong
     return cuda_epoch, lib
@@ -54,29 +55,56 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     from fasttrain.ladder import cuda_epoch as ce
 
     every = ce.variants()
-    assert len(every) == len(set(every)) == len(ce.VERSIONS) * 2 * len(ce.CTA_COUNTS)
+    kinds = len(ce.VERSIONS) * 2 - len(ce.CLUSTER_ONLY)  # (version, cluster) pairs
+    assert len(every) == len(set(every)) == kinds * len(ce.CTA_COUNTS)
     assert (ce.VERSION, True, ce.CTAS) in every and (ce.FALLBACK, True, ce.CTAS) in every
     assert ce.VERSION != ce.FALLBACK or ce.VERSION == 2
     # Without clusters only the cooperative grid, and v2 (the reference of the others) first.
     assert ce.variants(clusters=False) == [v for v in every if not v[1]]
     assert every[0][0] == ce.FALLBACK == 2
+    # v4 (point-to-point signals) is timed on clusters, never on a grid, and not yet the default.
+    assert {(v, c) for v, c, _ in every if v == 4} == {(4, True)}
+    assert ce.VERSION == 3 and 4 in ce.SIGNALLED and ce.CLUSTER_ONLY == (4,)
+    assert "csrc/epoch_v4.cuh" in ce.CudaEpoch.sources
 
 
 @requires_nvcc
 def test_every_variant_launches_within_one_hopper_sm(cpu_loaded_library):
     ce, lib = cpu_loaded_library
     hopper_smem = 227 * 1024  # the most dynamic shared memory one CTA may have (sm_90)
-    for version in ce.VERSIONS:
-        for ctas in ce.CTA_COUNTS:
-            threads, smem = ce.launch_config(lib, ctas, version)
-            assert threads % 32 == 0 and threads <= 1024, (version, ctas, threads)
-            assert 0 < smem <= hopper_smem, (version, ctas, smem)
-        assert lib.cuda_epoch_scratch_bytes(14) > lib.cuda_epoch_scratch_bytes(7) > 0
+    for version, cluster, ctas in ce.variants():
+        threads, smem = ce.launch_config(lib, ctas, version, cluster)
+        assert threads % 32 == 0 and threads <= 1024, (version, ctas, threads)
+        assert 0 < smem <= hopper_smem, (version, ctas, smem)
+    assert lib.cuda_epoch_scratch_bytes(14) > lib.cuda_epoch_scratch_bytes(7) > 0
     # v3: one thread per (row, class half, feature half) of a 128-row batch.
     assert ce.launch_config(lib, 14, 3)[0] == 4 * ce.MAX_BATCH
+    # v4: v3's threads; its inboxes doubled (two steps in flight) and 4 mbarriers on top of v3's.
+    for ctas in ce.CTA_COUNTS:
+        v3, v4 = ce.launch_config(lib, ctas, 3), ce.launch_config(lib, ctas, 4)
+        assert v4[0] == v3[0] and v3[1] < v4[1] <= hopper_smem, (ctas, v3, v4)
+    # No cooperative-grid v4: the library refuses it (and variants() leaves it out).
+    with pytest.raises(ValueError, match="no version 4 on 14 CTAs on a cooperative grid"):
+        ce.launch_config(lib, 14, 4, cluster=False)
     assert lib.cuda_epoch_scratch_bytes(16) == 0
     with pytest.raises(ValueError, match="no version 9"):
         ce.launch_config(lib, 14, 9)
+
+
+@requires_nvcc
+def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library):
+    ce, lib = cpu_loaded_library
+    lib.cuda_epoch_error_name.argtypes = [ctypes.c_int]
+    lib.cuda_epoch_error_name.restype = ctypes.c_char_p
+    assert lib.cuda_epoch_error_name(ce.SIGNAL_TIMEOUT) == b"cudaEpochSignalTimeout"
+    # A cooperative-grid v4 is refused before anything reaches the GPU (1: cudaErrorInvalidValue).
+    p = ctypes.c_void_p
+    lib.cuda_epoch_train.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float, p, p, p,
+                                     p, ctypes.c_int, ctypes.c_int, ctypes.c_int, p]
+    dummy = p(16)
+    code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, dummy, 14, 0,
+                                4, None)
+    assert code == 1
 
 
 def small_run(batch=64, **kernel_args):
@@ -93,22 +121,58 @@ def small_run(batch=64, **kernel_args):
 @requires_gpu
 @pytest.mark.parametrize("cluster", [True, False], ids=["cluster", "grid"])
 @pytest.mark.parametrize("ctas", [7, 14])
-@pytest.mark.parametrize("version", [2, 3], ids=["v2", "v3"])
+@pytest.mark.parametrize("version", [2, 3, 4], ids=["v2", "v3", "v4"])
 @pytest.mark.parametrize("batch", [64, 16])
 def test_variants_match_float64_reference(batch, version, cluster, ctas):
-    from fasttrain.ladder.cuda_epoch import has_clusters
+    from fasttrain.ladder.cuda_epoch import CLUSTER_ONLY, has_clusters
 
     if cluster and not has_clusters():
         pytest.skip("thread-block clusters need sm_90+")
+    if not cluster and version in CLUSTER_ONLY:
+        pytest.skip(f"v{version} runs on thread-block clusters only")
     data, cfg, k = small_run(batch, ctas=ctas, cluster=cluster, version=version)
     for epoch in range(cfg.epochs):
-        k.run(epoch)
+        k.run(epoch)  # v4: raises if a signal wait timed out
     w_ref, b_ref = reference_sgd(data, cfg, cfg.epochs)
     assert not np.allclose(w_ref, data.w0, atol=ATOL)
     np.testing.assert_allclose(k.w.cpu().numpy(), w_ref, atol=ATOL, rtol=0)
     np.testing.assert_allclose(k.b.cpu().numpy(), b_ref, atol=ATOL, rtol=0)
     loss_sum, correct = k.stats.tolist()
     assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_v4_protocol_fault_is_an_error_not_a_hang():
+    """The test hook makes CTA 0 wait at step 2 for bytes that never come: the launch ends after
+    the wait budget (~70 ms) with a RuntimeError naming the wait, the GPU stays usable, and once
+    the flag is read v4 runs correctly again."""
+    import time
+
+    from fasttrain.ladder.cuda_epoch import has_clusters
+
+    if not has_clusters():
+        pytest.skip("v4 needs thread-block clusters (sm_90+)")
+    data, cfg, k = small_run(16, ctas=14, cluster=True, version=4)  # 10 steps
+    w0 = k.w.clone()
+    assert k.lib.cuda_epoch_signal_fault(1) == 0
+    try:
+        start = time.perf_counter()
+        # CTA 0's wait starts first, so it times out first, but by microseconds of a 70 ms
+        # budget: another CTA's wait for g at the same step may be the one reported.
+        with pytest.raises(RuntimeError, match=r"waited too long for .* at step 2 "):
+            k.run(0)
+        assert time.perf_counter() - start < 5.0
+    finally:
+        assert k.lib.cuda_epoch_signal_fault(0) == 0
+    k.check_signals()  # read and cleared: nothing left
+    assert torch.equal(k.w[:, :56], w0[:, :56])  # CTA 0 did not write back its slice
+    k.w.copy_(torch.from_numpy(data.w0))
+    k.b.copy_(torch.from_numpy(data.b0))
+    for epoch in range(cfg.epochs):
+        k.run(epoch)
+    w_ref, _ = reference_sgd(data, cfg, cfg.epochs)
+    np.testing.assert_allclose(k.w.cpu().numpy(), w_ref, atol=ATOL, rtol=0)
 
 
 @pytest.mark.gpu

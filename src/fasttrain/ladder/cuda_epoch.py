@@ -12,7 +12,11 @@ Built by `fasttrain.ladder.build` (nvcc → cached .so → ctypes) at setup; the
 and orders are on the device as uint8 / int32.
 
 Variants the GPU session compares with `benchmarks/sync_cost.py` (the winner is wired in):
-kernel version 2 or 3 × cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each).
+kernel version 2 or 3 × cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each), and
+version 4 (v3 with point-to-point mbarrier signals instead of the two cluster barriers a step;
+clusters only, so no cooperative-grid v4) on 7 or 14 CTAs. v4 is not the row's default until a GPU
+run has timed it and checked it against v2. Its waits are bounded: a protocol fault ends the
+launch and shows as a RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100, 2026-11-26): v2, cluster of 14 CTAs, 3.89 ms/epoch = 8.3 µs/step; v3 (the row's
 default since) not yet timed. Before the row uses v3 its setup runs one epoch of v3 and one of v2
 (the measured, checked kernel) from the same weights and fails the row if they disagree: v3's
@@ -34,13 +38,16 @@ SOURCE = "cuda_epoch.cu"
 CTAS = 14  # 56 features a CTA: 8.3 µs/step against 9.8 with 7 CTAs (H100, v2)
 VERSION = 3  # the row's kernel version; FALLBACK is the one it is cross-checked against
 FALLBACK = 2
-VERSIONS = (2, 3)  # csrc/cuda_epoch.cu's changelog
+VERSIONS = (2, 3, 4)  # csrc/cuda_epoch.cu's changelog
+CLUSTER_ONLY = (4,)  # versions with no cooperative-grid kernel (mbarrier signals across a cluster)
+SIGNALLED = (4,)  # versions whose bounded waits report a timeout through cuda_epoch_signal_status
 CTA_COUNTS = (7, 14)
 CROSS_CHECK_ATOL = 1e-3
 """v3 against v2 after one epoch from the same weights: fp32 summation orders differ (a few ulps a
 step, ~1e-5 after an epoch); a wrong batch, row or class moves weights by updates of ~1e-2."""
 MAX_BATCH = 128  # one CTA thread pair per row of the batch
 READ_LOSS_EVERY = 10
+SIGNAL_TIMEOUT = 20001  # cuda_epoch_signal_status: a v4 wait timed out (not a cudaError_t)
 
 
 def load_library() -> ctypes.CDLL:
@@ -55,10 +62,14 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_train.restype = i32
     lib.cuda_epoch_scratch_bytes.argtypes = [i32]
     lib.cuda_epoch_scratch_bytes.restype = ctypes.c_longlong
-    lib.cuda_epoch_variant.argtypes = [i32, i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
+    lib.cuda_epoch_variant.argtypes = [i32, i32, i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
     lib.cuda_epoch_variant.restype = i32
     lib.cuda_epoch_error_name.argtypes = [i32]
     lib.cuda_epoch_error_name.restype = ctypes.c_char_p
+    lib.cuda_epoch_signal_status.argtypes = [ptr, ctypes.POINTER(i32)]
+    lib.cuda_epoch_signal_status.restype = i32
+    lib.cuda_epoch_signal_fault.argtypes = [i32]
+    lib.cuda_epoch_signal_fault.restype = i32
     for name in ("cuda_epoch_bench_cluster_sync", "cuda_epoch_bench_grid_sync"):
         getattr(lib, name).argtypes = [i32, i32, ptr, ptr]
         getattr(lib, name).restype = i32
@@ -68,14 +79,18 @@ def load_library() -> ctypes.CDLL:
 def variants(clusters: bool = True) -> list[tuple[int, bool, int]]:
     """(version, cluster, ctas) of every kernel variant, in the order sync_cost.py times them."""
     kinds = (True, False) if clusters else (False,)
-    return [(v, c, n) for v in VERSIONS for c in kinds for n in CTA_COUNTS]
+    return [(v, c, n) for v in VERSIONS for c in kinds for n in CTA_COUNTS
+            if c or v not in CLUSTER_ONLY]
 
 
-def launch_config(lib: ctypes.CDLL, ctas: int, version: int) -> tuple[int, int]:
+def launch_config(lib: ctypes.CDLL, ctas: int, version: int,
+                  cluster: bool = True) -> tuple[int, int]:
     """(threads per CTA, dynamic shared memory bytes) of a variant, from the library itself."""
     threads, smem = ctypes.c_int(), ctypes.c_int()
-    if not lib.cuda_epoch_variant(ctas, version, ctypes.byref(threads), ctypes.byref(smem)):
-        raise ValueError(f"cuda-epoch has no version {version} on {ctas} CTAs")
+    if not lib.cuda_epoch_variant(ctas, version, int(cluster), ctypes.byref(threads),
+                                  ctypes.byref(smem)):
+        kind = "" if cluster else " on a cooperative grid"
+        raise ValueError(f"cuda-epoch has no version {version} on {ctas} CTAs{kind}")
     return threads.value, smem.value
 
 
@@ -101,8 +116,8 @@ class EpochKernel:
         dev = torch.device("cuda")
         self.lib = load_library()
         self.n, self.cfg, self.ctas, self.version = data.n_train, cfg, ctas, version
-        launch_config(self.lib, ctas, version)  # a bad variant is a ValueError here
         self.cluster = has_clusters() if cluster is None else cluster
+        launch_config(self.lib, ctas, version, self.cluster)  # a bad variant: ValueError here
         self.x = torch.from_numpy(data.train_x).to(dev).contiguous()  # uint8 [N, 784]
         self.y = torch.from_numpy(data.train_y).to(dev, torch.int32)
         self.orders = torch.from_numpy(data.orders).to(dev, torch.int32)  # [epochs, N]
@@ -114,8 +129,11 @@ class EpochKernel:
             raise ValueError(f"cuda-epoch runs on 7 or 14 CTAs, not {ctas}")
         self.scratch = torch.empty(scratch // 4, device=dev)
 
-    def run(self, epoch: int, w=None, b=None, stats=None) -> None:
-        """One epoch in `orders[epoch]` order on (w, b, stats), by default the run's own."""
+    def run(self, epoch: int, w=None, b=None, stats=None, check: bool = True) -> None:
+        """One epoch in `orders[epoch]` order on (w, b, stats), by default the run's own.
+
+        check: for v4, wait for the epoch and raise if a signal wait timed out (a host sync;
+        timed loops pass False and call check_signals() after)."""
         w, b, stats = (self.w, self.b, self.stats) if w is None else (w, b, stats)
         p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
         code = self.lib.cuda_epoch_train(
@@ -123,6 +141,25 @@ class EpochKernel:
             self.cfg.lr, p(w), p(b), p(stats), p(self.scratch), self.ctas, int(self.cluster),
             self.version, stream_handle())
         check(self.lib, code, f"cuda_epoch_train ({self.variant})")
+        if check:
+            self.check_signals()
+
+    def check_signals(self) -> None:
+        """v4: raise if a bounded wait of any launch since the last check timed out (the kernel
+        then gave up instead of hanging, and the launches after it did nothing). Syncs."""
+        if self.version not in SIGNALLED:
+            return
+        detail = ctypes.c_int()
+        code = self.lib.cuda_epoch_signal_status(stream_handle(), ctypes.byref(detail))
+        if code == SIGNAL_TIMEOUT:
+            d = detail.value
+            what = {1: "its rows' partial logits", 2: "the rows' g"}.get(d & 15, f"kind {d & 15}")
+            raise RuntimeError(
+                f"cuda_epoch_train ({self.variant}): CTA {(d >> 4) & 255} waited too long for "
+                f"{what} at step {d >> 12} and the kernel gave up (a protocol fault of the "
+                f"point-to-point signals, not a slow GPU); the weights of that launch are not "
+                f"valid. Use version {VERSION} or {FALLBACK}.")
+        check(self.lib, code, f"cuda_epoch_signal_status ({self.variant})")
 
     @property
     def variant(self) -> str:
@@ -133,7 +170,7 @@ class EpochKernel:
 class CudaEpoch(Impl):
     name = "cuda-epoch"
     sources = ("csrc/cuda_epoch.cu", "csrc/epoch_shared.cuh", "csrc/epoch_v2.cuh",
-               "csrc/epoch_v3.cuh")  # the kernel its figures come from
+               "csrc/epoch_v3.cuh", "csrc/epoch_v4.cuh")  # the kernel its figures come from
     device = "cuda"
 
     @classmethod
@@ -185,10 +222,11 @@ class CudaEpoch(Impl):
         return {"variant": self.kernel.variant, "fallback_reason": self.fallback_reason}
 
     def train_epoch(self, epoch: int) -> float | None:
-        self.kernel.run(epoch)
+        self.kernel.run(epoch, check=False)  # v4's signal check syncs: done at the loss read
         self.epochs_summed += 1
         if (epoch + 1) % READ_LOSS_EVERY and epoch + 1 != self.cfg.epochs:
             return None
+        self.kernel.check_signals()
         stats = self.kernel.stats
         mean = stats[0].item() / (self.data.n_train * self.epochs_summed)  # the one host read
         stats.zero_()
@@ -196,4 +234,5 @@ class CudaEpoch(Impl):
         return mean
 
     def params(self):
+        self.kernel.check_signals()
         return self.kernel.w.cpu().numpy().copy(), self.kernel.b.cpu().numpy().copy()

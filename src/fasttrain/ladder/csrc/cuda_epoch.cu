@@ -41,8 +41,24 @@
 //      RG row groups summed in shared memory; the bias gradient from the owners' partial sums
 //      (NC adds, not 128). Expected 2.5-3.5 µs/step from counting its FMAs and barriers; not yet
 //      timed on a GPU.
+//   v4 (train_epoch_v4, epoch_v4.cuh; NOT the default until timed) v3's step and fp32 math with
+//      both cluster barriers replaced by point-to-point signals: partials go to their owner with
+//      st.async completing bytes on the owner's mbarrier, g rows and bias partials to every CTA
+//      likewise; each CTA waits only on its own mbarriers (try_wait.parity.acquire.cluster),
+//      double-buffered inboxes and mbarriers by step parity (invariant in epoch_v4.cuh). Every
+//      wait is bounded (~2^27 clocks); a timeout ends the launch and the host reports it
+//      (cuda_epoch_signal_status). Clusters only: no cooperative-grid v4. Expected budget, H100,
+//      14 CTAs, ~1.75 GHz: L 0.45 µs (16 warps x ~49 shared-memory wavefronts: 7 two-wavefront x
+//      loads + 35 broadcast W loads) + hop 1 ~0.3 µs (DSMEM store latency + mbarrier wake, vs
+//      0.55 µs for a barrier that also waits for the slowest CTA; the widening of the next batch
+//      runs inside it) + S 0.2 µs (14 loads, 8 shuffles, exp/log per lane) + the g sends 0.1 µs
+//      (616 float4 st.async over 512 threads) + hop 2 ~0.3 µs + G 0.45 µs (8 rows x 3 loads x
+//      16 warps, 160 FMA a thread) + the row-group sum 0.1 µs + 4 CTA barriers 0.1 µs = ~2.0 µs
+//      (range 1.6-2.4) = ~0.95 ms/epoch: ~0.5-1 µs a step under v3. The ≤1.07 µs target also
+//      needs L and G shortened (they are shared-memory-latency bound, not FMA bound).
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
+#include "epoch_v4.cuh"
 
 namespace {
 
@@ -61,6 +77,12 @@ struct Version<3> {
   template <int NC>
   using Shape = Shape3<NC>;
 };
+template <>
+struct Version<4> {  // cluster only: no epoch_grid_kernel<4, NC> is instantiated
+  static constexpr int threads = THREADS4;
+  template <int NC>
+  using Shape = Shape4<NC>;
+};
 
 template <int V, int NC, class Ex>
 __device__ void train_epoch(Ex& ex, const Args& a, float* sm) {
@@ -76,7 +98,10 @@ __global__ void __launch_bounds__(Version<V>::threads, 1) epoch_cluster_kernel(A
   extern __shared__ __align__(16) float sm[];
   using S = typename Version<V>::template Shape<NC>;
   ClusterExchange ex{cg::this_cluster(), sm + S::INBOX_OFF};
-  train_epoch<V, NC>(ex, a, sm);
+  if constexpr (V == 4)
+    train_epoch_v4<NC>(ex.rank(), a, sm);
+  else
+    train_epoch<V, NC>(ex, a, sm);
 #endif
 }
 
@@ -119,8 +144,12 @@ cudaError_t launch(Kernel kernel, int ctas, int threads, int smem, bool cluster,
 template <int V, int NC>
 cudaError_t train(const Args& a, bool cluster, cudaStream_t stream) {
   constexpr int threads = Version<V>::threads, smem = Version<V>::template Shape<NC>::BYTES;
-  return cluster ? launch(epoch_cluster_kernel<V, NC>, NC, threads, smem, true, stream, a)
-                 : launch(epoch_grid_kernel<V, NC>, NC, threads, smem, false, stream, a);
+  if constexpr (V == 4)  // point-to-point signals on mbarriers: clusters only
+    return cluster ? launch(epoch_cluster_kernel<V, NC>, NC, threads, smem, true, stream, a)
+                   : cudaErrorInvalidValue;
+  else
+    return cluster ? launch(epoch_cluster_kernel<V, NC>, NC, threads, smem, true, stream, a)
+                   : launch(epoch_grid_kernel<V, NC>, NC, threads, smem, false, stream, a);
 }
 
 __device__ __forceinline__ long long globaltimer_ns() {
@@ -155,14 +184,17 @@ extern "C" {
 
 // The name of a cudaError_t this library returned, for the Python side's message.
 const char* cuda_epoch_error_name(int code) {
+  if (code == SIGNAL_TIMEOUT) return "cudaEpochSignalTimeout";
   return cudaGetErrorName(static_cast<cudaError_t>(code));
 }
 
-// The variants, for the Python side: 1 if (ctas, version) is one, and its launch configuration.
-// Versions: 2 (two whole cluster barriers a step, 288 threads; timed on an H100 at 3.89 ms/epoch
-// with 14 CTAs), 3 (512 threads, barrier A split around the next batch's widening, vector
-// pushes, register-blocked gradient, no serial bias loop). ctas: 7 or 14.
-int cuda_epoch_variant(int ctas, int version, int* threads, int* smem_bytes) {
+// The variants, for the Python side: 1 if (ctas, version, cluster) is one, and its launch
+// configuration. Versions: 2 (two whole cluster barriers a step, 288 threads; timed on an H100 at
+// 3.89 ms/epoch with 14 CTAs), 3 (512 threads, barrier A split around the next batch's widening,
+// vector pushes, register-blocked gradient, no serial bias loop), 4 (v3 with point-to-point
+// mbarrier signals instead of the barriers; cluster only). ctas: 7 or 14.
+int cuda_epoch_variant(int ctas, int version, int cluster, int* threads, int* smem_bytes) {
+  if (version == 4 && !cluster) return 0;  // no cooperative-grid v4
 #define FT_VARIANT(V, NC)                                                  \
   if (ctas == NC && version == V) {                                        \
     *threads = Version<V>::threads;                                        \
@@ -173,6 +205,8 @@ int cuda_epoch_variant(int ctas, int version, int* threads, int* smem_bytes) {
   FT_VARIANT(2, 14)
   FT_VARIANT(3, 7)
   FT_VARIANT(3, 14)
+  FT_VARIANT(4, 7)
+  FT_VARIANT(4, 14)
 #undef FT_VARIANT
   return 0;
 }
@@ -189,8 +223,9 @@ long long cuda_epoch_scratch_bytes(int ctas) {
 // One epoch of SGD in one launch: x uint8 [n][784], y int32 [n], order int32 [n], w fp32
 // [10][784] and b fp32 [10] updated in place, stats fp32 [2] += (sum of losses, correct count).
 // ctas: 7 or 14 (features split 112 or 56 each); cluster: 1 = thread-block cluster (sm_90+),
-// 0 = cooperative grid with `scratch` (cuda_epoch_scratch_bytes) for the inboxes; version: 2 or 3
-// (cuda_epoch_variant). Returns 0 or a cudaError_t.
+// 0 = cooperative grid with `scratch` (cuda_epoch_scratch_bytes) for the inboxes; version: 2, 3
+// or 4 (cuda_epoch_variant; 4 needs cluster = 1). Returns 0 or a cudaError_t (of the launch: a
+// v4 protocol timeout shows in cuda_epoch_signal_status).
 int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int bs, float lr,
                      void* w, void* b, void* stats, void* scratch, int ctas, int cluster,
                      int version, cudaStream_t stream) {
@@ -204,7 +239,35 @@ int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int
   if (version == 2 && ctas == 14) return train<2, 14>(a, cl, stream);
   if (version == 3 && ctas == 7) return train<3, 7>(a, cl, stream);
   if (version == 3 && ctas == 14) return train<3, 14>(a, cl, stream);
+  if (version == 4 && ctas == 7) return train<4, 7>(a, cl, stream);
+  if (version == 4 && ctas == 14) return train<4, 14>(a, cl, stream);
   return cudaErrorInvalidValue;
+}
+
+// v4's protocol check, after its launches on `stream`: waits for them, then reads and clears the
+// sticky flag its bounded waits set on a timeout. Returns 0, a cudaError_t, or SIGNAL_TIMEOUT
+// (20001) with *detail = kind (1 partials, 2 g) | CTA rank << 4 | step << 12 of the first wait
+// that timed out. A launch that finds the flag set does nothing, so the first failure is kept.
+int cuda_epoch_signal_status(cudaStream_t stream, int* detail) {
+  int flag = 0;
+  *detail = 0;
+  cudaError_t err = cudaMemcpyFromSymbolAsync(&flag, g_signal_error, sizeof(int), 0,
+                                              cudaMemcpyDeviceToHost, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess) return err;
+  if (flag == 0) return 0;
+  const int zero = 0;
+  err = cudaMemcpyToSymbolAsync(g_signal_error, &zero, sizeof(int), 0, cudaMemcpyHostToDevice,
+                                stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  *detail = flag;
+  return SIGNAL_TIMEOUT;
+}
+
+// Test hook of v4's bounded waits: fault 1 makes the next v4 launches' CTA 0 wait at step 2 for
+// bytes that never come (see epoch_v4.cuh), 0 switches it off. Returns 0 or a cudaError_t.
+int cuda_epoch_signal_fault(int fault) {
+  return cudaMemcpyToSymbol(g_signal_fault, &fault, sizeof(int));
 }
 
 // Microbenchmarks: `iters` back-to-back barriers over `ctas` CTAs; *ns (device) = their total

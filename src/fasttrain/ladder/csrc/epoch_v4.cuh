@@ -1,0 +1,407 @@
+// cuda-epoch v4: v3's step with its two cluster barriers replaced by point-to-point signals on
+// mbarriers (see cuda_epoch.cu for the changelog). Thread-block clusters only (sm_90+): there is
+// no cooperative-grid v4 (cuda_epoch_variant refuses it).
+//
+// Protocol, step s, buffer p = s & 1 (every CTA holds two partial-logit inboxes PART[2], two g
+// inboxes GB[2], and one mbarrier per inbox, PB[2] and GBAR[2], each initialised with ONE
+// expected arrival: its own CTA's "arm", mbarrier.arrive.expect_tx with the bytes the step will
+// bring, known in advance from the batch size):
+//   L  every CTA stores its partials of row b into PART[p] of b's owner with st.async, each store
+//      completing its bytes (complete_tx) on the owner's PB[p]: 40 bytes a row and source.
+//   S  the owner waits on its own PB[p] (parity (s >> 1) & 1: PB[p] serves steps p, p+2, ...);
+//      it completes when the arm has arrived and all NC * (its valid rows) * 40 bytes have landed.
+//      It then stores its rows of g and its bias partial into GB[p] of EVERY CTA with st.async
+//      completing on that CTA's GBAR[p]: (nb + NC) * 64 bytes per CTA and step.
+//   G  every CTA waits on its own GBAR[p], then updates its W slice as v3 does.
+// Nobody waits for anything but data addressed to itself: no cluster-wide barrier in the loop.
+//
+// Why two buffers, and why they suffice (the invariant): a store for step s+2 into buffer p of
+// CTA d happens only after d has finished reading buffer p for step s and has re-armed its
+// mbarrier for step s+2.
+//   - PART[p] of owner q is written for step s+2 by source d after d's GBAR wait of step s+1,
+//     which needs q's bias partial of step s+1 (every owner sends it every step, even with no
+//     valid rows), which q sends after S(s+1), hence after S(s) read PART[p] and after q re-armed
+//     PB[p] (right after S(s)).
+//   - GB[p] of d is written for step s+2 by owner q after q's PB wait of step s+2 or (when q owns
+//     no valid row of step s+2) at least after q's GBAR wait of step s+1, which needs d's bias
+//     partial of step s+1, which d sends after its G(s) finished reading GB[p] and re-armed GBAR[p].
+//   - Step s+1 uses the other buffer and the other mbarrier, so its early stores (a CTA may be
+//     one step ahead of a slow owner) never mix with step s's data or bytes.
+// The re-arm of an mbarrier happens after a __syncthreads that follows every thread's wait on it,
+// so no thread can miss a phase (an arm of 0 bytes completes the phase at once).
+// A CTA exits only after its last GBAR wait, when every byte any CTA will ever send it has landed.
+//
+// Bounded waits: every wait spins on mbarrier.try_wait.parity.acquire.cluster at most
+// WAIT_BUDGET clocks (~60 ms), polling the global error flag every 64 failed tries; on timeout it
+// records (kind, rank, step) in the flag. The CTA decides to abort with __syncthreads_or (a barrier
+// v3 already has), skips writing back its weights and exits; the other CTAs see the flag within
+// their own wait and exit too. The flag is sticky: a launch that finds it set exits at once
+// (uniformly, before the first cluster barrier), until the host reads and clears it
+// (cuda_epoch_signal_status), which turns it into a distinct error code.
+#pragma once
+#include "epoch_v3.cuh"
+
+namespace {
+
+constexpr int THREADS4 = THREADS3;
+constexpr long long WAIT_BUDGET = 1LL << 27;  // clocks: ~70 ms at 1.98 GHz, ~130 ms at 1 GHz
+constexpr int SIGNAL_TIMEOUT = 20001;  // cuda_epoch_signal_status's code (not a cudaError_t)
+enum SignalWait { WAIT_PARTIALS = 1, WAIT_G = 2 };
+
+// 0, or kind | rank << 4 | step << 12 of the first wait that timed out (sticky, see above).
+__device__ int g_signal_error;
+// Test hook (cuda_epoch_signal_fault): 1 = CTA 0 arms its partials' mbarrier for step 2 with 16
+// bytes more than will come, so that wait must time out (the GPU test of the no-hang path).
+__device__ int g_signal_fault;
+
+template <int NC>
+struct Shape4 {
+  using S3 = Shape3<NC>;
+  static constexpr int F = S3::F, FP = S3::FP, KG = S3::KG, RPC = S3::RPC, UNITS = S3::UNITS,
+                       RG = S3::RG;
+  static constexpr int PART = S3::PART;             // one partial-logit inbox [NC][RPC][16]
+  static constexpr int GB = S3::GIN + S3::DBIN;     // one g inbox [BMAX][16] + [NC][16]
+  static constexpr int INBOX = 2 * PART + 2 * GB;   // PART[2], then GB[2]
+  // Shared memory, in floats (every region 16-byte aligned).
+  static constexpr int W_OFF = 0;
+  static constexpr int BIAS_OFF = W_OFF + C * F;
+  static constexpr int XF_OFF = BIAS_OFF + 16;
+  static constexpr int INBOX_OFF = XF_OFF + 2 * BMAX * FP;
+  static constexpr int BAR_OFF = INBOX_OFF + INBOX;  // PB[2], GBAR[2]: 4 x 8 bytes
+  static constexpr int RED_OFF = BAR_OFF + 8;
+  static constexpr int GL_OFF = RED_OFF + RG * C * F;
+  static constexpr int IDX_OFF = GL_OFF + RPC * 16;
+  static constexpr int YS_OFF = IDX_OFF + 4 * BMAX;
+  static constexpr int XB_OFF = YS_OFF + 4 * BMAX;
+  static constexpr int BYTES = XB_OFF * 4 + 2 * BMAX * F;
+  static_assert(BYTES <= 227 * 1024, "fits a Hopper SM's shared memory");
+  static_assert((NC * RPC * 40) < (1 << 20) && (BMAX + NC) * 64 < (1 << 20), "tx-count range");
+};
+
+// ---- sm_90 PTX: mbarriers, DSMEM addresses, st.async (empty below sm_90, never called there) --
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ uint32_t mapa(uint32_t addr, int rank) {  // my address -> rank's
+  uint32_t out = addr;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+#endif
+  return out;
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {  // the inits, visible to the cluster
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// The one expected arrival of a phase, announcing the bytes the phase's st.asyncs will bring.
+__device__ __forceinline__ void mbar_arm(uint32_t bar, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, int parity) {
+  uint32_t done = 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+#endif
+  return done != 0;
+}
+// Stores into another CTA's shared memory (cluster addresses from mapa), completing their bytes
+// on that CTA's mbarrier `bar` (also a cluster address).
+__device__ __forceinline__ void st_async4(uint32_t dst, float4 v, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+      ::"r"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void st_async1(uint32_t dst, float v, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
+                   dst),
+               "f"(v), "r"(bar)
+               : "memory");
+#endif
+}
+
+// Wait for phase `parity` of my mbarrier `bar`, at most WAIT_BUDGET clocks. False on a timeout
+// (recorded in g_signal_error) or when another CTA has recorded one.
+__device__ __noinline__ bool bounded_wait_slow(uint32_t bar, int parity, int code) {
+  const long long t0 = clock64();
+  for (int n = 1;; ++n) {
+    if (mbar_try_wait(bar, parity)) return true;
+    if ((n & 63) == 0 && *static_cast<volatile int*>(&g_signal_error) != 0) return false;
+    if (clock64() - t0 > WAIT_BUDGET) {
+      atomicCAS(&g_signal_error, 0, code);
+      return false;
+    }
+  }
+}
+__device__ __forceinline__ bool bounded_wait(uint32_t bar, int parity, int code) {
+  return mbar_try_wait(bar, parity) || bounded_wait_slow(bar, parity, code);
+}
+
+template <int NC>
+__device__ void train_epoch_v4(int r, const Args& a, float* sm) {
+  using S = Shape4<NC>;
+  constexpr int F = S::F, FP = S::FP, KG = S::KG, RPC = S::RPC, RG = S::RG, CH = F / 8;
+  constexpr int T = THREADS4;
+  const int tid = threadIdx.x, k0 = r * F;
+  // Stale failure of an earlier launch not yet read by the host: every CTA reads the same value
+  // (nothing writes it before the first barrier below), so all of them leave here together.
+  if (*static_cast<volatile int*>(&g_signal_error) != 0) return;
+  const int extra = g_signal_fault == 1 && r == 0 ? 16 : 0;  // the test hook, step 2 only
+  float* Ws = sm + S::W_OFF;
+  float* bias = sm + S::BIAS_OFF;
+  float* xf = sm + S::XF_OFF;
+  float* red = sm + S::RED_OFF;
+  float* gl = sm + S::GL_OFF;
+  int* idx = reinterpret_cast<int*>(sm + S::IDX_OFF);
+  int* ys = reinterpret_cast<int*>(sm + S::YS_OFF);
+  uint8_t* xb = reinterpret_cast<uint8_t*>(sm + S::XB_OFF);
+  const float* part0 = sm + S::INBOX_OFF;      // [2][PART]
+  const float* gb0 = part0 + 2 * S::PART;      // [2][GB]
+  const uint32_t part_u = smem_addr(part0), gb_u = smem_addr(gb0);
+  const uint32_t pbar_u = smem_addr(sm + S::BAR_OFF), gbar_u = pbar_u + 16;  // PB[2], GBAR[2]
+  const float inv255 = 1.f / 255.f;
+  const int steps = (a.n + a.bs - 1) / a.bs;
+  auto rows_of = [&](int step) { return min(a.bs, a.n - step * a.bs); };
+  auto part_bytes = [&](int step) {  // what PB brings for `step`: NC sources x my rows x 40
+    return NC * 40 * max(0, min(RPC, rows_of(step) - r * RPC));
+  };
+  auto g_bytes = [&](int step) { return 64 * (rows_of(step) + NC); };  // GBAR: rows + partials
+
+  for (int i = tid; i < C * F; i += T) Ws[i] = a.w[(i / F) * K + k0 + i % F];
+  if (tid < C) bias[tid] = a.b[tid];
+  for (int i = tid; i < 2 * BMAX * FP; i += T) xf[i] = 0.f;
+  for (int i = tid; i < S::INBOX; i += T) sm[S::INBOX_OFF + i] = 0.f;  // pad slots: finite
+  if (tid == 0) {
+    for (int p = 0; p < 2; ++p) {
+      mbar_init(pbar_u + 8 * p, 1);
+      mbar_init(gbar_u + 8 * p, 1);
+    }
+    mbar_init_fence();
+    for (int p = 0; p < 2 && p < steps; ++p) {  // arm steps 0 and 1
+      mbar_arm(pbar_u + 8 * p, part_bytes(p));
+      mbar_arm(gbar_u + 8 * p, g_bytes(p));
+    }
+  }
+  for (int j = 0; j < 4 && j < steps; ++j)
+    for (int i = tid; i < rows_of(j); i += T) idx[j * BMAX + i] = a.order[j * a.bs + i];
+  __syncthreads();
+  auto fetch = [&](int j) {
+    const int* rows = idx + (j & 3) * BMAX;
+    uint8_t* dst = xb + (j & 1) * BMAX * F;
+    for (int i = tid; i < rows_of(j) * CH; i += T) {
+      const int row = i / CH, c = i % CH;
+      __pipeline_memcpy_async(dst + row * F + c * 8,
+                              a.x + static_cast<size_t>(rows[row]) * K + k0 + c * 8, 8);
+    }
+    for (int i = tid; i < rows_of(j); i += T)
+      __pipeline_memcpy_async(ys + (j & 3) * BMAX + i, a.y + rows[i], 4);
+  };
+  auto widen = [&](int j) {
+    float* dst = xf + (j & 1) * BMAX * FP;
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(xb + (j & 1) * BMAX * F);
+    for (int i = tid; i < rows_of(j) * (F / 4); i += T) {
+      const int row = i / (F / 4), c4 = i % (F / 4);
+      *reinterpret_cast<float4*>(dst + row * FP + c4 * 4) = bytes_to_float4(src[i]);
+    }
+  };
+  fetch(0);
+  if (steps > 1) fetch(1);
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  widen(0);
+  // Every CTA's mbarriers are initialised and armed before anyone signals them. The only
+  // unbounded wait: every CTA reaches it unconditionally, right after its set-up.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+
+  float loss = 0.f, correct = 0.f;
+  bool failed = false;
+  for (int s = 0; s < steps; ++s) {
+    const int nb = rows_of(s), p = s & 1, parity = (s >> 1) & 1;
+    const float* x = xf + p * BMAX * FP;
+    if (s + 2 < steps) fetch(s + 2);
+    if (s + 4 < steps)
+      for (int i = tid; i < rows_of(s + 4); i += T)
+        __pipeline_memcpy_async(idx + ((s + 4) & 3) * BMAX + i, a.order + (s + 4) * a.bs + i, 4);
+    __pipeline_commit();
+
+    // L (as v3), each pair's float4 + float going to the owner with st.async on its PB[p].
+    {
+      const int row = tid >> 2, h = (tid >> 1) & 1, fh = tid & 1, kb = fh * (F / 2);
+      float acc[5] = {0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int k = 0; k < F / 2; k += 4) {
+        const float4 xv = *reinterpret_cast<const float4*>(x + row * FP + kb + k);
+#pragma unroll
+        for (int j = 0; j < 5; ++j) {
+          const float4 wv = *reinterpret_cast<const float4*>(Ws + (5 * h + j) * F + kb + k);
+          acc[j] += xv.x * wv.x + xv.y * wv.y + xv.z * wv.z + xv.w * wv.w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 5; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 1);
+      if (row < nb) {
+        const int q = row / RPC;
+        const uint32_t dst =
+            mapa(part_u + 4 * (p * S::PART + (r * RPC + row % RPC) * 16 + 8 * h), q);
+        const uint32_t bar = mapa(pbar_u + 8 * p, q);
+        if (fh == 0)
+          st_async4(dst, make_float4(acc[0], acc[1], acc[2], acc[3]), bar);
+        else
+          st_async1(dst + 16, acc[4], bar);
+      }
+    }
+    // Window while the partials travel: the next batch's bytes -> floats.
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    if (s + 1 < steps) widen(s + 1);
+
+    // S: wait for my rows' NC partials (mine only), then as v3.
+    bool ok = bounded_wait(pbar_u + 8 * p, parity, WAIT_PARTIALS | r << 4 | s << 12);
+    {
+      const float* part = part0 + p * S::PART;
+      const int i = tid >> 4, l = tid & 15, row = r * RPC + i, c = l < 8 ? l : l - 3;
+      const bool valid = i < RPC && row < nb && (l < 5 || (l >= 8 && l < 13));
+      float z = -INFINITY;
+      if (valid) {
+        float acc = 0.f;
+#pragma unroll
+        for (int src = 0; src < NC; ++src) acc += part[(src * RPC + i) * 16 + l];
+        z = acc * inv255 + bias[c];
+      }
+      float m = z;
+      for (int off = 8; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off, 16));
+      const float e = valid ? __expf(z - m) : 0.f;
+      float se = e;
+      for (int off = 8; off; off >>= 1) se += __shfl_xor_sync(0xffffffffu, se, off, 16);
+      float gv = 0.f;
+      if (valid) {
+        const int label = ys[(s & 3) * BMAX + row];
+        if (c == label) {
+          loss += logf(se) + m - z;
+          correct += z == m ? 1.f : 0.f;
+        }
+        gv = a.lr * (e / se - (c == label ? 1.f : 0.f)) / nb;
+      }
+      if (i < RPC) gl[i * 16 + l] = gv;
+    }
+    if (__syncthreads_or(!ok)) {
+      failed = true;
+      break;
+    }
+    if (tid == 0 && s + 2 < steps)  // PART[p] read: re-arm for step s + 2
+      mbar_arm(pbar_u + 8 * p, part_bytes(s + 2) + (s == 0 ? extra : 0));
+    // Send my rows of g and their sum to every CTA's GB[p], completing on its GBAR[p].
+    for (int it = tid; it < NC * (RPC + 1) * 4; it += T) {
+      const int v = it & 3, i = (it >> 2) % (RPC + 1), q = (it >> 2) / (RPC + 1);
+      float4 val;
+      int off;
+      if (i < RPC) {
+        const int row = r * RPC + i;
+        if (row >= nb) continue;
+        val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * v);
+        off = row * 16 + 4 * v;
+      } else {
+        val = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int j = 0; j < RPC; ++j) {
+          const float4 o = *reinterpret_cast<const float4*>(gl + j * 16 + 4 * v);
+          val.x += o.x;
+          val.y += o.y;
+          val.z += o.z;
+          val.w += o.w;
+        }
+        off = Shape3<NC>::GIN + r * 16 + 4 * v;
+      }
+      st_async4(mapa(gb_u + 4 * (p * S::GB + off), q), val, mapa(gbar_u + 8 * p, q));
+    }
+
+    // G: wait for every row's g and every owner's bias partial (addressed to me), then as v3.
+    ok = bounded_wait(gbar_u + 8 * p, parity, WAIT_G | r << 4 | s << 12);
+    {
+      const float* g = gb0 + p * S::GB;
+      const float* dbp = g + Shape3<NC>::GIN;
+      const int u = tid % S::UNITS, rg = tid / S::UNITS, h = u / KG, kg = u % KG;
+      if (rg < RG) {
+        float4 acc[5];
+#pragma unroll
+        for (int j = 0; j < 5; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int row = rg; row < nb; row += RG) {
+          const float4 xv = *reinterpret_cast<const float4*>(x + row * FP + kg * 4);
+          const float4 gv = *reinterpret_cast<const float4*>(g + row * 16 + 8 * h);
+          fma4(acc[0], gv.x, xv);
+          fma4(acc[1], gv.y, xv);
+          fma4(acc[2], gv.z, xv);
+          fma4(acc[3], gv.w, xv);
+          fma4(acc[4], g[row * 16 + 8 * h + 4], xv);
+        }
+#pragma unroll
+        for (int j = 0; j < 5; ++j)
+          *reinterpret_cast<float4*>(red + (rg * C + 5 * h + j) * F + kg * 4) = acc[j];
+      }
+      if (__syncthreads_or(!ok)) {
+        failed = true;
+        break;
+      }
+      if (tid == 0 && s + 2 < steps) mbar_arm(gbar_u + 8 * p, g_bytes(s + 2));  // see the top
+      if (tid < C * KG) {
+        const int c = tid / KG, k = (tid % KG) * 4;
+        float4 sum = *reinterpret_cast<const float4*>(red + c * F + k);
+#pragma unroll
+        for (int q = 1; q < RG; ++q) {
+          const float4 o = *reinterpret_cast<const float4*>(red + (q * C + c) * F + k);
+          sum.x += o.x;
+          sum.y += o.y;
+          sum.z += o.z;
+          sum.w += o.w;
+        }
+        float4* wp = reinterpret_cast<float4*>(Ws + c * F + k);
+        float4 wv = *wp;
+        wv.x -= sum.x * inv255;
+        wv.y -= sum.y * inv255;
+        wv.z -= sum.z * inv255;
+        wv.w -= sum.w * inv255;
+        *wp = wv;
+      }
+      if (tid >= T - C) {
+        const int cb = tid - (T - C), slot = cb < 5 ? cb : cb + 3;
+        float db = 0.f;
+#pragma unroll
+        for (int src = 0; src < NC; ++src) db += dbp[src * 16 + slot];
+        bias[cb] -= db;
+      }
+      __syncthreads();
+    }
+  }
+  __pipeline_wait_prior(0);  // no cp.async left in flight into this CTA's memory
+  if (failed) return;        // the weights of this launch are not written back (see the top)
+  for (int i = tid; i < C * F; i += T) a.w[(i / F) * K + k0 + i % F] = Ws[i];
+  if (r == 0 && tid < C) a.b[tid] = bias[tid];
+  if (loss != 0.f || correct != 0.f) {
+    atomicAdd(a.stats, loss);
+    atomicAdd(a.stats + 1, correct);
+  }
+}
+
+}  // namespace
