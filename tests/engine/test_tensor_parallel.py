@@ -93,7 +93,9 @@ def test_tp_needs_torchrun_and_refuses_zero1(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("steps", [1, 20])
+# 20 steps: every logged loss and the final weights (a 1-step case, run apart before, added
+# nothing that these do not check, for 12 s of CI's 20-minute budget).
+@pytest.mark.parametrize("steps", [20])
 def test_tp2_trains_exactly_as_one_process(tmp_path, one, steps):
     tp = train(tmp_path / "tp", "--max-steps", str(steps), "--tp", "2", procs=2)
     assert tp.returncode == 0, tp.stdout + tp.stderr
@@ -107,7 +109,7 @@ def test_tp2_trains_exactly_as_one_process(tmp_path, one, steps):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("steps", [1, 20])
+@pytest.mark.parametrize("steps", [20])  # as above
 def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path, one, steps):
     two_d = train(tmp_path / "2d", "--max-steps", str(steps), "--tp", "2", "--parallel", "fsdp",
                   procs=4)
