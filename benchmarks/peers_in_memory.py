@@ -51,9 +51,9 @@ from input_pipeline import (
     Settings,
     Window,
     attempt,
-    endless,
     run_child,
     train_accelerate,
+    train_hand,
     train_lightning,
     unavailable,  # noqa: F401  (which peers are installed: attempt() asks, and so do the tests)
 )
@@ -133,16 +133,8 @@ def train_hand_indexed(net, x, y, s: Settings, clock: Window) -> None:
 
 
 def train_hand_loader(net, x, y, s: Settings, clock: Window) -> None:
-    dev = torch.device(s.device)
-    net = net.to(dev)
-    opt = torch.optim.AdamW(net.parameters(), lr=s.lr, weight_decay=0.0)
-    for xb, yb in itertools.islice(endless(loader(x, y, s)), clock.total):
-        xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
-        loss = F.cross_entropy(net(xb), yb)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        clock.tick()
+    """The input-pipeline benchmark's hand loop, over a DataLoader of these tensors."""
+    train_hand(net, loader(x, y, s), s, clock)
 
 
 TRAIN = {"fasttrain": train_fasttrain, "hand-indexed": train_hand_indexed,
