@@ -48,10 +48,151 @@ __device__ __forceinline__ void fma4(float4& acc, float g, const float4& x) {
   acc.w += g * x.w;
 }
 
+// ---- the arithmetic of a step, shared by v3 and v4 (they differ in how data moves) -----------
+// Reads of data that is already local: what v4 uses where v3 reads through its exchange.
+struct PlainRead {
+  __device__ float read(const float* p) const { return *p; }
+  __device__ float4 read4(const float* p) const { return *reinterpret_cast<const float4*>(p); }
+};
+
+// L: thread (row, class half h, feature half fh) sums x[row] over its half of my features
+// against classes 5h..5h+4; the two feature halves are added by a shuffle (both lanes hold it).
+template <class S>
+__device__ __forceinline__ void partial_logits(const float* x, const float* Ws, int tid,
+                                               float (&acc)[5]) {
+  constexpr int F = S::F, FP = S::FP;
+  const int row = tid >> 2, h = (tid >> 1) & 1, fh = tid & 1, kb = fh * (F / 2);
+#pragma unroll
+  for (int j = 0; j < 5; ++j) acc[j] = 0.f;
+#pragma unroll
+  for (int k = 0; k < F / 2; k += 4) {
+    const float4 xv = *reinterpret_cast<const float4*>(x + row * FP + kb + k);
+#pragma unroll
+    for (int j = 0; j < 5; ++j) {
+      const float4 wv = *reinterpret_cast<const float4*>(Ws + (5 * h + j) * F + kb + k);
+      acc[j] += xv.x * wv.x + xv.y * wv.y + xv.z * wv.z + xv.w * wv.w;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 5; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 1);
+}
+
+// S: my rows, 16 lanes per row (one per slot, 10 hold a class), every thread in the shuffles:
+// the NC partials summed, softmax, loss and accuracy of the row, and its g into gl.
+template <int NC, class S, class Read>
+__device__ __forceinline__ void softmax_rows(const Read& rd, const float* part, const float* bias,
+                                             const int* labels, float* gl, int tid, int r, int nb,
+                                             float lr, float& loss, float& correct) {
+  constexpr int RPC = S::RPC;
+  const float inv255 = 1.f / 255.f;
+  const int i = tid >> 4, l = tid & 15, row = r * RPC + i, c = l < 8 ? l : l - 3;
+  const bool valid = i < RPC && row < nb && (l < 5 || (l >= 8 && l < 13));
+  float z = -INFINITY;
+  if (valid) {
+    float acc = 0.f;
+#pragma unroll
+    for (int src = 0; src < NC; ++src) acc += rd.read(part + (src * RPC + i) * 16 + l);
+    z = acc * inv255 + bias[c];  // the partials are sums over raw 0..255 pixels
+  }
+  float m = z;
+  for (int off = 8; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off, 16));
+  const float e = valid ? __expf(z - m) : 0.f;
+  float se = e;
+  for (int off = 8; off; off >>= 1) se += __shfl_xor_sync(0xffffffffu, se, off, 16);
+  float gv = 0.f;  // 0 in the pad slots and past the batch: the bias partials sum them
+  if (valid) {
+    const int label = labels[row];
+    if (c == label) {
+      loss += logf(se) + m - z;
+      correct += z == m ? 1.f : 0.f;
+    }
+    gv = lr * (e / se - (c == label ? 1.f : 0.f)) / nb;
+  }
+  if (i < RPC) gl[i * 16 + l] = gv;
+}
+
+// The sum of my RPC rows of g, float4 v of the 16 slots: my share of the bias gradient.
+template <class S>
+__device__ __forceinline__ float4 g_rows_sum(const float* gl, int v) {
+  float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int j = 0; j < S::RPC; ++j) {
+    const float4 o = *reinterpret_cast<const float4*>(gl + j * 16 + 4 * v);
+    val.x += o.x;
+    val.y += o.y;
+    val.z += o.z;
+    val.w += o.w;
+  }
+  return val;
+}
+
+// G, first half: thread = (row group, class half h, feature group kg), 5 classes x 4 features in
+// registers, so each x float4 is read once per class half instead of once per class; each row
+// group's sums go to red.
+template <class S, class Read>
+__device__ __forceinline__ void gradient_partials(const Read& rd, const float* x, const float* g,
+                                                  float* red, int tid, int nb) {
+  constexpr int F = S::F, FP = S::FP, KG = S::KG, RG = S::RG;
+  const int u = tid % S::UNITS, rg = tid / S::UNITS, h = u / KG, kg = u % KG;
+  if (rg >= RG) return;
+  float4 acc[5];
+#pragma unroll
+  for (int j = 0; j < 5; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int row = rg; row < nb; row += RG) {
+    const float4 xv = *reinterpret_cast<const float4*>(x + row * FP + kg * 4);
+    const float4 gv = rd.read4(g + row * 16 + 8 * h);
+    fma4(acc[0], gv.x, xv);
+    fma4(acc[1], gv.y, xv);
+    fma4(acc[2], gv.z, xv);
+    fma4(acc[3], gv.w, xv);
+    fma4(acc[4], rd.read(g + row * 16 + 8 * h + 4), xv);
+  }
+#pragma unroll
+  for (int j = 0; j < 5; ++j)
+    *reinterpret_cast<float4*>(red + (rg * C + 5 * h + j) * F + kg * 4) = acc[j];
+}
+
+// G, second half (after a __syncthreads): the RG row groups summed by the thread that updates
+// those 4 weights of a class; the last C threads, otherwise idle, update the bias from the NC
+// owners' partials dbp [NC][16].
+template <int NC, class S, class Read>
+__device__ __forceinline__ void apply_update(const Read& rd, const float* red, const float* dbp,
+                                             float* Ws, float* bias, int tid, int threads) {
+  constexpr int F = S::F, KG = S::KG, RG = S::RG;
+  const float inv255 = 1.f / 255.f;
+  if (tid < C * KG) {
+    const int c = tid / KG, k = (tid % KG) * 4;
+    float4 sum = *reinterpret_cast<const float4*>(red + c * F + k);
+#pragma unroll
+    for (int q = 1; q < RG; ++q) {
+      const float4 o = *reinterpret_cast<const float4*>(red + (q * C + c) * F + k);
+      sum.x += o.x;
+      sum.y += o.y;
+      sum.z += o.z;
+      sum.w += o.w;
+    }
+    float4* wp = reinterpret_cast<float4*>(Ws + c * F + k);
+    float4 wv = *wp;
+    wv.x -= sum.x * inv255;
+    wv.y -= sum.y * inv255;
+    wv.z -= sum.z * inv255;
+    wv.w -= sum.w * inv255;
+    *wp = wv;
+  }
+  if (tid >= threads - C) {
+    const int cb = tid - (threads - C), slot = cb < 5 ? cb : cb + 3;
+    float db = 0.f;
+#pragma unroll
+    for (int src = 0; src < NC; ++src) db += rd.read(dbp + src * 16 + slot);
+    bias[cb] -= db;
+  }
+}
+
 template <int NC, class Ex>
 __device__ void train_epoch_v3(Ex& ex, const Args& a, float* sm) {
   using S = Shape3<NC>;
-  constexpr int F = S::F, FP = S::FP, KG = S::KG, RPC = S::RPC, RG = S::RG, CH = F / 8;
+  constexpr int F = S::F, FP = S::FP, RPC = S::RPC, CH = F / 8;
   const int tid = threadIdx.x, r = ex.rank(), k0 = r * F;
   float* Ws = sm + S::W_OFF;
   float* bias = sm + S::BIAS_OFF;
@@ -65,7 +206,6 @@ __device__ void train_epoch_v3(Ex& ex, const Args& a, float* sm) {
   const float* part = inbox;          // [NC][RPC][16] partial logits of my rows
   const float* g = inbox + S::PART;   // [BMAX][16] lr * dL/dz, every row
   const float* dbp = g + S::GIN;      // [NC][16] each owner's sum of its rows of g
-  const float inv255 = 1.f / 255.f;
   const int steps = (a.n + a.bs - 1) / a.bs;
   auto rows_of = [&](int step) { return min(a.bs, a.n - step * a.bs); };
 
@@ -120,19 +260,9 @@ __device__ void train_epoch_v3(Ex& ex, const Args& a, float* sm) {
     // L: partial logits over my features; thread = (row, class half h, feature half fh), the two
     // feature halves summed by a shuffle; the pair stores one float4 + one float to the owner.
     {
-      const int row = tid >> 2, h = (tid >> 1) & 1, fh = tid & 1, kb = fh * (F / 2);
-      float acc[5] = {0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int k = 0; k < F / 2; k += 4) {
-        const float4 xv = *reinterpret_cast<const float4*>(x + row * FP + kb + k);
-#pragma unroll
-        for (int j = 0; j < 5; ++j) {
-          const float4 wv = *reinterpret_cast<const float4*>(Ws + (5 * h + j) * F + kb + k);
-          acc[j] += xv.x * wv.x + xv.y * wv.y + xv.z * wv.z + xv.w * wv.w;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 5; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 1);
+      const int row = tid >> 2, h = (tid >> 1) & 1, fh = tid & 1;
+      float acc[5];
+      partial_logits<S>(x, Ws, tid, acc);
       if (row < nb) {
         float* dst = ex.inbox_of(row / RPC) + (r * RPC + row % RPC) * 16 + 8 * h;
         if (fh == 0)
@@ -148,33 +278,8 @@ __device__ void train_epoch_v3(Ex& ex, const Args& a, float* sm) {
     if (s + 1 < steps) widen(s + 1);
     ex.wait();  // A: every partial of my rows is in my inbox
 
-    // S: my rows; 16 lanes per row (one per slot, 10 hold a class), every thread in the shuffles.
-    {
-      const int i = tid >> 4, l = tid & 15, row = r * RPC + i, c = l < 8 ? l : l - 3;
-      const bool valid = i < RPC && row < nb && (l < 5 || (l >= 8 && l < 13));
-      float z = -INFINITY;
-      if (valid) {
-        float acc = 0.f;
-#pragma unroll
-        for (int src = 0; src < NC; ++src) acc += ex.read(part + (src * RPC + i) * 16 + l);
-        z = acc * inv255 + bias[c];  // the partials are sums over raw 0..255 pixels
-      }
-      float m = z;
-      for (int off = 8; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off, 16));
-      const float e = valid ? __expf(z - m) : 0.f;
-      float se = e;
-      for (int off = 8; off; off >>= 1) se += __shfl_xor_sync(0xffffffffu, se, off, 16);
-      float gv = 0.f;  // 0 in the pad slots and past the batch: the bias partials sum them
-      if (valid) {
-        const int label = ys[(s & 3) * BMAX + row];
-        if (c == label) {
-          loss += logf(se) + m - z;
-          correct += z == m ? 1.f : 0.f;
-        }
-        gv = a.lr * (e / se - (c == label ? 1.f : 0.f)) / nb;
-      }
-      if (i < RPC) gl[i * 16 + l] = gv;
-    }
+    // S: my rows' softmax, loss and g (softmax_rows).
+    softmax_rows<NC, S>(ex, part, bias, ys + (s & 3) * BMAX, gl, tid, r, nb, a.lr, loss, correct);
     __syncthreads();
     // Send my rows of g, and their sum (my share of the bias gradient), to every CTA as float4s;
     // consecutive threads write consecutive float4s of one destination.
@@ -188,71 +293,18 @@ __device__ void train_epoch_v3(Ex& ex, const Args& a, float* sm) {
         val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * v);
         dst = ex.inbox_of(q) + S::PART + row * 16 + 4 * v;
       } else {
-        val = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int j = 0; j < RPC; ++j) {
-          const float4 o = *reinterpret_cast<const float4*>(gl + j * 16 + 4 * v);
-          val.x += o.x;
-          val.y += o.y;
-          val.z += o.z;
-          val.w += o.w;
-        }
+        val = g_rows_sum<S>(gl, v);
         dst = ex.inbox_of(q) + S::PART + S::GIN + r * 16 + 4 * v;
       }
       *reinterpret_cast<float4*>(dst) = val;
     }
     ex.sync();  // B: every CTA holds g of every row and every owner's bias partial
 
-    // G: thread = (row group, class half h, feature group kg): 5 classes x 4 features in registers,
-    // so each x float4 is read once per class half instead of once per class; the RG row groups
-    // are summed through shared memory by the thread that updates those 4 weights of a class.
+    // G: the weight gradient of my features (gradient_partials, apply_update).
     {
-      const int u = tid % S::UNITS, rg = tid / S::UNITS, h = u / KG, kg = u % KG;
-      if (rg < RG) {
-        float4 acc[5];
-#pragma unroll
-        for (int j = 0; j < 5; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-        for (int row = rg; row < nb; row += RG) {
-          const float4 xv = *reinterpret_cast<const float4*>(x + row * FP + kg * 4);
-          const float4 gv = ex.read4(g + row * 16 + 8 * h);
-          fma4(acc[0], gv.x, xv);
-          fma4(acc[1], gv.y, xv);
-          fma4(acc[2], gv.z, xv);
-          fma4(acc[3], gv.w, xv);
-          fma4(acc[4], ex.read(g + row * 16 + 8 * h + 4), xv);
-        }
-#pragma unroll
-        for (int j = 0; j < 5; ++j)
-          *reinterpret_cast<float4*>(red + (rg * C + 5 * h + j) * F + kg * 4) = acc[j];
-      }
+      gradient_partials<S>(ex, x, g, red, tid, nb);
       __syncthreads();
-      if (tid < C * KG) {
-        const int c = tid / KG, k = (tid % KG) * 4;
-        float4 sum = *reinterpret_cast<const float4*>(red + c * F + k);
-#pragma unroll
-        for (int q = 1; q < RG; ++q) {
-          const float4 o = *reinterpret_cast<const float4*>(red + (q * C + c) * F + k);
-          sum.x += o.x;
-          sum.y += o.y;
-          sum.z += o.z;
-          sum.w += o.w;
-        }
-        float4* wp = reinterpret_cast<float4*>(Ws + c * F + k);
-        float4 wv = *wp;
-        wv.x -= sum.x * inv255;
-        wv.y -= sum.y * inv255;
-        wv.z -= sum.z * inv255;
-        wv.w -= sum.w * inv255;
-        *wp = wv;
-      }
-      if (tid >= THREADS3 - C) {  // otherwise idle: the bias from the NC owners' partials
-        const int cb = tid - (THREADS3 - C), slot = cb < 5 ? cb : cb + 3;
-        float db = 0.f;
-#pragma unroll
-        for (int src = 0; src < NC; ++src) db += ex.read(dbp + src * 16 + slot);
-        bias[cb] -= db;
-      }
+      apply_update<NC, S>(ex, red, dbp, Ws, bias, tid, THREADS3);
       __syncthreads();  // W and b updated before the next step's L and S read them
     }
   }

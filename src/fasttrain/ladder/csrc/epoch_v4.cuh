@@ -158,7 +158,7 @@ __device__ __forceinline__ bool bounded_wait(uint32_t bar, int parity, int code)
 template <int NC>
 __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
   using S = Shape4<NC>;
-  constexpr int F = S::F, FP = S::FP, KG = S::KG, RPC = S::RPC, RG = S::RG, CH = F / 8;
+  constexpr int F = S::F, FP = S::FP, RPC = S::RPC, CH = F / 8;
   constexpr int T = THREADS4;
   const int tid = threadIdx.x, k0 = r * F;
   // Stale failure of an earlier launch not yet read by the host: every CTA reads the same value
@@ -177,7 +177,6 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
   const float* gb0 = part0 + 2 * S::PART;      // [2][GB]
   const uint32_t part_u = smem_addr(part0), gb_u = smem_addr(gb0);
   const uint32_t pbar_u = smem_addr(sm + S::BAR_OFF), gbar_u = pbar_u + 16;  // PB[2], GBAR[2]
-  const float inv255 = 1.f / 255.f;
   const int steps = (a.n + a.bs - 1) / a.bs;
   auto rows_of = [&](int step) { return min(a.bs, a.n - step * a.bs); };
   auto part_bytes = [&](int step) {  // what PB brings for `step`: NC sources x my rows x 40
@@ -247,19 +246,9 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
 
     // L (as v3), each pair's float4 + float going to the owner with st.async on its PB[p].
     {
-      const int row = tid >> 2, h = (tid >> 1) & 1, fh = tid & 1, kb = fh * (F / 2);
-      float acc[5] = {0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int k = 0; k < F / 2; k += 4) {
-        const float4 xv = *reinterpret_cast<const float4*>(x + row * FP + kb + k);
-#pragma unroll
-        for (int j = 0; j < 5; ++j) {
-          const float4 wv = *reinterpret_cast<const float4*>(Ws + (5 * h + j) * F + kb + k);
-          acc[j] += xv.x * wv.x + xv.y * wv.y + xv.z * wv.z + xv.w * wv.w;
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 5; ++j) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], 1);
+      const int row = tid >> 2, h = (tid >> 1) & 1, fh = tid & 1;
+      float acc[5];
+      partial_logits<S>(x, Ws, tid, acc);
       if (row < nb) {
         const int q = row / RPC;
         const uint32_t dst =
@@ -278,33 +267,8 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
 
     // S: wait for my rows' NC partials (mine only), then as v3.
     bool ok = bounded_wait(pbar_u + 8 * p, parity, WAIT_PARTIALS | r << 4 | s << 12);
-    {
-      const float* part = part0 + p * S::PART;
-      const int i = tid >> 4, l = tid & 15, row = r * RPC + i, c = l < 8 ? l : l - 3;
-      const bool valid = i < RPC && row < nb && (l < 5 || (l >= 8 && l < 13));
-      float z = -INFINITY;
-      if (valid) {
-        float acc = 0.f;
-#pragma unroll
-        for (int src = 0; src < NC; ++src) acc += part[(src * RPC + i) * 16 + l];
-        z = acc * inv255 + bias[c];
-      }
-      float m = z;
-      for (int off = 8; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off, 16));
-      const float e = valid ? __expf(z - m) : 0.f;
-      float se = e;
-      for (int off = 8; off; off >>= 1) se += __shfl_xor_sync(0xffffffffu, se, off, 16);
-      float gv = 0.f;
-      if (valid) {
-        const int label = ys[(s & 3) * BMAX + row];
-        if (c == label) {
-          loss += logf(se) + m - z;
-          correct += z == m ? 1.f : 0.f;
-        }
-        gv = a.lr * (e / se - (c == label ? 1.f : 0.f)) / nb;
-      }
-      if (i < RPC) gl[i * 16 + l] = gv;
-    }
+    softmax_rows<NC, S>(PlainRead{}, part0 + p * S::PART, bias, ys + (s & 3) * BMAX, gl, tid, r,
+                        nb, a.lr, loss, correct);
     if (__syncthreads_or(!ok)) {
       failed = true;
       break;
@@ -322,15 +286,7 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
         val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * v);
         off = row * 16 + 4 * v;
       } else {
-        val = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int j = 0; j < RPC; ++j) {
-          const float4 o = *reinterpret_cast<const float4*>(gl + j * 16 + 4 * v);
-          val.x += o.x;
-          val.y += o.y;
-          val.z += o.z;
-          val.w += o.w;
-        }
+        val = g_rows_sum<S>(gl, v);
         off = Shape3<NC>::GIN + r * 16 + 4 * v;
       }
       st_async4(mapa(gb_u + 4 * (p * S::GB + off), q), val, mapa(gbar_u + 8 * p, q));
@@ -341,56 +297,13 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
     {
       const float* g = gb0 + p * S::GB;
       const float* dbp = g + Shape3<NC>::GIN;
-      const int u = tid % S::UNITS, rg = tid / S::UNITS, h = u / KG, kg = u % KG;
-      if (rg < RG) {
-        float4 acc[5];
-#pragma unroll
-        for (int j = 0; j < 5; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-        for (int row = rg; row < nb; row += RG) {
-          const float4 xv = *reinterpret_cast<const float4*>(x + row * FP + kg * 4);
-          const float4 gv = *reinterpret_cast<const float4*>(g + row * 16 + 8 * h);
-          fma4(acc[0], gv.x, xv);
-          fma4(acc[1], gv.y, xv);
-          fma4(acc[2], gv.z, xv);
-          fma4(acc[3], gv.w, xv);
-          fma4(acc[4], g[row * 16 + 8 * h + 4], xv);
-        }
-#pragma unroll
-        for (int j = 0; j < 5; ++j)
-          *reinterpret_cast<float4*>(red + (rg * C + 5 * h + j) * F + kg * 4) = acc[j];
-      }
+      gradient_partials<S>(PlainRead{}, x, g, red, tid, nb);
       if (__syncthreads_or(!ok)) {
         failed = true;
         break;
       }
       if (tid == 0 && s + 2 < steps) mbar_arm(gbar_u + 8 * p, g_bytes(s + 2));  // see the top
-      if (tid < C * KG) {
-        const int c = tid / KG, k = (tid % KG) * 4;
-        float4 sum = *reinterpret_cast<const float4*>(red + c * F + k);
-#pragma unroll
-        for (int q = 1; q < RG; ++q) {
-          const float4 o = *reinterpret_cast<const float4*>(red + (q * C + c) * F + k);
-          sum.x += o.x;
-          sum.y += o.y;
-          sum.z += o.z;
-          sum.w += o.w;
-        }
-        float4* wp = reinterpret_cast<float4*>(Ws + c * F + k);
-        float4 wv = *wp;
-        wv.x -= sum.x * inv255;
-        wv.y -= sum.y * inv255;
-        wv.z -= sum.z * inv255;
-        wv.w -= sum.w * inv255;
-        *wp = wv;
-      }
-      if (tid >= T - C) {
-        const int cb = tid - (T - C), slot = cb < 5 ? cb : cb + 3;
-        float db = 0.f;
-#pragma unroll
-        for (int src = 0; src < NC; ++src) db += dbp[src * 16 + slot];
-        bias[cb] -= db;
-      }
+      apply_update<NC, S>(PlainRead{}, red, dbp, Ws, bias, tid, T);
       __syncthreads();
     }
   }
