@@ -111,7 +111,7 @@ def main() -> int:
         threads, smem = launch_config(lib, ctas, version, cluster)
         epoch = iter(range(10**9))
         try:  # v4's signal check syncs: once after the timed epochs, not inside them
-            ms = epoch_ms(lambda k=k, e=epoch: k.run(next(e) % cfg.epochs, check=False),
+            ms = epoch_ms(lambda k=k, e=epoch: k.run(next(e) % cfg.epochs, check_signals=False),
                           args.epochs)
             k.check_signals()
         except RuntimeError as e:

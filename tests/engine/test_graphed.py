@@ -280,3 +280,27 @@ def test_the_lab_measures_the_step_a_graph_run_trains_with():
     times = steptime.time_steps(run, steps=2, warmup=1)
     assert len(times) == 2
     assert run.graph.warm == run.graph.steps_to_capture + 2  # on the CPU: every step eager
+
+
+def test_the_models_graphs_fallback_marks_each_micro_batch_and_zeroes_gradients_in_place(
+        monkeypatch):
+    """Where the whole step is not captured, --cuda-graphs runs the model as torch.compile's
+    CUDA graphs, whose outputs the next replay overwrites: each micro-batch (and evaluation
+    batch) begins a new graph step, and the gradients persist, zeroed in place, so that no
+    .grad is a graph output (pytorch#169545). On the CPU, without compile: the same weights as
+    the ordinary step, and one mark per micro-batch."""
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    plain, fallback = _build("adamw-cosine-clip-accum"), _build("adamw-cosine-clip-accum")
+    run_module._model_graphs_only(fallback, fallback.model)
+    grads = [p.grad for p in fallback.model.parameters()]
+    assert all(g is not None and not g.any() for g in grads)
+    fit(plain)
+    fit(fallback)
+    assert all(p.grad is g for p, g in zip(fallback.model.parameters(), grads, strict=True))
+    assert weights(plain).keys() == weights(fallback).keys()
+    for k, v in weights(plain).items():
+        assert torch.equal(v, weights(fallback)[k]), k
+    micro_batches = fallback.step * fallback.cfg.accum_steps
+    eval_batches = len(marks) - micro_batches
+    assert micro_batches > 0 and 0 < eval_batches < micro_batches, marks

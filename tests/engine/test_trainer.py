@@ -201,3 +201,30 @@ def test_out_of_memory_names_the_switches_that_would_fit(monkeypatch, capsys):
         fit_run(run)
     assert "--accum-steps 2" in str(e.value) and "--activation-checkpointing" in str(e.value)
     assert "weights" in capsys.readouterr().err
+
+
+def test_a_logs_time_includes_the_device_work_it_waited_for(monkeypatch):
+    """step_ms spans the sync at the log (the loss read waits for the queued steps): read
+    before it, a GPU-bound run would show only how fast the host queued its steps. Here the
+    clock moves only while the loss is read, as a device still busy with the steps would make
+    it; every window is that 1 s."""
+    import types
+
+    from fasttrain.engine import callbacks, loop
+
+    clock = [0.0]
+    fake_time = types.SimpleNamespace(perf_counter=lambda: clock[0])
+    original_tolist = torch.Tensor.tolist
+
+    def waiting_tolist(self):
+        clock[0] += 1.0
+        return original_tolist(self)
+
+    run = build(TrainConfig(model="mlp", batch_size=16, max_steps=12, log_every=4,
+                            progress=False, device="cpu"), data=image_task(), verbose=False)
+    monkeypatch.setattr(callbacks, "time", fake_time)
+    monkeypatch.setattr(loop, "time", fake_time)
+    monkeypatch.setattr(torch.Tensor, "tolist", waiting_tolist)
+    fit_run(run)
+    train = [r for r in run.history if r["kind"] == "train"]
+    assert [r["step_ms"] for r in train] == [pytest.approx(250.0)] * 3

@@ -58,13 +58,16 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     kinds = len(ce.VERSIONS) * 2 - len(ce.CLUSTER_ONLY)  # (version, cluster) pairs
     assert len(every) == len(set(every)) == kinds * len(ce.CTA_COUNTS)
     assert (ce.VERSION, True, ce.CTAS) in every and (ce.FALLBACK, True, ce.CTAS) in every
-    assert ce.VERSION != ce.FALLBACK or ce.VERSION == 2
+    assert (ce.GRID_VERSION, False, ce.CTAS) in every
+    assert ce.FALLBACK not in (ce.VERSION, ce.GRID_VERSION)
     # Without clusters only the cooperative grid, and v2 (the reference of the others) first.
     assert ce.variants(clusters=False) == [v for v in every if not v[1]]
     assert every[0][0] == ce.FALLBACK == 2
-    # v4 (point-to-point signals) is timed on clusters, never on a grid, and not yet the default.
+    # v4 (point-to-point signals) is timed on clusters, never on a grid: the default on clusters
+    # (timed and checked on an H100), v3 on a grid.
     assert {(v, c) for v, c, _ in every if v == 4} == {(4, True)}
-    assert ce.VERSION == 3 and 4 in ce.SIGNALLED and ce.CLUSTER_ONLY == (4,)
+    assert ce.VERSION == 4 and 4 in ce.SIGNALLED and ce.CLUSTER_ONLY == (4,)
+    assert ce.default_version(True) == 4 and ce.default_version(False) == ce.GRID_VERSION == 3
     assert "csrc/epoch_v4.cuh" in ce.CudaEpoch.sources
 
 
@@ -217,8 +220,9 @@ def test_a_version_that_disagrees_with_the_fallback_is_replaced_by_it(monkeypatc
     made = []
 
     class FakeKernel:
-        def __init__(self, data, cfg, ctas=14, cluster=None, version=3):
-            self.ctas, self.cluster, self.version = ctas, cluster, version
+        def __init__(self, data, cfg, ctas=14, cluster=None, version=None):
+            self.ctas, self.cluster = ctas, cluster
+            self.version = version = ce.VERSION if version is None else version
             self.w = self.b = self.stats = torch.zeros(1)
             self.variant = f"v{version}"
             made.append(version)
@@ -228,12 +232,12 @@ def test_a_version_that_disagrees_with_the_fallback_is_replaced_by_it(monkeypatc
 
     monkeypatch.setattr(ce, "EpochKernel", FakeKernel)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(ce.CudaEpoch, "cross_check", lambda self, d, c: "v3 disagrees")
+    monkeypatch.setattr(ce.CudaEpoch, "cross_check", lambda self, d, c: "v4 disagrees")
     row = ce.CudaEpoch()
     with pytest.warns(UserWarning, match="timing v2 instead"):
         row.setup(None, None)
     assert row.kernel.version == ce.FALLBACK and made == [ce.VERSION, ce.FALLBACK]
-    assert row.details() == {"variant": "v2", "fallback_reason": "v3 disagrees"}
+    assert row.details() == {"variant": "v2", "fallback_reason": "v4 disagrees"}
     monkeypatch.setattr(ce.CudaEpoch, "cross_check", lambda self, d, c: None)
     made.clear()
     row.setup(None, None)

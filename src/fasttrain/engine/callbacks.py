@@ -57,12 +57,15 @@ class Logger:
 
 def log(run, epoch: int) -> None:
     """The train record of the steps since the last log: mean loss (all ranks), speed, memory."""
-    now, then = time.perf_counter(), run.last_log
+    then = run.last_log
     steps = run.step - then[1]
     # The loss and a user step's extras, summed over ranks in one collective, at log steps only.
     summed = run.world.all_sum(torch.stack([run.loss_sum, *run.extra_sums.values()]))
     loss, *extras = [v / max(steps, 1) / run.world.size
                      for v in summed.tolist()]  # sync: the one read between logs
+    # The clock is read after that sync, so the window holds the steps' device time too: read
+    # before it, a GPU-bound run would time only how fast the host queued its steps.
+    now = time.perf_counter()
     run.loss_sum.zero_()
     for v in run.extra_sums.values():
         v.zero_()

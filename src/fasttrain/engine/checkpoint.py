@@ -194,11 +194,13 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch_cpu"])
+    """Restore `rng_state()`'s states. Its tensors may have been loaded onto the run's device
+    (`map_location`); every setter takes a CPU tensor."""
+    torch.set_rng_state(state["torch_cpu"].cpu())
     if state["torch_cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["torch_cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["torch_cuda"]])
     n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+    np.random.set_state((n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
                          n["has_gauss"], n["cached_gaussian"]))
     p = state["python"]
     random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))

@@ -88,7 +88,7 @@ def step(run, micro_batches: list, forward=None) -> None:
         run.skipped.add_((run.scaler._scale < before).to(torch.int64))
     else:
         run.opt.step()
-    run.opt.zero_grad(set_to_none=True)
+    run.opt.zero_grad(set_to_none=run.grads_to_none)
     run.sched.step()
 
 

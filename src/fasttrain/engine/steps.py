@@ -15,6 +15,7 @@ model's output, so they apply to the default step only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +59,19 @@ def evaluate_loss(run) -> ComputeLoss:
         return run.loss_fn(out, y), {name: torch.as_tensor(f(out, y), device=out.device)
                                      for name, f in run.metrics.items()}
     return yours if user else default
+
+
+def marking_steps(fn: ComputeLoss) -> ComputeLoss:
+    """`fn`, each call (one micro-batch) begun as a new step of torch.compile's CUDA graphs
+    (reduce-overhead): a micro-batch's forward then never waits for the previous one's outputs,
+    which it would otherwise take for the same step's and overwrite before that backward ran
+    (accumulation, evaluation between steps). Marked per micro-batch, not per model call: a user
+    step that calls the model twice keeps both outputs."""
+    @functools.wraps(fn)  # keeps `.step` (usercode.py names the failing callable by it)
+    def marked(forward, batch):
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn(forward, batch)
+    return marked
 
 
 def split(out: Any, name: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

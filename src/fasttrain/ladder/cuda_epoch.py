@@ -11,16 +11,18 @@ fp32 arithmetic: the weights equal the float64 reference to float32 rounding.
 Built by `fasttrain.ladder.build` (nvcc → cached .so → ctypes) at setup; the training set, labels
 and orders are on the device as uint8 / int32.
 
-Variants the GPU session compares with `benchmarks/sync_cost.py` (the winner is wired in):
-kernel version 2 or 3 × cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each), and
-version 4 (v3 with point-to-point mbarrier signals instead of the two cluster barriers a step;
-clusters only, so no cooperative-grid v4) on 7 or 14 CTAs. v4 is not the row's default until a GPU
-run has timed it and checked it against v2. Its waits are bounded: a protocol fault ends the
-launch and shows as a RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
-Measured (H100, 2026-11-26): v2, cluster of 14 CTAs, 3.89 ms/epoch = 8.3 µs/step; v3 (the row's
-default since) not yet timed. Before the row uses v3 its setup runs one epoch of v3 and one of v2
-(the measured, checked kernel) from the same weights and fails the row if they disagree: v3's
-prefetch rings are exercised only over several steps, which the one-step check does not take.
+Variants `benchmarks/sync_cost.py` compares (the winner is wired in): kernel version 2 or 3 ×
+cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each), and version 4 (v3 with
+point-to-point mbarrier signals instead of the two cluster barriers a step; clusters only, so no
+cooperative-grid v4) on 7 or 14 CTAs. v4's waits are bounded: a protocol fault ends the launch and
+shows as a RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
+Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
+2.73 ms = 5.8 µs, v4 2.27 ms = 4.85 µs, v4's weights equal to v3's and within 4.2e-7 of v2's
+after an epoch. So the row runs v4 on clusters and v3 where there are none (the cooperative grid).
+Before the row uses its version, setup runs one epoch of it and one of v2 (the first kernel
+checked on a GPU) from the same weights and times v2 instead if they disagree: the later
+versions' prefetch rings are exercised only over several steps, which the one-step check does not
+take.
 
 Run alone:  python -m fasttrain bench --impl cuda-epoch
 """
@@ -36,15 +38,17 @@ from fasttrain.ladder.common import Impl, LadderConfig, LadderData
 
 SOURCE = "cuda_epoch.cu"
 CTAS = 14  # 56 features a CTA: 8.3 µs/step against 9.8 with 7 CTAs (H100, v2)
-VERSION = 3  # the row's kernel version; FALLBACK is the one it is cross-checked against
+VERSION = 4  # the row's kernel version on clusters (cross-checked against FALLBACK)
+GRID_VERSION = 3  # the row's version without clusters (v4 is cluster-only)
 FALLBACK = 2
 VERSIONS = (2, 3, 4)  # csrc/cuda_epoch.cu's changelog
 CLUSTER_ONLY = (4,)  # versions with no cooperative-grid kernel (mbarrier signals across a cluster)
 SIGNALLED = (4,)  # versions whose bounded waits report a timeout through cuda_epoch_signal_status
 CTA_COUNTS = (7, 14)
 CROSS_CHECK_ATOL = 1e-3
-"""v3 against v2 after one epoch from the same weights: fp32 summation orders differ (a few ulps a
-step, ~1e-5 after an epoch); a wrong batch, row or class moves weights by updates of ~1e-2."""
+"""v3 or v4 against v2 after one epoch from the same weights: fp32 summation orders differ (a few
+ulps a step, ~1e-5 after an epoch); a wrong batch, row or class moves weights by updates of
+~1e-2."""
 MAX_BATCH = 128  # one CTA thread pair per row of the batch
 READ_LOSS_EVERY = 10
 SIGNAL_TIMEOUT = 20001  # cuda_epoch_signal_status: a v4 wait timed out (not a cudaError_t)
@@ -108,15 +112,21 @@ def has_clusters() -> bool:
     return torch.cuda.get_device_capability()[0] >= 9
 
 
+def default_version(cluster: bool) -> int:
+    """The row's kernel version on a cluster or on a cooperative grid."""
+    return VERSION if cluster else GRID_VERSION
+
+
 class EpochKernel:
     """The device state of one run and the launch of one epoch."""
 
     def __init__(self, data: LadderData, cfg: LadderConfig, ctas: int = CTAS,
-                 cluster: bool | None = None, version: int = VERSION):
+                 cluster: bool | None = None, version: int | None = None):
         dev = torch.device("cuda")
         self.lib = load_library()
-        self.n, self.cfg, self.ctas, self.version = data.n_train, cfg, ctas, version
+        self.n, self.cfg, self.ctas = data.n_train, cfg, ctas
         self.cluster = has_clusters() if cluster is None else cluster
+        self.version = default_version(self.cluster) if version is None else version
         launch_config(self.lib, ctas, version, self.cluster)  # a bad variant: ValueError here
         self.x = torch.from_numpy(data.train_x).to(dev).contiguous()  # uint8 [N, 784]
         self.y = torch.from_numpy(data.train_y).to(dev, torch.int32)
@@ -129,10 +139,10 @@ class EpochKernel:
             raise ValueError(f"cuda-epoch runs on 7 or 14 CTAs, not {ctas}")
         self.scratch = torch.empty(scratch // 4, device=dev)
 
-    def run(self, epoch: int, w=None, b=None, stats=None, check: bool = True) -> None:
+    def run(self, epoch: int, w=None, b=None, stats=None, check_signals: bool = True) -> None:
         """One epoch in `orders[epoch]` order on (w, b, stats), by default the run's own.
 
-        check: for v4, wait for the epoch and raise if a signal wait timed out (a host sync;
+        check_signals: for v4, wait for the epoch and raise if a signal wait timed out (a host sync;
         timed loops pass False and call check_signals() after)."""
         w, b, stats = (self.w, self.b, self.stats) if w is None else (w, b, stats)
         p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
@@ -141,7 +151,7 @@ class EpochKernel:
             self.cfg.lr, p(w), p(b), p(stats), p(self.scratch), self.ctas, int(self.cluster),
             self.version, stream_handle())
         check(self.lib, code, f"cuda_epoch_train ({self.variant})")
-        if check:
+        if check_signals:
             self.check_signals()
 
     def check_signals(self) -> None:
@@ -158,7 +168,7 @@ class EpochKernel:
                 f"cuda_epoch_train ({self.variant}): CTA {(d >> 4) & 255} waited too long for "
                 f"{what} at step {d >> 12} and the kernel gave up (a protocol fault of the "
                 f"point-to-point signals, not a slow GPU); the weights of that launch are not "
-                f"valid. Use version {VERSION} or {FALLBACK}.")
+                f"valid. Use version {GRID_VERSION} or {FALLBACK}.")
         check(self.lib, code, f"cuda_epoch_signal_status ({self.variant})")
 
     @property
@@ -222,7 +232,7 @@ class CudaEpoch(Impl):
         return {"variant": self.kernel.variant, "fallback_reason": self.fallback_reason}
 
     def train_epoch(self, epoch: int) -> float | None:
-        self.kernel.run(epoch, check=False)  # v4's signal check syncs: done at the loss read
+        self.kernel.run(epoch, check_signals=False)  # v4: a sync, done at the loss read
         self.epochs_summed += 1
         if (epoch + 1) % READ_LOSS_EVERY and epoch + 1 != self.cfg.epochs:
             return None

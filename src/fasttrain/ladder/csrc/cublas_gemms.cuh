@@ -1,138 +1,140 @@
-// Both GEMMs of a step through cuBLAS, for the families from `+cublas` on.
+// Both GEMMs of a step through cuBLAS (cublasLt), for the families from `+cublas` on.
 //
 // cuBLAS is column-major; our row-major arrays are their transposes: x [B,784] is xᵀ (784×B, ld
 // 784), W [10,784] is Wᵀ (784×10, ld 784), z and g [B,10] are zᵀ, gᵀ (10×B, ld 10).
+//
+// Each GEMM's algorithm is chosen once at setup, for the full batch and for the last partial one,
+// and asked to split no k. cublasSgemm's own pick for this step (H100, 2026-11-26) runs a split-K
+// GEMM and a second kernel to reduce the splits: sm80_xmma_gemm 32x64 7.2 µs + cublasLt
+// splitKreduce 5.1 µs a step, against 3.4 µs for the hand-written forward kernel. Both GEMMs
+// here have a small m·n (10×B and 784×10: one to 25 tiles), so splitting k fills the GPU, and a
+// reduce kernel costs more than the split saves on k = 784 or 128. Asking the heuristic for
+// algorithms without a reduction scheme (CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = NONE)
+// excludes split-K outright; where it offers none, its unrestricted best is taken and split_k
+// says so. (The first try, the weight-gradient GEMM alone through cublasLt, left the split-K
+// kernels in the profile: they may be the forward's, which is why both go through here now.)
 #pragma once
 #include <cublasLt.h>
-#include <cublas_v2.h>
 
 #include "common.cuh"
 
-// Forward: zᵀ = W · xᵀ + zᵀ, onto z pre-filled with the bias (beta = 1 adds it).
-inline int cublas_forward(cublasHandle_t h, Ctx* c, int B, cudaStream_t s) {
-  bias_fill_kernel<<<blocks(B * FT_CLASSES, 256), 256, 0, s>>>(c->b, B, c->z);
-  FT_LAUNCHED();
-  const float one = 1.f;
-  return (int)cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, FT_CLASSES, B, FT_IN, &one, c->W, FT_IN,
-                          c->xb, FT_IN, &one, c->z, FT_CLASSES);
-}
-
-// Weight gradient and update in one GEMM, Wᵀ ← Wᵀ - lr · xᵀ · g (alpha = -lr, beta = 1: the
-// gradient is never stored): m = 784, n = 10, k = B, A = xᵀ (N), B = g (T); then the bias kernel.
-//
-// Through cublasLt with the algorithm chosen at setup, not cublasSgemm's pick. For this shape
-// cublasSgemm chooses split-K (H100, 2026-11-26: sm80_xmma_gemm 32x64 7.26 µs + cublasLt
-// splitKreduce 5.28 µs a step): m·n is only 25 of its 32x64 tiles, so it splits the 128-long k to
-// fill the GPU, and pays a second kernel to reduce the splits, far more than the split saves on a
-// k of 128 (16 steps of 8). We take the heuristic's best algorithm that does not split k
-// (CUBLASLT_ALGO_CONFIG_SPLITK_NUM == 1); if it offers none, its best with the split forced to 1
-// (checked by cublasLtMatmulAlgoCheck), else its best as is. The transposes are fixed by the
-// layouts (W row-major is Wᵀ column-major; a GEMM cannot write a transposed output).
-struct LtUpdate {
-  cublasLtHandle_t lt = nullptr;
+// One GEMM D = alpha · op(A) · op(B) + beta · C with C = D, as layouts for the full batch [0] and
+// the last one [1], and the algorithm chosen for each.
+struct LtGemm {
   cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t w = nullptr, x[2] = {}, g[2] = {};  // [0] full batch, [1] the last one
+  cublasLtMatrixLayout_t a[2] = {}, b[2] = {}, c[2] = {};
   cublasLtMatmulAlgo_t algo[2];
-  int rows[2] = {0, 0};
-  int split_k[2] = {0, 0};  // the chosen algorithms' k splits (1 unless cuBLAS insisted)
+  int split_k[2] = {0, 0};  // 1: an algorithm without a k split; 0: cuBLAS's unrestricted best
 };
 
-inline int lt_choose(LtUpdate* u, Ctx* c, int i) {
+struct CublasGemms {
+  cublasLtHandle_t lt = nullptr;
+  LtGemm forward, update;
+  int rows[2] = {0, 0};  // the full batch and the last one
+};
+
+// The heuristic's best algorithm for g's layouts i whose reduction scheme is in `mask`.
+inline int lt_best(cublasLtHandle_t lt, LtGemm* g, int i, Ctx* c, uint32_t mask,
+                   cublasLtMatmulHeuristicResult_t* best, int* n) {
   cublasLtMatmulPreference_t pref = nullptr;
   FT_TRY(cublasLtMatmulPreferenceCreate(&pref));
   uint64_t bytes = c->workspace_bytes;
   int status = (int)cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &bytes, sizeof bytes);
-  cublasLtMatmulHeuristicResult_t found[16];
-  int n = 0;
   if (status == 0)
-    status = (int)cublasLtMatmulAlgoGetHeuristic(u->lt, u->op, u->x[i], u->g[i], u->w, u->w, pref,
-                                                 16, found, &n);
+    status = (int)cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
+  if (status == 0)
+    status = (int)cublasLtMatmulAlgoGetHeuristic(lt, g->op, g->a[i], g->b[i], g->c[i], g->c[i],
+                                                 pref, 1, best, n);
   cublasLtMatmulPreferenceDestroy(pref);
-  FT_TRY(status);
-  if (n == 0) return (int)CUBLAS_STATUS_NOT_SUPPORTED;
-  auto splits = [](const cublasLtMatmulAlgo_t& a) {
-    int32_t k = 1;
-    size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k, sizeof k,
-                                         &written);
-    return k;
-  };
-  for (int j = 0; j < n; ++j)
-    if (splits(found[j].algo) == 1) {
-      u->algo[i] = found[j].algo;
-      u->split_k[i] = 1;
-      return 0;
-    }
-  cublasLtMatmulAlgo_t forced = found[0].algo;
-  int32_t one = 1;
-  uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
-  cublasLtMatmulHeuristicResult_t checked;
-  if (cublasLtMatmulAlgoConfigSetAttribute(&forced, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &one,
-                                           sizeof one) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulAlgoConfigSetAttribute(&forced, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &none,
-                                           sizeof none) == CUBLAS_STATUS_SUCCESS &&
-      cublasLtMatmulAlgoCheck(u->lt, u->op, u->x[i], u->g[i], u->w, u->w, &forced, &checked) ==
-          CUBLAS_STATUS_SUCCESS &&
-      checked.workspaceSize <= c->workspace_bytes) {
-    u->algo[i] = forced;
-    u->split_k[i] = 1;
+  return status;
+}
+
+inline int lt_choose(cublasLtHandle_t lt, LtGemm* g, int i, Ctx* c) {
+  cublasLtMatmulHeuristicResult_t best;
+  int n = 0;
+  // A heuristic that finds nothing under the mask may say so by an error status, not n = 0.
+  if (lt_best(lt, g, i, c, CUBLASLT_REDUCTION_SCHEME_NONE, &best, &n) == 0 && n > 0) {
+    g->algo[i] = best.algo;
+    g->split_k[i] = 1;
     return 0;
   }
-  u->algo[i] = found[0].algo;
-  u->split_k[i] = splits(found[0].algo);
+  FT_TRY(lt_best(lt, g, i, c, CUBLASLT_REDUCTION_SCHEME_MASK, &best, &n));
+  if (n == 0) return (int)CUBLAS_STATUS_NOT_SUPPORTED;
+  g->algo[i] = best.algo;
+  g->split_k[i] = 0;
   return 0;
 }
 
-inline int lt_update_create(LtUpdate* u, Ctx* c) {
-  FT_TRY(cublasLtCreate(&u->lt));
-  // Plain FP32 compute (no TF32), as the cuBLAS handle's default math mode.
-  FT_TRY(cublasLtMatmulDescCreate(&u->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t n = CUBLAS_OP_N, t = CUBLAS_OP_T;
-  FT_TRY(cublasLtMatmulDescSetAttribute(u->op, CUBLASLT_MATMUL_DESC_TRANSA, &n, sizeof n));
-  FT_TRY(cublasLtMatmulDescSetAttribute(u->op, CUBLASLT_MATMUL_DESC_TRANSB, &t, sizeof t));
-  FT_TRY(cublasLtMatrixLayoutCreate(&u->w, CUDA_R_32F, FT_IN, FT_CLASSES, FT_IN));
-  u->rows[0] = c->batch;
-  u->rows[1] = c->n % c->batch ? c->n % c->batch : c->batch;
+// A layout of `rows`×`cols` floats (column-major, leading dimension `ld`).
+inline int lt_layout(cublasLtMatrixLayout_t* out, int rows, int cols, int ld) {
+  return (int)cublasLtMatrixLayoutCreate(out, CUDA_R_32F, rows, cols, ld);
+}
+
+// Plain FP32 compute (no TF32: the rungs are checked against float64 to fp32 tolerance).
+inline int lt_op(LtGemm* g, cublasOperation_t ta, cublasOperation_t tb) {
+  FT_TRY(cublasLtMatmulDescCreate(&g->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  FT_TRY(cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  return (int)cublasLtMatmulDescSetAttribute(g->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+}
+
+inline int cublas_gemms_create(CublasGemms* G, Ctx* c) {
+  FT_TRY(cublasLtCreate(&G->lt));
+  G->rows[0] = c->batch;
+  G->rows[1] = c->n % c->batch ? c->n % c->batch : c->batch;
+  // Forward: zᵀ (10×B) = (Wᵀ)ᵀ · xᵀ + zᵀ: m = 10, n = B, k = 784; A = Wᵀ (T), B = xᵀ (N).
+  FT_TRY(lt_op(&G->forward, CUBLAS_OP_T, CUBLAS_OP_N));
+  // Update: Wᵀ (784×10) ← Wᵀ - lr · xᵀ · g: m = 784, n = 10, k = B; A = xᵀ (N), B = gᵀ (T).
+  FT_TRY(lt_op(&G->update, CUBLAS_OP_N, CUBLAS_OP_T));
   for (int i = 0; i < 2; ++i) {
-    FT_TRY(cublasLtMatrixLayoutCreate(&u->x[i], CUDA_R_32F, FT_IN, u->rows[i], FT_IN));
-    FT_TRY(cublasLtMatrixLayoutCreate(&u->g[i], CUDA_R_32F, FT_CLASSES, u->rows[i], FT_CLASSES));
-    FT_TRY(lt_choose(u, c, i));
+    const int B = G->rows[i];
+    LtGemm *f = &G->forward, *u = &G->update;
+    FT_TRY(lt_layout(&f->a[i], FT_IN, FT_CLASSES, FT_IN));
+    FT_TRY(lt_layout(&f->b[i], FT_IN, B, FT_IN));
+    FT_TRY(lt_layout(&f->c[i], FT_CLASSES, B, FT_CLASSES));
+    FT_TRY(lt_layout(&u->a[i], FT_IN, B, FT_IN));
+    FT_TRY(lt_layout(&u->b[i], FT_CLASSES, B, FT_CLASSES));
+    FT_TRY(lt_layout(&u->c[i], FT_IN, FT_CLASSES, FT_IN));
+    FT_TRY(lt_choose(G->lt, f, i, c));
+    FT_TRY(lt_choose(G->lt, u, i, c));
   }
   return 0;
 }
 
-inline int lt_update_destroy(LtUpdate* u) {
-  for (int i = 0; i < 2; ++i) {
-    if (u->x[i]) cublasLtMatrixLayoutDestroy(u->x[i]);
-    if (u->g[i]) cublasLtMatrixLayoutDestroy(u->g[i]);
-  }
-  if (u->w) cublasLtMatrixLayoutDestroy(u->w);
-  if (u->op) cublasLtMatmulDescDestroy(u->op);
-  return u->lt ? (int)cublasLtDestroy(u->lt) : 0;
+inline void lt_gemm_destroy(LtGemm* g) {
+  for (int i = 0; i < 2; ++i)
+    for (cublasLtMatrixLayout_t l : {g->a[i], g->b[i], g->c[i]})
+      if (l) cublasLtMatrixLayoutDestroy(l);
+  if (g->op) cublasLtMatmulDescDestroy(g->op);
 }
 
-inline int cublas_update(LtUpdate* u, Ctx* c, int B, cudaStream_t s) {
-  const int i = B == u->rows[0] ? 0 : 1;  // every batch but the last is full
-  const float alpha = -c->lr, one = 1.f;
-  FT_TRY(cublasLtMatmul(u->lt, u->op, &alpha, c->xb, u->x[i], c->p, u->g[i], &one, c->W, u->w,
-                        c->W, u->w, &u->algo[i], c->workspace, c->workspace_bytes, s));
+inline int cublas_gemms_destroy(CublasGemms* G) {
+  lt_gemm_destroy(&G->forward);
+  lt_gemm_destroy(&G->update);
+  return G->lt ? (int)cublasLtDestroy(G->lt) : 0;
+}
+
+inline int lt_run(cublasLtHandle_t lt, LtGemm* g, int i, float alpha, const float* A,
+                  const float* B, float* CD, Ctx* c, cudaStream_t s) {
+  const float one = 1.f;
+  return (int)cublasLtMatmul(lt, g->op, &alpha, A, g->a[i], B, g->b[i], &one, CD, g->c[i], CD,
+                             g->c[i], &g->algo[i], c->workspace, c->workspace_bytes, s);
+}
+
+// Forward: zᵀ = W · xᵀ + zᵀ, onto z pre-filled with the bias (beta = 1 adds it).
+inline int cublas_forward(CublasGemms* G, Ctx* c, int B, cudaStream_t s) {
+  bias_fill_kernel<<<blocks(B * FT_CLASSES, 256), 256, 0, s>>>(c->b, B, c->z);
+  FT_LAUNCHED();
+  const int i = B == G->rows[0] ? 0 : 1;  // every batch but the last is full
+  return lt_run(G->lt, &G->forward, i, 1.f, c->W, c->xb, c->z, c, s);
+}
+
+// Weight gradient and update in one GEMM, Wᵀ ← Wᵀ - lr · xᵀ · g (alpha = -lr, beta = 1: the
+// gradient is never stored); then the bias kernel.
+inline int cublas_update(CublasGemms* G, Ctx* c, int B, cudaStream_t s) {
+  const int i = B == G->rows[0] ? 0 : 1;
+  FT_TRY(lt_run(G->lt, &G->update, i, -c->lr, c->xb, c->p, c->W, c, s));
   sgd_update_kernel<<<1, SGD_THREADS, 0, s>>>(c->W, nullptr, c->b, c->p, B, c->lr);
   return (int)cudaGetLastError();
-}
-
-// The handle onto stream s, with our fixed workspace back: cublasSetStream unconditionally resets
-// the workspace to cuBLAS's default pool (cuBLAS docs, cublasSetStream), which it would then
-// allocate from inside a graph capture.
-inline int cublas_bind(cublasHandle_t h, Ctx* c, cudaStream_t s) {
-  FT_TRY(cublasSetStream(h, s));
-  return (int)cublasSetWorkspace(h, c->workspace, c->workspace_bytes);
-}
-
-// A handle in plain FP32 (the default math mode: no TF32, as the rungs are checked against float64
-// to fp32 tolerance), with a fixed workspace so that graph capture allocates nothing.
-inline int cublas_create(cublasHandle_t* h, Ctx* c) {
-  FT_TRY(cublasCreate(h));
-  FT_TRY(cublasSetMathMode(*h, CUBLAS_DEFAULT_MATH));
-  return (int)cublasSetWorkspace(*h, c->workspace, c->workspace_bytes);
 }

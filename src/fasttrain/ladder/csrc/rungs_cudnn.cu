@@ -6,8 +6,7 @@
 #include "cublas_gemms.cuh"
 
 struct Library {
-  cublasHandle_t cublas = nullptr;
-  LtUpdate update;  // the weight-gradient GEMM's cublasLt handle, layouts and chosen algorithms
+  CublasGemms gemms;  // the cublasLt handle, both GEMMs' layouts and chosen algorithms
   cudnnHandle_t cudnn = nullptr;
   // z and p as N×C×1×1 tensors: one descriptor for full batches, one for the last partial batch.
   cudnnTensorDescriptor_t full = nullptr, last = nullptr;
@@ -16,8 +15,7 @@ struct Library {
 struct CudnnOps {
   static int create(Ctx* c) {
     Library* L = c->lib = new Library;
-    FT_TRY(cublas_create(&L->cublas, c));
-    FT_TRY(lt_update_create(&L->update, c));
+    FT_TRY(cublas_gemms_create(&L->gemms, c));
     FT_TRY(cudnnCreate(&L->cudnn));
     FT_TRY(cudnnCreateTensorDescriptor(&L->full));
     FT_TRY(cudnnCreateTensorDescriptor(&L->last));
@@ -27,25 +25,20 @@ struct CudnnOps {
     return (int)cudnnSetTensor4dDescriptor(L->last, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, tail,
                                            FT_CLASSES, 1, 1);
   }
-  static int bind(Ctx* c, cudaStream_t s) {
-    FT_TRY(cublas_bind(c->lib->cublas, c, s));
-    return (int)cudnnSetStream(c->lib->cudnn, s);
-  }
+  static int bind(Ctx* c, cudaStream_t s) { return (int)cudnnSetStream(c->lib->cudnn, s); }
   static int destroy(Ctx* c) {
     Library* L = c->lib;
     if (L == nullptr) return 0;
     if (L->full) cudnnDestroyTensorDescriptor(L->full);
     if (L->last) cudnnDestroyTensorDescriptor(L->last);
     if (L->cudnn) cudnnDestroy(L->cudnn);
-    int lt = lt_update_destroy(&L->update);
-    int status = L->cublas ? (int)cublasDestroy(L->cublas) : 0;
+    int status = cublas_gemms_destroy(&L->gemms);
     delete L;
-    if (status == 0) status = lt;
     return status;
   }
 
   static int forward(Ctx* c, int B, cudaStream_t s) {
-    return cublas_forward(c->lib->cublas, c, B, s);
+    return cublas_forward(&c->lib->gemms, c, B, s);
   }
   static int softmax(Ctx* c, int B, cudaStream_t) {
     const float one = 1.f, zero = 0.f;
@@ -53,7 +46,7 @@ struct CudnnOps {
     return (int)cudnnSoftmaxForward(c->lib->cudnn, CUDNN_SOFTMAX_ACCURATE,
                                     CUDNN_SOFTMAX_MODE_INSTANCE, &one, d, c->z, &zero, d, c->p);
   }
-  static int update(Ctx* c, int B, cudaStream_t s) { return cublas_update(&c->lib->update, c, B, s); }
+  static int update(Ctx* c, int B, cudaStream_t s) { return cublas_update(&c->lib->gemms, c, B, s); }
 };
 
 FT_EXPORT_ENTRY_POINTS(CudnnOps)
