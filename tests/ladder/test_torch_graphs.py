@@ -77,13 +77,13 @@ def test_a_step_is_four_ops_and_an_epoch_adds_four():
         shuffle(s, order)
     assert sum(step.ops.values()) == 1  # the whole set gathered in epoch order, once
     with CountOps() as step:
-        train_steps(s, s.spans[:1])
+        train_steps(s, s.steps[:1])
     assert step.ops == Counter({"mm": 1, "_log_softmax": 1, "_log_softmax_backward_data": 1,
                                 "addmm_": 1})
     assert sum(step.ops.values()) == OPS_PER_STEP
     with CountOps() as epoch:
-        train_steps(s, s.spans)
-    assert sum(epoch.ops.values()) == OPS_PER_STEP * len(s.spans)
+        train_steps(s, s.steps)
+    assert sum(epoch.ops.values()) == OPS_PER_STEP * len(s.steps)
     with CountOps() as loss:
         sum_loss(s)
     assert sum(loss.ops.values()) == 3  # mul, sum, add_: once an epoch, no host sync
