@@ -11,7 +11,10 @@ costs, measured, and how the `cuda-epoch` variants compare.
   only — on 7 or 14 CTAs): ms per epoch (CUDA events, median of the epochs after a
   warm-up one), and its weights after those epochs against version 2's on the same cluster/CTAs
   (max |Δw|: v2 is the kernel the float64 check passed), to pick the variant the row uses. v4's
-  bounded waits are checked once after its timed epochs (a timeout is printed, not a hang).
+  bounded waits are checked once after its timed epochs (a timeout is printed, not a hang);
+- v4's phases: one epoch by its phase-profiling build (`EpochKernel.phase_profile`), the µs a
+  step each CTA's thread 0 spends in each phase (mean over CTAs and the slowest CTA), to show
+  what the next version must shorten.
 
     PYTHONPATH=src python benchmarks/sync_cost.py [--data mnist] [--epochs 10] [--json PATH]
 """
@@ -86,6 +89,7 @@ def main() -> int:
     from fasttrain.data import load_dataset
     from fasttrain.ladder import LadderConfig, make_ladder_data
     from fasttrain.ladder.cuda_epoch import (
+        PHASES,
         EpochKernel,
         has_clusters,
         launch_config,
@@ -105,7 +109,7 @@ def main() -> int:
 
     cfg = LadderConfig(epochs=args.epochs + 1)
     data = make_ladder_data(load_dataset(args.data, None, seed=0), cfg)
-    times, deltas, finals = {}, {}, {}
+    times, deltas, finals, phases = {}, {}, {}, {}
     for version, cluster, ctas in variants(has_clusters()):
         k = EpochKernel(data, cfg, ctas=ctas, cluster=cluster, version=version)
         threads, smem = launch_config(lib, ctas, version, cluster)
@@ -131,13 +135,20 @@ def main() -> int:
         print(f"  cuda-epoch, {k.variant} ({threads} threads, {smem // 1024} KiB smem): "
               f"{ms:.3f} ms/epoch = {ms * 1e3 / STEPS:.2f} µs/step; max |w - w(v2)| {delta:.2g}"
               + same)
+        if version == 4:
+            phases[k.variant] = profile = k.phase_profile(0)
+            print(f"    its phases (µs a step, mean over CTAs / the slowest; the profiling "
+                  f"build's step {profile['step_us']:.2f} µs): " + ", ".join(
+                      f"{name} {profile['mean_us'][name]:.2f}/{profile['max_us'][name]:.2f}"
+                      for name in PHASES))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"schema": "fasttrain.sync_cost/1", "env": env,
                        "config": {"iters": ITERS, "steps": STEPS, "data": args.data,
                                   "epochs": args.epochs},
                        "barrier_ns": barriers, "graph_node_us": node,
-                       "cuda_epoch_ms": times, "cuda_epoch_max_dw_vs_v2": deltas}, f, indent=2)
+                       "cuda_epoch_ms": times, "cuda_epoch_max_dw_vs_v2": deltas,
+                       "cuda_epoch_v4_phases_us": phases}, f, indent=2)
         print(f"wrote {args.json}")
     return 0
 

@@ -165,8 +165,12 @@ def _sync_cost_figures(path: Path) -> list[str]:
     if result.get("graph_node_us") is not None:
         lines.append(f"CUDA graph: {result['graph_node_us']:.2f} µs per dependent kernel")
     steps = result.get("config", {}).get("steps", 469)
-    lines += [f"cuda-epoch, {k}: {v:.3f} ms/epoch = {v * 1e3 / steps:.2f} µs/step"
+    lines += [f"cuda-epoch, {k}: " + (f"{v:.3f} ms/epoch = {v * 1e3 / steps:.2f} µs/step"
+                                       if isinstance(v, float) else str(v))
               for k, v in result.get("cuda_epoch_ms", {}).items()]
+    for k, profile in result.get("cuda_epoch_v4_phases_us", {}).items():
+        lines.append(f"  {k} phases, µs a step (mean over CTAs): " + ", ".join(
+            f"{name} {us:.2f}" for name, us in profile["mean_us"].items()))
     return lines
 
 

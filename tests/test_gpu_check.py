@@ -151,3 +151,26 @@ def test_the_peers_step_runs_the_mlp_on_cuda_and_its_figures_read_a_real_result(
     cpu_result = ROOT / "benchmarks/results/2026-11-26-cpu-amd-epyc-2core-peers-in-memory.json"
     lines = gpu_check_figures.FIGURES["peers-in-memory"](cpu_result)
     assert len(lines) == 10 and "mlp fasttrain" in lines[0] and "samples/s" in lines[0]
+
+
+def test_the_sync_cost_figures_read_a_real_result_a_failed_variant_and_v4s_phases(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check_figures
+
+    from fasttrain.ladder.cuda_epoch import PHASES
+
+    real = json.loads((ROOT / "benchmarks/results/"
+                       "2026-11-26-nvidia-h100-80gb-hbm3-run2-sync-cost.json").read_text())
+    read = gpu_check_figures.FIGURES["sync-cost"]
+    path = tmp_path / "sync-cost.json"
+    path.write_text(json.dumps(real))
+    lines = read(path)
+    assert "v4, cluster of 14 CTAs: 2.273 ms/epoch = 4.85 µs/step" in "\n".join(lines)
+    real["cuda_epoch_ms"]["v4, cluster of 7 CTAs"] = "RuntimeError: CTA 3 waited too long"
+    real["cuda_epoch_v4_phases_us"] = {"v4, cluster of 14 CTAs": {
+        "step_us": 4.9, "mean_us": dict.fromkeys(PHASES, 0.8),
+        "max_us": dict.fromkeys(PHASES, 1.0)}}
+    path.write_text(json.dumps(real))
+    lines = "\n".join(read(path))
+    assert "v4, cluster of 7 CTAs: RuntimeError: CTA 3 waited too long" in lines
+    assert "v4, cluster of 14 CTAs phases, µs a step (mean over CTAs): partials 0.80" in lines

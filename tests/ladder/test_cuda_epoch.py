@@ -30,7 +30,8 @@ def test_compiles_for_hopper_and_for_gpus_without_clusters(tmp_path):
     for so in sos:
         symbols = so.read_bytes()
         for name in (b"cuda_epoch_train", b"cuda_epoch_variant", b"cuda_epoch_bench_cluster_sync",
-                     b"cuda_epoch_bench_grid_sync", b"epoch_grid_kernel"):
+                     b"cuda_epoch_bench_grid_sync", b"epoch_grid_kernel",
+                     b"cuda_epoch_phase_profile"):
             assert name in symbols, (so.name, name)
 
 
@@ -108,6 +109,13 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
     code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, dummy, 14, 0,
                                 4, None)
     assert code == 1
+    # The phase profile exists for 7 and 14 CTAs and a batch that fits, and refuses the rest.
+    lib.cuda_epoch_phase_profile.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float,
+                                             p, p, p, ctypes.c_int, p, p, p]
+    for ctas, batch in ((5, 128), (14, 0), (14, 129)):
+        assert lib.cuda_epoch_phase_profile(dummy, dummy, dummy, 1, batch, 0.1, dummy, dummy,
+                                            dummy, ctas, dummy, dummy, None) == 1
+    assert ce.PHASES[0] == "partials" and len(ce.PHASES) == 6  # epoch_v4.cuh's Phase, in order
 
 
 def small_run(batch=64, **kernel_args):
@@ -195,6 +203,30 @@ def test_one_launch_per_epoch():
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
     assert len(kernels) == 3 and all("epoch_" in k for k in kernels), kernels
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_v4s_phase_profile_accounts_for_its_step():
+    """The profiling build's phases, per CTA, add up to its loop: their means over CTAs to the
+    step CTA 0 timed by the global timer (each CTA runs the same loop in the same launch)."""
+    from fasttrain.ladder.cuda_epoch import PHASES, has_clusters
+
+    if not has_clusters():
+        pytest.skip("v4 runs on thread-block clusters only")
+    from fasttrain.ladder.cuda_epoch import EpochKernel
+
+    cfg = LadderConfig(epochs=1, batch_size=128)
+    data = make_ladder_data(tiny_images(n_train=128 * 40), cfg)  # 40 steps: ~0.2 ms of loop
+    k = EpochKernel(data, cfg, ctas=14, cluster=True, version=4)
+    w0 = k.w.clone()
+    profile = k.phase_profile(0)
+    assert torch.equal(k.w, w0)  # it trained copies
+    assert list(profile["mean_us"]) == list(PHASES)
+    assert all(v >= 0 for v in profile["mean_us"].values())
+    assert all(profile["max_us"][p] >= profile["mean_us"][p] for p in PHASES)
+    total = sum(profile["mean_us"].values())
+    assert total == pytest.approx(profile["step_us"], rel=0.05), profile
 
 
 @pytest.mark.gpu

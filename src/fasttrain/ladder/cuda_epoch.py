@@ -52,6 +52,10 @@ ulps a step, ~1e-5 after an epoch); a wrong batch, row or class moves weights by
 MAX_BATCH = 128  # one CTA thread pair per row of the batch
 READ_LOSS_EVERY = 10
 SIGNAL_TIMEOUT = 20001  # cuda_epoch_signal_status: a v4 wait timed out (not a cudaError_t)
+PHASES = ("partials", "widen", "wait partials", "softmax, send g", "wait g", "update")
+"""A v4 step's phases, in order (epoch_v4.cuh's Phase): the partial logits and their sends; the
+next batch's widening; the wait for my rows' partials; their softmax and the g sends; the wait
+for every row's g; the weight gradient and update."""
 
 
 def load_library() -> ctypes.CDLL:
@@ -74,6 +78,10 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_signal_status.restype = i32
     lib.cuda_epoch_signal_fault.argtypes = [i32]
     lib.cuda_epoch_signal_fault.restype = i32
+    # x, y, order, n, bs, lr, w, b, stats, ctas, clocks out, span out, stream
+    lib.cuda_epoch_phase_profile.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, i32,
+                                             ptr, ptr, ptr]
+    lib.cuda_epoch_phase_profile.restype = i32
     for name in ("cuda_epoch_bench_cluster_sync", "cuda_epoch_bench_grid_sync"):
         getattr(lib, name).argtypes = [i32, i32, ptr, ptr]
         getattr(lib, name).restype = i32
@@ -170,6 +178,28 @@ class EpochKernel:
                 f"point-to-point signals, not a slow GPU); the weights of that launch are not "
                 f"valid. Use version {GRID_VERSION} or {FALLBACK}.")
         check(self.lib, code, f"cuda_epoch_signal_status ({self.variant})")
+
+    def phase_profile(self, epoch: int) -> dict:
+        """v4 on a cluster: one epoch in `orders[epoch]` order by the phase-profiling build of
+        the kernel, from copies of this kernel's weights (they stay as they are), and the µs a
+        step spent in each of PHASES: the mean over CTAs and the largest. Clocks become time by
+        CTA 0's loop, timed both ways. Syncs."""
+        if self.version != 4 or not self.cluster:
+            raise ValueError(f"the phase profile is of v4 on a cluster, not {self.variant}")
+        w, b, stats = self.w.clone(), self.b.clone(), torch.zeros_like(self.stats)
+        p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+        clocks = (ctypes.c_ulonglong * (self.ctas * len(PHASES)))()
+        span = (ctypes.c_longlong * 2)()
+        code = self.lib.cuda_epoch_phase_profile(
+            p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
+            self.cfg.lr, p(w), p(b), p(stats), self.ctas, clocks, span, stream_handle())
+        check(self.lib, code, f"cuda_epoch_phase_profile ({self.variant})")
+        per_cta = torch.tensor(list(clocks), dtype=torch.float64).view(self.ctas, len(PHASES))
+        ns, steps = span[0], span[1]
+        us = per_cta * (ns / per_cta[0].sum().item()) / steps / 1e3  # µs a step
+        return {"step_us": ns / steps / 1e3,
+                "mean_us": dict(zip(PHASES, us.mean(0).tolist(), strict=True)),
+                "max_us": dict(zip(PHASES, us.max(0).values.tolist(), strict=True))}
 
     @property
     def variant(self) -> str:

@@ -155,7 +155,53 @@ __device__ __forceinline__ bool bounded_wait(uint32_t bar, int parity, int code)
   return mbar_try_wait(bar, parity) || bounded_wait_slow(bar, parity, code);
 }
 
-template <int NC>
+// Where a v4 step's time goes (cuda_epoch_phase_profile): each CTA's thread 0 sums the clocks
+// of each phase of the loop, and CTA 0 the loop's wall time in ns (globaltimer) to convert them.
+// Compiled into a separate kernel (TIMED), so the timed row's kernel has no extra registers.
+enum Phase {
+  PH_PARTIALS,   // issue the prefetches, partial logits, their st.async sends
+  PH_WIDEN,      // wait for the next batch's bytes, widen them to floats
+  PH_WAIT_PART,  // wait for my rows' partials from every CTA
+  PH_SOFTMAX,    // softmax of my rows, re-arm, send g to every CTA
+  PH_WAIT_G,     // wait for every row's g
+  PH_UPDATE,     // weight-gradient partials, reduction, update
+  PHASES
+};
+__device__ unsigned long long g_phase_clocks[16][PHASES];
+__device__ long long g_phase_ns[2];  // CTA 0: the loop's globaltimer span; steps
+
+template <bool ON>
+struct PhaseClock {  // off: nothing
+  __device__ void mark(int) {}
+  __device__ void write(int, int) {}
+};
+template <>
+struct PhaseClock<true> {
+  long long last, t0_ns;
+  unsigned long long sum[PHASES];
+  __device__ PhaseClock() {
+    for (int k = 0; k < PHASES; ++k) sum[k] = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0_ns));
+    last = clock64();
+  }
+  __device__ void mark(int phase) {
+    const long long now = clock64();
+    sum[phase] += now - last;
+    last = now;
+  }
+  __device__ void write(int r, int steps) {
+    if (threadIdx.x != 0) return;
+    for (int k = 0; k < PHASES; ++k) g_phase_clocks[r][k] = sum[k];
+    if (r == 0) {
+      long long t1;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+      g_phase_ns[0] = t1 - t0_ns;
+      g_phase_ns[1] = steps;
+    }
+  }
+};
+
+template <int NC, bool TIMED = false>
 __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
   using S = Shape4<NC>;
   constexpr int F = S::F, FP = S::FP, RPC = S::RPC, CH = F / 8;
@@ -235,6 +281,7 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
 
   float loss = 0.f, correct = 0.f;
   bool failed = false;
+  PhaseClock<TIMED> clock;
   for (int s = 0; s < steps; ++s) {
     const int nb = rows_of(s), p = s & 1, parity = (s >> 1) & 1;
     const float* x = xf + p * BMAX * FP;
@@ -260,13 +307,16 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
           st_async1(dst + 16, acc[4], bar);
       }
     }
+    clock.mark(PH_PARTIALS);
     // Window while the partials travel: the next batch's bytes -> floats.
     __pipeline_wait_prior(1);
     __syncthreads();
     if (s + 1 < steps) widen(s + 1);
+    clock.mark(PH_WIDEN);
 
     // S: wait for my rows' NC partials (mine only), then as v3.
     bool ok = bounded_wait(pbar_u + 8 * p, parity, WAIT_PARTIALS | r << 4 | s << 12);
+    clock.mark(PH_WAIT_PART);
     softmax_rows<NC, S>(PlainRead{}, part0 + p * S::PART, bias, ys + (s & 3) * BMAX, gl, tid, r,
                         nb, a.lr, loss, correct);
     if (__syncthreads_or(!ok)) {
@@ -291,9 +341,11 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
       }
       st_async4(mapa(gb_u + 4 * (p * S::GB + off), q), val, mapa(gbar_u + 8 * p, q));
     }
+    clock.mark(PH_SOFTMAX);
 
     // G: wait for every row's g and every owner's bias partial (addressed to me), then as v3.
     ok = bounded_wait(gbar_u + 8 * p, parity, WAIT_G | r << 4 | s << 12);
+    clock.mark(PH_WAIT_G);
     {
       const float* g = gb0 + p * S::GB;
       const float* dbp = g + Shape3<NC>::GIN;
@@ -306,9 +358,11 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
       apply_update<NC, S>(PlainRead{}, red, dbp, Ws, bias, tid, T);
       __syncthreads();
     }
+    clock.mark(PH_UPDATE);
   }
   __pipeline_wait_prior(0);  // no cp.async left in flight into this CTA's memory
   if (failed) return;        // the weights of this launch are not written back (see the top)
+  clock.write(r, steps);
   for (int i = tid; i < C * F; i += T) a.w[(i / F) * K + k0 + i % F] = Ws[i];
   if (r == 0 && tid < C) a.b[tid] = bias[tid];
   if (loss != 0.f || correct != 0.f) {
