@@ -63,10 +63,9 @@ def evaluate_loss(run) -> ComputeLoss:
 
 def marking_steps(fn: ComputeLoss) -> ComputeLoss:
     """`fn`, each call (one micro-batch) begun as a new step of torch.compile's CUDA graphs
-    (reduce-overhead): a micro-batch's forward then never waits for the previous one's outputs,
-    which it would otherwise take for the same step's and overwrite before that backward ran
-    (accumulation, evaluation between steps). Marked per micro-batch, not per model call: a user
-    step that calls the model twice keeps both outputs."""
+    (reduce-overhead), so that they never take two micro-batches (accumulation) or an evaluation
+    batch and a training one for one step and replay over outputs still in use. Marked per
+    micro-batch, not per model call: a user step that calls the model twice keeps both outputs."""
     @functools.wraps(fn)  # keeps `.step` (usercode.py names the failing callable by it)
     def marked(forward, batch):
         torch.compiler.cudagraph_mark_step_begin()
