@@ -114,6 +114,32 @@ def test_rows_are_checked_then_timed_in_interleaved_repeats(tiny_data):
         assert r["epoch_ms_min"] == min(every) and r["epoch_ms_max"] == max(every)
 
 
+def test_a_row_slower_than_the_repeat_limit_runs_once_and_says_so(tiny_data):
+    """--repeat-limit: any run exceeds 1 ns and none 1e9 s, so the limits decide alone."""
+    data, cfg = tiny_data
+    CALLS.clear()
+    rows = bench.run_rows([entry_for(LoggedNumpy), entry_for(OtherLogged)], data, cfg, {},
+                          repeats=3, repeat_limit=1e-9)
+    assert [len(r["repeats"]) for r in rows] == [1, 1]
+    for r in rows:
+        assert r["status"] == "ok" and r["repeat_limit_s"] == 1e-9
+        assert r["epoch_ms"] == r["repeats"][0]["epoch_ms"]
+    setups = [c.split(":")[0] for c in CALLS if c.endswith(":setup")]
+    assert setups == ["logged", "other"] * 2  # the checks, then one run each
+    rows = bench.run_rows([entry_for(LoggedNumpy)], data, cfg, {}, repeats=3, repeat_limit=1e9)
+    assert len(rows[0]["repeats"]) == 3 and "repeat_limit_s" not in rows[0]
+
+
+@pytest.mark.parametrize("limit", ["0", "-1", "nan", "inf"])
+def test_a_repeat_limit_that_is_not_a_positive_time_is_one_line(limit, capsys):
+    from fasttrain.cli import main
+
+    assert main(["bench", "--impl", "numpy-cpu", "--data", "synthetic", "--repeat-limit",
+                 limit]) == 2
+    err = capsys.readouterr().err
+    assert "--repeat-limit must be a number of seconds > 0" in err and "Traceback" not in err
+
+
 POISONED = [False]  # the fake device's state: a sticky fault makes every later call fail
 
 
@@ -252,7 +278,7 @@ def test_the_fresh_process_is_fasttrain_bench_with_these_settings(tmp_path):
     """bench's own rerun: a real `fasttrain bench` child for the rows given, same settings."""
     import argparse
 
-    args = argparse.Namespace(data="synthetic", data_dir=None)
+    args = argparse.Namespace(data="synthetic", data_dir=None, repeat_limit=None)
     cfg = LadderConfig(epochs=1, batch_size=64, lr=0.05, seed=3)
     rows = bench.fresh_process([ladder.entry("numpy-cpu")], args, cfg, repeats=1)
     assert [r["impl"] for r in rows] == ["numpy-cpu"]
@@ -373,6 +399,6 @@ def test_a_fresh_process_cut_short_marks_its_rows_interrupted(monkeypatch):
             return 130
 
     monkeypatch.setattr(subprocess, "Popen", Child)
-    args = argparse.Namespace(data="synthetic", data_dir=None)
+    args = argparse.Namespace(data="synthetic", data_dir=None, repeat_limit=None)
     rows = bench.fresh_process([ladder.entry("numpy-cpu")], args, LadderConfig(), repeats=1)
     assert rows == [{"impl": "numpy-cpu", "status": "ok", "interrupted": True}]

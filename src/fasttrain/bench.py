@@ -43,6 +43,9 @@ def bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=None,
                    help=f"timed runs of each row, interleaved (default {DEFAULT_REPEATS}; "
                    f"{QUICK_REPEATS} with --quick); the table shows their median and spread")
+    p.add_argument("--repeat-limit", type=float, default=None, metavar="SECONDS",
+                   help="time a row again only while one of its runs takes at most this long "
+                   "(default: every row --repeats times); the spread column shows how many ran")
     p.add_argument("--quick", action="store_true",
                    help=f"smoke run: {QUICK_EPOCHS} epochs, {QUICK_REPEATS} repeat (unless "
                    "given)")
@@ -110,10 +113,12 @@ def _lost(row: dict, cfg, usable) -> bool:
 
 
 def run_rows(entries, data, cfg, env: dict, repeats: int, console=None, quiet=True,
-             rerun=None, usable=device_usable) -> list[dict]:
+             rerun=None, usable=device_usable, repeat_limit: float | None = None) -> list[dict]:
     """Check every row, then time the rows that passed `repeats` times in interleaved order
     (all rows once, then all rows again, ...), so slow drifts of the machine — another job
-    starting, the clock throttling — spread over every row instead of landing on one.
+    starting, the clock throttling — spread over every row instead of landing on one. A row
+    whose run (setup and epochs) took longer than `repeat_limit` seconds is not timed again:
+    its row says so (`repeat_limit_s`), and its figure stands on the runs it has.
 
     A row that fails and leaves the device unusable (`usable`, a sticky CUDA fault) stays
     failed, and every row not yet finished is handed to `rerun(entries) -> rows`: the bench
@@ -129,7 +134,7 @@ def run_rows(entries, data, cfg, env: dict, repeats: int, console=None, quiet=Tr
             _say(console, e.name, rows[-1], "check")
             if _lost(rows[-1], cfg, usable):
                 raise DeviceLost(len(rows) - 1)
-        _time_rows(entries, rows, data, cfg, env, repeats, console, quiet, usable)
+        _time_rows(entries, rows, data, cfg, env, repeats, console, quiet, usable, repeat_limit)
     except DeviceLost as lost:
         return _after_lost(entries, rows, lost.culprit, console, rerun)
     except KeyboardInterrupt:
@@ -173,7 +178,8 @@ def _after_lost(entries, rows: list[dict], culprit: int, console, rerun) -> list
     return out
 
 
-def _time_rows(entries, rows, data, cfg, env, repeats, console, quiet, usable) -> None:
+def _time_rows(entries, rows, data, cfg, env, repeats, console, quiet, usable,
+               repeat_limit=None) -> None:
     """The computed rows, then `repeats` interleaved rounds of the checked ones (in place)."""
     peaks = None
     for i, (e, row) in enumerate(zip(entries, rows, strict=True)):
@@ -184,8 +190,8 @@ def _time_rows(entries, rows, data, cfg, env, repeats, console, quiet, usable) -
              and not e.load().computed]
     for rep in range(repeats):
         for i in timed:
-            if rows[i]["status"] != "ok":
-                continue  # failed in an earlier repeat
+            if rows[i]["status"] != "ok" or "repeat_limit_s" in rows[i]:
+                continue  # failed in an earlier repeat, or too slow to repeat
             label = f"{entries[i].name} {rep + 1}/{repeats}"
             try:
                 rows[i]["repeats"].append(_time_with_progress(entries[i], data, cfg, console,
@@ -197,6 +203,10 @@ def _time_rows(entries, rows, data, cfg, env, repeats, console, quiet, usable) -
             _say(console, label, rows[i], "time")
             if _lost(rows[i], cfg, usable):
                 raise DeviceLost(i)
+            if rows[i]["status"] == "ok" and repeat_limit is not None and rep + 1 < repeats:
+                last = rows[i]["repeats"][-1]
+                if last["setup_ms"] + last["total_ms"] > 1e3 * repeat_limit:
+                    rows[i]["repeat_limit_s"] = repeat_limit
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -214,6 +224,9 @@ def bench(args: argparse.Namespace) -> int:
         QUICK_REPEATS if args.quick else DEFAULT_REPEATS)
     if repeats <= 0:
         raise UserError(f"--repeats must be a positive integer, got {repeats}")
+    limit = args.repeat_limit
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise UserError(f"--repeat-limit must be a number of seconds > 0, got {limit}")
     entries = select(args.impl)
     cfg = ladder.LadderConfig(epochs=epochs, batch_size=args.batch_size, lr=args.lr,
                               seed=args.seed, device=resolve_device(args.device))
@@ -241,7 +254,8 @@ def bench(args: argparse.Namespace) -> int:
         rows, interrupted = run_rows(entries, data, cfg, env, repeats, console,
                                      args.no_progress,
                                      rerun=lambda todo: fresh_process(todo, args, cfg,
-                                                                      repeats)), False
+                                                                      repeats),
+                                     repeat_limit=limit), False
     except Interrupted as cut:
         rows, interrupted = cut.rows, True
     interrupted = interrupted or any(r.get("interrupted") for r in rows)  # in a fresh process
@@ -253,6 +267,7 @@ def bench(args: argparse.Namespace) -> int:
         "config": {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
                    "seed": cfg.seed, "data": dataset.name, "synthetic": dataset.synthetic,
                    "data_source": dataset.source, "device": cfg.device, "repeats": repeats,
+                   "repeat_limit_s": limit,
                    "impl": [e.name for e in entries], "interrupted": interrupted},
         "rows": rows,
     }
@@ -285,7 +300,8 @@ def fresh_process(entries, args: argparse.Namespace, cfg, repeats: int) -> list[
                 str(repeats), "--batch-size", str(cfg.batch_size), "--lr", repr(cfg.lr),
                 "--seed", str(cfg.seed), "--data", args.data, "--device", cfg.device,
                 "--json", out, "--no-progress",
-                *(["--data-dir", args.data_dir] if args.data_dir else [])]
+                *(["--data-dir", args.data_dir] if args.data_dir else []),
+                *(["--repeat-limit", repr(args.repeat_limit)] if args.repeat_limit else [])]
         child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
         try:
             code = child.wait()
