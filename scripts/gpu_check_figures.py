@@ -192,4 +192,5 @@ FIGURES = {"gpu-tests": _pytest_figures, "env": _env_figures, "doctor": _doctor_
            "plan-accuracy": _plan_accuracy_figures, "bench": _bench_figures,
            "profile": _profile_figures, "stream-vs-memory": _stream_vs_memory_figures,
            "peers-in-memory": _peers_figures, "sync-cost": _sync_cost_figures,
-           "cuda-step-profile": _cuda_profile_figures}
+           "cuda-step-profile": _cuda_profile_figures,
+           "triton-sweep": _bench_figures}  # the bench's schema, one row a variant

@@ -20,11 +20,15 @@ from tests.ladder.test_ladder import ATOL, reference_sgd
 pytest.importorskip("triton", reason="triton is in the test extra: pip install -e .[test]")
 ROOT = Path(__file__).resolve().parents[2]
 
-# Each case: (samples, batch size, epochs, lr). Small: the interpreter runs ~0.2 s a step.
+# Each case: (samples, batch size, epochs, lr, variant: block_k, warps, precision).
+# Small: the interpreter runs ~0.2 s a step.
+DEFAULT = (64, 8, "ieee")
 CASES = {
-    "one-step": (64, 64, 1, 0.1),  # one full batch from the initial weights
-    "partial": (40, 16, 2, 0.1),  # steps of 16, 16 and a partial 8, two epochs
-    "memorize": (16, 16, 10, 0.5),  # one small batch, ten steps
+    "one-step": (64, 64, 1, 0.1, DEFAULT),  # one full batch from the initial weights
+    "partial": (40, 16, 2, 0.1, DEFAULT),  # steps of 16, 16 and a partial 8, two epochs
+    "memorize": (16, 16, 10, 0.5, DEFAULT),  # one small batch, ten steps
+    # Another cut of the pixels (25 programs, the last one partial: 784 = 24 × 32 + 16).
+    "partial-32": (40, 16, 2, 0.1, (32, 4, "ieee")),
 }
 
 CHILD = """
@@ -41,15 +45,16 @@ class Counting:  # counts the kernel's launches, then launches it
         return kernel[grid]
 tf.sgd_step_kernel = Counting()
 out = {}
-for name, (n, bs, epochs, lr) in json.loads(sys.argv[1]).items():
+for name, (n, bs, epochs, lr, variant) in json.loads(sys.argv[1]).items():
     cfg = LadderConfig(epochs=epochs, batch_size=bs, lr=lr)
     data = make_ladder_data(tiny_images(n_train=n), cfg)
     x, y = torch.from_numpy(data.train_x), torch.from_numpy(data.train_y)
     w, b = torch.from_numpy(data.w0.copy()), torch.from_numpy(data.b0.copy())
-    z, stats = tf.partials(bs, "cpu"), torch.zeros(2)
+    v = tf.Variant(*variant)
+    z, stats = tf.partials(bs, "cpu", v), torch.zeros(2)
     launches.clear()
     for e in range(epochs):
-        tf.sgd_epoch(x, y, torch.from_numpy(data.orders[e]), w, b, z, stats, bs, lr)
+        tf.sgd_epoch(x, y, torch.from_numpy(data.orders[e]), w, b, z, stats, bs, lr, v)
     out[name] = {"w": w.tolist(), "b": b.tolist(), "stats": stats.tolist(),
                  "launches": len(launches), "grids": sorted(set(launches))}
 json.dump(out, sys.stdout)
@@ -69,12 +74,12 @@ def interpreted():
 
 
 def case(name):
-    n, bs, epochs, lr = CASES[name]
+    n, bs, epochs, lr, _ = CASES[name]
     cfg = LadderConfig(epochs=epochs, batch_size=bs, lr=lr)
     return make_ladder_data(tiny_images(n_train=n), cfg), cfg
 
 
-@pytest.mark.parametrize("name", ["one-step", "partial"])
+@pytest.mark.parametrize("name", ["one-step", "partial", "partial-32"])
 def test_steps_match_float64_reference(interpreted, name):
     data, cfg = case(name)
     w_ref, b_ref = reference_sgd(data, cfg, cfg.epochs)
@@ -101,14 +106,23 @@ def test_memorizes_a_small_batch(interpreted):
 
 
 def test_one_launch_per_step(interpreted):
-    """The kernel count a step is the point of the row: one launch of SPLITS programs per step,
-    plus one forward launch per epoch (step 0's logits)."""
-    from fasttrain.ladder.triton_fused import SPLITS
+    """The kernel count a step is the point of the row: one launch of `splits` programs per
+    step, plus one forward launch per epoch (step 0's logits)."""
+    from fasttrain.ladder.triton_fused import Variant
 
-    for name, (n, bs, epochs, _) in CASES.items():
+    for name, (n, bs, epochs, _, variant) in CASES.items():
         got = interpreted[name]
         assert got["launches"] == epochs * (-(-n // bs) + 1), name
-        assert got["grids"] == [[SPLITS]], name
+        assert got["grids"] == [[Variant(*variant).splits]], name
+
+
+def test_the_sweep_holds_the_default_and_cuts_the_pixels_three_ways():
+    from fasttrain.ladder import triton_fused as tf
+
+    assert tf.Variant(*DEFAULT) == tf.DEFAULT and tf.DEFAULT in tf.SWEEP
+    assert len(set(tf.SWEEP)) == len(tf.SWEEP) == 12
+    assert sorted({v.splits for v in tf.SWEEP}) == [7, 13, 25]
+    assert {v.precision for v in tf.SWEEP} == {"ieee", "tf32x3"}
 
 
 COMPILE = """
@@ -123,12 +137,13 @@ for update in (True, False):  # a step; the epoch's first forward
     sig = dict(x_ptr="*u8", y_ptr="*i64", order_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32",
                z_in_ptr="*fp32", z_out_ptr="*fp32", stats_ptr="*fp32", cur="i32", n_cur="i32",
                nxt="i32", n_nxt="i32", lr="fp32")
-    consts = dict(K=784, C=10, SPLITS=tf.SPLITS, BLOCK_B=128, BLOCK_K=tf.BLOCK_K,
-                  BLOCK_C=tf.BLOCK_C, UPDATE=update, PREC=tf.DOT_PRECISION)
+    v = tf.DEFAULT
+    consts = dict(K=784, C=10, SPLITS=v.splits, BLOCK_B=128, BLOCK_K=v.block_k,
+                  BLOCK_C=tf.BLOCK_C, UPDATE=update, PREC=v.precision)
     src = ASTSource(fn=tf.sgd_step_kernel, constexprs=consts,
                     signature={**sig, **{k: "constexpr" for k in consts}})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": tf.NUM_WARPS})
+                            options={"num_warps": v.num_warps})
     # ptxas -v on the same PTX: registers and spill stores of the kernel as the GPU will load it.
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(kernel.asm["ptx"])

@@ -25,7 +25,9 @@ Versions (the winner is wired in): v1 one launch per step from Python (launch-bo
 Python per launch); v2 one single-program persistent launch per epoch (H100, 2026-11-26:
 67.5 ms/epoch = 144 µs/step: one SM walked 2 × 49 dependent K-chunks of gathered loads a step,
 ~1.5 µs of memory latency each); v3 (this file) SPLITS programs per step, one kernel per step,
-the epoch replayed from a CUDA graph. Not yet timed on a GPU.
+the epoch replayed from a CUDA graph: H100, 2026-11-26, 4.70 ms/epoch = 10.0 µs/step with
+DEFAULT (64 pixels a program, 8 warps, ieee). `benchmarks/triton_sweep.py` times every Variant
+in SWEEP (pixels a program, warps, dot precision) against it, to pick the next default.
 
 Tested on the CPU under Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported).
 
@@ -33,6 +35,8 @@ Run alone:  python -m fasttrain bench --impl triton-fused
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -45,13 +49,32 @@ except ImportError:  # optional: the row reports itself unavailable
     triton = None
 
 READ_LOSS_EVERY = 10
-BLOCK_K = 64  # pixels per program: 784 → 13 programs. Smaller blocks mean less FMA per program
-# but more partial logits to read (SPLITS × 8 KB from L2 each step); 64 balances the two.
-SPLITS = -(-IN_FEATURES // BLOCK_K)
 BLOCK_C = 16  # classes padded to tl.dot's minimum dimension
-NUM_WARPS = 8  # ptxas, sm_90a, BLOCK_K 64: 4 warps spill 1.2 KB a thread, 8 warps 120 bytes
-DOT_PRECISION = "ieee"  # exact fp32 FMA. "tf32x3" (fp32 emulated on tensor cores, ~fp32 accurate)
-# compiles with no spills at all: the first variant to time on a GPU, checked against float64.
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a step is cut and computed. block_k: pixels a program (784 / block_k programs a
+    step): smaller blocks mean less FMA a program but more partial logits for every program to
+    read (SPLITS × 8 KB from L2 a step). num_warps: ptxas, sm_90a, block_k 64: 4 warps spill
+    1.2 KB a thread, 8 warps 120 bytes. precision: tl.dot's input_precision, "ieee" (exact fp32
+    FMA) or "tf32x3" (fp32 emulated on tensor cores, about as accurate; checked against float64
+    like every row)."""
+
+    block_k: int = 64
+    num_warps: int = 8
+    precision: str = "ieee"
+
+    @property
+    def splits(self) -> int:
+        return -(-IN_FEATURES // self.block_k)
+
+    def __str__(self) -> str:
+        return f"{self.block_k} pixels a program, {self.num_warps} warps, {self.precision}"
+
+
+DEFAULT = Variant()  # the row's
+SWEEP = tuple(Variant(k, w, p) for k in (32, 64, 128) for w in (4, 8) for p in ("ieee", "tf32x3"))
 
 if triton is not None:
 
@@ -126,36 +149,39 @@ def block_b(batch: int) -> int:
     return max(16, triton.next_power_of_2(batch))
 
 
-def launch(x, y, order, w, b, z_in, z_out, stats, cur, n_cur, nxt, n_nxt, lr, update):
-    """One step (update=True) or the epoch's first forward (update=False): SPLITS programs."""
-    sgd_step_kernel[(SPLITS,)](x, y, order, w, b, z_in, z_out, stats, cur, n_cur, nxt, n_nxt,
-                               lr, K=IN_FEATURES, C=CLASSES, SPLITS=SPLITS,
-                               BLOCK_B=z_in.shape[1], BLOCK_K=BLOCK_K, BLOCK_C=BLOCK_C,
-                               UPDATE=update, PREC=DOT_PRECISION, num_warps=NUM_WARPS)
+def launch(x, y, order, w, b, z_in, z_out, stats, cur, n_cur, nxt, n_nxt, lr, update,
+           v: Variant = DEFAULT):
+    """One step (update=True) or the epoch's first forward (update=False): v.splits programs."""
+    sgd_step_kernel[(v.splits,)](x, y, order, w, b, z_in, z_out, stats, cur, n_cur, nxt, n_nxt,
+                                 lr, K=IN_FEATURES, C=CLASSES, SPLITS=v.splits,
+                                 BLOCK_B=z_in.shape[1], BLOCK_K=v.block_k, BLOCK_C=BLOCK_C,
+                                 UPDATE=update, PREC=v.precision, num_warps=v.num_warps)
 
 
-def partials(batch: int, device) -> torch.Tensor:
-    """The double-buffered partial logits: fp32 [2, SPLITS, BLOCK_B, BLOCK_C]."""
-    return torch.zeros(2, SPLITS, block_b(batch), BLOCK_C, device=device)
+def partials(batch: int, device, v: Variant = DEFAULT) -> torch.Tensor:
+    """The double-buffered partial logits: fp32 [2, v.splits, BLOCK_B, BLOCK_C]."""
+    return torch.zeros(2, v.splits, block_b(batch), BLOCK_C, device=device)
 
 
-def sgd_epoch(x, y, order, w, b, z, stats, batch: int, lr: float) -> int:
+def sgd_epoch(x, y, order, w, b, z, stats, batch: int, lr: float, v: Variant = DEFAULT) -> int:
     """One epoch in `order` (int64 [N]) on tensors of any device Triton runs on: the launch
-    sequence that CUDA graphs capture. z: `partials(batch)`. Returns the number of launches."""
+    sequence that CUDA graphs capture. z: `partials(batch, device, v)`. Returns the number of
+    launches."""
     n = len(order)
     starts = list(range(0, n, batch))
     size = [min(batch, n - s) for s in starts]
-    launch(x, y, order, w, b, z[1], z[0], stats, 0, 0, 0, size[0], lr, update=False)
+    launch(x, y, order, w, b, z[1], z[0], stats, 0, 0, 0, size[0], lr, False, v)
     for i, s in enumerate(starts):  # step i reads partials i % 2, writes (i + 1) % 2
         last = i + 1 == len(starts)
         launch(x, y, order, w, b, z[i % 2], z[(i + 1) % 2], stats, s, size[i],
-               0 if last else starts[i + 1], 0 if last else size[i + 1], lr, update=True)
+               0 if last else starts[i + 1], 0 if last else size[i + 1], lr, True, v)
     return len(starts) + 1
 
 
 class TritonFused(Impl):
     name = "triton-fused"
     device = "cuda"
+    variant = DEFAULT  # benchmarks/triton_sweep.py sets another on an instance
 
     @classmethod
     def unavailable(cls, env, cfg):
@@ -176,7 +202,8 @@ class TritonFused(Impl):
         self.order = self.orders[0].clone()  # the graph's static order buffer
         self.w = torch.from_numpy(data.w0).to(dev).contiguous()
         self.b = torch.from_numpy(data.b0).to(dev)
-        self.z = partials(cfg.batch_size, dev)
+        v = self.variant
+        self.z = partials(cfg.batch_size, dev, v)
         self.stats = torch.zeros(2, device=dev)
         # Compile every specialization (Triton specializes integer arguments on == 1 and
         # multiples of 16) with a whole epoch on scratch weights, on a side stream, then capture
@@ -185,12 +212,12 @@ class TritonFused(Impl):
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             sgd_epoch(self.x, self.y, self.order, self.w.clone(), self.b.clone(), self.z,
-                      self.stats.clone(), cfg.batch_size, cfg.lr)
+                      self.stats.clone(), cfg.batch_size, cfg.lr, v)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.launches = sgd_epoch(self.x, self.y, self.order, self.w, self.b, self.z,
-                                      self.stats, cfg.batch_size, cfg.lr)
+                                      self.stats, cfg.batch_size, cfg.lr, v)
         self.epochs_summed = 0
 
     def train_epoch(self, epoch: int) -> float | None:
@@ -205,8 +232,10 @@ class TritonFused(Impl):
         return mean
 
     def details(self) -> dict:
-        return {"programs_per_step": SPLITS, "block_k": BLOCK_K, "num_warps": NUM_WARPS,
-                "launches_per_epoch": self.launches, "cuda_graph": True}
+        v = self.variant
+        return {"programs_per_step": v.splits, "block_k": v.block_k, "num_warps": v.num_warps,
+                "dot_precision": v.precision, "launches_per_epoch": self.launches,
+                "cuda_graph": True}
 
     def params(self):
         return self.w.cpu().numpy().copy(), self.b.cpu().numpy().copy()
