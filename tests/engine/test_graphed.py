@@ -292,7 +292,7 @@ def test_the_models_graphs_fallback_marks_each_micro_batch_and_zeroes_gradients_
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     plain, fallback = _build("adamw-cosine-clip-accum"), _build("adamw-cosine-clip-accum")
-    run_module._model_graphs_only(fallback, fallback.model)
+    graphed.model_graphs_only(fallback, fallback.model)
     grads = [p.grad for p in fallback.model.parameters()]
     assert all(g is not None and not g.any() for g in grads)
     fit(plain)

@@ -202,6 +202,23 @@ def attach(run, capture: bool | None = None) -> GraphStep:
     return s
 
 
+def model_graphs_only(run, module) -> None:
+    """The other path: the model's forward and backward run as torch.compile's CUDA graphs
+    (reduce-overhead), whose outputs live in the graphs' memory pool and are overwritten by the
+    next replay. So each micro-batch begins a new graph step (steps.marking_steps), and the
+    gradients exist before the first backward and are zeroed in place (run.grads_to_none):
+    autograd then adds the backward's outputs into them instead of taking the pool's tensor as
+    .grad, which the next micro-batch's replay would overwrite (pytorch#169545)."""
+    from fasttrain.engine import steps
+
+    run.compute_loss = steps.marking_steps(run.compute_loss)
+    run.evaluate_loss = steps.marking_steps(run.evaluate_loss)
+    for p in module.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    run.grads_to_none = False
+
+
 def describe(run) -> str:
     """The start line's account of the step under --cuda-graphs ('' without it)."""
     if not run.cfg.cuda_graphs:

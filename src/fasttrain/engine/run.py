@@ -83,26 +83,11 @@ class Run:
         self.callbacks: list = []  # fit()'s, while it runs
         self.step_inputs, self.train_step = step_batches, step  # graphed.attach replaces them
         self.graph, self.graph_why = None, None
-        self.grads_to_none = True  # loop.step's zero_grad; False: zeroed in place (see below)
+        self.grads_to_none = True  # loop.step's zero_grad; False: in place (graphed.py)
 
     @property
     def main(self) -> bool:
         return self.world.main
-
-
-def _model_graphs_only(run: Run, module: nn.Module) -> None:
-    """--cuda-graphs where the whole step cannot be captured: the model's forward and backward
-    run as torch.compile's CUDA graphs (reduce-overhead), whose outputs live in the graphs'
-    memory pool and are overwritten by the next replay. So each micro-batch begins a new graph
-    step (steps.marking_steps), and the gradients exist before the first backward and are zeroed
-    in place: autograd then adds the backward's outputs into them instead of taking the pool's
-    tensor as .grad, which the next micro-batch's replay would overwrite (pytorch#169545)."""
-    run.compute_loss = steps.marking_steps(run.compute_loss)
-    run.evaluate_loss = steps.marking_steps(run.evaluate_loss)
-    for p in module.parameters():
-        if p.requires_grad:
-            p.grad = torch.zeros_like(p)
-    run.grads_to_none = False
 
 
 def seed_everything(seed: int) -> None:
@@ -263,7 +248,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         if sharded_logits:  # the loss on vocab shards (tensor_parallel.py)
             tensor_parallel.attach_loss_parallel(run)
         if cfg.cuda_graphs and run.graph_why is not None:
-            _model_graphs_only(run, module)
+            graphed.model_graphs_only(run, module)
     if world.size > 1:
         distributed.seed_ranks(world, cfg.seed, dev)  # dropout's streams, after the same init
 
