@@ -97,4 +97,27 @@ __device__ __forceinline__ float4 bytes_to_float4(uint32_t v) {
                      __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7543)) - m);
 }
 
+// CTA r's slice of the weights (columns [k0, k0 + F) of every class) and the bias into shared
+// memory, T threads: every version's set-up.
+template <int F, int T>
+__device__ __forceinline__ void load_slice(const Args& a, int k0, int tid, float* Ws,
+                                           float* bias) {
+  for (int i = tid; i < C * F; i += T) Ws[i] = a.w[(i / F) * K + k0 + i % F];
+  if (tid < C) bias[tid] = a.b[tid];
+}
+
+// The slice back to global memory (the bias from CTA 0: every CTA holds the same), and this
+// thread's loss and accuracy sums added to the run's: every version's end.
+template <int F, int T>
+__device__ __forceinline__ void write_back(const Args& a, int r, int k0, int tid,
+                                           const float* Ws, const float* bias, float loss,
+                                           float correct) {
+  for (int i = tid; i < C * F; i += T) a.w[(i / F) * K + k0 + i % F] = Ws[i];
+  if (r == 0 && tid < C) a.b[tid] = bias[tid];
+  if (loss != 0.f || correct != 0.f) {
+    atomicAdd(a.stats, loss);
+    atomicAdd(a.stats + 1, correct);
+  }
+}
+
 }  // namespace

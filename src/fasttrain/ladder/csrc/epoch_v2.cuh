@@ -23,8 +23,7 @@ __device__ void train_epoch_v2(Ex& ex, const Args& a, float* sm) {
   const int steps = (a.n + a.bs - 1) / a.bs;
   auto rows_of = [&](int step) { return min(a.bs, a.n - step * a.bs); };
 
-  for (int i = tid; i < C * F; i += THREADS) Ws[i] = a.w[(i / F) * K + k0 + i % F];
-  if (tid < C) bias[tid] = a.b[tid];
+  load_slice<F, THREADS>(a, k0, tid, Ws, bias);
   for (int i = tid; i < 2 * BMAX * FP; i += THREADS) xf[i] = 0.f;  // finite, never NaN garbage
 
   // Prologue: order of batches 0 and 1, pixels and labels of batch 0.
@@ -175,12 +174,7 @@ __device__ void train_epoch_v2(Ex& ex, const Args& a, float* sm) {
     __syncthreads();
   }
 
-  for (int i = tid; i < C * F; i += THREADS) a.w[(i / F) * K + k0 + i % F] = Ws[i];
-  if (r == 0 && tid < C) a.b[tid] = bias[tid];
-  if (loss != 0.f || correct != 0.f) {
-    atomicAdd(a.stats, loss);
-    atomicAdd(a.stats + 1, correct);
-  }
+  write_back<F, THREADS>(a, r, k0, tid, Ws, bias, loss, correct);
 }
 
 }  // namespace

@@ -189,10 +189,54 @@ __device__ __forceinline__ void apply_update(const Read& rd, const float* red, c
   }
 }
 
+// Batch j's `rows` rows, asynchronously (cp.async): the pixels of my F columns into xb[j & 1],
+// the labels into ys[j & 3], from the order indices in idx[j & 3]. v3's and v4's prefetch.
+template <class S>
+__device__ __forceinline__ void fetch_batch(const Args& a, int j, int rows, int tid, int k0,
+                                            const int* idx, int* ys, uint8_t* xb) {
+  constexpr int F = S::F, CH = F / 8;
+  const int* order = idx + (j & 3) * BMAX;
+  uint8_t* dst = xb + (j & 1) * BMAX * F;
+  for (int i = tid; i < rows * CH; i += THREADS3) {
+    const int row = i / CH, c = i % CH;
+    __pipeline_memcpy_async(dst + row * F + c * 8,
+                            a.x + static_cast<size_t>(order[row]) * K + k0 + c * 8, 8);
+  }
+  for (int i = tid; i < rows; i += THREADS3)
+    __pipeline_memcpy_async(ys + (j & 3) * BMAX + i, a.y + order[i], 4);
+}
+
+// Step s's prefetch: batch s + 2's pixels and labels (its order came with step s - 2's) and
+// batch s + 4's order, as one commit group, empty or not, so that wait_prior(1) always means
+// "the previous step's". v3's and v4's.
+template <class S>
+__device__ __forceinline__ void prefetch_ahead(const Args& a, int s, int steps, int tid, int k0,
+                                               int* idx, int* ys, uint8_t* xb) {
+  auto rows_of = [&](int step) { return min(a.bs, a.n - step * a.bs); };
+  if (s + 2 < steps) fetch_batch<S>(a, s + 2, rows_of(s + 2), tid, k0, idx, ys, xb);
+  if (s + 4 < steps)
+    for (int i = tid; i < rows_of(s + 4); i += THREADS3)
+      __pipeline_memcpy_async(idx + ((s + 4) & 3) * BMAX + i, a.order + (s + 4) * a.bs + i, 4);
+  __pipeline_commit();
+}
+
+// Batch j's fetched pixels as floats: xb[j & 1] -> xf[j & 1] (padded rows of FP).
+template <class S>
+__device__ __forceinline__ void widen_batch(int j, int rows, int tid, const uint8_t* xb,
+                                            float* xf) {
+  constexpr int F = S::F, FP = S::FP;
+  float* dst = xf + (j & 1) * BMAX * FP;
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(xb + (j & 1) * BMAX * F);
+  for (int i = tid; i < rows * (F / 4); i += THREADS3) {
+    const int row = i / (F / 4), c4 = i % (F / 4);
+    *reinterpret_cast<float4*>(dst + row * FP + c4 * 4) = bytes_to_float4(src[i]);
+  }
+}
+
 template <int NC, class Ex>
 __device__ void train_epoch_v3(Ex& ex, const Args& a, float* sm) {
   using S = Shape3<NC>;
-  constexpr int F = S::F, FP = S::FP, RPC = S::RPC, CH = F / 8;
+  constexpr int F = S::F, FP = S::FP, RPC = S::RPC;
   const int tid = threadIdx.x, r = ex.rank(), k0 = r * F;
   float* Ws = sm + S::W_OFF;
   float* bias = sm + S::BIAS_OFF;
@@ -209,33 +253,15 @@ __device__ void train_epoch_v3(Ex& ex, const Args& a, float* sm) {
   const int steps = (a.n + a.bs - 1) / a.bs;
   auto rows_of = [&](int step) { return min(a.bs, a.n - step * a.bs); };
 
-  for (int i = tid; i < C * F; i += THREADS3) Ws[i] = a.w[(i / F) * K + k0 + i % F];
-  if (tid < C) bias[tid] = a.b[tid];
+  load_slice<F, THREADS3>(a, k0, tid, Ws, bias);
   for (int i = tid; i < 2 * BMAX * FP; i += THREADS3) xf[i] = 0.f;  // finite, never NaN garbage
 
   // Prologue: order of batches 0-3; pixels and labels of batches 0 and 1.
   for (int j = 0; j < 4 && j < steps; ++j)
     for (int i = tid; i < rows_of(j); i += THREADS3) idx[j * BMAX + i] = a.order[j * a.bs + i];
   __syncthreads();
-  auto fetch = [&](int j) {  // pixels (my F columns) and labels of batch j, asynchronously
-    const int* rows = idx + (j & 3) * BMAX;
-    uint8_t* dst = xb + (j & 1) * BMAX * F;
-    for (int i = tid; i < rows_of(j) * CH; i += THREADS3) {
-      const int row = i / CH, c = i % CH;
-      __pipeline_memcpy_async(dst + row * F + c * 8,
-                              a.x + static_cast<size_t>(rows[row]) * K + k0 + c * 8, 8);
-    }
-    for (int i = tid; i < rows_of(j); i += THREADS3)
-      __pipeline_memcpy_async(ys + (j & 3) * BMAX + i, a.y + rows[i], 4);
-  };
-  auto widen = [&](int j) {  // xb[j & 1] -> xf[j & 1]
-    float* dst = xf + (j & 1) * BMAX * FP;
-    const uint32_t* src = reinterpret_cast<const uint32_t*>(xb + (j & 1) * BMAX * F);
-    for (int i = tid; i < rows_of(j) * (F / 4); i += THREADS3) {
-      const int row = i / (F / 4), c4 = i % (F / 4);
-      *reinterpret_cast<float4*>(dst + row * FP + c4 * 4) = bytes_to_float4(src[i]);
-    }
-  };
+  auto fetch = [&](int j) { fetch_batch<S>(a, j, rows_of(j), tid, k0, idx, ys, xb); };
+  auto widen = [&](int j) { widen_batch<S>(j, rows_of(j), tid, xb, xf); };
   fetch(0);
   if (steps > 1) fetch(1);
   __pipeline_commit();
@@ -249,13 +275,8 @@ __device__ void train_epoch_v3(Ex& ex, const Args& a, float* sm) {
     const int nb = rows_of(s);
     const float* x = xf + (s & 1) * BMAX * FP;
     // Prefetch two batches ahead (order four ahead): the bytes land during this step and the next,
-    // and are widened in the next step's barrier-A window, off the critical path. One commit
-    // group per step, empty or not, so that wait_prior(1) below always means "the previous step's".
-    if (s + 2 < steps) fetch(s + 2);  // its order came with step s-2's group
-    if (s + 4 < steps)
-      for (int i = tid; i < rows_of(s + 4); i += THREADS3)
-        __pipeline_memcpy_async(idx + ((s + 4) & 3) * BMAX + i, a.order + (s + 4) * a.bs + i, 4);
-    __pipeline_commit();
+    // and are widened in the next step's barrier-A window, off the critical path.
+    prefetch_ahead<S>(a, s, steps, tid, k0, idx, ys, xb);
 
     // L: partial logits over my features; thread = (row, class half h, feature half fh), the two
     // feature halves summed by a shuffle; the pair stores one float4 + one float to the owner.
@@ -309,12 +330,7 @@ __device__ void train_epoch_v3(Ex& ex, const Args& a, float* sm) {
     }
   }
 
-  for (int i = tid; i < C * F; i += THREADS3) a.w[(i / F) * K + k0 + i % F] = Ws[i];
-  if (r == 0 && tid < C) a.b[tid] = bias[tid];
-  if (loss != 0.f || correct != 0.f) {
-    atomicAdd(a.stats, loss);
-    atomicAdd(a.stats + 1, correct);
-  }
+  write_back<F, THREADS3>(a, r, k0, tid, Ws, bias, loss, correct);
 }
 
 }  // namespace

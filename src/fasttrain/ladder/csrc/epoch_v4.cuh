@@ -204,7 +204,7 @@ struct PhaseClock<true> {
 template <int NC, bool TIMED = false>
 __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
   using S = Shape4<NC>;
-  constexpr int F = S::F, FP = S::FP, RPC = S::RPC, CH = F / 8;
+  constexpr int F = S::F, FP = S::FP, RPC = S::RPC;
   constexpr int T = THREADS4;
   const int tid = threadIdx.x, k0 = r * F;
   // Stale failure of an earlier launch not yet read by the host: every CTA reads the same value
@@ -230,8 +230,7 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
   };
   auto g_bytes = [&](int step) { return 64 * (rows_of(step) + NC); };  // GBAR: rows + partials
 
-  for (int i = tid; i < C * F; i += T) Ws[i] = a.w[(i / F) * K + k0 + i % F];
-  if (tid < C) bias[tid] = a.b[tid];
+  load_slice<F, T>(a, k0, tid, Ws, bias);
   for (int i = tid; i < 2 * BMAX * FP; i += T) xf[i] = 0.f;
   for (int i = tid; i < S::INBOX; i += T) sm[S::INBOX_OFF + i] = 0.f;  // pad slots: finite
   if (tid == 0) {
@@ -248,25 +247,8 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
   for (int j = 0; j < 4 && j < steps; ++j)
     for (int i = tid; i < rows_of(j); i += T) idx[j * BMAX + i] = a.order[j * a.bs + i];
   __syncthreads();
-  auto fetch = [&](int j) {
-    const int* rows = idx + (j & 3) * BMAX;
-    uint8_t* dst = xb + (j & 1) * BMAX * F;
-    for (int i = tid; i < rows_of(j) * CH; i += T) {
-      const int row = i / CH, c = i % CH;
-      __pipeline_memcpy_async(dst + row * F + c * 8,
-                              a.x + static_cast<size_t>(rows[row]) * K + k0 + c * 8, 8);
-    }
-    for (int i = tid; i < rows_of(j); i += T)
-      __pipeline_memcpy_async(ys + (j & 3) * BMAX + i, a.y + rows[i], 4);
-  };
-  auto widen = [&](int j) {
-    float* dst = xf + (j & 1) * BMAX * FP;
-    const uint32_t* src = reinterpret_cast<const uint32_t*>(xb + (j & 1) * BMAX * F);
-    for (int i = tid; i < rows_of(j) * (F / 4); i += T) {
-      const int row = i / (F / 4), c4 = i % (F / 4);
-      *reinterpret_cast<float4*>(dst + row * FP + c4 * 4) = bytes_to_float4(src[i]);
-    }
-  };
+  auto fetch = [&](int j) { fetch_batch<S>(a, j, rows_of(j), tid, k0, idx, ys, xb); };
+  auto widen = [&](int j) { widen_batch<S>(j, rows_of(j), tid, xb, xf); };
   fetch(0);
   if (steps > 1) fetch(1);
   __pipeline_commit();
@@ -285,11 +267,7 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
   for (int s = 0; s < steps; ++s) {
     const int nb = rows_of(s), p = s & 1, parity = (s >> 1) & 1;
     const float* x = xf + p * BMAX * FP;
-    if (s + 2 < steps) fetch(s + 2);
-    if (s + 4 < steps)
-      for (int i = tid; i < rows_of(s + 4); i += T)
-        __pipeline_memcpy_async(idx + ((s + 4) & 3) * BMAX + i, a.order + (s + 4) * a.bs + i, 4);
-    __pipeline_commit();
+    prefetch_ahead<S>(a, s, steps, tid, k0, idx, ys, xb);  // as v3
 
     // L (as v3), each pair's float4 + float going to the owner with st.async on its PB[p].
     {
@@ -363,12 +341,7 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
   __pipeline_wait_prior(0);  // no cp.async left in flight into this CTA's memory
   if (failed) return;        // the weights of this launch are not written back (see the top)
   clock.write(r, steps);
-  for (int i = tid; i < C * F; i += T) a.w[(i / F) * K + k0 + i % F] = Ws[i];
-  if (r == 0 && tid < C) a.b[tid] = bias[tid];
-  if (loss != 0.f || correct != 0.f) {
-    atomicAdd(a.stats, loss);
-    atomicAdd(a.stats + 1, correct);
-  }
+  write_back<F, T>(a, r, k0, tid, Ws, bias, loss, correct);
 }
 
 }  // namespace
