@@ -7,14 +7,15 @@ costs, measured, and how the `cuda-epoch` variants compare.
 - a dependent kernel inside a CUDA graph (what each of torch-graphs' ~7 kernels a step costs at
   least): µs per node, a graph of 469 one-element kernels replayed;
 - `cuda-epoch` itself, every variant (`cuda_epoch.variants()`: kernel version 2 or 3 × cluster or
-  cooperative grid × 7 or 14 CTAs, and version 4 — point-to-point mbarrier signals, clusters
-  only — on 7 or 14 CTAs): ms per epoch (CUDA events, median of the epochs after a
+  cooperative grid × 7 or 14 CTAs, and versions 4 — point-to-point mbarrier signals, clusters
+  only — and 5 — v4 with both GEMMs on tensor cores at fp32 accuracy — on 7 or 14 CTAs): ms per
+  epoch (CUDA events, median of the epochs after a
   warm-up one), and its weights after those epochs against version 2's on the same cluster/CTAs
-  (max |Δw|: v2 is the kernel the float64 check passed), to pick the variant the row uses. v4's
-  bounded waits are checked once after its timed epochs (a timeout is printed, not a hang);
-- v4's phases: one epoch by its phase-profiling build (`EpochKernel.phase_profile`), the µs a
-  step each CTA's thread 0 spends in each phase (mean over CTAs and the slowest CTA), to show
-  what the next version must shorten.
+  (max |Δw|: v2 is the kernel the float64 check passed), to pick the variant the row uses. v4's and
+  v5's bounded waits are checked once after their timed epochs (a timeout is printed, not a hang);
+- v4's and v5's phases: one epoch by their phase-profiling build (`EpochKernel.phase_profile`),
+  the µs a step each CTA's thread 0 spends in each phase (mean over CTAs and the slowest CTA), to
+  show what the next version must shorten.
 
     PYTHONPATH=src python benchmarks/sync_cost.py [--data mnist] [--epochs 10] [--json PATH]
 """
@@ -90,6 +91,7 @@ def main() -> int:
     from fasttrain.ladder import LadderConfig, make_ladder_data
     from fasttrain.ladder.cuda_epoch import (
         PHASES,
+        SIGNALLED,
         EpochKernel,
         has_clusters,
         launch_config,
@@ -114,7 +116,7 @@ def main() -> int:
         k = EpochKernel(data, cfg, ctas=ctas, cluster=cluster, version=version)
         threads, smem = launch_config(lib, ctas, version, cluster)
         epoch = iter(range(10**9))
-        try:  # v4's signal check syncs: once after the timed epochs, not inside them
+        try:  # v4's and v5's signal check syncs: once after the timed epochs, not inside them
             ms = epoch_ms(lambda k=k, e=epoch: k.run(next(e) % cfg.epochs, check_signals=False),
                           args.epochs)
             k.check_signals()
@@ -135,7 +137,7 @@ def main() -> int:
         print(f"  cuda-epoch, {k.variant} ({threads} threads, {smem // 1024} KiB smem): "
               f"{ms:.3f} ms/epoch = {ms * 1e3 / STEPS:.2f} µs/step; max |w - w(v2)| {delta:.2g}"
               + same)
-        if version == 4:
+        if version in SIGNALLED:
             phases[k.variant] = profile = k.phase_profile(0)
             print(f"    its phases (µs a step, mean over CTAs / the slowest; the profiling "
                   f"build's step {profile['step_us']:.2f} µs): " + ", ".join(
@@ -148,7 +150,7 @@ def main() -> int:
                                   "epochs": args.epochs},
                        "barrier_ns": barriers, "graph_node_us": node,
                        "cuda_epoch_ms": times, "cuda_epoch_max_dw_vs_v2": deltas,
-                       "cuda_epoch_v4_phases_us": phases}, f, indent=2)
+                       "cuda_epoch_phases_us": phases}, f, indent=2)
         print(f"wrote {args.json}")
     return 0
 

@@ -168,7 +168,8 @@ def _sync_cost_figures(path: Path) -> list[str]:
     lines += [f"cuda-epoch, {k}: " + (f"{v:.3f} ms/epoch = {v * 1e3 / steps:.2f} µs/step"
                                        if isinstance(v, float) else str(v))
               for k, v in result.get("cuda_epoch_ms", {}).items()]
-    for k, profile in result.get("cuda_epoch_v4_phases_us", {}).items():
+    phases = result.get("cuda_epoch_phases_us", result.get("cuda_epoch_v4_phases_us", {}))
+    for k, profile in phases.items():  # the key before v5 was added: cuda_epoch_v4_phases_us
         lines.append(f"  {k} phases, µs a step (mean over CTAs): " + ", ".join(
             f"{name} {us:.2f}" for name, us in profile["mean_us"].items()))
     return lines

@@ -153,7 +153,7 @@ def test_the_peers_step_runs_the_mlp_on_cuda_and_its_figures_read_a_real_result(
     assert len(lines) == 10 and "mlp fasttrain" in lines[0] and "samples/s" in lines[0]
 
 
-def test_the_sync_cost_figures_read_a_real_result_a_failed_variant_and_v4s_phases(tmp_path):
+def test_the_sync_cost_figures_read_a_real_result_a_failed_variant_and_the_phases(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_check_figures
 
@@ -167,10 +167,13 @@ def test_the_sync_cost_figures_read_a_real_result_a_failed_variant_and_v4s_phase
     lines = read(path)
     assert "v4, cluster of 14 CTAs: 2.273 ms/epoch = 4.85 µs/step" in "\n".join(lines)
     real["cuda_epoch_ms"]["v4, cluster of 7 CTAs"] = "RuntimeError: CTA 3 waited too long"
-    real["cuda_epoch_v4_phases_us"] = {"v4, cluster of 14 CTAs": {
+    real["cuda_epoch_phases_us"] = {"v4, cluster of 14 CTAs": {
         "step_us": 4.9, "mean_us": dict.fromkeys(PHASES, 0.8),
-        "max_us": dict.fromkeys(PHASES, 1.0)}}
+        "max_us": dict.fromkeys(PHASES, 1.0)}, "v5, cluster of 14 CTAs": {
+        "step_us": 2.1, "mean_us": dict.fromkeys(PHASES, 0.35),
+        "max_us": dict.fromkeys(PHASES, 0.5)}}
     path.write_text(json.dumps(real))
     lines = "\n".join(read(path))
     assert "v4, cluster of 7 CTAs: RuntimeError: CTA 3 waited too long" in lines
     assert "v4, cluster of 14 CTAs phases, µs a step (mean over CTAs): partials 0.80" in lines
+    assert "v5, cluster of 14 CTAs phases, µs a step (mean over CTAs): partials 0.35" in lines

@@ -1,9 +1,9 @@
 """cuda-epoch: the kernel compiles for Hopper here (nvcc, no GPU) and its variants' launch
 configurations are read from the built library (it loads without a GPU); on a GPU, every variant
-(version 2 or 3, cluster or cooperative grid, 7 or 14 CTAs; version 4 on clusters only, 7 or 14
-CTAs) against the float64 reference, one
-launch per epoch, and the barrier microbenchmarks. The row itself also runs in test_ladder.py's
-generic checks."""
+(version 2 or 3, cluster or cooperative grid, 7 or 14 CTAs; versions 4 and 5 on clusters only, 7
+or 14 CTAs) against the float64 reference, one launch per epoch, and the barrier
+microbenchmarks. v5's tile arithmetic also runs on the CPU: test_cuda_epoch_v5_math.py. The row
+itself also runs in test_ladder.py's generic checks."""
 
 import ctypes
 from concurrent.futures import ThreadPoolExecutor
@@ -64,12 +64,13 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     # Without clusters only the cooperative grid, and v2 (the reference of the others) first.
     assert ce.variants(clusters=False) == [v for v in every if not v[1]]
     assert every[0][0] == ce.FALLBACK == 2
-    # v4 (point-to-point signals) is timed on clusters, never on a grid: the default on clusters
-    # (timed and checked on an H100), v3 on a grid.
-    assert {(v, c) for v, c, _ in every if v == 4} == {(4, True)}
-    assert ce.VERSION == 4 and 4 in ce.SIGNALLED and ce.CLUSTER_ONLY == (4,)
+    # v4 and v5 (point-to-point signals) are timed on clusters, never on a grid; v4 is the
+    # default on clusters (timed and checked on an H100; v5 not yet), v3 on a grid.
+    assert {(v, c) for v, c, _ in every if v >= 4} == {(4, True), (5, True)}
+    assert ce.VERSION == 4 and ce.SIGNALLED == ce.CLUSTER_ONLY == (4, 5)
     assert ce.default_version(True) == 4 and ce.default_version(False) == ce.GRID_VERSION == 3
-    assert "csrc/epoch_v4.cuh" in ce.CudaEpoch.sources
+    for header in ("epoch_v4.cuh", "epoch_v5.cuh", "epoch_v5_math.cuh"):
+        assert f"csrc/{header}" in ce.CudaEpoch.sources
 
 
 @requires_nvcc
@@ -84,12 +85,16 @@ def test_every_variant_launches_within_one_hopper_sm(cpu_loaded_library):
     # v3: one thread per (row, class half, feature half) of a 128-row batch.
     assert ce.launch_config(lib, 14, 3)[0] == 4 * ce.MAX_BATCH
     # v4: v3's threads; its inboxes doubled (two steps in flight) and 4 mbarriers on top of v3's.
+    # v5: v4's threads and inboxes; its batches as bf16 and its weights in three bf16 parts.
     for ctas in ce.CTA_COUNTS:
         v3, v4 = ce.launch_config(lib, ctas, 3), ce.launch_config(lib, ctas, 4)
-        assert v4[0] == v3[0] and v3[1] < v4[1] <= hopper_smem, (ctas, v3, v4)
-    # No cooperative-grid v4: the library refuses it (and variants() leaves it out).
-    with pytest.raises(ValueError, match="no version 4 on 14 CTAs on a cooperative grid"):
-        ce.launch_config(lib, 14, 4, cluster=False)
+        v5 = ce.launch_config(lib, ctas, 5)
+        assert v5[0] == v4[0] == v3[0] and v3[1] < v4[1] <= hopper_smem, (ctas, v3, v4)
+        assert v5[1] <= hopper_smem, (ctas, v5)
+    # No cooperative-grid v4 or v5: the library refuses them (and variants() leaves them out).
+    for version in (4, 5):
+        with pytest.raises(ValueError, match=f"no version {version} on 14 CTAs on a cooperative"):
+            ce.launch_config(lib, 14, version, cluster=False)
     assert lib.cuda_epoch_scratch_bytes(16) == 0
     with pytest.raises(ValueError, match="no version 9"):
         ce.launch_config(lib, 14, 9)
@@ -106,15 +111,17 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
     lib.cuda_epoch_train.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float, p, p, p,
                                      p, ctypes.c_int, ctypes.c_int, ctypes.c_int, p]
     dummy = p(16)
-    code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, dummy, 14, 0,
-                                4, None)
-    assert code == 1
-    # The phase profile exists for 7 and 14 CTAs and a batch that fits, and refuses the rest.
+    for version in (4, 5):
+        code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, dummy, 14,
+                                    0, version, None)
+        assert code == 1
+    # The phase profile exists for v4 and v5 on 7 and 14 CTAs and a batch that fits, and refuses
+    # the rest.
     lib.cuda_epoch_phase_profile.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float,
-                                             p, p, p, ctypes.c_int, p, p, p]
-    for ctas, batch in ((5, 128), (14, 0), (14, 129)):
+                                             p, p, p, ctypes.c_int, ctypes.c_int, p, p, p]
+    for ctas, version, batch in ((5, 4, 128), (14, 4, 0), (14, 5, 129), (14, 3, 128)):
         assert lib.cuda_epoch_phase_profile(dummy, dummy, dummy, 1, batch, 0.1, dummy, dummy,
-                                            dummy, ctas, dummy, dummy, None) == 1
+                                            dummy, ctas, version, dummy, dummy, None) == 1
     assert ce.PHASES[0] == "partials" and len(ce.PHASES) == 6  # epoch_v4.cuh's Phase, in order
 
 
@@ -132,7 +139,7 @@ def small_run(batch=64, **kernel_args):
 @requires_gpu
 @pytest.mark.parametrize("cluster", [True, False], ids=["cluster", "grid"])
 @pytest.mark.parametrize("ctas", [7, 14])
-@pytest.mark.parametrize("version", [2, 3, 4], ids=["v2", "v3", "v4"])
+@pytest.mark.parametrize("version", [2, 3, 4, 5], ids=["v2", "v3", "v4", "v5"])
 @pytest.mark.parametrize("batch", [64, 16])
 def test_variants_match_float64_reference(batch, version, cluster, ctas):
     from fasttrain.ladder.cuda_epoch import CLUSTER_ONLY, has_clusters
@@ -207,18 +214,19 @@ def test_one_launch_per_epoch():
 
 @pytest.mark.gpu
 @requires_gpu
-def test_v4s_phase_profile_accounts_for_its_step():
+@pytest.mark.parametrize("version", [4, 5], ids=["v4", "v5"])
+def test_the_phase_profile_accounts_for_its_step(version):
     """The profiling build's phases, per CTA, add up to its loop: their means over CTAs to the
     step CTA 0 timed by the global timer (each CTA runs the same loop in the same launch)."""
     from fasttrain.ladder.cuda_epoch import PHASES, has_clusters
 
     if not has_clusters():
-        pytest.skip("v4 runs on thread-block clusters only")
+        pytest.skip(f"v{version} runs on thread-block clusters only")
     from fasttrain.ladder.cuda_epoch import EpochKernel
 
     cfg = LadderConfig(epochs=1, batch_size=128)
     data = make_ladder_data(tiny_images(n_train=128 * 40), cfg)  # 40 steps: ~0.2 ms of loop
-    k = EpochKernel(data, cfg, ctas=14, cluster=True, version=4)
+    k = EpochKernel(data, cfg, ctas=14, cluster=True, version=version)
     w0 = k.w.clone()
     profile = k.phase_profile(0)
     assert torch.equal(k.w, w0)  # it trained copies

@@ -12,10 +12,13 @@ Built by `fasttrain.ladder.build` (nvcc → cached .so → ctypes) at setup; the
 and orders are on the device as uint8 / int32.
 
 Variants `benchmarks/sync_cost.py` compares (the winner is wired in): kernel version 2 or 3 ×
-cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each), and version 4 (v3 with
+cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each), version 4 (v3 with
 point-to-point mbarrier signals instead of the two cluster barriers a step; clusters only, so no
-cooperative-grid v4) on 7 or 14 CTAs. v4's waits are bounded: a protocol fault ends the launch and
-shows as a RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
+cooperative-grid v4) and version 5 (v4's signals with both GEMMs on tensor cores: W and g split
+into three bf16 parts against the exact bf16 pixels, fp32 accumulation, so fp32-accurate; not yet
+run on a GPU) on 7 or 14 CTAs. The signalled versions' waits are bounded: a protocol fault ends
+the launch and shows as a RuntimeError at the next check (`EpochKernel.check_signals`), never a
+hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
 2.73 ms = 5.8 µs, v4 2.27 ms = 4.85 µs, v4's weights equal to v3's and within 4.2e-7 of v2's
 after an epoch. So the row runs v4 on clusters and v3 where there are none (the cooperative grid).
@@ -41,9 +44,9 @@ CTAS = 14  # 56 features a CTA: 8.3 µs/step against 9.8 with 7 CTAs (H100, v2)
 VERSION = 4  # the row's kernel version on clusters (cross-checked against FALLBACK)
 GRID_VERSION = 3  # the row's version without clusters (v4 is cluster-only)
 FALLBACK = 2
-VERSIONS = (2, 3, 4)  # csrc/cuda_epoch.cu's changelog
-CLUSTER_ONLY = (4,)  # versions with no cooperative-grid kernel (mbarrier signals across a cluster)
-SIGNALLED = (4,)  # versions whose bounded waits report a timeout through cuda_epoch_signal_status
+VERSIONS = (2, 3, 4, 5)  # csrc/cuda_epoch.cu's changelog
+CLUSTER_ONLY = (4, 5)  # versions with no cooperative-grid kernel (mbarrier signals in a cluster)
+SIGNALLED = (4, 5)  # versions whose bounded waits report a timeout via cuda_epoch_signal_status
 CTA_COUNTS = (7, 14)
 CROSS_CHECK_ATOL = 1e-3
 """v3 or v4 against v2 after one epoch from the same weights: fp32 summation orders differ (a few
@@ -53,8 +56,8 @@ MAX_BATCH = 128  # one CTA thread pair per row of the batch
 READ_LOSS_EVERY = 10
 SIGNAL_TIMEOUT = 20001  # cuda_epoch_signal_status: a v4 wait timed out (not a cudaError_t)
 PHASES = ("partials", "widen", "wait partials", "softmax, send g", "wait g", "update")
-"""A v4 step's phases, in order (epoch_v4.cuh's Phase): the partial logits and their sends; the
-next batch's widening; the wait for my rows' partials; their softmax and the g sends; the wait
+"""A v4 or v5 step's phases, in order (epoch_v4.cuh's Phase): the partial logits and their sends;
+the next batch's widening; the wait for my rows' partials; their softmax and the g sends; the wait
 for every row's g; the weight gradient and update."""
 
 
@@ -78,9 +81,9 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_signal_status.restype = i32
     lib.cuda_epoch_signal_fault.argtypes = [i32]
     lib.cuda_epoch_signal_fault.restype = i32
-    # x, y, order, n, bs, lr, w, b, stats, ctas, clocks out, span out, stream
+    # x, y, order, n, bs, lr, w, b, stats, ctas, version, clocks out, span out, stream
     lib.cuda_epoch_phase_profile.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, i32,
-                                             ptr, ptr, ptr]
+                                             i32, ptr, ptr, ptr]
     lib.cuda_epoch_phase_profile.restype = i32
     for name in ("cuda_epoch_bench_cluster_sync", "cuda_epoch_bench_grid_sync"):
         getattr(lib, name).argtypes = [i32, i32, ptr, ptr]
@@ -150,8 +153,8 @@ class EpochKernel:
     def run(self, epoch: int, w=None, b=None, stats=None, check_signals: bool = True) -> None:
         """One epoch in `orders[epoch]` order on (w, b, stats), by default the run's own.
 
-        check_signals: for v4, wait for the epoch and raise if a signal wait timed out (a host sync;
-        timed loops pass False and call check_signals() after)."""
+        check_signals: for v4 and v5, wait for the epoch and raise if a signal wait timed out (a
+        host sync; timed loops pass False and call check_signals() after)."""
         w, b, stats = (self.w, self.b, self.stats) if w is None else (w, b, stats)
         p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
         code = self.lib.cuda_epoch_train(
@@ -163,7 +166,7 @@ class EpochKernel:
             self.check_signals()
 
     def check_signals(self) -> None:
-        """v4: raise if a bounded wait of any launch since the last check timed out (the kernel
+        """v4, v5: raise if a bounded wait of any launch since the last check timed out (the kernel
         then gave up instead of hanging, and the launches after it did nothing). Syncs."""
         if self.version not in SIGNALLED:
             return
@@ -176,23 +179,24 @@ class EpochKernel:
                 f"cuda_epoch_train ({self.variant}): CTA {(d >> 4) & 255} waited too long for "
                 f"{what} at step {d >> 12} and the kernel gave up (a protocol fault of the "
                 f"point-to-point signals, not a slow GPU); the weights of that launch are not "
-                f"valid. Use version {GRID_VERSION} or {FALLBACK}.")
+                f"valid. Use version 3 or {FALLBACK}.")
         check(self.lib, code, f"cuda_epoch_signal_status ({self.variant})")
 
     def phase_profile(self, epoch: int) -> dict:
-        """v4 on a cluster: one epoch in `orders[epoch]` order by the phase-profiling build of
+        """v4 or v5 on a cluster: one epoch in `orders[epoch]` order by the phase-profiling build of
         the kernel, from copies of this kernel's weights (they stay as they are), and the µs a
         step spent in each of PHASES: the mean over CTAs and the largest. Clocks become time by
         CTA 0's loop, timed both ways. Syncs."""
-        if self.version != 4 or not self.cluster:
-            raise ValueError(f"the phase profile is of v4 on a cluster, not {self.variant}")
+        if self.version not in SIGNALLED or not self.cluster:
+            raise ValueError(f"the phase profile is of v4 or v5 on a cluster, not {self.variant}")
         w, b, stats = self.w.clone(), self.b.clone(), torch.zeros_like(self.stats)
         p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
         clocks = (ctypes.c_ulonglong * (self.ctas * len(PHASES)))()
         span = (ctypes.c_longlong * 2)()
         code = self.lib.cuda_epoch_phase_profile(
             p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
-            self.cfg.lr, p(w), p(b), p(stats), self.ctas, clocks, span, stream_handle())
+            self.cfg.lr, p(w), p(b), p(stats), self.ctas, self.version, clocks, span,
+            stream_handle())
         check(self.lib, code, f"cuda_epoch_phase_profile ({self.variant})")
         per_cta = torch.tensor(list(clocks), dtype=torch.float64).view(self.ctas, len(PHASES))
         ns, steps = span[0], span[1]
@@ -210,7 +214,8 @@ class EpochKernel:
 class CudaEpoch(Impl):
     name = "cuda-epoch"
     sources = ("csrc/cuda_epoch.cu", "csrc/epoch_shared.cuh", "csrc/epoch_v2.cuh",
-               "csrc/epoch_v3.cuh", "csrc/epoch_v4.cuh")  # the kernel its figures come from
+               "csrc/epoch_v3.cuh", "csrc/epoch_v4.cuh", "csrc/epoch_v5.cuh",
+               "csrc/epoch_v5_math.cuh")  # the kernel its figures come from
     device = "cuda"
 
     @classmethod

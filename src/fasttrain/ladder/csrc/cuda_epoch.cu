@@ -60,9 +60,23 @@
 //      2.4x the budget above. Where the time goes is measured by cuda_epoch_phase_profile (a
 //      separate build of the kernel whose thread 0 sums clock64() per phase; its figures come
 //      out of benchmarks/sync_cost.py).
+//   v5 (StepV5, epoch_v5.cuh; not yet run on a GPU) v4's loop and signals (both now one driver,
+//      train_epoch_signalled, over a step policy; v4's SASS is unchanged by it) with L and G on
+//      tensor cores (WMMA 16x16x16 bf16 -> fp32, epoch_v5_math.cuh): the pixels are exact in
+//      bf16, W and g are split into three bf16 parts each (24 significant bits, fp32's), so three
+//      MMAs a tile give fp32-accurate sums. L: 8 warps, one 16-row tile each (12 MMAs at 14 CTAs),
+//      sending their rows as soon as the tile is stored; G: 16 warps of (feature tile, row
+//      quarter) (6 MMAs each) and an update that sums the quarters and re-splits W. Owners send g
+//      already split (96 bytes a row instead of 64). Counted for 14 CTAs: L ~290 HMMA-issue clocks
+//      and ~500 shared-memory wavefronts (v4: ~560 FMA-issue clocks a sub-partition and ~780
+//      wavefronts), G ~290 and ~500 (v4: ~560 and ~450): the compute phases should take ~0.5 µs
+//      less a step; how much of v4's 4.85 µs they are is what the phase profile measures.
+//      Its tile indexing is checked on the CPU against float64 (tests/ladder/
+//      test_cuda_epoch_v5_math.py, through a host stand-in of the WMMA API).
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
 #include "epoch_v4.cuh"
+#include "epoch_v5.cuh"
 
 namespace {
 
@@ -86,7 +100,18 @@ struct Version<4> {  // cluster only: no epoch_grid_kernel<4, NC> is instantiate
   static constexpr int threads = THREADS4;
   template <int NC>
   using Shape = Shape4<NC>;
+  template <int NC>
+  using Step = StepV4<NC>;
 };
+template <>
+struct Version<5> {  // cluster only, as v4
+  static constexpr int threads = THREADS4;
+  template <int NC>
+  using Shape = Shape5<NC>;
+  template <int NC>
+  using Step = StepV5<NC>;
+};
+__host__ __device__ constexpr bool signalled(int v) { return v >= 4; }  // v4, v5: mbarrier signals, clusters only
 
 template <int V, int NC, class Ex>
 __device__ void train_epoch(Ex& ex, const Args& a, float* sm) {
@@ -96,23 +121,26 @@ __device__ void train_epoch(Ex& ex, const Args& a, float* sm) {
     train_epoch_v3<NC>(ex, a, sm);
 }
 
-// TIMED: v4's phase-profiling build (cuda_epoch_phase_profile), never the timed row's.
+// TIMED: v4's or v5's phase-profiling build (cuda_epoch_phase_profile), never the timed row's.
 template <int V, int NC, bool TIMED = false>
 __global__ void __launch_bounds__(Version<V>::threads, 1) epoch_cluster_kernel(Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(16) float sm[];
-  using S = typename Version<V>::template Shape<NC>;
-  ClusterExchange ex{cg::this_cluster(), sm + S::INBOX_OFF};
-  if constexpr (V == 4)
-    train_epoch_v4<NC, TIMED>(ex.rank(), a, sm);
-  else
+  extern __shared__ __align__(128) float sm[];  // v5's MMA tiles: 32-byte aligned at least
+  if constexpr (signalled(V)) {
+    using Step = typename Version<V>::template Step<NC>;
+    train_epoch_signalled<NC, Step, TIMED>(static_cast<int>(cg::this_cluster().block_rank()), a,
+                                           sm);
+  } else {
+    using S = typename Version<V>::template Shape<NC>;
+    ClusterExchange ex{cg::this_cluster(), sm + S::INBOX_OFF};
     train_epoch<V, NC>(ex, a, sm);
+  }
 #endif
 }
 
 template <int V, int NC>
 __global__ void __launch_bounds__(Version<V>::threads, 1) epoch_grid_kernel(Args a) {
-  extern __shared__ __align__(16) float sm[];
+  extern __shared__ __align__(128) float sm[];
   using S = typename Version<V>::template Shape<NC>;
   GridExchange<S::INBOX> ex{cg::this_grid(), a.scratch};
   train_epoch<V, NC>(ex, a, sm);
@@ -149,7 +177,7 @@ cudaError_t launch(Kernel kernel, int ctas, int threads, int smem, bool cluster,
 template <int V, int NC>
 cudaError_t train(const Args& a, bool cluster, cudaStream_t stream) {
   constexpr int threads = Version<V>::threads, smem = Version<V>::template Shape<NC>::BYTES;
-  if constexpr (V == 4)  // point-to-point signals on mbarriers: clusters only
+  if constexpr (signalled(V))  // point-to-point signals on mbarriers: clusters only
     return cluster ? launch(epoch_cluster_kernel<V, NC>, NC, threads, smem, true, stream, a)
                    : cudaErrorInvalidValue;
   else
@@ -197,9 +225,10 @@ const char* cuda_epoch_error_name(int code) {
 // configuration. Versions: 2 (two whole cluster barriers a step, 288 threads; timed on an H100 at
 // 3.89 ms/epoch with 14 CTAs), 3 (512 threads, barrier A split around the next batch's widening,
 // vector pushes, register-blocked gradient, no serial bias loop), 4 (v3 with point-to-point
-// mbarrier signals instead of the barriers; cluster only). ctas: 7 or 14.
+// mbarrier signals instead of the barriers; cluster only), 5 (v4 with its GEMMs on tensor cores
+// at fp32 accuracy; cluster only). ctas: 7 or 14.
 int cuda_epoch_variant(int ctas, int version, int cluster, int* threads, int* smem_bytes) {
-  if (version == 4 && !cluster) return 0;  // no cooperative-grid v4
+  if (version >= 4 && !cluster) return 0;  // no cooperative-grid v4 or v5
 #define FT_VARIANT(V, NC)                                                  \
   if (ctas == NC && version == V) {                                        \
     *threads = Version<V>::threads;                                        \
@@ -212,6 +241,8 @@ int cuda_epoch_variant(int ctas, int version, int cluster, int* threads, int* sm
   FT_VARIANT(3, 14)
   FT_VARIANT(4, 7)
   FT_VARIANT(4, 14)
+  FT_VARIANT(5, 7)
+  FT_VARIANT(5, 14)
 #undef FT_VARIANT
   return 0;
 }
@@ -228,8 +259,8 @@ long long cuda_epoch_scratch_bytes(int ctas) {
 // One epoch of SGD in one launch: x uint8 [n][784], y int32 [n], order int32 [n], w fp32
 // [10][784] and b fp32 [10] updated in place, stats fp32 [2] += (sum of losses, correct count).
 // ctas: 7 or 14 (features split 112 or 56 each); cluster: 1 = thread-block cluster (sm_90+),
-// 0 = cooperative grid with `scratch` (cuda_epoch_scratch_bytes) for the inboxes; version: 2, 3
-// or 4 (cuda_epoch_variant; 4 needs cluster = 1). Returns 0 or a cudaError_t (of the launch: a
+// 0 = cooperative grid with `scratch` (cuda_epoch_scratch_bytes) for the inboxes; version: 2 to
+// 5 (cuda_epoch_variant; 4 and 5 need cluster = 1). Returns 0 or a cudaError_t (of the launch: a
 // v4 protocol timeout shows in cuda_epoch_signal_status).
 int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int bs, float lr,
                      void* w, void* b, void* stats, void* scratch, int ctas, int cluster,
@@ -246,6 +277,8 @@ int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int
   if (version == 3 && ctas == 14) return train<3, 14>(a, cl, stream);
   if (version == 4 && ctas == 7) return train<4, 7>(a, cl, stream);
   if (version == 4 && ctas == 14) return train<4, 14>(a, cl, stream);
+  if (version == 5 && ctas == 7) return train<5, 7>(a, cl, stream);
+  if (version == 5 && ctas == 14) return train<5, 14>(a, cl, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -253,24 +286,26 @@ int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int
 // sticky flag its bounded waits set on a timeout. Returns 0, a cudaError_t, or SIGNAL_TIMEOUT
 // (20001) with *detail = kind (1 partials, 2 g) | CTA rank << 4 | step << 12 of the first wait
 // that timed out. A launch that finds the flag set does nothing, so the first failure is kept.
-// One epoch of v4 on a cluster by its phase-profiling build (the same arithmetic: it trains),
-// then, per CTA, the clocks its thread 0 spent in each phase (out: ctas x PHASES, row-major) and
-// CTA 0's loop span in ns and step count (span: 2). Syncs the stream.
+// One epoch of v4 or v5 (`version`) on a cluster by its phase-profiling build (the same
+// arithmetic: it trains), then, per CTA, the clocks its thread 0 spent in each phase (out: ctas x
+// PHASES, row-major) and CTA 0's loop span in ns and step count (span: 2). Syncs the stream.
 int cuda_epoch_phase_profile(const void* x, const void* y, const void* order, int n, int bs,
-                             float lr, void* w, void* b, void* stats, int ctas,
+                             float lr, void* w, void* b, void* stats, int ctas, int version,
                              unsigned long long* out, long long* span, cudaStream_t stream) {
   if (n < 1 || bs < 1 || bs > BMAX) return cudaErrorInvalidValue;
   const Args a{static_cast<const uint8_t*>(x), static_cast<const int*>(y),
                static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
                static_cast<float*>(b), static_cast<float*>(stats), nullptr};
-  cudaError_t err;
-  if (ctas == 7)
-    err = launch(epoch_cluster_kernel<4, 7, true>, 7, THREADS4, Shape4<7>::BYTES, true, stream, a);
-  else if (ctas == 14)
-    err = launch(epoch_cluster_kernel<4, 14, true>, 14, THREADS4, Shape4<14>::BYTES, true, stream,
-                 a);
-  else
-    return cudaErrorInvalidValue;
+  cudaError_t err = cudaErrorInvalidValue;
+#define FT_PROFILE(V, NC)                                                                       \
+  if (version == V && ctas == NC)                                                              \
+    err = launch(epoch_cluster_kernel<V, NC, true>, NC, THREADS4,                              \
+                 Version<V>::template Shape<NC>::BYTES, true, stream, a);
+  FT_PROFILE(4, 7)
+  FT_PROFILE(4, 14)
+  FT_PROFILE(5, 7)
+  FT_PROFILE(5, 14)
+#undef FT_PROFILE
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
   if (err == cudaSuccess)
     err = cudaMemcpyFromSymbol(out, g_phase_clocks, sizeof(unsigned long long) * ctas * PHASES);

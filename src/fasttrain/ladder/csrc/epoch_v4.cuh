@@ -201,109 +201,59 @@ struct PhaseClock<true> {
   }
 };
 
-template <int NC, bool TIMED = false>
-__device__ void train_epoch_v4(int r, const Args& a, float* sm) {
+// v4's step: v3's fp32 arithmetic on the CUDA cores, its data moved by the signals. A step
+// policy of train_epoch_signalled (below), which v5 (epoch_v5.cuh) shares with another.
+template <int NC>
+struct StepV4 {
   using S = Shape4<NC>;
-  constexpr int F = S::F, FP = S::FP, RPC = S::RPC;
-  constexpr int T = THREADS4;
-  const int tid = threadIdx.x, k0 = r * F;
-  // Stale failure of an earlier launch not yet read by the host: every CTA reads the same value
-  // (nothing writes it before the first barrier below), so all of them leave here together.
-  if (*static_cast<volatile int*>(&g_signal_error) != 0) return;
-  const int extra = g_signal_fault == 1 && r == 0 ? 16 : 0;  // the test hook, step 2 only
-  float* Ws = sm + S::W_OFF;
-  float* bias = sm + S::BIAS_OFF;
-  float* xf = sm + S::XF_OFF;
-  float* red = sm + S::RED_OFF;
-  float* gl = sm + S::GL_OFF;
-  int* idx = reinterpret_cast<int*>(sm + S::IDX_OFF);
-  int* ys = reinterpret_cast<int*>(sm + S::YS_OFF);
-  uint8_t* xb = reinterpret_cast<uint8_t*>(sm + S::XB_OFF);
-  const float* part0 = sm + S::INBOX_OFF;      // [2][PART]
-  const float* gb0 = part0 + 2 * S::PART;      // [2][GB]
+  static constexpr int T = THREADS4, F = S::F, FP = S::FP, RPC = S::RPC;
+  static constexpr int G_ROW_BYTES = 64;  // a row of g in a g inbox (GBAR's bytes: + 64 a CTA)
+  const int r, tid, k0;
+  float* const sm;
+  float* const Ws = sm + S::W_OFF;
+  float* const bias = sm + S::BIAS_OFF;
+  float* const xf = sm + S::XF_OFF;
+  float* const red = sm + S::RED_OFF;
+  float* const gl = sm + S::GL_OFF;
+  int* const idx = reinterpret_cast<int*>(sm + S::IDX_OFF);
+  int* const ys = reinterpret_cast<int*>(sm + S::YS_OFF);
+  uint8_t* const xb = reinterpret_cast<uint8_t*>(sm + S::XB_OFF);
+  const float* const part0 = sm + S::INBOX_OFF;  // [2][PART]
+  const float* const gb0 = part0 + 2 * S::PART;  // [2][GB]
   const uint32_t part_u = smem_addr(part0), gb_u = smem_addr(gb0);
   const uint32_t pbar_u = smem_addr(sm + S::BAR_OFF), gbar_u = pbar_u + 16;  // PB[2], GBAR[2]
-  const int steps = (a.n + a.bs - 1) / a.bs;
-  auto rows_of = [&](int step) { return min(a.bs, a.n - step * a.bs); };
-  auto part_bytes = [&](int step) {  // what PB brings for `step`: NC sources x my rows x 40
-    return NC * 40 * max(0, min(RPC, rows_of(step) - r * RPC));
-  };
-  auto g_bytes = [&](int step) { return 64 * (rows_of(step) + NC); };  // GBAR: rows + partials
 
-  load_slice<F, T>(a, k0, tid, Ws, bias);
-  for (int i = tid; i < 2 * BMAX * FP; i += T) xf[i] = 0.f;
-  for (int i = tid; i < S::INBOX; i += T) sm[S::INBOX_OFF + i] = 0.f;  // pad slots: finite
-  if (tid == 0) {
-    for (int p = 0; p < 2; ++p) {
-      mbar_init(pbar_u + 8 * p, 1);
-      mbar_init(gbar_u + 8 * p, 1);
-    }
-    mbar_init_fence();
-    for (int p = 0; p < 2 && p < steps; ++p) {  // arm steps 0 and 1
-      mbar_arm(pbar_u + 8 * p, part_bytes(p));
-      mbar_arm(gbar_u + 8 * p, g_bytes(p));
+  __device__ StepV4(float* sm_, int r_) : r(r_), tid(threadIdx.x), k0(r_ * F), sm(sm_) {}
+  __device__ const float* x(int p) const { return xf + p * BMAX * FP; }
+  __device__ const float* part(int p) const { return part0 + p * S::PART; }
+
+  __device__ void setup(const Args& a) {  // before the first CTA barrier
+    load_slice<F, T>(a, k0, tid, Ws, bias);
+    for (int i = tid; i < 2 * BMAX * FP; i += T) xf[i] = 0.f;
+    for (int i = tid; i < S::INBOX; i += T) sm[S::INBOX_OFF + i] = 0.f;  // pad slots: finite
+  }
+  __device__ void prepare() {}  // after it
+  __device__ void widen(int j, int rows) { widen_batch<S>(j, rows, tid, xb, xf); }
+
+  // L (as v3), each pair's float4 + float going to the owner with st.async on its PB[p].
+  __device__ void send_partials(int p, int nb) {
+    const int row = tid >> 2, h = (tid >> 1) & 1, fh = tid & 1;
+    float acc[5];
+    partial_logits<S>(x(p), Ws, tid, acc);
+    if (row < nb) {
+      const int q = row / RPC;
+      const uint32_t dst =
+          mapa(part_u + 4 * (p * S::PART + (r * RPC + row % RPC) * 16 + 8 * h), q);
+      const uint32_t bar = mapa(pbar_u + 8 * p, q);
+      if (fh == 0)
+        st_async4(dst, make_float4(acc[0], acc[1], acc[2], acc[3]), bar);
+      else
+        st_async1(dst + 16, acc[4], bar);
     }
   }
-  for (int j = 0; j < 4 && j < steps; ++j)
-    for (int i = tid; i < rows_of(j); i += T) idx[j * BMAX + i] = a.order[j * a.bs + i];
-  __syncthreads();
-  auto fetch = [&](int j) { fetch_batch<S>(a, j, rows_of(j), tid, k0, idx, ys, xb); };
-  auto widen = [&](int j) { widen_batch<S>(j, rows_of(j), tid, xb, xf); };
-  fetch(0);
-  if (steps > 1) fetch(1);
-  __pipeline_commit();
-  __pipeline_wait_prior(0);
-  __syncthreads();
-  widen(0);
-  // Every CTA's mbarriers are initialised and armed before anyone signals them. The only
-  // unbounded wait: every CTA reaches it unconditionally, right after its set-up.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-#endif
 
-  float loss = 0.f, correct = 0.f;
-  bool failed = false;
-  PhaseClock<TIMED> clock;
-  for (int s = 0; s < steps; ++s) {
-    const int nb = rows_of(s), p = s & 1, parity = (s >> 1) & 1;
-    const float* x = xf + p * BMAX * FP;
-    prefetch_ahead<S>(a, s, steps, tid, k0, idx, ys, xb);  // as v3
-
-    // L (as v3), each pair's float4 + float going to the owner with st.async on its PB[p].
-    {
-      const int row = tid >> 2, h = (tid >> 1) & 1, fh = tid & 1;
-      float acc[5];
-      partial_logits<S>(x, Ws, tid, acc);
-      if (row < nb) {
-        const int q = row / RPC;
-        const uint32_t dst =
-            mapa(part_u + 4 * (p * S::PART + (r * RPC + row % RPC) * 16 + 8 * h), q);
-        const uint32_t bar = mapa(pbar_u + 8 * p, q);
-        if (fh == 0)
-          st_async4(dst, make_float4(acc[0], acc[1], acc[2], acc[3]), bar);
-        else
-          st_async1(dst + 16, acc[4], bar);
-      }
-    }
-    clock.mark(PH_PARTIALS);
-    // Window while the partials travel: the next batch's bytes -> floats.
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    if (s + 1 < steps) widen(s + 1);
-    clock.mark(PH_WIDEN);
-
-    // S: wait for my rows' NC partials (mine only), then as v3.
-    bool ok = bounded_wait(pbar_u + 8 * p, parity, WAIT_PARTIALS | r << 4 | s << 12);
-    clock.mark(PH_WAIT_PART);
-    softmax_rows<NC, S>(PlainRead{}, part0 + p * S::PART, bias, ys + (s & 3) * BMAX, gl, tid, r,
-                        nb, a.lr, loss, correct);
-    if (__syncthreads_or(!ok)) {
-      failed = true;
-      break;
-    }
-    if (tid == 0 && s + 2 < steps)  // PART[p] read: re-arm for step s + 2
-      mbar_arm(pbar_u + 8 * p, part_bytes(s + 2) + (s == 0 ? extra : 0));
-    // Send my rows of g and their sum to every CTA's GB[p], completing on its GBAR[p].
+  // Send my rows of g and their sum to every CTA's GB[p], completing on its GBAR[p].
+  __device__ void send_g(int p, int nb) {
     for (int it = tid; it < NC * (RPC + 1) * 4; it += T) {
       const int v = it & 3, i = (it >> 2) % (RPC + 1), q = (it >> 2) / (RPC + 1);
       float4 val;
@@ -319,29 +269,117 @@ __device__ void train_epoch_v4(int r, const Args& a, float* sm) {
       }
       st_async4(mapa(gb_u + 4 * (p * S::GB + off), q), val, mapa(gbar_u + 8 * p, q));
     }
+  }
+
+  // G: the weight-gradient partials (before the CTA barrier), then the update (after it).
+  __device__ void gradient(int p, int nb) {
+    gradient_partials<S>(PlainRead{}, x(p), gb0 + p * S::GB, red, tid, nb);
+  }
+  __device__ void update(int p) {
+    apply_update<NC, S>(PlainRead{}, red, gb0 + p * S::GB + Shape3<NC>::GIN, Ws, bias, tid, T);
+  }
+  __device__ void write_back(const Args& a, float loss, float correct) {
+    ::write_back<F, T>(a, r, k0, tid, Ws, bias, loss, correct);
+  }
+};
+
+// The loop of v4 and v5: the signals' protocol (see the top) around a step policy St (StepV4,
+// or StepV5: the same data movement with the arithmetic on tensor cores).
+template <int NC, class St, bool TIMED = false>
+__device__ void train_epoch_signalled(int r, const Args& a, float* sm) {
+  constexpr int RPC = St::RPC, T = St::T;
+  St st(sm, r);
+  const int tid = threadIdx.x;
+  // Stale failure of an earlier launch not yet read by the host: every CTA reads the same value
+  // (nothing writes it before the first barrier below), so all of them leave here together.
+  if (*static_cast<volatile int*>(&g_signal_error) != 0) return;
+  const int extra = g_signal_fault == 1 && r == 0 ? 16 : 0;  // the test hook, step 2 only
+  int* idx = st.idx;
+  const uint32_t pbar_u = st.pbar_u, gbar_u = st.gbar_u;
+  const int steps = (a.n + a.bs - 1) / a.bs;
+  auto rows_of = [&](int step) { return min(a.bs, a.n - step * a.bs); };
+  auto part_bytes = [&](int step) {  // what PB brings for `step`: NC sources x my rows x 40
+    return NC * 40 * max(0, min(RPC, rows_of(step) - r * RPC));
+  };
+  auto g_bytes = [&](int step) {  // GBAR: the rows of g, and every owner's bias partial
+    return St::G_ROW_BYTES * rows_of(step) + 64 * NC;
+  };
+
+  st.setup(a);
+  if (tid == 0) {
+    for (int p = 0; p < 2; ++p) {
+      mbar_init(pbar_u + 8 * p, 1);
+      mbar_init(gbar_u + 8 * p, 1);
+    }
+    mbar_init_fence();
+    for (int p = 0; p < 2 && p < steps; ++p) {  // arm steps 0 and 1
+      mbar_arm(pbar_u + 8 * p, part_bytes(p));
+      mbar_arm(gbar_u + 8 * p, g_bytes(p));
+    }
+  }
+  for (int j = 0; j < 4 && j < steps; ++j)
+    for (int i = tid; i < rows_of(j); i += T) idx[j * BMAX + i] = a.order[j * a.bs + i];
+  __syncthreads();
+  st.prepare();
+  auto fetch = [&](int j) { fetch_batch<St>(a, j, rows_of(j), tid, st.k0, idx, st.ys, st.xb); };
+  fetch(0);
+  if (steps > 1) fetch(1);
+  __pipeline_commit();
+  __pipeline_wait_prior(0);
+  __syncthreads();
+  st.widen(0, rows_of(0));
+  // Every CTA's mbarriers are initialised and armed before anyone signals them. The only
+  // unbounded wait: every CTA reaches it unconditionally, right after its set-up.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+
+  float loss = 0.f, correct = 0.f;
+  bool failed = false;
+  PhaseClock<TIMED> clock;
+  for (int s = 0; s < steps; ++s) {
+    const int nb = rows_of(s), p = s & 1, parity = (s >> 1) & 1;
+    prefetch_ahead<St>(a, s, steps, tid, st.k0, idx, st.ys, st.xb);  // as v3
+
+    st.send_partials(p, nb);  // L
+    clock.mark(PH_PARTIALS);
+    // Window while the partials travel: the next batch's bytes -> floats.
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    if (s + 1 < steps) st.widen(s + 1, rows_of(s + 1));
+    clock.mark(PH_WIDEN);
+
+    // S: wait for my rows' NC partials (mine only), then as v3.
+    bool ok = bounded_wait(pbar_u + 8 * p, parity, WAIT_PARTIALS | r << 4 | s << 12);
+    clock.mark(PH_WAIT_PART);
+    softmax_rows<NC, St>(PlainRead{}, st.part(p), st.bias, st.ys + (s & 3) * BMAX, st.gl, tid, r,
+                         nb, a.lr, loss, correct);
+    if (__syncthreads_or(!ok)) {
+      failed = true;
+      break;
+    }
+    if (tid == 0 && s + 2 < steps)  // PART[p] read: re-arm for step s + 2
+      mbar_arm(pbar_u + 8 * p, part_bytes(s + 2) + (s == 0 ? extra : 0));
+    st.send_g(p, nb);
     clock.mark(PH_SOFTMAX);
 
     // G: wait for every row's g and every owner's bias partial (addressed to me), then as v3.
     ok = bounded_wait(gbar_u + 8 * p, parity, WAIT_G | r << 4 | s << 12);
     clock.mark(PH_WAIT_G);
-    {
-      const float* g = gb0 + p * S::GB;
-      const float* dbp = g + Shape3<NC>::GIN;
-      gradient_partials<S>(PlainRead{}, x, g, red, tid, nb);
-      if (__syncthreads_or(!ok)) {
-        failed = true;
-        break;
-      }
-      if (tid == 0 && s + 2 < steps) mbar_arm(gbar_u + 8 * p, g_bytes(s + 2));  // see the top
-      apply_update<NC, S>(PlainRead{}, red, dbp, Ws, bias, tid, T);
-      __syncthreads();
+    st.gradient(p, nb);
+    if (__syncthreads_or(!ok)) {
+      failed = true;
+      break;
     }
+    if (tid == 0 && s + 2 < steps) mbar_arm(gbar_u + 8 * p, g_bytes(s + 2));  // see the top
+    st.update(p);
+    __syncthreads();
     clock.mark(PH_UPDATE);
   }
   __pipeline_wait_prior(0);  // no cp.async left in flight into this CTA's memory
   if (failed) return;        // the weights of this launch are not written back (see the top)
   clock.write(r, steps);
-  write_back<F, T>(a, r, k0, tid, Ws, bias, loss, correct);
+  st.write_back(a, loss, correct);
 }
 
 }  // namespace
