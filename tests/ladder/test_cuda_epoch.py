@@ -129,7 +129,9 @@ def small_run(batch=64, **kernel_args):
     from fasttrain.ladder.cuda_epoch import EpochKernel
 
     # 150 samples at batch 64: steps of 64, 64 and a partial 22, over 2 epochs of different order;
-    # at batch 16, 10 steps: v3's four-deep order and two-deep pixel rings wrap around.
+    # at batch 16, 10 steps: v3's four-deep order and two-deep pixel rings wrap around; at 128,
+    # every row tile of a full batch, then a partial one (22 rows: one tile and 6 of another), and
+    # the last owners' row ranges past the batch's end (rows 120-129 at 14 CTAs).
     cfg = LadderConfig(epochs=2, batch_size=batch)
     data = make_ladder_data(tiny_images(n_train=150), cfg)
     return data, cfg, EpochKernel(data, cfg, **kernel_args)
@@ -140,7 +142,7 @@ def small_run(batch=64, **kernel_args):
 @pytest.mark.parametrize("cluster", [True, False], ids=["cluster", "grid"])
 @pytest.mark.parametrize("ctas", [7, 14])
 @pytest.mark.parametrize("version", [2, 3, 4, 5], ids=["v2", "v3", "v4", "v5"])
-@pytest.mark.parametrize("batch", [64, 16])
+@pytest.mark.parametrize("batch", [128, 64, 16])
 def test_variants_match_float64_reference(batch, version, cluster, ctas):
     from fasttrain.ladder.cuda_epoch import CLUSTER_ONLY, has_clusters
 

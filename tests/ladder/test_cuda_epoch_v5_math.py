@@ -34,7 +34,7 @@ def lib(tmp_path_factory):
     assert done.returncode == 0, done.stderr[-3000:]
     lib = ctypes.CDLL(str(so))
     p = ctypes.c_void_p
-    lib.v5_step.argtypes = [ctypes.c_int, p, ctypes.c_int, p, p, p, p, p, p, p, p]
+    lib.v5_step.argtypes = [ctypes.c_int, ctypes.c_int, p, ctypes.c_int, p, p, p, p, p, p, p, p]
     lib.v5_split.argtypes = [p, ctypes.c_int, p]
     return lib
 
@@ -44,7 +44,7 @@ def ptr(a: np.ndarray) -> ctypes.c_void_p:
     return ctypes.c_void_p(a.ctypes.data)
 
 
-def step(lib, ctas, rows, seed=0):
+def step(lib, ctas, rows, buffer=0, seed=0):
     """Inputs of one step, the harness's outputs, and their float64 references."""
     f = K // ctas
     rng = np.random.default_rng(seed)
@@ -57,7 +57,7 @@ def step(lib, ctas, rows, seed=0):
     dbp[:, SLOT] = rng.normal(0, 1e-3, (ctas, C))
     logits, after = np.full((rows, 16), np.nan, np.float32), np.full((rows, 16), np.nan, np.float32)
     w_out, b_out = np.full_like(w, np.nan), np.full_like(b, np.nan)
-    bad = lib.v5_step(ctas, ptr(x), rows, ptr(w), ptr(b), ptr(g), ptr(dbp), ptr(logits),
+    bad = lib.v5_step(ctas, buffer, ptr(x), rows, ptr(w), ptr(b), ptr(g), ptr(dbp), ptr(logits),
                       ptr(w_out), ptr(b_out), ptr(after))
     x64 = x.astype(np.float64)
     ref_w = w - (g[:, SLOT].astype(np.float64).T @ x64) / 255
@@ -69,9 +69,9 @@ def step(lib, ctas, rows, seed=0):
 
 
 @pytest.mark.parametrize("ctas", [14, 7])
-@pytest.mark.parametrize("rows", [128, 70, 16, 1])
-def test_one_step_equals_float64_to_fp32_rounding(lib, ctas, rows):
-    bad, got, ref, (logits, after) = step(lib, ctas, rows)
+@pytest.mark.parametrize(("rows", "buffer"), [(128, 0), (70, 1), (16, 0), (1, 1)])
+def test_one_step_equals_float64_to_fp32_rounding(lib, ctas, rows, buffer):
+    bad, got, ref, (logits, after) = step(lib, ctas, rows, buffer)
     assert bad == 0, "a WMMA load or store broke the API's alignment or ldm rules"
     # Partial logits are sums of F products of pixels (<= 255) and weights: fp32 rounding of such
     # a sum is ~1e-7 of its terms' magnitudes; a wrong row, feature or part is off by whole terms.

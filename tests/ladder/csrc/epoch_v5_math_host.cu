@@ -13,7 +13,7 @@
 namespace {
 
 template <int NC>
-int run_step(const uint8_t* pixels, int rows, const float* w_in, const float* b_in,
+int run_step(int p, const uint8_t* pixels, int rows, const float* w_in, const float* b_in,
              const float* g, const float* dbp_in, float* logits, float* w_out, float* b_out,
              float* logits_after) {
   using S = Shape5<NC>;
@@ -25,7 +25,7 @@ int run_step(const uint8_t* pixels, int rows, const float* w_in, const float* b_
   float* bias = reinterpret_cast<float*>(sm + S::BIAS_OFF);
   bf16* wp = reinterpret_cast<bf16*>(sm + S::WP_OFF);
   bf16* xh = reinterpret_cast<bf16*>(sm + S::XH_OFF);
-  bf16* gb = reinterpret_cast<bf16*>(sm + S::GB_OFF);  // GB[0]
+  bf16* gb = reinterpret_cast<bf16*>(sm + S::GB_OFF + p * S::GB_BYTES);  // GB[p]
   float* lo = reinterpret_cast<float*>(sm + S::LO_OFF);
   float* red = reinterpret_cast<float*>(sm + S::RED_OFF);
   uint8_t* xb = reinterpret_cast<uint8_t*>(sm + S::XB_OFF);
@@ -34,32 +34,37 @@ int run_step(const uint8_t* pixels, int rows, const float* w_in, const float* b_
   std::memset(sm + S::PART_OFF, 0, S::BAR_OFF - S::PART_OFF);
   std::memcpy(W, w_in, 4 * C * F);
   std::memcpy(bias, b_in, 4 * C);
-  // A full batch in buffer 0 first (stale rows the partial batch must not see), then batch 0.
+  // Batch j lands in buffer p = j & 1: a full batch there first (stale rows the partial batch
+  // must not see; batch p + 2 then reuses the buffer), then batch p + 2.
   std::vector<uint8_t> full(BMAX * F, 255);
-  std::memcpy(xb, full.data(), full.size());
-  for (int tid = 0; tid < T; ++tid) widen_batch_bf16<S>(0, BMAX, tid, T, xb, xh);
-  std::memcpy(xb, pixels, rows * F);
-  for (int tid = 0; tid < T; ++tid) widen_batch_bf16<S>(0, rows, tid, T, xb, xh);
+  std::memcpy(xb + p * BMAX * F, full.data(), full.size());
+  for (int tid = 0; tid < T; ++tid) widen_batch_bf16<S>(p, BMAX, tid, T, xb, xh);
+  std::memcpy(xb + p * BMAX * F, pixels, rows * F);
+  for (int tid = 0; tid < T; ++tid) widen_batch_bf16<S>(p + 2, rows, tid, T, xb, xh);
+  const bf16* x = xh + p * BMAX * S::XLD;  // StepV5::x(p)
   for (int i = 0; i < C * F; ++i) store_parts<S>(wp, i / F, i % F, W[i]);  // prepare()
   auto logits_out = [&](float* out) {  // L: warp m < MT with rows, then the rows by slot
-    for (int m = 0; m < S::MT && m * 16 < rows; ++m) logits_tile<S>(xh, wp, m, lo + m * 256);
+    for (int m = 0; m < S::MT && m * 16 < rows; ++m) logits_tile<S>(x, wp, m, lo + m * 256);
     for (int row = 0; row < rows; ++row) std::memcpy(out + row * 16, lo + row * 16, 64);
   };
   logits_out(logits);
-  // GB[0] holds earlier steps' rows (finite): the rows past a partial batch must not count.
+  // GB[p] holds earlier steps' rows (finite): the rows past a partial batch must not count.
   for (int i = 0; i < BMAX * S::GROW; ++i) gb[i] = __float2bfloat16_rn(1.f);
-  // The owners' sends of g (every row of the batch, split) and the bias partials, into GB[0].
+  // The owners' sends (StepV5::send_g's data at its addresses): every row of the batch, split,
+  // and every owner's bias partial, into GB[p].
   for (int row = 0; row < rows; ++row)
     for (int v2 = 0; v2 < 2; ++v2) {
       uint4 parts[3];
       split8(g + row * 16 + 8 * v2, parts);
-      for (int k = 0; k < 3; ++k)
-        std::memcpy(gb + row * S::GROW + k * 16 + 8 * v2, &parts[k], 16);
+      for (int k = 0; k < 3; ++k) std::memcpy(gb + S::g_elem(row, k, v2), &parts[k], 16);
     }
-  float* dbp = reinterpret_cast<float*>(gb + BMAX * S::GROW);
-  std::memcpy(dbp, dbp_in, 4 * NC * 16);
+  for (int q = 0; q < NC; ++q)
+    for (int v = 0; v < 4; ++v)
+      std::memcpy(reinterpret_cast<char*>(gb) + S::dbp_byte(q, v), dbp_in + q * 16 + 4 * v, 16);
+  const float* dbp = reinterpret_cast<const float*>(reinterpret_cast<char*>(gb) +
+                                                    S::dbp_byte(0, 0));  // StepV5::update's
   for (int warp = 0; warp < S::NT * S::KQ; ++warp)  // G
-    gradient_tile<S>(xh, gb, warp % S::NT, warp / S::NT, rows, red);
+    gradient_tile<S>(x, gb, warp % S::NT, warp / S::NT, rows, red);
   for (int tid = 0; tid < T; ++tid) apply_update_tc<NC, S>(red, dbp, W, wp, bias, tid, T);
   std::memcpy(w_out, W, 4 * C * F);
   std::memcpy(b_out, bias, 4 * C);
@@ -72,17 +77,20 @@ int run_step(const uint8_t* pixels, int rows, const float* w_in, const float* b_
 
 extern "C" {
 
-// One step of one CTA's share (ctas 7 or 14: F = 784 / ctas features): pixels [rows][F] uint8,
+// One step of one CTA's share (ctas 7 or 14: F = 784 / ctas features) in buffer p (0 or 1, the
+// step's parity: its batch and g inbox): pixels [rows][F] uint8,
 // w [10][F], b [10], g [rows][16] (lr * dL/dz by slot), dbp [ctas][16] (the owners' bias
 // partials) -> logits [rows][16] (partial, over my features, raw pixels), the updated w and b,
 // and the logits of the same pixels under the updated w. Returns the WMMA rule violations.
-int v5_step(int ctas, const uint8_t* pixels, int rows, const float* w, const float* b,
+int v5_step(int ctas, int p, const uint8_t* pixels, int rows, const float* w, const float* b,
             const float* g, const float* dbp, float* logits, float* w_out, float* b_out,
             float* logits_after) {
   ft_host_wmma::violations = 0;
-  if (ctas == 7) return run_step<7>(pixels, rows, w, b, g, dbp, logits, w_out, b_out, logits_after);
+  if (p != 0 && p != 1) return -1;
+  if (ctas == 7)
+    return run_step<7>(p, pixels, rows, w, b, g, dbp, logits, w_out, b_out, logits_after);
   if (ctas == 14)
-    return run_step<14>(pixels, rows, w, b, g, dbp, logits, w_out, b_out, logits_after);
+    return run_step<14>(p, pixels, rows, w, b, g, dbp, logits, w_out, b_out, logits_after);
   return -1;
 }
 

@@ -106,11 +106,10 @@ struct StepV5 {
         split8(gl + i * 16 + 8 * v2, parts);
 #pragma unroll
         for (int k = 0; k < 3; ++k)
-          st_async4u(mapa(inbox + 2 * (row * S::GROW + k * 16 + 8 * v2), q), parts[k], bar);
+          st_async4u(mapa(inbox + 2 * S::g_elem(row, k, v2), q), parts[k], bar);
       } else {
         const int v = e - 2 * RPC;
-        st_async4(mapa(inbox + 2 * BMAX * S::GROW + 4 * (r * 16 + 4 * v), q),
-                  g_rows_sum<S>(gl, v), bar);
+        st_async4(mapa(inbox + S::dbp_byte(r, v), q), g_rows_sum<S>(gl, v), bar);
       }
     }
   }
@@ -121,7 +120,8 @@ struct StepV5 {
     if (warp < S::NT * S::KQ) gradient_tile<S>(x(p), g(p), warp % S::NT, warp / S::NT, nb, red);
   }
   __device__ void update(int p) {
-    const float* dbp = reinterpret_cast<const float*>(g(p) + BMAX * S::GROW);
+    const float* dbp = reinterpret_cast<const float*>(base + S::GB_OFF + p * S::GB_BYTES +
+                                                      S::dbp_byte(0, 0));
     apply_update_tc<NC, S>(red, dbp, Ws, wp, bias, tid, T);
   }
   __device__ void write_back(const Args& a, float loss, float correct) {

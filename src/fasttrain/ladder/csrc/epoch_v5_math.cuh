@@ -83,6 +83,12 @@ struct Shape5 {
   static_assert(XLD % 8 == 0 && WLD % 8 == 0 && FPAD % 4 == 0, "WMMA's ldm rules");
   static_assert(NC * (2 * RPC + 4) <= THREADS3, "one pass of the g sends");
   static_assert(NC * RPC * 40 < (1 << 20) && GB_BYTES < (1 << 20), "tx-count range");
+  static_assert(GB_BYTES % 32 == 0, "the second g inbox's MMA tiles 32-byte aligned too");
+  // Where an owner's sends land in a g inbox (what G and the update read there): part k of the
+  // 8-slot half v2 of row `row` (bf16 elements), and the float4 v of owner q's bias partial
+  // (bytes).
+  __host__ __device__ static constexpr int g_elem(int row, int k, int v2) { return row * GROW + k * 16 + 8 * v2; }
+  __host__ __device__ static constexpr int dbp_byte(int q, int v) { return 2 * BMAX * GROW + 4 * (q * 16 + 4 * v); }
 };
 
 FT_MATH float bits_to_float(uint32_t u) {
