@@ -111,7 +111,8 @@ struct Version<5> {  // cluster only, as v4
   template <int NC>
   using Step = StepV5<NC>;
 };
-__host__ __device__ constexpr bool signalled(int v) { return v >= 4; }  // v4, v5: mbarrier signals, clusters only
+// v4, v5: point-to-point mbarrier signals, clusters only.
+__host__ __device__ constexpr bool signalled(int v) { return v >= 4; }
 
 template <int V, int NC, class Ex>
 __device__ void train_epoch(Ex& ex, const Args& a, float* sm) {

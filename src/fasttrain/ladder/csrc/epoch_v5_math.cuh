@@ -87,40 +87,31 @@ struct Shape5 {
   // Where an owner's sends land in a g inbox (what G and the update read there): part k of the
   // 8-slot half v2 of row `row` (bf16 elements), and the float4 v of owner q's bias partial
   // (bytes).
-  __host__ __device__ static constexpr int g_elem(int row, int k, int v2) { return row * GROW + k * 16 + 8 * v2; }
-  __host__ __device__ static constexpr int dbp_byte(int q, int v) { return 2 * BMAX * GROW + 4 * (q * 16 + 4 * v); }
+  __host__ __device__ static constexpr int g_elem(int row, int k, int v2) {
+    return row * GROW + k * 16 + 8 * v2;
+  }
+  __host__ __device__ static constexpr int dbp_byte(int q, int v) {
+    return 2 * BMAX * GROW + 4 * (q * 16 + 4 * v);
+  }
 };
 
-FT_MATH float bits_to_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
-FT_MATH uint32_t float_to_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-FT_MATH uint32_t bf16_bits(bf16 h) {
-  uint16_t u;
-  memcpy(&u, &h, 2);
-  return u;
+// The bits of `from` as a To (memcpy: a register move on the device, defined behaviour on both).
+template <class To, class From>
+FT_MATH To bit_cast(From from) {
+  static_assert(sizeof(To) == sizeof(From), "same size");
+  To to;
+  memcpy(&to, &from, sizeof(To));
+  return to;
 }
 
 // 4 uint8 pixels -> 4 exact bf16 (a pixel's float has no bits below the top 16), packed in two
 // words, lower pixel in the lower half.
 FT_MATH uint2 bytes_to_bf16x4(uint32_t v) {
   uint32_t h[4];
-  for (int i = 0; i < 4; ++i)  // 2^23 + byte, minus 2^23: the byte as an exact float
-    h[i] = float_to_bits(bits_to_float(0x4B000000u | ((v >> (8 * i)) & 0xFFu)) - 8388608.f) >> 16;
+  for (int i = 0; i < 4; ++i) {  // 2^23 + byte, minus 2^23: the byte as an exact float
+    const float f = bit_cast<float>(0x4B000000u | ((v >> (8 * i)) & 0xFFu)) - 8388608.f;
+    h[i] = bit_cast<uint32_t>(f) >> 16;
+  }
   return make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
 }
 
@@ -141,7 +132,8 @@ FT_MATH void split8(const float* v, uint4 (&out)[3]) {
     bf16 a[3], b[3];
     split3(v[2 * i], a);
     split3(v[2 * i + 1], b);
-    for (int p = 0; p < 3; ++p) w[p][i] = bf16_bits(a[p]) | bf16_bits(b[p]) << 16;
+    for (int p = 0; p < 3; ++p)
+      w[p][i] = bit_cast<uint16_t>(a[p]) | static_cast<uint32_t>(bit_cast<uint16_t>(b[p])) << 16;
   }
   for (int p = 0; p < 3; ++p) out[p] = make_uint4(w[p][0], w[p][1], w[p][2], w[p][3]);
 }
