@@ -7,6 +7,7 @@ itself also runs in test_ladder.py's generic checks."""
 
 import ctypes
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -284,3 +285,23 @@ def test_a_version_that_disagrees_with_the_fallback_is_replaced_by_it(monkeypatc
     made.clear()
     row.setup(None, None)
     assert row.kernel.version == ce.VERSION and made == [ce.VERSION]
+
+
+@pytest.mark.parametrize("clusters", [True, False], ids=["cluster", "grid"])
+def test_the_default_kernel_asks_the_library_for_its_resolved_version(monkeypatch, clusters):
+    """EpochKernel(data, cfg), as the row builds it: the variant checked is the default version
+    of the machine's kind (the library's ctypes call takes an int, never None)."""
+    from fasttrain.ladder import cuda_epoch as ce
+
+    asked = []
+
+    def launch_config(lib, ctas, version, cluster=True):
+        asked.append((ctas, version, cluster))
+        raise ValueError("stop here")  # the rest of __init__ needs a GPU
+
+    monkeypatch.setattr(ce, "load_library", lambda: None)
+    monkeypatch.setattr(ce, "has_clusters", lambda: clusters)
+    monkeypatch.setattr(ce, "launch_config", launch_config)
+    with pytest.raises(ValueError, match="stop here"):
+        ce.EpochKernel(SimpleNamespace(n_train=150), LadderConfig())
+    assert asked == [(ce.CTAS, ce.default_version(clusters), clusters)]

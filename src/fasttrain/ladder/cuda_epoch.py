@@ -138,7 +138,7 @@ class EpochKernel:
         self.n, self.cfg, self.ctas = data.n_train, cfg, ctas
         self.cluster = has_clusters() if cluster is None else cluster
         self.version = default_version(self.cluster) if version is None else version
-        launch_config(self.lib, ctas, version, self.cluster)  # a bad variant: ValueError here
+        launch_config(self.lib, ctas, self.version, self.cluster)  # a bad variant: ValueError
         self.x = torch.from_numpy(data.train_x).to(dev).contiguous()  # uint8 [N, 784]
         self.y = torch.from_numpy(data.train_y).to(dev, torch.int32)
         self.orders = torch.from_numpy(data.orders).to(dev, torch.int32)  # [epochs, N]
