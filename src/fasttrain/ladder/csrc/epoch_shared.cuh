@@ -97,6 +97,37 @@ __device__ __forceinline__ float4 bytes_to_float4(uint32_t v) {
                      __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7543)) - m);
 }
 
+// A row's softmax over the 16 lanes that hold it (z = -inf in the lanes of no class): its max m,
+// this lane's exp(z - m) (0 in no class) and the row's sum of them, in every lane.
+struct RowSoftmax {
+  float m, e, se;
+};
+__device__ __forceinline__ RowSoftmax row_softmax(float z, bool valid) {
+  float m = z;
+  for (int off = 8; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off, 16));
+  const float e = valid ? __expf(z - m) : 0.f;
+  float se = e;
+  for (int off = 8; off; off >>= 1) se += __shfl_xor_sync(0xffffffffu, se, off, 16);
+  return {m, e, se};
+}
+
+__device__ __forceinline__ void add4(float4& a, const float4& b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
+
+// The SGD step of 4 consecutive weights (16-byte aligned): w -= scale * g.
+__device__ __forceinline__ void descend4(float* w, const float4& g, float scale) {
+  float4 v = *reinterpret_cast<const float4*>(w);
+  v.x -= g.x * scale;
+  v.y -= g.y * scale;
+  v.z -= g.z * scale;
+  v.w -= g.w * scale;
+  *reinterpret_cast<float4*>(w) = v;
+}
+
 // CTA r's slice of the weights (columns [k0, k0 + F) of every class) and the bias into shared
 // memory, T threads: every version's set-up.
 template <int F, int T>

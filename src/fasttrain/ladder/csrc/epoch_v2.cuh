@@ -103,11 +103,7 @@ __device__ void train_epoch_v2(Ex& ex, const Args& a, float* sm) {
         for (int src = 0; src < NC; ++src) acc += ex.read(part + (src * RPC + i) * C + c);
         z = acc * inv255 + bias[c];  // the partials are sums over raw 0..255 pixels
       }
-      float m = z;
-      for (int off = 8; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off, 16));
-      const float e = valid ? __expf(z - m) : 0.f;
-      float se = e;
-      for (int off = 8; off; off >>= 1) se += __shfl_xor_sync(0xffffffffu, se, off, 16);
+      const auto [m, e, se] = row_softmax(z, valid);
       if (valid) {
         const int label = ys[(s & 1) * BMAX + row];
         if (c == label) {
@@ -139,20 +135,9 @@ __device__ void train_epoch_v2(Ex& ex, const Args& a, float* sm) {
         *reinterpret_cast<float4*>(red + tid * 4) = acc;
       if (GROUPS > 1) __syncthreads();
       if (grp == 0) {
-        for (int q = 1; q < GROUPS; ++q) {
-          const float4 o = *reinterpret_cast<const float4*>(red + (q * UNITS + u) * 4);
-          acc.x += o.x;
-          acc.y += o.y;
-          acc.z += o.z;
-          acc.w += o.w;
-        }
-        float4* wp = reinterpret_cast<float4*>(Ws + c * F + k);
-        float4 wv = *wp;
-        wv.x -= acc.x * inv255;
-        wv.y -= acc.y * inv255;
-        wv.z -= acc.z * inv255;
-        wv.w -= acc.w * inv255;
-        *wp = wv;
+        for (int q = 1; q < GROUPS; ++q)
+          add4(acc, *reinterpret_cast<const float4*>(red + (q * UNITS + u) * 4));
+        descend4(Ws + c * F + k, acc, inv255);
       }
       // The last C threads sum the bias gradient: 280..287 are otherwise idle, 278 and 279
       // have already done their share of the weight gradient above.

@@ -94,11 +94,7 @@ __device__ __forceinline__ void softmax_rows(const Read& rd, const float* part, 
     for (int src = 0; src < NC; ++src) acc += rd.read(part + (src * RPC + i) * 16 + l);
     z = acc * inv255 + bias[c];  // the partials are sums over raw 0..255 pixels
   }
-  float m = z;
-  for (int off = 8; off; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off, 16));
-  const float e = valid ? __expf(z - m) : 0.f;
-  float se = e;
-  for (int off = 8; off; off >>= 1) se += __shfl_xor_sync(0xffffffffu, se, off, 16);
+  const auto [m, e, se] = row_softmax(z, valid);
   float gv = 0.f;  // 0 in the pad slots and past the batch: the bias partials sum them
   if (valid) {
     const int label = labels[row];
@@ -116,13 +112,8 @@ template <class S>
 __device__ __forceinline__ float4 g_rows_sum(const float* gl, int v) {
   float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-  for (int j = 0; j < S::RPC; ++j) {
-    const float4 o = *reinterpret_cast<const float4*>(gl + j * 16 + 4 * v);
-    val.x += o.x;
-    val.y += o.y;
-    val.z += o.z;
-    val.w += o.w;
-  }
+  for (int j = 0; j < S::RPC; ++j)
+    add4(val, *reinterpret_cast<const float4*>(gl + j * 16 + 4 * v));
   return val;
 }
 
@@ -165,20 +156,9 @@ __device__ __forceinline__ void apply_update(const Read& rd, const float* red, c
     const int c = tid / KG, k = (tid % KG) * 4;
     float4 sum = *reinterpret_cast<const float4*>(red + c * F + k);
 #pragma unroll
-    for (int q = 1; q < RG; ++q) {
-      const float4 o = *reinterpret_cast<const float4*>(red + (q * C + c) * F + k);
-      sum.x += o.x;
-      sum.y += o.y;
-      sum.z += o.z;
-      sum.w += o.w;
-    }
-    float4* wp = reinterpret_cast<float4*>(Ws + c * F + k);
-    float4 wv = *wp;
-    wv.x -= sum.x * inv255;
-    wv.y -= sum.y * inv255;
-    wv.z -= sum.z * inv255;
-    wv.w -= sum.w * inv255;
-    *wp = wv;
+    for (int q = 1; q < RG; ++q)
+      add4(sum, *reinterpret_cast<const float4*>(red + (q * C + c) * F + k));
+    descend4(Ws + c * F + k, sum, inv255);
   }
   if (tid >= threads - C) {
     const int cb = tid - (threads - C), slot = cb < 5 ? cb : cb + 3;

@@ -121,13 +121,18 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, int parity) {
 }
 // Stores into another CTA's shared memory (cluster addresses from mapa), completing their bytes
 // on that CTA's mbarrier `bar` (also a cluster address).
-__device__ __forceinline__ void st_async4(uint32_t dst, float4 v, uint32_t bar) {
+__device__ __forceinline__ void st_async4(uint32_t dst, uint4 v, uint32_t bar) {  // 16 bytes
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
-      ::"r"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+      ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
       : "memory");
 #endif
+}
+__device__ __forceinline__ void st_async4(uint32_t dst, float4 v, uint32_t bar) {
+  st_async4(dst, make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z),
+                            __float_as_uint(v.w)),
+            bar);
 }
 __device__ __forceinline__ void st_async1(uint32_t dst, float v, uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

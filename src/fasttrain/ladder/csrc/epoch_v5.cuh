@@ -14,15 +14,6 @@
 
 namespace {
 
-__device__ __forceinline__ void st_async4u(uint32_t dst, uint4 v, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
-      ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
-      : "memory");
-#endif
-}
-
 template <int NC>
 struct StepV5 {
   using S = Shape5<NC>;
@@ -106,7 +97,7 @@ struct StepV5 {
         split8(gl + i * 16 + 8 * v2, parts);
 #pragma unroll
         for (int k = 0; k < 3; ++k)
-          st_async4u(mapa(inbox + 2 * S::g_elem(row, k, v2), q), parts[k], bar);
+          st_async4(mapa(inbox + 2 * S::g_elem(row, k, v2), q), parts[k], bar);
       } else {
         const int v = e - 2 * RPC;
         st_async4(mapa(inbox + S::dbp_byte(r, v), q), g_rows_sum<S>(gl, v), bar);

@@ -162,12 +162,20 @@ FT_MATH void store_parts(bf16* wp, int c, int k, float w) {
   for (int p = 0; p < 3; ++p) wp[(p * 16 + slot) * S::WLD + k] = part[p];
 }
 
+using Acc = wm::fragment<wm::accumulator, 16, 16, 16, float>;
+
+// A tile's three per-part accumulators summed, hi + (mid + lo), and stored (fp32, row-major).
+FT_MATH void store_parts_sum(float* p, Acc (&acc)[3], unsigned ldm) {
+  for (int i = 0; i < acc[0].num_elements; ++i) acc[0].x[i] += acc[1].x[i] + acc[2].x[i];
+  wm::store_matrix_sync(p, acc[0], ldm, wm::mem_row_major);
+}
+
 // L for one warp: partial logits of batch rows [16m, 16m + 16) over my features, by slot, into
 // lo [16][16] (fp32): the three parts of W against the same exact pixels, one accumulator each
 // (three independent MMA chains of KT), summed hi + (mid + lo).
 template <class S>
 FT_MATH void logits_tile(const bf16* xh, const bf16* wp, int m, float* lo) {
-  wm::fragment<wm::accumulator, 16, 16, 16, float> acc[3];
+  Acc acc[3];
   for (int p = 0; p < 3; ++p) wm::fill_fragment(acc[p], 0.f);
 #pragma unroll
   for (int kt = 0; kt < S::KT; ++kt) {
@@ -180,8 +188,7 @@ FT_MATH void logits_tile(const bf16* xh, const bf16* wp, int m, float* lo) {
       wm::mma_sync(acc[p], a, b, acc[p]);
     }
   }
-  for (int i = 0; i < acc[0].num_elements; ++i) acc[0].x[i] += acc[1].x[i] + acc[2].x[i];
-  wm::store_matrix_sync(lo, acc[0], 16, wm::mem_row_major);
+  store_parts_sum(lo, acc, 16);
 }
 
 // G for one warp: the gradient of my features [16 nt, 16 nt + 16) by slot, summed over the k
@@ -189,7 +196,7 @@ FT_MATH void logits_tile(const bf16* xh, const bf16* wp, int m, float* lo) {
 // row split kq: g^T (slots x rows, from GB's part p) times X (rows x features).
 template <class S>
 FT_MATH void gradient_tile(const bf16* xh, const bf16* gb, int nt, int kq, int nb, float* red) {
-  wm::fragment<wm::accumulator, 16, 16, 16, float> acc[3];
+  Acc acc[3];
   for (int p = 0; p < 3; ++p) wm::fill_fragment(acc[p], 0.f);
 #pragma unroll
   for (int j = 0; j < S::KPW; ++j) {
@@ -204,8 +211,7 @@ FT_MATH void gradient_tile(const bf16* xh, const bf16* gb, int nt, int kq, int n
       wm::mma_sync(acc[p], a, b, acc[p]);
     }
   }
-  for (int i = 0; i < acc[0].num_elements; ++i) acc[0].x[i] += acc[1].x[i] + acc[2].x[i];
-  wm::store_matrix_sync(red + kq * 16 * S::FPAD + nt * 16, acc[0], S::FPAD, wm::mem_row_major);
+  store_parts_sum(red + kq * 16 * S::FPAD + nt * 16, acc, S::FPAD);
 }
 
 // After G (and a CTA barrier): every weight of my slice minus its gradient (the KQ row splits
