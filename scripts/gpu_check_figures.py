@@ -194,4 +194,4 @@ FIGURES = {"gpu-tests": _pytest_figures, "env": _env_figures, "doctor": _doctor_
            "profile": _profile_figures, "stream-vs-memory": _stream_vs_memory_figures,
            "peers-in-memory": _peers_figures, "sync-cost": _sync_cost_figures,
            "cuda-step-profile": _cuda_profile_figures,
-           "triton-sweep": _bench_figures}  # the bench's schema, one row a variant
+           "variant-sweep": _bench_figures}  # the bench's schema, one row a variant

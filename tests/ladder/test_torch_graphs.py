@@ -88,3 +88,37 @@ def test_a_step_is_four_ops_and_an_epoch_adds_four():
         sum_loss(s)
     assert sum(loss.ops.values()) == 3  # mul, sum, add_: once an epoch, no host sync
     assert "_local_scalar_dense" not in epoch.ops | loss.ops  # .item(): a host sync
+
+
+def test_the_transposed_weight_layout_trains_the_same_in_place():
+    """torch-graphs' `transposed` variants: the weight over [785, 10] storage, the same 4 ops a
+    step, updated in place (the graph's buffers never move), and the float64 reference's
+    weights."""
+    cfg = LadderConfig(epochs=2, batch_size=64)
+    data = make_ladder_data(tiny_images(n_train=150), cfg)
+    s = EpochState(data, cfg, torch.device("cpu"), transposed=True)
+    assert s.w.shape == (10, 785) and s.w.stride() == (1, 10)
+    ptr = s.w.data_ptr()
+    for epoch in range(cfg.epochs):
+        train_epoch_steps(s, torch.from_numpy(data.orders[epoch]))
+    assert s.w.data_ptr() == ptr and s.w.stride() == (1, 10)
+    w_ref, b_ref = reference_sgd(data, cfg, 2)
+    w, b = s.params()
+    np.testing.assert_allclose(w, w_ref, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(b, b_ref, atol=ATOL, rtol=0)
+    with CountOps() as step:
+        train_steps(s, s.steps[:1])
+    assert sum(step.ops.values()) == OPS_PER_STEP
+
+
+def test_the_blas_library_is_restored_after_the_capture():
+    from fasttrain.ladder.torch_graphs import DEFAULT, SWEEP, preferred_blas
+
+    before = torch.backends.cuda.preferred_blas_library()
+    with pytest.raises(RuntimeError), preferred_blas("no-such-library"):
+        pass
+    assert torch.backends.cuda.preferred_blas_library() == before
+    with preferred_blas(DEFAULT.blas):
+        pass
+    assert torch.backends.cuda.preferred_blas_library() == before
+    assert {v.blas for v in SWEEP} == {"cublas", "cublaslt"}

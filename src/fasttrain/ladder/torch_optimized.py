@@ -68,7 +68,8 @@ class Step(NamedTuple):
 class EpochState:
     """Static device buffers for one epoch of steps: what the steps read and write, in place."""
 
-    def __init__(self, data: LadderData, cfg: LadderConfig, device: torch.device):
+    def __init__(self, data: LadderData, cfg: LadderConfig, device: torch.device,
+                 transposed: bool = False):
         n = data.n_train
         pinned = device.type == "cuda"
 
@@ -85,7 +86,11 @@ class EpochState:
         self.rows = rows  # float32 [N, 800], the whole training set
         self.shuffled = torch.empty_like(rows)  # this epoch's rows in visiting order
         w = torch.cat([torch.from_numpy(data.w0), torch.from_numpy(data.b0)[:, None]], dim=1)
-        self.w = w.to(device).contiguous()  # float32 [10, 785]: weight | bias
+        # float32 [10, 785]: weight | bias. transposed: the same [10, 785] tensor over [785, 10]
+        # storage, so cuBLAS sees the other operand layouts (NN instead of TN) and may pick
+        # other kernels; the ops and the results are the same.
+        w = w.to(device)
+        self.w = w.T.contiguous().T if transposed else w.contiguous()
         self.z = torch.empty(cfg.batch_size, CLASSES, device=device)  # one step's logits
         self.g = torch.empty(cfg.batch_size, CLASSES, device=device)  # one step's dL/dz · B
         self.logp = torch.empty(n, CLASSES, device=device)  # the epoch's log-probabilities

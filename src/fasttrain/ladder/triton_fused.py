@@ -26,7 +26,7 @@ Python per launch); v2 one single-program persistent launch per epoch (H100, 202
 67.5 ms/epoch = 144 µs/step: one SM walked 2 × 49 dependent K-chunks of gathered loads a step,
 ~1.5 µs of memory latency each); v3 (this file) SPLITS programs per step, one kernel per step,
 the epoch replayed from a CUDA graph: H100, 2026-11-26, 4.70 ms/epoch = 10.0 µs/step with
-DEFAULT (64 pixels a program, 8 warps, ieee). `benchmarks/triton_sweep.py` times every Variant
+DEFAULT (64 pixels a program, 8 warps, ieee). `benchmarks/variant_sweep.py` times every Variant
 in SWEEP (pixels a program, warps, dot precision) against it, to pick the next default.
 
 Tested on the CPU under Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported).
@@ -68,6 +68,10 @@ class Variant:
     @property
     def splits(self) -> int:
         return -(-IN_FEATURES // self.block_k)
+
+    @property
+    def tag(self) -> str:
+        return f"{self.block_k}, {self.num_warps}w, {self.precision}"
 
     def __str__(self) -> str:
         return f"{self.block_k} pixels a program, {self.num_warps} warps, {self.precision}"
@@ -181,7 +185,7 @@ def sgd_epoch(x, y, order, w, b, z, stats, batch: int, lr: float, v: Variant = D
 class TritonFused(Impl):
     name = "triton-fused"
     device = "cuda"
-    variant = DEFAULT  # benchmarks/triton_sweep.py sets another on an instance
+    variant = DEFAULT  # benchmarks/variant_sweep.py sets another on a subclass
 
     @classmethod
     def unavailable(cls, env, cfg):

@@ -1,0 +1,109 @@
+"""Which cut of a GPU row to run: every Variant in a row's `SWEEP`, through the bench's own
+harness, one table a row.
+
+- `triton-fused` (12): pixels a program (32, 64 or 128: 25, 13 or 7 programs a step), 4 or 8
+  warps, tl.dot in exact fp32 ("ieee") or fp32 emulated on tensor cores ("tf32x3").
+- `torch-graphs` (4): the BLAS library PyTorch calls for the step's two GEMMs (cuBLAS or
+  cuBLASLt, whose heuristics pick different kernels at these shapes) and the weight's storage
+  order ([10, 785] or [785, 10]: the operands' transposes, which the heuristics also read).
+
+Each variant is a row of `fasttrain bench` in all but name: checked first against the float64
+reference step (a variant that fails is reported failed and never timed), then set up (compiled,
+the epoch captured as a CUDA graph), timed over every epoch with the device synchronized at each
+clock read, and evaluated on the test set. Each table's speed-up column is against that row's
+current variant (its module's `DEFAULT`); the fastest that passes becomes the next default.
+
+    FASTTRAIN_DATA=DIR PYTHONPATH=src python benchmarks/variant_sweep.py \\
+        [--rows triton-fused,torch-graphs] [--epochs 10] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from fasttrain import ladder
+from fasttrain.env import env_block, hardware_line
+
+ROWS = ("triton-fused", "torch-graphs")  # the rows whose module has DEFAULT, SWEEP and a Variant
+
+
+@dataclass(frozen=True)
+class VariantEntry(ladder.Entry):
+    """A row with another Variant, named by it."""
+
+    variant: object = None
+
+    def load(self):
+        base = super().load()
+        return type(base.__name__, (base,), {"variant": self.variant, "name": self.name,
+                                             "__module__": base.__module__})
+
+
+def module(row: str):
+    """The module of a swept row (its DEFAULT and SWEEP)."""
+    return importlib.import_module(ladder.entry(row).load().__module__)
+
+
+def label(row: str, variant) -> str:
+    return f"{row} [{variant.tag}]"
+
+
+def entries(rows=ROWS) -> list[VariantEntry]:
+    return [VariantEntry(label(row, v), ladder.entry(row).target, variant=v)
+            for row in rows for v in module(row).SWEEP]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default=",".join(ROWS),
+                    help=f"comma-separated rows to sweep (default: {','.join(ROWS)})")
+    ap.add_argument("--data", default="mnist", choices=("mnist", "synthetic"))
+    ap.add_argument("--epochs", type=int, default=10, help="timed epochs of each variant")
+    ap.add_argument("--json", metavar="PATH", help="write the rows here (the bench's schema)")
+    args = ap.parse_args(argv)
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown or not rows:
+        ap.error(f"--rows {args.rows}: the rows with variants are {', '.join(ROWS)}")
+    if args.epochs < 1:
+        ap.error(f"--epochs {args.epochs}: needs at least 1 timed epoch")
+    if not torch.cuda.is_available():
+        print("variant_sweep: needs a CUDA GPU (each variant's epoch is a CUDA graph)",
+              file=sys.stderr)
+        return 2
+    from rich.console import Console
+
+    from fasttrain import bench, report
+    from fasttrain.data import load_dataset
+
+    console = Console(stderr=True)
+    env = env_block()
+    console.print(f"variant_sweep on {hardware_line(env)}")
+    cfg = ladder.LadderConfig(epochs=args.epochs, device="cuda")
+    data = ladder.make_ladder_data(load_dataset(args.data, None, seed=0), cfg)
+    results = bench.run_rows(entries(rows), data, cfg, env, repeats=1, console=console,
+                             quiet=True)
+    defaults = {row: label(row, module(row).DEFAULT) for row in rows}
+    result = {"schema": bench.SCHEMA, "env": env,
+              "config": {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
+                         "seed": cfg.seed, "data": args.data, "device": "cuda", "repeats": 1,
+                         "sweep": [f"{module(row).__name__}.SWEEP" for row in rows],
+                         "defaults": defaults},
+              "rows": results}
+    out = report.wide_console()
+    for row in rows:
+        mine = [r for r in results if r["impl"].startswith(f"{row} [")]
+        out.print(report.bench_table({**result, "rows": mine}, baseline=defaults[row]))
+    if args.json:
+        report.write_json(args.json, result)
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
