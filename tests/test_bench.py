@@ -402,3 +402,102 @@ def test_a_fresh_process_cut_short_marks_its_rows_interrupted(monkeypatch):
     args = argparse.Namespace(data="synthetic", data_dir=None, repeat_limit=None)
     rows = bench.fresh_process([ladder.entry("numpy-cpu")], args, LadderConfig(), repeats=1)
     assert rows == [{"impl": "numpy-cpu", "status": "ok", "interrupted": True}]
+
+
+def test_a_negative_seed_is_one_line(capsys):
+    from fasttrain.cli import main
+
+    assert main(["bench", "--impl", "roofline", "--data", "synthetic", "--seed", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--seed must be an integer >= 0" in err and "Traceback" not in err
+
+
+def test_json_and_plot_on_one_path_is_one_line_and_keeps_the_file(capsys, tmp_path):
+    from fasttrain.cli import main
+
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    assert main(["bench", "--impl", "roofline", "--data", "synthetic", "--json", str(out),
+                 "--plot", str(out)]) == 2
+    assert "--json and --plot both name" in capsys.readouterr().err
+    assert out.read_text() == "{}"
+
+
+def test_a_diverged_row_still_gets_its_json(tmp_path):
+    import json
+    import math
+
+    from fasttrain import report
+
+    result = {"rows": [{"train_loss": math.inf, "test_loss": math.nan,
+                        "repeats": [{"train_loss_per_epoch": [1.0, math.inf]}]}]}
+    report.write_json(tmp_path / "r.json", result)
+    row = json.loads((tmp_path / "r.json").read_text())["rows"][0]
+    assert row["train_loss"] is None and row["test_loss"] is None
+    assert row["repeats"][0]["train_loss_per_epoch"] == [1.0, None]
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_a_log_file_gets_progress_lines_without_a_bar(monkeypatch, quiet):
+    """stderr redirected to a file: no live bar, a plain line per epoch at most every
+    LOG_EVERY_S (0 here: every epoch but the last, which the repeat's own line reports)."""
+    import io
+
+    from rich.console import Console
+
+    cfg = LadderConfig(epochs=3, batch_size=50)
+    data = make_ladder_data(tiny_images(n_train=100), cfg)
+    monkeypatch.setattr(bench, "LOG_EVERY_S", 0.0)
+    log = io.StringIO()
+    console = Console(file=log, force_terminal=False, width=200)
+    row = bench._time_with_progress(ladder.entry("numpy-cpu"), data, cfg, console, quiet,
+                                    "numpy-cpu")
+    assert len(row["epoch_ms_all"]) == 3
+    lines = log.getvalue().splitlines()
+    if quiet:
+        assert lines == []
+    else:
+        assert [line.split(",")[0].split()[-1] for line in lines] == ["1/3", "2/3"]
+        assert all("ms/epoch" in line and "\x1b" not in line for line in lines)
+
+
+def test_impl_picks_rows_in_the_tables_order_once_each():
+    picked = bench.select("roofline, cpp-tiled,numpy-cpu,roofline")
+    assert [e.name for e in picked] == ["numpy-cpu", "cpp-tiled", "roofline"]
+    assert bench.select("all") == list(ladder.REGISTRY)
+
+
+@pytest.mark.parametrize("flag, ours", [("--json", '{"schema": "fasttrain.bench/2"}'),
+                                        ("--json", '{"traceEvents": []}'),
+                                        ("--json", ""),
+                                        ("--plot", b"\x89PNG\r\n\x1a\n....")])
+def test_an_earlier_output_may_be_replaced(tmp_path, flag, ours):
+    from fasttrain import report
+
+    p = tmp_path / "out"
+    p.write_bytes(ours if isinstance(ours, bytes) else ours.encode())
+    assert report.check_writable(p, flag) == p
+
+
+@pytest.mark.parametrize("flag, content", [("--json", "# My notes\n"), ("--json", "[1, 2]"),
+                                           ("--json", '{"schema": "theirs/1"}'),
+                                           ("--plot", b"GIF89a...")])
+def test_any_other_existing_file_is_refused_and_kept(tmp_path, capsys, flag, content):
+    from fasttrain.cli import main
+
+    p = tmp_path / "README.md"
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = p.read_bytes()
+    assert main(["bench", "--impl", "roofline", "--data", "synthetic", flag, str(p)]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {p}: exists and is not a" in err and "Traceback" not in err
+    assert p.read_bytes() == before
+
+
+def test_more_epochs_than_their_shuffle_orders_fit_is_one_line(capsys):
+    from fasttrain.cli import main
+
+    # synthetic MNIST: 60,000 samples, 480 KB of order an epoch; 2 GiB hold 4,473 epochs
+    assert main(["bench", "--impl", "roofline", "--data", "synthetic", "--epochs", "5000"]) == 2
+    err = capsys.readouterr().err
+    assert "--epochs 5000" in err and "at most 4,473 epochs" in err and "Traceback" not in err

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+import time
 import traceback
 
 from fasttrain import ladder
@@ -72,7 +74,7 @@ def select(spec: str) -> list[ladder.Entry]:
     if unknown or not names:
         raise UserError(f"--impl: unknown implementation {', '.join(unknown) or repr(spec)}; "
                         f"known: {', '.join(ladder.NAMES)}")
-    return [ladder.entry(n) for n in dict.fromkeys(names)]
+    return [e for e in ladder.REGISTRY if e.name in names]  # the table's order, not the flag's
 
 
 def device_usable(device: str) -> bool:
@@ -230,6 +232,9 @@ def bench(args: argparse.Namespace) -> int:
     entries = select(args.impl)
     cfg = ladder.LadderConfig(epochs=epochs, batch_size=args.batch_size, lr=args.lr,
                               seed=args.seed, device=resolve_device(args.device))
+    if args.json and args.plot and os.path.realpath(args.json) == os.path.realpath(args.plot):
+        raise UserError(f"--json and --plot both name {args.json}: the plot would replace the "
+                        f"JSON; give them different paths")
     for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
         if path:
             report.check_writable(path, flag)
@@ -271,14 +276,13 @@ def bench(args: argparse.Namespace) -> int:
                    "impl": [e.name for e in entries], "interrupted": interrupted},
         "rows": rows,
     }
-    out = Console()
-    if not out.is_terminal:  # piped or redirected: keep every column whole rather than 80 wide
-        out = Console(width=160)
-    out.print(report.bench_table(result))
+    report.wide_console().print(report.bench_table(result))
     if args.json:
         report.write_json(args.json, result)
         console.print(f"wrote {args.json}")
-    if args.plot:
+    if args.plot and not any(r["status"] == "ok" for r in result["rows"]):
+        console.print(f"no plot: no row ran ({args.plot} not written)")
+    elif args.plot:
         report.bench_plot(result, args.plot)
         console.print(f"wrote {args.plot}")
     return 130 if interrupted else 0
@@ -332,20 +336,33 @@ def _say(console, label: str, row: dict, stage: str) -> None:
                       f"setup {r['setup_ms']:,.0f} ms")
 
 
+LOG_EVERY_S = 10.0  # progress lines in a log file (stderr not a terminal): at most one this often
+
+
 def _time_with_progress(entry, data, cfg, console, quiet: bool, label: str) -> dict:
-    """Time one repeat under a progress bar. The bar advances once per epoch, after the harness
-    has already synchronized and stopped the clock: it adds no host-device sync of its own."""
+    """Time one repeat under a progress bar on a terminal, or with a plain line at most every
+    LOG_EVERY_S seconds when stderr is a file or a pipe (a slow row in a log is not silent).
+    Both advance once per epoch, after the harness has already synchronized and stopped the
+    clock: they add no host-device sync of their own."""
     if console is None:
         return time_row(entry, data, cfg)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    live = not quiet and console.is_terminal
+    logged = not quiet and not console.is_terminal
+    last_line = time.monotonic()
     with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[last]}"), console=console, transient=True,
-                  disable=quiet or not console.is_terminal) as progress:
+                  disable=not live) as progress:
         task = progress.add_task(label, total=cfg.epochs, last="setup…")
 
         def on_epoch(epoch: int, ms: float, loss) -> None:
+            nonlocal last_line
             tail = f"  loss {loss:.4f}" if loss is not None else ""
             progress.update(task, advance=1, last=f"{ms:,.1f} ms/epoch{tail}")
+            if logged and epoch + 1 < cfg.epochs and time.monotonic() - last_line >= LOG_EVERY_S:
+                console.print(f"  {label:<22} epoch {epoch + 1}/{cfg.epochs}, "
+                              f"{ms:,.1f} ms/epoch{tail}")
+                last_line = time.monotonic()
 
         return time_row(entry, data, cfg, on_epoch)

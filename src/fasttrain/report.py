@@ -17,7 +17,9 @@ from fasttrain.files import write_atomic, write_png
 
 
 def check_writable(path: str | os.PathLike, flag: str) -> Path:
-    """Fail before any work is done if `path` cannot be written (bad flag, not a late crash)."""
+    """Fail before any work is done if `path` cannot be written (bad flag, not a late crash),
+    or if it would replace a file that is not an earlier output of ours: a result or trace JSON
+    (`--plot`: a PNG) is rewritten by a rerun; a README or a data file named by mistake is not."""
     p = Path(path)
     if p.is_dir():
         raise UserError(f"{flag} {p}: is a directory; give a file name such as {p / 'out'}")
@@ -26,11 +28,51 @@ def check_writable(path: str | os.PathLike, flag: str) -> Path:
         raise UserError(f"{flag} {p}: folder {parent} does not exist; create it or choose another")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UserError(f"{flag} {p}: not writable; choose a path you can write to")
+    if p.exists() and not _ours(p, png=flag == "--plot"):
+        kind = "PNG" if flag == "--plot" else "fasttrain JSON"
+        raise UserError(f"{flag} {p}: exists and is not a {kind} an earlier run wrote; choose "
+                        f"another path, or move the file away yourself (it is kept)")
     return p
 
 
+_OURS_MAX_BYTES = 256 * 2**20  # a larger existing file is not read to decide: it is kept
+
+
+def _ours(p: Path, png: bool) -> bool:
+    """Whether the existing file `p` is an output fasttrain would write there: a PNG for a
+    plot; for JSON, a result (a "schema" of "fasttrain.…") or a profiler trace ("traceEvents").
+    An empty file counts as ours (a run cut short before it wrote, or `touch`)."""
+    try:
+        size = p.stat().st_size
+        if size == 0:
+            return True
+        if png:
+            with p.open("rb") as f:
+                return f.read(8) == b"\x89PNG\r\n\x1a\n"
+        if size > _OURS_MAX_BYTES:
+            return False
+        obj = json.loads(p.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(obj, dict) and (str(obj.get("schema", "")).startswith("fasttrain.")
+                                      or "traceEvents" in obj)
+
+
+def _finite(obj):
+    """`obj` with every non-finite float (a diverged row's loss: inf, nan) as None: strict JSON
+    has no inf or nan, and a diverged row must not cost the run its result file."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 def write_json(path: str | os.PathLike, result: dict) -> None:
-    write_atomic(path, (json.dumps(result, indent=2, allow_nan=False, default=str) + "\n").encode())
+    write_atomic(path, (json.dumps(_finite(result), indent=2, allow_nan=False, default=str)
+                        + "\n").encode())
 
 
 def _fmt_ms(ms: float | None) -> str:
@@ -151,7 +193,8 @@ def bench_plot(result: dict, path: str | os.PathLike) -> None:
     env, cfg = result["env"], result["config"]
     hw = env.get("gpu") or env.get("cpu")
     data = cfg["data"] + (" (synthetic stand-in)" if cfg.get("synthetic") else "")
-    ax.set_title(f"Logistic regression ladder — data: {data}, {cfg['epochs']} epochs — {hw}",
+    cut = " — INTERRUPTED: each row over the repeats it finished" if cfg.get("interrupted") else ""
+    ax.set_title(f"Logistic regression ladder — data: {data}, {cfg['epochs']} epochs — {hw}{cut}",
                  fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     write_png(path, fig, dpi=120)

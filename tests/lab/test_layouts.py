@@ -160,6 +160,7 @@ def test_memory_command_prints_a_row_per_pipeline_rank(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (("--tp", "4", "--gpus", "6"), ("--gpus 6", "multiple of --tp 4")),
+    (("--gpus", "0"), ("--gpus must be a number of ranks ≥ 1, got 0",)),
     (("--tp", "2", "--gpus", "4"), ("2 data-parallel groups", "--parallel fsdp")),
     # the engine's own rules (engine/mesh.check_data_mode), not a copy that could drift
     (("--tp", "2", "--gpus", "4", "--parallel", "ddp"), ("DTensor shards", "--parallel fsdp")),

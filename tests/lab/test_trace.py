@@ -63,3 +63,23 @@ def test_a_cuda_trace_has_one_row_per_step_from_the_host_ranges():
         assert row["busy_ms"] == pytest.approx(busy / 1e3)
         assert row["input_ms"] == pytest.approx((inp - inside) / 1e3)
         assert row["busy_ms"] + row["idle_ms"] + row["input_ms"] == pytest.approx(row["wall_ms"])
+
+
+def test_top_ops_count_only_the_steps_given():
+    """The ops table is over the same steps as the step time beside it: a slow first step's ops
+    (a compile, a cold cache) do not land in the steady steps' shares."""
+    def op(i, name, start, us, device=DeviceType.CPU):
+        return FunctionEvent(id=i, name=name, thread=0, start_us=start, end_us=start + us,
+                             device_type=device)
+
+    events = [op(0, trace.STEP, 0, 900), op(1, "aten::mm", 10, 800),  # a slow first step
+              op(2, trace.STEP, 1000, 100), op(3, "aten::mm", 1010, 30),
+              op(4, "aten::add", 1050, 20), op(5, trace.STEP, 1200, 100),
+              op(6, "aten::mm", 1210, 50)]
+    steady = [(1000, 1100), (1200, 1300)]
+    ops = trace.top_ops(events, "cpu", steady, step_ms=0.1, k=5)
+    assert [o["op"] for o in ops] == ["aten::mm", "aten::add"]
+    mm, add = ops
+    assert mm["calls_per_step"] == 1 and mm["self_ms_per_step"] == pytest.approx(0.04)
+    assert mm["share_of_step"] == pytest.approx(0.4) and add["share_of_step"] == pytest.approx(0.1)
+    assert trace.top_ops(events, "cpu", steady, step_ms=0.1, k=1) == [mm]

@@ -208,6 +208,8 @@ def memory(args: argparse.Namespace) -> int:
     limit = gib_arg("--memory-limit", args.memory_limit)
     if not 0 <= args.margin < 1:
         raise UserError(f"--margin must be a fraction in [0, 1), got {args.margin}")
+    if args.gpus is not None and args.gpus < 1:
+        raise UserError(f"--gpus must be a number of ranks ≥ 1, got {args.gpus}")
     if args.json:
         report.check_writable(args.json, "--json")
     from fasttrain.engine.config import from_args

@@ -87,7 +87,7 @@ def print_report(result: dict) -> None:
                       f"processes share the CPU and the times below include their share; "
                       f"profile on an idle machine"
                       + (", or with OMP_NUM_THREADS=1" if threads > 1 else "") + "[/yellow]")
-    ops = Table(title="top operators by self time (per step)")
+    ops = Table(title="top operators by self time (per step, over the steps timed below)")
     for col in ("operator", "calls", "self ms", "of step"):
         ops.add_column(col, justify="left" if col == "operator" else "right")
     for r in result["ops"]:

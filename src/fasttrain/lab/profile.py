@@ -283,8 +283,7 @@ def profile_run(run: Run, steps: int = 10, warmup: int = 3, trace: str | None = 
         "cpu_oversubscribed": bool(device.type == "cpu" and load is not None and
                                    load + torch.get_num_threads() > (os.cpu_count() or 1) + 1),
         "rows": rows,
-        "ops": top_ops(prof, device.type, steps,
-                       statistics.fmean(r["wall_ms"] for r in rows), top),
+        "ops": top_ops(events, device.type, steady_windows, mean("wall_ms"), top),
         "syncs": audit.per_step(steps),
         "syncs_are_real": device.type != "cpu",
         "classification": verdict,

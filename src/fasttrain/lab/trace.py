@@ -84,6 +84,12 @@ def steady_steps(rows: list[dict]) -> list[int]:
     return sorted(ranked[:max(1, (len(rows) + 1) // 2)])
 
 
+def _window(start: float, windows: list[tuple[float, float]], lows: list[float]) -> bool:
+    """Whether a time (µs) falls in one of the sorted, disjoint `windows` (`lows`: their starts)."""
+    i = bisect.bisect_right(lows, start) - 1
+    return i >= 0 and start <= windows[i][1]
+
+
 def op_times(events, device_type: str, names, windows: list[tuple[float, float]]
              ) -> dict[str, float]:
     """name → seconds per step inside the outermost events named in `names` (an event inside
@@ -95,8 +101,7 @@ def op_times(events, device_type: str, names, windows: list[tuple[float, float]]
     for e in events:
         if e.device_type != DeviceType.CPU or e.name not in names:
             continue
-        i = bisect.bisect_right(lows, e.time_range.start) - 1
-        if i < 0 or e.time_range.start > windows[i][1]:
+        if not _window(e.time_range.start, windows, lows):
             continue
         parent = e.cpu_parent
         while parent is not None and parent.name not in names:
@@ -107,15 +112,26 @@ def op_times(events, device_type: str, names, windows: list[tuple[float, float]]
     return found
 
 
-def top_ops(prof, device_type: str, steps: int, step_ms: float, k: int) -> list[dict]:
+def top_ops(events, device_type: str, windows: list[tuple[float, float]], step_ms: float,
+            k: int) -> list[dict]:
+    """The `k` operators with the most self time a step (on a GPU: their kernels' time, on the
+    CPU: their own CPU time), over the steps in `windows` (µs) only: the same steps whose mean
+    wall time is `step_ms`, so that each op's share of the step is of the step shown beside it
+    (an average over every traced step would mix in the slow first ones)."""
     attr = "self_device_time_total" if device_type == "cuda" else "self_cpu_time_total"
-    rows = [a for a in prof.key_averages() if a.device_type == DeviceType.CPU
-            and not a.key.startswith("fasttrain.") and getattr(a, attr) > 0]
-    rows.sort(key=lambda a: getattr(a, attr), reverse=True)
-    return [{"op": a.key, "calls_per_step": a.count / steps,
-             "self_ms_per_step": getattr(a, attr) / 1e3 / steps,
-             "share_of_step": getattr(a, attr) / 1e3 / steps / step_ms if step_ms else None}
-            for a in rows[:k]]
+    windows = sorted(windows)
+    lows = [lo for lo, _ in windows]
+    took, calls = Counter(), Counter()
+    for e in events:
+        if (e.device_type != DeviceType.CPU or e.name.startswith("fasttrain.")
+                or not _window(e.time_range.start, windows, lows)):
+            continue
+        calls[e.name] += 1
+        took[e.name] += getattr(e, attr)
+    n = len(windows)
+    return [{"op": name, "calls_per_step": calls[name] / n, "self_ms_per_step": us / 1e3 / n,
+             "share_of_step": us / 1e3 / n / step_ms if step_ms else None}
+            for name, us in took.most_common() if us > 0][:k]
 
 
 HTOD = "Memcpy HtoD"  # CUPTI's name of a host→device copy: "Memcpy HtoD (Pinned -> Device)"

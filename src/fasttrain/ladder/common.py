@@ -44,6 +44,8 @@ class LadderConfig:
             raise UserError(f"--batch-size must be a positive integer, got {self.batch_size}")
         if not np.isfinite(self.lr) or self.lr <= 0:
             raise UserError(f"--lr must be a finite number > 0, got {self.lr}")
+        if self.seed < 0:
+            raise UserError(f"--seed must be an integer >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ class LadderData:
         return len(self.train_y)
 
 
+MAX_ORDERS_BYTES = 2**31  # the shuffle orders of every epoch (int64), held on the host and device
+
+
 def make_ladder_data(dataset, cfg: LadderConfig) -> LadderData:
     """Flatten a `fasttrain.data.ImageDataset` and draw the shared init and shuffle orders."""
     rng = np.random.default_rng(cfg.seed)
@@ -72,6 +77,10 @@ def make_ladder_data(dataset, cfg: LadderConfig) -> LadderData:
     w0 = rng.uniform(-bound, bound, size=(CLASSES, IN_FEATURES)).astype(np.float32)
     b0 = rng.uniform(-bound, bound, size=CLASSES).astype(np.float32)
     n = len(dataset.train_y)
+    if cfg.epochs * n * 8 > MAX_ORDERS_BYTES:
+        raise UserError(f"--epochs {cfg.epochs}: every epoch's shuffle order is drawn up front "
+                        f"(8 bytes a sample an epoch: {cfg.epochs * n * 8 / 2**30:.1f} GiB for "
+                        f"{n:,} samples); use at most {MAX_ORDERS_BYTES // (8 * n):,} epochs")
     orders = np.stack([rng.permutation(n) for _ in range(cfg.epochs)])
     return LadderData(
         name=dataset.name,
