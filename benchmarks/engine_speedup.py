@@ -2,7 +2,7 @@
 bf16 + torch.compile + device-resident data (and + CUDA graphs: the whole step captured,
 engine/graphed.py; and the same graph around the uncompiled model), on `cnn` and `gpt`.
 
-The seed lab expects 1.5–3× faster and ~1.7× less memory from mixed precision; this measures it.
+The course lab expects 1.5–3× faster and ~1.7× less memory from mixed precision; this measures it.
 Each configuration trains STEPS steps in one process; the figure is the median ms/step of the
 logs after the first (compilation and warm-up land in the first), peak memory the allocator's.
 

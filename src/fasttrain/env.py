@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import platform
+import re
 import subprocess
 from pathlib import Path
 
@@ -51,9 +52,9 @@ def gpu_peaks(name: str | None) -> dict[str, float] | None:
     """Peak figures for a GPU name as torch reports it ('NVIDIA H100 80GB HBM3'), if known."""
     if not name:
         return None
+    tokens = set(re.split(r"[\s\-_]+", name.lower()))  # whole words: 'L4' is not in 'L40S'
     for key in sorted(GPU_PEAKS, key=len, reverse=True):  # 'H100 PCIe' before 'H100'
-        words = key.split()
-        if all(w.lower() in name.lower() for w in words):
+        if all(w.lower() in tokens for w in key.split()):
             return GPU_PEAKS[key]
     if "H100" in name:  # SXM parts report no form factor in their name
         return GPU_PEAKS["H100 SXM"]

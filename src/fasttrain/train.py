@@ -2,11 +2,12 @@
 
     fasttrain train --model cnn --data mnist --epochs 2 --precision bf16 --compile --out runs/cnn
     fasttrain train --model mynets:make_net --data mydata:load --loss mse --out runs/mine
-    fasttrain train --model mynets:make_lm --data mydata:load --step mysteps:lm_step \
+    fasttrain train --model mynets:make_lm --data mydata:load --step mysteps:lm_step \\
                     --optimizer mysteps:make_opt --scheduler mysteps:make_sched
     fasttrain train --config run.toml --lr 3e-4          # flags override the file
     fasttrain train --out runs/cnn --resume auto         # continue after preemption
     fasttrain train --out runs/cnn --resume auto --epochs 4   # extend a finished run
+                                         # (--resume: runs/cnn/config.toml, then the flags)
 
 Exit codes: 0 done; 1 an exception in your own code (your frames and one line naming the model,
 loss, step, dataset or factory that raised, and the batch); 2 bad input; 3 the loss became

@@ -165,9 +165,20 @@ def test_a_resume_with_no_checkpoint_yet_starts_the_metrics_afresh(capsys, run8)
     import shutil
 
     shutil.rmtree(run8 / "checkpoints")  # as if killed before its first checkpoint
+    (run8 / "weights.safetensors").unlink()  # (written at the end only)
     code, _, err = train(capsys, run8, "--max-steps", "8", "--resume", "auto")
     assert code == 0, err
     assert [r["step"] for r in records(run8) if r["kind"] == "train"] == [2, 4, 6, 8]
+
+
+def test_a_finished_run_without_checkpoints_is_not_started_over(capsys, run8):
+    import shutil
+
+    shutil.rmtree(run8 / "checkpoints")  # deleted to save space: weights and metrics remain
+    before = (run8 / "metrics.jsonl").read_text()
+    code, _, err = train(capsys, run8, "--max-steps", "8", "--resume", "auto")
+    assert code == 2 and "no readable checkpoint" in err
+    assert (run8 / "metrics.jsonl").read_text() == before
 
 
 def test_a_torn_last_line_is_repaired(tmp_path):
@@ -252,3 +263,18 @@ def test_validate_state_names_the_field(run8):
     state["loss_sum"] = 3.0
     with pytest.raises(UserError, match="loss_sum is float"):
         validate_state(state, "x")
+
+
+def test_resume_takes_the_runs_own_config_and_flags_override_it(capsys, run8):
+    """`--out DIR --resume auto --max-steps 10`, no other flag: the run's own config.toml is the
+    base (logreg on synthetic data at batch 16), not the defaults (cnn on mnist at 128)."""
+    from fasttrain.cli import main
+
+    code = main(["train", "--out", str(run8), "--resume", "auto", "--max-steps", "10",
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    saved = (run8 / "config.toml").read_text()
+    assert 'model = "logreg"' in saved and "batch_size = 16" in saved
+    assert "max_steps = 10" in saved
+    assert [r["step"] for r in records(run8) if r["kind"] == "train"] == [2, 4, 6, 8, 10]

@@ -96,7 +96,7 @@ def test_e2e_runs_the_cpu_row_and_lists_gpu_rows():
     cpu = rows["cpu-fp32"]
     assert cpu["status"] == "ok" and cpu["speedup_vs_cpu"] == 1.0
     assert cpu["s_per_epoch"] == pytest.approx(cpu["ms_per_step"] * 16 / 1e3)  # 256/16 steps
-    assert cpu["seed_expected"] == {"s_per_epoch": 120.0}
+    assert cpu["lab_expected"] == {"s_per_epoch": 120.0}
     if not torch.cuda.is_available():
         for key in ("cuda-fp32", "cuda-fp16", "cuda-bf16"):
             assert rows[key]["status"] == "unavailable"

@@ -109,15 +109,15 @@ def test_bf16_saves_half_precision_activations():
     assert bf16.activations + bf16.weight_copies < fp32.activations
     assert bf16.weight_copies > 0  # autocast's bf16 copies of the weights, saved for backward
     assert bf16.gradients == fp32.gradients  # autocast keeps fp32 gradients
-    assert bf16.activations_fp32 == fp32.activations  # the seed formula's input, same batch
+    assert bf16.activations_fp32 == fp32.activations  # the lab formula's input, same batch
 
 
-def test_seed_formula_for_this_model():
+def test_lab_formula_for_this_model():
     b = measure(model="mlp")
     P, A = b.params, b.activations_fp32
-    seed = b.seed_formula()
-    assert seed["fp32"]["total"] == 4 * P + 4 * P + 8 * P + A
-    assert seed["mixed"]["total"] == 4 * P + 2 * P + 2 * P + 8 * P + A // 2
+    lab = b.lab_formula()
+    assert lab["fp32"]["total"] == 4 * P + 4 * P + 8 * P + A
+    assert lab["mixed"]["total"] == 4 * P + 2 * P + 2 * P + 8 * P + A // 2
 
 
 def test_predict_builds_the_run_and_agrees_with_measure():
@@ -207,7 +207,7 @@ def test_memory_command_writes_the_breakdown(capsys, tmp_path):
     path = tmp_path / "m.json"
     code, out, err = run_cli(capsys, *BASE, "--batch-size", "32", "--json", str(path))
     assert code == 0, err
-    assert "hook count" in out and "seed formula" in out and "SYNTHETIC" in out
+    assert "hook count" in out and "lab formula" in out and "SYNTHETIC" in out
     result = json.loads(path.read_text())
     assert result["schema"] == "fasttrain.memory/1" and result["env"]["torch"]
     assert result["config"]["model"] == "logreg" and result["config"]["synthetic"] is True

@@ -1,4 +1,4 @@
-"""`fasttrain experiment precision|memory|e2e|scaling`: the seed lab's exercises, measured on this
+"""`fasttrain experiment precision|memory|e2e|scaling`: the course lab's exercises, measured on this
 machine (fasttrain.lab.experiments), and data-parallel scaling (fasttrain.commands.scaling).
 
     fasttrain experiment precision --model cnn --steps 50 --json p.json --plot p.png
@@ -83,13 +83,13 @@ def table(result: dict):
         ("peak", _peak),
         ("memory ÷ vs GPU fp32", lambda r: _num(r.get("memory_vs_gpu_fp32"), "{:.2f}×")),
         ("test acc", lambda r: _num(r["test_accuracy"], "{:.2%}")),
-        ("seed lab expects", lambda r: _seed(r.get("seed_expected"))),
+        ("course lab expects", lambda r: _lab(r.get("lab_expected"))),
     ], rows, caption=f"s/epoch extrapolated from the median step × steps per epoch. "
-        f"{peak_note}. Seed lab: its own GPU, 'CPU 120 s/epoch, GPU 4.8×, GPU+FP16 8×, "
+        f"{peak_note}. Course lab: its own GPU, 'CPU 120 s/epoch, GPU 4.8×, GPU+FP16 8×, "
         f"memory 8.2 → 4.7 GB'.")
 
 
-def _seed(s: dict | None) -> str:
+def _lab(s: dict | None) -> str:
     if not s:
         return "-"
     bits = [f"{s['s_per_epoch']:g} s/epoch"]
@@ -154,7 +154,7 @@ def experiment_parser(sub: argparse._SubParsersAction) -> None:
     from fasttrain.commands import scaling
     from fasttrain.engine.config import add_arguments
 
-    p = sub.add_parser("experiment", help="the seed lab's exercises, measured: precision, "
+    p = sub.add_parser("experiment", help="the course lab's exercises, measured: precision, "
                        "memory, e2e; and multi-process scaling",
                        description=f"{__doc__}\n{lab_experiments.__doc__}",
                        formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -49,14 +49,14 @@ _PARTS = (("weights", "weights (parameters, buffers)"),
 
 
 def breakdown_table(b: Breakdown, title: str):
-    """Parts as rows: this run's exact bytes beside the seed lab's fp32 and mixed formula."""
+    """Parts as rows: this run's exact bytes beside the course lab's fp32 and mixed formula."""
     from fasttrain import report
 
-    seed = b.seed_formula()
-    rows = [{"part": label, "ours": getattr(b, key), "fp32": seed["fp32"].get(key),
-             "mixed": seed["mixed"].get(key)} for key, label in _PARTS]
+    lab = b.lab_formula()
+    rows = [{"part": label, "ours": getattr(b, key), "fp32": lab["fp32"].get(key),
+             "mixed": lab["mixed"].get(key)} for key, label in _PARTS]
     rows.append({"part": "predicted peak", "ours": b.predicted_peak,
-                 "fp32": seed["fp32"]["total"], "mixed": seed["mixed"]["total"]})
+                 "fp32": lab["fp32"]["total"], "mixed": lab["mixed"]["total"]})
     rows.append({"part": "measured peak", "ours": b.measured_peak, "fp32": None, "mixed": None})
     if b.first_step_peak is not None:
         rows.append({"part": "first step's peak (warm-up)", "ours": b.first_step_peak,
@@ -69,15 +69,15 @@ def breakdown_table(b: Breakdown, title: str):
                f"workspace + inputs + gradients + max(activations + copies + convolution "
                f"workspace, step temporaries); {error}. Convolution workspace: the largest "
                f"scratch one cuDNN call takes, each convolution probed alone (CUDA only). "
-               f"Seed formula: P = {b.params:,} parameters, weights + gradients + optimizer + "
+               f"Lab formula: P = {b.params:,} parameters, weights + gradients + optimizer + "
                f"activations (mixed: + half copy, half gradients, half "
                f"the fp32 activations; torch autocast keeps fp32 gradients). Micro-batch "
                f"{b.micro_batch} on {b.device}.")
     return report.rows_table(title, [
         ("part", lambda r: r["part"]),
         ("this run", lambda r: fmt(r["ours"])),
-        ("seed formula, fp32", lambda r: fmt(r["fp32"])),
-        ("seed formula, mixed", lambda r: fmt(r["mixed"])),
+        ("lab formula, fp32", lambda r: fmt(r["fp32"])),
+        ("lab formula, mixed", lambda r: fmt(r["mixed"])),
     ], rows, caption)
 
 

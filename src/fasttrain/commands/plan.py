@@ -152,9 +152,9 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
         return {**row, "status": "unsupported",
                 "reason": f"no {cfg.precision} units on the {gpu.name}"}
     how, variant, used, needed = _fit(models, per_gpu, gpu, n, fsdp)
-    largest, _, per_sample = largest_micro(models, per_gpu, usable)
+    largest, _, per_sample = largest_micro(models, variant, usable)  # the switched config
     row.update(fit=how, memory_needed=needed, gpus=used, per_sample_bytes=per_sample,
-               largest_batch=min(largest * per_gpu.accum_steps * n, samples))
+               largest_batch=min(largest * variant.accum_steps * n, samples))
     if how == "does not fit":
         return {**row, "status": "does not fit",
                 "reason": f"needs {_gib(needed)} of {_gib(usable)} usable, with every switch"}

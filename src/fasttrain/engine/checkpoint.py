@@ -98,6 +98,12 @@ def resume(run) -> None:
         return
     if cfg.resume == "auto":
         found = latest(run.checkpoints, map_location=run.device)
+        if found is None and run.checkpoints is not None and (
+                complete(run.checkpoints) or (run.checkpoints.parent
+                                              / "weights.safetensors").exists()):
+            raise UserError(f"--resume auto: {run.checkpoints.parent} holds a run but no "
+                            f"readable checkpoint; starting over would replace its metrics and "
+                            f"weights: choose a new --out, or --resume PATH")
         if found is None:  # nothing saved yet: a fresh start is the right resume,
             run.rundir.truncate_metrics(0, 0)  # without the records of the start it repeats
             return

@@ -357,12 +357,22 @@ def _type_of(f: dataclasses.Field) -> type:
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
+    """The config the flags give, over `--config FILE`; without --config, `--resume` with
+    `--out DIR` takes the run's own DIR/config.toml as the file (so `--out DIR --resume auto
+    --epochs 40` extends that run, not a default one)."""
     values: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        values.update(load_toml(args.config))
+    base = getattr(args, "config", None) or _run_config(args)
+    if base:
+        values.update(load_toml(base))
     names = {f.name for f in fields(TrainConfig)}
     values.update({k: v for k, v in vars(args).items() if k in names})
     return TrainConfig(**values)
+
+
+def _run_config(args: argparse.Namespace) -> Path | None:
+    out, resume = getattr(args, "out", None), getattr(args, "resume", None)
+    saved = Path(out) / "config.toml" if out and resume else None
+    return saved if saved is not None and saved.is_file() else None
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

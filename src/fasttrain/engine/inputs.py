@@ -58,7 +58,9 @@ def call_factory(path: str, flag: str) -> Any:
     if not callable(factory):
         raise UserError(f"{flag} {path}: {type(factory).__name__} is not callable; point at a "
                         f"function taking no arguments")
-    return factory()
+    from fasttrain.engine import usercode
+
+    return usercode.call(factory, f"your {flag.lstrip('-')} factory {path}")
 
 
 def resolve_model(model: nn.Module | str, task) -> tuple[nn.Module, str]:
@@ -81,19 +83,19 @@ def resolve_model(model: nn.Module | str, task) -> tuple[nn.Module, str]:
     return made, model
 
 
-def resolve_loss(loss: Callable | str, task) -> Callable:
+def resolve_loss(loss: Callable | str, task, user_step: bool = False) -> Callable:
     """The loss callable `(output, target) -> scalar`. 'auto' is cross-entropy over the last
-    dimension for integer targets (classes, tokens)."""
-    import torch.nn.functional as F
-
+    dimension for integer targets (classes, tokens). A user step computes its own loss: 'auto'
+    then asks nothing of the targets."""
     if callable(loss):
         return loss
     if loss == "auto":
-        if task.train_y is not None and task.train_y.is_floating_point():
+        if (not user_step and task.train_y is not None
+                and task.train_y.is_floating_point()):
             raise UserError("float targets need a loss: pass loss=torch.nn.functional.mse_loss "
                             "(or --loss mse / --loss pkg.module:fn)")
         return cross_entropy
-    named = {"cross_entropy": cross_entropy, "mse": F.mse_loss, "l1": F.l1_loss}
+    named = {"cross_entropy": cross_entropy, "mse": mse, "l1": l1}
     if loss in named:
         return named[loss]
     fn = import_object(loss, "--loss")
@@ -102,10 +104,38 @@ def resolve_loss(loss: Callable | str, task) -> Callable:
     return fn
 
 
+def _shapes_differ(name: str, output: torch.Tensor, target: torch.Tensor, fix: str):
+    raise UserError(f"--loss {name}: the model's output has shape {tuple(output.shape)} and the "
+                    f"targets {tuple(target.shape)}; {fix}")
+
+
+def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """F.mse_loss, refusing shapes that would broadcast (a [B, 1] output against [B] targets
+    silently trains on B × B differences). Reads shapes only: no sync."""
+    import torch.nn.functional as F
+
+    if output.shape != target.shape:
+        _shapes_differ("mse", output, target, "make the model return the targets' shape "
+                       "(e.g. end it with nn.Flatten(0) for one value per sample)")
+    return F.mse_loss(output, target)
+
+
+def l1(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    if output.shape != target.shape:
+        _shapes_differ("l1", output, target, "make the model return the targets' shape "
+                       "(e.g. end it with nn.Flatten(0) for one value per sample)")
+    return F.l1_loss(output, target)
+
+
 def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over every target: [B, C] vs [B] and [B, T, V] vs [B, T] alike."""
     import torch.nn.functional as F
 
+    if logits.shape[:-1] != target.shape:
+        _shapes_differ("cross_entropy", logits, target, "it needs one score per class in the "
+                       "last dimension: output [..., classes] for targets [...]")
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
@@ -165,8 +195,12 @@ def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = split
     elif isinstance(split, Dataset):
         check_fits(split, name)
+        from fasttrain.engine import usercode
+
+        what = f"your dataset ({type(split).__qualname__}.__getitem__)"
+        samples = [usercode.call(split.__getitem__, f"{what} at index {i}", i)
+                   for i in range(len(split))]
         try:
-            samples = [split[i] for i in range(len(split))]
             x = torch.stack([torch.as_tensor(s[0]) for s in samples])
             y = torch.stack([torch.as_tensor(s[1]) for s in samples])
         except (TypeError, IndexError, RuntimeError) as e:
@@ -191,7 +225,10 @@ def check_fits(dataset, name: str) -> None:
     if n is None or isinstance(dataset, IterableDataset):
         raise UserError(f"--data-in-memory: the {name} data has no length (a stream) and cannot "
                         f"be read into memory; drop --data-in-memory to stream it")
-    first = dataset[0] if n else ()
+    from fasttrain.engine import usercode
+
+    first = (usercode.call(dataset.__getitem__, f"your dataset ({type(dataset).__qualname__}"
+                           f".__getitem__) at index 0", 0) if n else ())
     if not (isinstance(first, tuple | list) and len(first) == 2):
         raise UserError(f"--data-in-memory reads (input, target) samples; the {name} data gives "
                         f"{type(first).__name__}: drop --data-in-memory to stream it")

@@ -93,6 +93,11 @@ def scheduler(cfg, run, opt: torch.optim.Optimizer, factory: Callable | None = N
         raise UserError(f"--scheduler {name} returned {type(sched).__name__}; return a "
                         f"torch.optim.lr_scheduler.LRScheduler that steps once per optimizer "
                         f"step without arguments (ReduceLROnPlateau needs a metric)")
+    total = getattr(sched, "total_steps", None)  # OneCycleLR: stepping past it raises
+    if isinstance(total, int) and total < run.total_steps:
+        raise UserError(f"--scheduler {name} is {total} steps long and this run "
+                        f"{run.total_steps}; build it with total_steps={run.total_steps} (or "
+                        f"more), or shorten the run with --max-steps {total}")
     return sched
 
 

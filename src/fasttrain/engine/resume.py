@@ -33,6 +33,12 @@ def check_config(saved: dict[str, Any], cfg, path) -> list[str]:
             raise UserError(f"checkpoint {path} was written with {key}={saved.get(key)!r}, this "
                             f"run has {getattr(cfg, key)!r}; use the same value to resume, or "
                             f"start a new --out")
+    from fasttrain.engine.optim import owns_lr
+
+    if "lr" in saved and saved["lr"] != cfg.lr and not owns_lr(cfg):
+        raise UserError(f"--lr {cfg.lr}: your --optimizer/--scheduler sets the learning rate "
+                        f"(the checkpoint's was run with --lr {saved['lr']}), so a new --lr "
+                        f"would not apply; resume with --lr {saved['lr']}")
     return [f"{k} {saved.get(k)!r} → {getattr(cfg, k)!r}" for k in MAY_CHANGE
             if k in saved and saved[k] != getattr(cfg, k)]
 

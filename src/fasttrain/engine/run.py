@@ -206,7 +206,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         raise UserError(f"the {task.name} batches are not (input, target) pairs, which the "
                         f"default step needs: give step=fn(model, batch) returning the loss "
                         f"(--step pkg.module:fn)")
-    run.loss_fn = inputs.resolve_loss(loss, task)
+    run.loss_fn = inputs.resolve_loss(loss, task, user_step=user.get("step") is not None)
     run.metrics = {**default_metrics(task), **metrics}
     run.step_name = (usercode.name_of(user["step"], cfg.step) if "step" in user else "")
     run.compute_loss = steps.compute_loss(run, user.get("step"), run.step_name)

@@ -2,6 +2,6 @@
 
 memory (+ batch_size): a step's bytes, part by part, and the fastest batch that fits; scaling: the
 data-parallel step on N GPUs; profile (+ trace, classify): where a step's time goes and what bounds
-it; experiments: the seed lab's exercises; doctor: devices and placement; sampler: NVML over time.
+it; experiments: the course lab's exercises; doctor: devices and placement; sampler: NVML over time.
 None imports argparse or rich: the commands that print them live in `fasttrain.commands`.
 """

@@ -1,4 +1,4 @@
-"""The seed lab's exercises, measured on this machine: rows of runs that differ in one switch.
+"""The course lab's exercises, measured on this machine: rows of runs that differ in one switch.
 `run_experiment(name, cfg, task, opts)` returns them; `fasttrain experiment precision|memory|e2e`
 prints them (fasttrain.commands.experiment).
 
@@ -9,7 +9,7 @@ prints them (fasttrain.commands.experiment).
   each); activation checkpointing off/on: time lost, and memory saved twice over — in the bytes
   saved for backward (what checkpointing trades: exact, hook-counted) and in the step's peak
   (what a run needs), with a plain note when the two part (see `held_for_backward`).
-- e2e: the seed lab's Exercise 4 — CPU vs GPU vs GPU + AMP (fp16 as in the lab, and bf16) —
+- e2e: the course lab's Exercise 4 — CPU vs GPU vs GPU + AMP (fp16 as in the lab, and bf16) —
   speed-ups, seconds per epoch (extrapolated from the timed steps) and memory, beside the lab's
   expected results. (--device and --precision are the variables here.)
 
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
 EXPERIMENTS = ("precision", "memory", "e2e")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-# The seed lab's Exercise 4 "Expected Results" (its own, unnamed GPU; MNIST classifier).
-SEED_E2E = {"cpu-fp32": {"s_per_epoch": 120.0},
+# The course lab's Exercise 4 "Expected Results" (its own, unnamed GPU; MNIST classifier).
+LAB_E2E = {"cpu-fp32": {"s_per_epoch": 120.0},
             "cuda-fp32": {"s_per_epoch": 25.0, "speedup": 4.8, "memory_gb": 8.2},
             "cuda-fp16": {"s_per_epoch": 15.0, "speedup": 8.0, "memory_gb": 4.7}}
 
@@ -312,7 +312,7 @@ def run_e2e(cfg: TrainConfig, task, opts: Options) -> list[dict]:
         ("cuda-bf16", "GPU + AMP (bf16)", "cuda", "bf16"),
     ):
         head = {"row": key, "label": label, "device": device, "precision": precision,
-                "seed_expected": SEED_E2E.get(key)}
+                "lab_expected": LAB_E2E.get(key)}
         reason = _no_gpu() if device == "cuda" and not torch.cuda.is_available() else (
             unavailable(precision, torch.device(device)))
         if reason:

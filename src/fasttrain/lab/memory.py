@@ -19,7 +19,7 @@ caching allocator's 512-byte blocks, as `max_memory_allocated` counts them):
                  `saved_tensors_hooks` in the dtype the switches give (bf16 autocast saves bf16;
                  checkpointed blocks keep only their inputs)
   weight copies  half-precision casts of weights that autocast saves for backward (part of the
-                 saved tensors, shown apart: the seed lab's "FP16 copy")
+                 saved tensors, shown apart: the course lab's "FP16 copy")
   inputs         the step's micro-batches, where no layer saved them already
   data           the dataset resident on an accelerator (0 on the CPU: host memory either way)
   workspace      CUDA only, measured: what stays allocated after a warm-up step beyond the parts
@@ -237,7 +237,7 @@ def resident_data(run: Run, device_type: str | None = None) -> int:
 
 @dataclass
 class Breakdown:
-    """One step's memory, part by part (bytes), the measured peak, and the seed lab's formula."""
+    """One step's memory, part by part (bytes), the measured peak, and the course lab's formula."""
 
     device: str
     precision: str
@@ -272,8 +272,8 @@ class Breakdown:
         """(predicted − measured) / measured."""
         return (self.predicted_peak - self.measured_peak) / max(self.measured_peak, 1)
 
-    def seed_formula(self) -> dict[str, dict[str, int]]:
-        """The seed lab's "weights + gradients + optimizer + activations" for this model, fp32 and
+    def lab_formula(self) -> dict[str, dict[str, int]]:
+        """The course lab's "weights + gradients + optimizer + activations" for this model, fp32 and
         mixed precision as its ResNet-50 example counts them: mixed keeps fp32 master weights plus
         a half copy, half gradients, fp32 optimizer state, and half the fp32 activations. (PyTorch
         autocast in fact keeps fp32 gradients and casts only what matmuls and convolutions use.)"""
@@ -288,7 +288,7 @@ class Breakdown:
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "predicted_peak": self.predicted_peak,
-                "error": self.error, "seed_formula": self.seed_formula()}
+                "error": self.error, "lab_formula": self.lab_formula()}
 
 
 def breakdown(run: Run, micro_batches: list, measured_peak: int | None = None,
