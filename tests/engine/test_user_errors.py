@@ -244,6 +244,33 @@ def test_a_onecycle_shorter_than_the_run_is_refused_at_build():
     assert fasttrain.build(max_steps=steps, **kw).sched.total_steps == steps  # as long: fine
 
 
+ONECYCLE_STEPS = {"total": userstep.TOTAL_STEPS}  # what onecycle_of_length builds, changeable
+
+
+def onecycle_of_length(optimizer):
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-2,
+                                               total_steps=ONECYCLE_STEPS["total"])
+
+
+def test_a_onecycle_whose_checkpoint_is_shorter_than_the_resumed_run_is_refused(
+        tmp_path, monkeypatch):
+    """OneCycleLR keeps its length in its state: a resume restores the saved one, so a factory
+    now building a longer one passes the build's check, and the restored schedule is checked
+    again (it would raise at its 13th step, from inside torch)."""
+    steps = userstep.TOTAL_STEPS
+    kw = dict(data=text_task(), step=userstep.hf_step, scheduler=onecycle_of_length,
+              block_size=16, batch_size=16, epochs=50, device="cpu", progress=False,
+              verbose=False, out=str(tmp_path / "run"), checkpoint_every=steps)
+    fasttrain.fit(fasttrain.build(model=userstep.make_lm(), max_steps=steps, **kw))
+    monkeypatch.setitem(ONECYCLE_STEPS, "total", 2 * steps)
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=userstep.make_lm(), max_steps=2 * steps, resume="auto", **kw)
+    assert "\n" not in str(e.value)
+    for w in [f"is {steps} steps long (its length as the checkpoint saved it)",
+              f"this run {2 * steps}"]:
+        assert w in str(e.value), (w, str(e.value))
+
+
 # -- 7. --resume auto never starts a run over whose checkpoints all fail to load ------------------
 
 

@@ -155,3 +155,32 @@ def test_a_count_for_a_gpu_takes_the_optimizers_foreach_path():
     assert params >= 4 and looped.ops - foreach.ops >= 4 * (params - 1)
     assert foreach.flops == looped.flops
     assert all(g["foreach"] is None for g in run.opt.param_groups)  # left as it was
+
+
+def test_attention_on_the_cpu_counts_as_the_fused_kernels_on_cuda_do():
+    """torch has FLOP formulas for the CUDA attention kernels but not for the CPU's fused one:
+    the plan and the profile count the CPU's with the same formulas (forward 4·B·H·S²·D,
+    backward 2.5× that, recomputing the scores), so a transformer's FLOPs do not drop by its
+    attention where it is counted on a CPU."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fasttrain.lab.classify import flop_formulas
+
+    class Count(TorchDispatchMode):
+        flops, ops = 0.0, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            formula = flop_formulas().get(func._overloadpacket)
+            if formula and "attention" in str(func):
+                self.flops += formula(*args, **(kwargs or {}), out_val=out)
+                self.ops.append(func._overloadpacket.__name__)
+            return out
+
+    q, k, v = (torch.randn(2, 4, 64, 16, requires_grad=True) for _ in range(3))
+    with Count() as cpu:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    assert cpu.ops == ["_scaled_dot_product_flash_attention_for_cpu",
+                       "_scaled_dot_product_flash_attention_for_cpu_backward"]
+    assert cpu.flops == 3.5 * 4 * 2 * 4 * 64 * 64 * 16

@@ -152,6 +152,7 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
         raise UserError(f"checkpoint {path} does not fit this model/optimizer "
                         f"({(str(e).splitlines() or [type(e).__name__])[0]}); resume with the "
                         f"same settings") from None
+    optim.check_length(run.sched, run, run.sched_name, restored=True)
     if optim.owns_lr(cfg):  # a user's optimizer or scheduler sets its own
         resume.apply_lr(run.opt, run.sched, cfg.lr)  # a changed --lr is honoured
     run.epoch, run.step = saved["epoch"], saved["step"]

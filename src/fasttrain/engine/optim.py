@@ -93,12 +93,19 @@ def scheduler(cfg, run, opt: torch.optim.Optimizer, factory: Callable | None = N
         raise UserError(f"--scheduler {name} returned {type(sched).__name__}; return a "
                         f"torch.optim.lr_scheduler.LRScheduler that steps once per optimizer "
                         f"step without arguments (ReduceLROnPlateau needs a metric)")
-    total = getattr(sched, "total_steps", None)  # OneCycleLR: stepping past it raises
+    check_length(sched, run, name)
+    return sched
+
+
+def check_length(sched, run, name: str, restored: bool = False) -> None:
+    """A scheduler with a length (OneCycleLR's total_steps, which stepping past raises) must
+    last the run: checked at build, and again after a resume restores its saved length."""
+    total = getattr(sched, "total_steps", None)
     if isinstance(total, int) and total < run.total_steps:
-        raise UserError(f"--scheduler {name} is {total} steps long and this run "
+        where = " (its length as the checkpoint saved it)" if restored else ""
+        raise UserError(f"--scheduler {name} is {total} steps long{where} and this run "
                         f"{run.total_steps}; build it with total_steps={run.total_steps} (or "
                         f"more), or shorten the run with --max-steps {total}")
-    return sched
 
 
 def _check_optimizer(opt, model: nn.Module, name: str) -> None:

@@ -58,6 +58,7 @@ class Run:
     no_sync: Callable  # the context of non-final micro-steps
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler  # built-in: a LambdaLR of optim.lr_factor
+    sched_name: str  # the scheduler as 'pkg.mod:fn', for messages
     clip: Callable[[], Any]
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # the default step's
     compute_loss: steps.ComputeLoss  # (forward, micro_batch) -> (loss, extras): steps.py
@@ -258,8 +259,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.total_steps = cfg.epochs * per_epoch if per_epoch is not None else cfg.max_steps
     if cfg.max_steps:
         run.total_steps = min(run.total_steps, cfg.max_steps)
-    run.sched = optim.scheduler(cfg, run, run.opt, user.get("scheduler"),
-                                usercode.name_of(user.get("scheduler"), cfg.scheduler))
+    run.sched_name = usercode.name_of(user.get("scheduler"), cfg.scheduler)
+    run.sched = optim.scheduler(cfg, run, run.opt, user.get("scheduler"), run.sched_name)
     run.clip = _clipper(run, module)
     run.loss_sum = torch.zeros((), device=dev)
     run.extra_sums = {}  # a user step's extra metrics, summed like loss_sum (steps.py)

@@ -157,6 +157,25 @@ def device_peaks(device: torch.device, precision: str) -> Peaks:
 # -- counting one step ---------------------------------------------------------------------------
 
 
+def flop_formulas() -> dict:
+    """torch's FLOP formulas (op packet → formula), plus the CPU's fused attention and its
+    backward, which torch counts on CUDA but not on the CPU: without them a transformer's
+    attention (~15-60% of its FLOPs, with the context length) would count as free on a CPU."""
+    from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+    def forward(query, key, value, *args, out_val=None, **kwargs):
+        return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+    def backward(grad_out, query, key, value, *args, out_val=None, **kwargs):
+        return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+    aten = torch.ops.aten
+    cpu = {name: getattr(aten, name) for name in ("_scaled_dot_product_flash_attention_for_cpu",
+           "_scaled_dot_product_flash_attention_for_cpu_backward") if hasattr(aten, name)}
+    extra = {op: backward if name.endswith("_backward") else forward for name, op in cpu.items()}
+    return {**extra, **flop_registry}  # torch's own formula wins where it has one
+
+
 def moves_no_data(func) -> bool:
     """Views alias their input (no bytes move); empty* only allocate."""
     name = func._overloadpacket.__name__
@@ -195,9 +214,7 @@ class _Counter(TorchDispatchMode):
 
     def __init__(self, peaks: Peaks):
         super().__init__()
-        from torch.utils.flop_counter import flop_registry
-
-        self.peaks, self.formulas, self.work = peaks, flop_registry, Work()
+        self.peaks, self.formulas, self.work = peaks, flop_formulas(), Work()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

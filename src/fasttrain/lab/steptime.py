@@ -119,9 +119,7 @@ class _CallCounter(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
-        from torch.utils.flop_counter import flop_registry
-
-        self.formulas, self.calls = flop_registry, Counter()
+        self.formulas, self.calls = classify.flop_formulas(), Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
