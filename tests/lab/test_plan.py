@@ -8,6 +8,7 @@ import pytest
 from fasttrain.cli import main
 from fasttrain.commands import plan as plan_cmd
 from fasttrain.engine.config import TrainConfig
+from fasttrain.errors import UserError
 from fasttrain.lab import cost
 from fasttrain.lab import memory as memory_model
 
@@ -91,14 +92,15 @@ def test_a_switch_is_chosen_only_when_predicting_with_it_fits():
         gb = usable_bytes / (1 - plan_cmd.MARGIN) / 2**30
         return cost.GPU("G", gb, {"fp32": 1e12, "bf16": 1e12}, 1e11, "PCIe", 25e9)
 
-    how, _, n, needed = plan_cmd._fit(models, cfg, gpu(base + 4096), 1)
+    how, _, n, needed, _ = plan_cmd._fit(models, cfg, gpu(base + 4096), 1)
     assert (how, n, needed) == ("fits", 1, base)
     # bf16 is tried first, but on this small model its saved weight casts outweigh the halved
     # activations: predicted, it does not fit, so accumulation is the named switch
-    how, variant, _, needed = plan_cmd._fit(models, cfg, gpu((base + accum) / 2), 1)
+    how, variant, _, needed, _ = plan_cmd._fit(models, cfg, gpu((base + accum) / 2), 1)
     assert how == "fits with accumulation ×2" and variant.accum_steps == 2 and needed == accum
-    how, *_ = plan_cmd._fit(models, cfg, gpu(1024), 1)
-    assert how == "does not fit"
+    fitting = plan_cmd._fit(models, cfg, gpu(1024), 1)
+    assert fitting.how == "does not fit" and fitting.least.startswith("with ")
+    assert fitting.need <= accum < base  # what the least needy attempt needs, not the given's
 
 
 def test_fsdp_and_ddp_needs_by_hand():
@@ -118,7 +120,8 @@ def test_fsdp_and_ddp_needs_by_hand():
         def memory(self, cfg):
             return b
 
-    assert plan_cmd._fit(Models(), None, gpu, 4, fsdp=True)[::2] == ("fits (FSDP over 4 GPUs)", 4)
+    fitting = plan_cmd._fit(Models(), None, gpu, 4, fsdp=True)
+    assert (fitting.how, fitting.gpus) == ("fits (FSDP over 4 GPUs)", 4)
 
 
 def test_the_cost_per_op_issued_comes_from_the_fit_only_on_the_gpu_it_was_fitted_on():
@@ -160,3 +163,29 @@ def test_a_calibrated_plan_carries_the_efficiency_and_not_this_cpus_launch_cost(
     # each of the two GPUs: half the roofline over the carried efficiency, every call issued
     compute = h["roofline_s"] / eff / 2 + h["ops"] * h["launch_s"]
     assert h["step_s"] == pytest.approx(compute + h["exposed_s"])
+
+
+@pytest.mark.parametrize("error", [MemoryError(), RuntimeError(
+    "[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory: you tried "
+    "to allocate 1099511627776 bytes")])
+def test_a_model_too_big_for_this_host_is_one_line(error):
+    from types import SimpleNamespace
+
+    def count():
+        raise error
+
+    with pytest.raises(UserError) as e:
+        plan_cmd._on_this_host(SimpleNamespace(batch_size=512), count)
+    assert "at batch 512 it does not fit in this machine's memory" in str(e.value)
+    with pytest.raises(RuntimeError, match="another"):  # any other error is not ours to hide
+        plan_cmd._on_this_host(SimpleNamespace(batch_size=512),
+                               lambda: (_ for _ in ()).throw(RuntimeError("another")))
+
+
+@pytest.mark.parametrize("flags", [("--tp", "2"), ("--pp", "2")])
+def test_a_tensor_or_pipeline_layout_points_to_memory_in_one_line(capsys, flags):
+    from tests.conftest import assert_one_line_error, run_cli
+
+    code, _, err = run_cli(capsys, "plan", "--model", "logreg", "--data", "synthetic", *flags)
+    assert_one_line_error(code, err, "fasttrain plan models one process a GPU",
+                          "fasttrain memory --gpus W --tp N --pp M")

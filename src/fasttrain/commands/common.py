@@ -25,6 +25,10 @@ def lab_config(args: argparse.Namespace, command: str):
                         f"(results go to --json PATH)")
     if getattr(cfg, "parallel", "none") != "none":
         raise UserError(f"fasttrain {command} measures one process: drop --parallel")
+    if cfg.tp > 1 or cfg.pp > 1:
+        raise UserError(f"fasttrain {command} models one process a GPU: drop --tp/--pp "
+                        f"(`fasttrain memory --gpus W --tp N --pp M` predicts a tensor and "
+                        f"pipeline layout's memory per rank)")
     given = "data" in vars(args) or bool(args.config and "data" in load_toml(args.config))
     if given:
         cfg = cfg.validate(MODEL_KINDS)

@@ -10,8 +10,9 @@ ESTIMATE; the footer gives its basis:
 - memory: fasttrain.lab.memory.predict — the model `fasttrain memory` prints — for one GPU's
   share of the batch, counted as CUDA holds tensors; fits in the card's memory less 10%. When it
   does not fit, the switches are tried in order, each verified by predicting with it: bf16,
-  activation checkpointing, gradient accumulation (×2, ×4, ×8), FSDP over N GPUs (parameters,
-  gradients and optimizer state sharded N ways: a formula on the breakdown, not a run).
+  activation checkpointing, gradient accumulation (×2, ×4, ×8), the three together, FSDP over N
+  GPUs (parameters, gradients and optimizer state sharded N ways: a formula on the breakdown,
+  not a run). A card nothing fits says what the least needy attempt needed.
 - largest batch: the peak is linear in the micro-batch; predicted at two sizes and extrapolated.
 - step time: fasttrain.lab.steptime — every op call of one real step at the slower of the GPU's
   peak for the precision and its bandwidth, over an efficiency (default, or fitted by
@@ -25,6 +26,7 @@ import argparse
 import dataclasses
 import math
 import sys
+from typing import NamedTuple
 
 from fasttrain.commands.common import data_label, lab_config
 from fasttrain.errors import UserError
@@ -49,15 +51,32 @@ class _Models:
 
         key = repr(cfg)
         if key not in self._mem:
-            self._mem[key] = memory.predict(cfg, data=self.task, device_type="cuda")
+            self._mem[key] = _on_this_host(cfg, lambda: memory.predict(
+                cfg, data=self.task, device_type="cuda"))
         return self._mem[key]
 
     def work(self, cfg) -> steptime.StepWork:
         key = repr(cfg)
         if key not in self._work:
             # counted as CUDA runs it: the optimizer's foreach path (steptime.count_run)
-            self._work[key] = steptime.count(cfg, data=self.task, foreach=True)
+            self._work[key] = _on_this_host(cfg, lambda: steptime.count(
+                cfg, data=self.task, foreach=True))
         return self._work[key]
+
+
+def _on_this_host(cfg, count):
+    """`count()`, which runs one real step of the model on this machine's CPU: a model too big
+    for this machine's memory is one line, not the allocator's traceback."""
+    try:
+        return count()
+    except (MemoryError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "allocate memory" not in str(e):
+            raise
+        raise UserError(f"plan counts one real step of the model here, and at batch "
+                        f"{cfg.batch_size} it does not fit in this machine's memory; plan a "
+                        f"smaller --batch-size (the memory per sample is linear: the "
+                        f"'largest batch' column extrapolates it), or run plan on a machine "
+                        f"with more memory") from None
 
 
 def need(b, n_dp: int) -> int:
@@ -85,38 +104,60 @@ def largest_micro(models: _Models, cfg, usable: int) -> tuple[int, int, int]:
     return max(0, int((usable - fixed) // per_sample)), p1, int(per_sample)
 
 
-def _fit(models: _Models, cfg, gpu: cost.GPU, n: int, fsdp: bool = False):
-    """(how, switched cfg, GPUs used, need in bytes): the configuration as given when it fits,
-    else the first switch that does (verified by predicting with it), else 'does not fit'.
-    `fsdp`: the n GPUs shard the model (--parallel fsdp) rather than replicate it."""
+class Fitting(NamedTuple):
+    how: str  # "fits", "fits with <switch>", "does not fit"
+    cfg: object  # the configuration that fits (switched), or the least needy one tried
+    gpus: int
+    need: int  # bytes a GPU needs in it
+    least: str = ""  # when nothing fits: how `need` was reached ("as given", "with bf16", ...)
+
+
+def _fit(models: _Models, cfg, gpu: cost.GPU, n: int, fsdp: bool = False) -> Fitting:
+    """The configuration as given when it fits, else the first switch that does (verified by
+    predicting with it), else the switches together, else 'does not fit' with the least need
+    found (so a refusal quotes what the best attempt needed). `fsdp`: the n GPUs shard the
+    model (--parallel fsdp) rather than replicate it."""
     usable = gpu.memory_bytes * (1 - MARGIN)
     b = models.memory(cfg)
     if fsdp:
         how = f"fits (FSDP over {n} GPUs)" if fsdp_need(b, n) <= usable else "does not fit"
-        return how, cfg, n, fsdp_need(b, n)
+        return Fitting(how, cfg, n, fsdp_need(b, n), "" if how != "does not fit" else
+                       f"FSDP over {n} GPUs")
     if need(b, n) <= usable:
-        return "fits", cfg, n, need(b, n)
-    tries = []
+        return Fitting("fits", cfg, n, need(b, n))
+    best = (need(b, n), "as given", cfg, n)
+    tries, together = [], {}
     if cfg.precision in ("fp32", "tf32") and "bf16" in gpu.peaks:
-        tries.append(("bf16", dataclasses.replace(cfg, precision="bf16")))
+        tries.append(("bf16", {"precision": "bf16"}))
     if not cfg.activation_checkpointing:
-        tries.append(("activation checkpointing",
-                      dataclasses.replace(cfg, activation_checkpointing=True)))
+        tries.append(("activation checkpointing", {"activation_checkpointing": True}))
     for k in ACCUM:
         a = cfg.accum_steps * k
         if cfg.batch_size % a == 0:
-            tries.append((f"accumulation ×{k}", dataclasses.replace(cfg, accum_steps=a)))
-    for how, variant in tries:
+            tries.append((f"accumulation ×{k}", {"accum_steps": a}))
+            together["accum_steps"] = a  # the largest that divides the batch
+    together.update({k: v for _, change in tries for k, v in change.items()
+                     if k != "accum_steps"})
+    if len(tries) > 1:
+        tries.append((" + ".join(dict.fromkeys(how.split(" ×")[0] for how, _ in tries)),
+                      together))
+    for how, change in tries:
+        variant = dataclasses.replace(cfg, **change)
         try:
             vb = models.memory(variant)
         except UserError:  # a switch this model cannot take (no blocks to checkpoint)
             continue
         if need(vb, n) <= usable:
-            return f"fits with {how}", variant, n, need(vb, n)
+            return Fitting(f"fits with {how}", variant, n, need(vb, n))
+        best = min(best, (need(vb, n), f"with {how}", variant, n), key=lambda t: t[0])
     for k in FSDP:
-        if k > n and fsdp_need(b, k) <= usable:
-            return f"fits with FSDP over {k} GPUs", cfg, k, fsdp_need(b, k)
-    return "does not fit", cfg, n, need(b, n)
+        if k > n:
+            if fsdp_need(b, k) <= usable:
+                return Fitting(f"fits with FSDP over {k} GPUs", cfg, k, fsdp_need(b, k))
+            best = min(best, (fsdp_need(b, k), f"with FSDP over {k} GPUs", cfg, k),
+                       key=lambda t: t[0])
+    needed, how, variant, used = best
+    return Fitting("does not fit", variant, used, needed, how)
 
 
 def same_gpu(device: str, name: str) -> bool:
@@ -151,13 +192,15 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
     if cfg.precision not in gpu.peaks:
         return {**row, "status": "unsupported",
                 "reason": f"no {cfg.precision} units on the {gpu.name}"}
-    how, variant, used, needed = _fit(models, per_gpu, gpu, n, fsdp)
+    how, variant, used, needed, least = _fit(models, per_gpu, gpu, n, fsdp)
     largest, _, per_sample = largest_micro(models, variant, usable)  # the switched config
     row.update(fit=how, memory_needed=needed, gpus=used, per_sample_bytes=per_sample,
                largest_batch=min(largest * variant.accum_steps * n, samples))
     if how == "does not fit":
         return {**row, "status": "does not fit",
-                "reason": f"needs {_gib(needed)} of {_gib(usable)} usable, with every switch"}
+                "reason": f"needs {_gib(needed)} at least ({least}) of {_gib(usable)} usable; "
+                          f"tried bf16, activation checkpointing, accumulation, FSDP, and the "
+                          f"first three together"}
     full = dataclasses.replace(variant, batch_size=cfg.batch_size)  # the whole step's work
     work = models.work(full)
     peak = gpu.peaks[variant.precision]
@@ -375,7 +418,10 @@ def plan(args: argparse.Namespace) -> int:
         f"(read {', '.join(dates)}; sources in the catalogue), spot with "
         f"{args.preemption_rate:g} preemptions/h, each losing half of a "
         f"{args.checkpoint_minutes:g}-min checkpoint interval + {args.restart_minutes:g} min "
-        f"restart." + (f" Deadline {args.deadline:g} h." if args.deadline is not None else ""))
+        f"restart." + (f" Deadline {args.deadline:g} h." if args.deadline is not None else "")
+        + (" Spot never finishes at that rate: each hour loses more than an hour of work to "
+           "preemptions; lower --preemption-rate or --checkpoint-minutes."
+           if math.isinf(cost.spot_hours(1.0, *spot)) else ""))
     title = (f"fasttrain plan — {cfg.model} on {data_label(task)}, batch {cfg.batch_size}, "
              f"{cfg.precision}" + (f", {n} GPUs" if n > 1 else ""))
     report.wide_console().print(plan_table(rows, title, caption, samples))
