@@ -290,3 +290,41 @@ def test_resume_auto_refuses_a_run_whose_checkpoints_none_loads(capsys, tmp_path
     assert [line.startswith("warning: skipping") for line in lines] == [True, True, False], err
     assert_one_line_error(code, lines[-1], "no readable checkpoint", str(out), "new --out")
     assert snapshot(out) == before
+
+
+def test_pin_memory_on_a_cpu_is_a_warning_and_ignored(capsys):
+    """As torch's DataLoader does: a script written for a GPU (pin_memory=True) runs on a CPU."""
+    run = fasttrain.build(model="logreg", data="synthetic", batch_size=16, max_steps=2,
+                          pin_memory=True, device="cpu", progress=False, verbose=False)
+    assert run.cfg.pin_memory is False
+    assert "warning: --pin-memory speeds up host-to-GPU copies; on cpu there are none: ignored" \
+        in capsys.readouterr().err
+    fasttrain.fit(run)
+    assert run.step == 2
+
+
+class _Counted(torch.utils.data.IterableDataset):
+    """80 items with a length: (tensor([i]), i % 4)."""
+
+    def __len__(self):
+        return 80
+
+    def __iter__(self):
+        return ((torch.tensor([float(i)]), i % 4) for i in range(80))
+
+
+@pytest.mark.parametrize("workers, unused", [(0, 0), (3, 32)])
+def test_a_stream_whose_readers_drop_much_says_so(capsys, workers, unused):
+    """Each reader (process × worker) of a stream batches its own share and drops its partial
+    batch: 80 items at batch 16 are 5 steps read by one reader, but 1 step each read by 3 (26 or
+    27 items apiece): 32 of the 80 unused, which the build says."""
+    run = fasttrain.build(model=torch.nn.Linear(1, 4), data={"train": _Counted()},
+                          batch_size=16, workers=workers, epochs=1, device="cpu",
+                          progress=False, verbose=False)
+    assert run.batches.steps_per_epoch == (80 - unused) // 16
+    err = capsys.readouterr().err
+    if unused:
+        assert f"{unused} of its 80 items a pass (40%) are not trained on" in err
+        assert "its 3 readers" in err
+    else:
+        assert "not trained on" not in err

@@ -179,6 +179,12 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         # torchrun restarted the workers after a failure (--max-restarts): continue from the
         # last complete checkpoint rather than from scratch.
         cfg = dataclasses.replace(cfg, resume="auto")
+    if cfg.pin_memory and world.device.type != "cuda":
+        # As torch's DataLoader does: a script written for a GPU still runs on a CPU.
+        if world.main:
+            print(f"warning: --pin-memory speeds up host-to-GPU copies; on "
+                  f"{world.device.type} there are none: ignored", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, pin_memory=False)
     run.cfg, run.world = cfg, world
     seed_everything(cfg.seed)
     if cfg.deterministic:
@@ -336,9 +342,6 @@ def _precision(cfg: TrainConfig, dev: torch.device, sharded: bool = False):
                         f"use fp32 or bf16")
     if cfg.cuda_graphs and dev.type != "cuda":
         raise UserError(f"--cuda-graphs needs a CUDA GPU, not {dev.type}; drop the flag")
-    if cfg.pin_memory and dev.type != "cuda":
-        raise UserError("--pin-memory speeds up host-to-GPU copies; on "
-                        f"{dev.type} there are none: drop the flag")
     if dev.type == "cuda":
         tf32 = cfg.precision == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = tf32

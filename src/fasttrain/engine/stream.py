@@ -49,6 +49,7 @@ run it is not rebuilt. tests/engine/test_stream_overhead.py counts these calls.
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,6 +188,7 @@ class Stream:
         if self.steps_per_epoch == 0:
             raise UserError(f"--batch-size {cfg.batch_size} is larger than the {len(train)} "
                             f"training samples; use a smaller batch")
+        self._warn_dropped(train)
         if world > 1 and cfg.parallel == "fsdp" and any(
                 s.iterable for k, s in self.splits.items() if k != "train"):
             raise UserError("--parallel fsdp evaluates in lock-step and a stream's shares may "
@@ -220,6 +222,22 @@ class Stream:
                                    self.seed, split.shuffle)
         return DataLoader(Seeded(split.dataset), batch_sampler=self.sampler,
                           generator=self.generator, **self._kw(split))
+
+    def _warn_dropped(self, split: Split) -> None:
+        """A stream is batched by each of its readers (ranks × workers), and each drops its
+        last partial batch: say so where that leaves more than 5% of a pass untrained (it
+        also makes the steps of a pass depend on --workers)."""
+        if (not split.iterable or split.batched or split.as_built is not None
+                or self.steps_per_epoch is None):
+            return
+        n = len(split.dataset)
+        unused = n - self.steps_per_epoch * self.accum * self.micro * self.world
+        readers = self.world * max(1, self.loader.num_workers)
+        if self.rank == 0 and n and unused / n > 0.05:
+            print(f"warning: this stream is batched by each of its {readers} readers (processes "
+                  f"× workers), and each drops its last partial batch: {unused:,} of its "
+                  f"{n:,} items a pass ({unused / n:.0%}) are not trained on; fewer --workers "
+                  f"or a batch that divides each reader's share trains on more", file=sys.stderr)
 
     def _steps(self, split: Split) -> int | None:
         """Optimizer steps per pass that every rank is sure to have (None: unknown)."""
