@@ -199,3 +199,18 @@ def test_real_mnist(monkeypatch):
     assert set(np.unique(ds.train_y)) == set(range(10)) and ds.test_y.max() < 10
     assert ds.source == str(place.resolve()) and not ds.synthetic
     assert load_dataset("mnist", download=False) is ds  # cached in-process
+
+
+def test_a_failed_download_leaves_no_folder_it_created(mirror, tmp_path):
+    """A mistyped --data-dir with no way to download: nothing is left behind, and a folder that
+    was there before stays."""
+    (mirror / sources.FILE_NAMES[0]).unlink()  # the mirror cannot serve every file
+    typo = tmp_path / "dtaa" / "dir"
+    with pytest.raises(UserError, match="download failed"):
+        fetch("mnist", typo)
+    assert not (tmp_path / "dtaa").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with pytest.raises(UserError, match="download failed"):
+        fetch("mnist", kept)
+    assert kept.is_dir() and not any(kept.iterdir())

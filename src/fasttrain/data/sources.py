@@ -204,13 +204,28 @@ def _download_file(url: str, dest: Path, sha256: str) -> int:
 
 
 def download_files(source: Source, target: Path) -> None:
-    """Fill `target` with the files it lacks; files already there are verified, never replaced."""
+    """Fill `target` with the files it lacks; files already there are verified, never replaced.
+    Folders it creates are removed again when a download fails and leaves them empty (a
+    mistyped --data-dir leaves nothing behind)."""
+    created = [d for d in (target, *target.parents) if not d.exists()]  # deepest first
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(
             f"cannot create {target}: {e.strerror or e}; pass --data-dir DIR with a writable DIR"
         ) from None
+    try:
+        _download_missing(source, target)
+    except BaseException:
+        for d in created:
+            try:
+                d.rmdir()  # only ever an empty folder
+            except OSError:
+                break
+        raise
+
+
+def _download_missing(source: Source, target: Path) -> None:
     for file, sha256 in source.files.items():
         dest = target / file
         if dest.is_file():  # left by an earlier, interrupted fetch
