@@ -9,7 +9,7 @@ from fasttrain.cli import main
 from fasttrain.commands import plan as plan_cmd
 from fasttrain.engine.config import TrainConfig
 from fasttrain.errors import UserError
-from fasttrain.lab import cost
+from fasttrain.lab import cost, fitting
 from fasttrain.lab import memory as memory_model
 
 FLAGS = ["--model", "logreg", "--data", "synthetic", "--batch-size", "64", "--device", "cpu"]
@@ -83,24 +83,24 @@ def test_a_switch_is_chosen_only_when_predicting_with_it_fits():
 
     cfg = TrainConfig(model="mlp", data="synthetic", batch_size=512, device="cpu").validate()
     task = load_task("synthetic", seed=cfg.seed, block_size=cfg.block_size)
-    models = plan_cmd._Models(task)
-    base = plan_cmd.need(models.memory(cfg), 1)
-    accum = plan_cmd.need(models.memory(dataclasses.replace(cfg, accum_steps=2)), 1)
+    models = fitting.Models(task)
+    base = fitting.need(models.memory(cfg), 1)
+    accum = fitting.need(models.memory(dataclasses.replace(cfg, accum_steps=2)), 1)
     assert accum < base  # half the micro-batch's activations
 
     def gpu(usable_bytes):
-        gb = usable_bytes / (1 - plan_cmd.MARGIN) / 2**30
+        gb = usable_bytes / (1 - fitting.MARGIN) / 2**30
         return cost.GPU("G", gb, {"fp32": 1e12, "bf16": 1e12}, 1e11, "PCIe", 25e9)
 
-    how, _, n, needed, _ = plan_cmd._fit(models, cfg, gpu(base + 4096), 1)
+    how, _, n, needed, _ = fitting.fit(models, cfg, gpu(base + 4096), 1)
     assert (how, n, needed) == ("fits", 1, base)
     # bf16 is tried first, but on this small model its saved weight casts outweigh the halved
     # activations: predicted, it does not fit, so accumulation is the named switch
-    how, variant, _, needed, _ = plan_cmd._fit(models, cfg, gpu((base + accum) / 2), 1)
+    how, variant, _, needed, _ = fitting.fit(models, cfg, gpu((base + accum) / 2), 1)
     assert how == "fits with accumulation ×2" and variant.accum_steps == 2 and needed == accum
-    fitting = plan_cmd._fit(models, cfg, gpu(1024), 1)
-    assert fitting.how == "does not fit" and fitting.least.startswith("with ")
-    assert fitting.need <= accum < base  # what the least needy attempt needs, not the given's
+    none = fitting.fit(models, cfg, gpu(1024), 1)
+    assert none.how == "does not fit" and none.least.startswith("with ")
+    assert none.need <= accum < base  # what the least needy attempt needs, not the given's
 
 
 def test_fsdp_and_ddp_needs_by_hand():
@@ -111,17 +111,17 @@ def test_fsdp_and_ddp_needs_by_hand():
                         conv_workspace=0,
                         predicted_peak=2900)
     # sharded 4 ways: (400 + 400 + 800 + 400) / 4 = 500, plus the unsharded 1100
-    assert plan_cmd.fsdp_need(b, 4) == 1600
-    assert plan_cmd.need(b, 1) == 2900
-    assert plan_cmd.need(b, 2) == 3300  # DDP's buckets: one more copy of the gradients
-    gpu = cost.GPU("G", 1602 / (1 - plan_cmd.MARGIN) / 2**30, {"fp32": 1e12}, 1e11, "x", 1e9)
+    assert fitting.fsdp_need(b, 4) == 1600
+    assert fitting.need(b, 1) == 2900
+    assert fitting.need(b, 2) == 3300  # DDP's buckets: one more copy of the gradients
+    gpu = cost.GPU("G", 1602 / (1 - fitting.MARGIN) / 2**30, {"fp32": 1e12}, 1e11, "x", 1e9)
 
     class Models:
         def memory(self, cfg):
             return b
 
-    fitting = plan_cmd._fit(Models(), None, gpu, 4, fsdp=True)
-    assert (fitting.how, fitting.gpus) == ("fits (FSDP over 4 GPUs)", 4)
+    sharded = fitting.fit(Models(), None, gpu, 4, fsdp=True)
+    assert (sharded.how, sharded.gpus) == ("fits (FSDP over 4 GPUs)", 4)
 
 
 def test_the_cost_per_op_issued_comes_from_the_fit_only_on_the_gpu_it_was_fitted_on():
@@ -175,10 +175,10 @@ def test_a_model_too_big_for_this_host_is_one_line(error):
         raise error
 
     with pytest.raises(UserError) as e:
-        plan_cmd._on_this_host(SimpleNamespace(batch_size=512), count)
+        fitting._on_this_host(SimpleNamespace(batch_size=512), count)
     assert "at batch 512 it does not fit in this machine's memory" in str(e.value)
     with pytest.raises(RuntimeError, match="another"):  # any other error is not ours to hide
-        plan_cmd._on_this_host(SimpleNamespace(batch_size=512),
+        fitting._on_this_host(SimpleNamespace(batch_size=512),
                                lambda: (_ for _ in ()).throw(RuntimeError("another")))
 
 

@@ -26,138 +26,14 @@ import argparse
 import dataclasses
 import math
 import sys
-from typing import NamedTuple
 
 from fasttrain.commands.common import data_label, lab_config
 from fasttrain.errors import UserError
-from fasttrain.lab import cost, scaling, steptime
+from fasttrain.lab import cost, fitting, scaling, steptime
 
 SCHEMA = "fasttrain.plan/1"
-MARGIN = 0.1  # of the card's memory, kept free: CUDA context, cuDNN workspaces, fragmentation
-ACCUM = (2, 4, 8)
-FSDP = (2, 4, 8)
 # FSDP moves 1.5× DDP's bytes: an all-gather in forward, another in backward, a reduce-scatter.
 FSDP_TRAFFIC = 1.5
-
-
-class _Models:
-    """Predictions for one configuration and its switched variants, each made once."""
-
-    def __init__(self, task):
-        self.task, self._mem, self._work = task, {}, {}
-
-    def memory(self, cfg):
-        from fasttrain.lab import memory
-
-        key = repr(cfg)
-        if key not in self._mem:
-            self._mem[key] = _on_this_host(cfg, lambda: memory.predict(
-                cfg, data=self.task, device_type="cuda"))
-        return self._mem[key]
-
-    def work(self, cfg) -> steptime.StepWork:
-        key = repr(cfg)
-        if key not in self._work:
-            # counted as CUDA runs it: the optimizer's foreach path (steptime.count_run)
-            self._work[key] = _on_this_host(cfg, lambda: steptime.count(
-                cfg, data=self.task, foreach=True))
-        return self._work[key]
-
-
-def _on_this_host(cfg, count):
-    """`count()`, which runs one real step of the model on this machine's CPU: a model too big
-    for this machine's memory is one line, not the allocator's traceback."""
-    try:
-        return count()
-    except (MemoryError, RuntimeError) as e:
-        if isinstance(e, RuntimeError) and "allocate memory" not in str(e):
-            raise
-        raise UserError(f"plan counts one real step of the model here, and at batch "
-                        f"{cfg.batch_size} it does not fit in this machine's memory; plan a "
-                        f"smaller --batch-size (the memory per sample is linear: the "
-                        f"'largest batch' column extrapolates it), or run plan on a machine "
-                        f"with more memory") from None
-
-
-def need(b, n_dp: int) -> int:
-    """Bytes one GPU needs: the breakdown's peak, plus DDP's gradient buckets (one more copy of
-    the gradients) when it runs data parallel."""
-    return b.predicted_peak + (b.gradients if n_dp > 1 else 0)
-
-
-def fsdp_need(b, k: int) -> int:
-    """One of k FSDP GPUs: its 1/k of weights, gradients, optimizer state and step temporaries
-    (sharded), the whole of the activations and inputs of its micro-batch."""
-    sharded = b.weights + b.gradients + b.optimizer + b.step_temp
-    return (sharded // k + b.activations + b.weight_copies + b.conv_workspace + b.inputs + b.data
-            + b.workspace)
-
-
-def largest_micro(models: _Models, cfg, usable: int) -> tuple[int, int, int]:
-    """The largest micro-batch whose predicted need fits `usable`, extrapolated from the peaks
-    at micro-batches m and 2m: (largest, bytes at m, bytes per sample)."""
-    m = cfg.micro_batch
-    p1 = models.memory(cfg).predicted_peak
-    p2 = models.memory(dataclasses.replace(cfg, batch_size=2 * cfg.batch_size)).predicted_peak
-    per_sample = max((p2 - p1) / m, 1e-9)
-    fixed = p1 - per_sample * m
-    return max(0, int((usable - fixed) // per_sample)), p1, int(per_sample)
-
-
-class Fitting(NamedTuple):
-    how: str  # "fits", "fits with <switch>", "does not fit"
-    cfg: object  # the configuration that fits (switched), or the least needy one tried
-    gpus: int
-    need: int  # bytes a GPU needs in it
-    least: str = ""  # when nothing fits: how `need` was reached ("as given", "with bf16", ...)
-
-
-def _fit(models: _Models, cfg, gpu: cost.GPU, n: int, fsdp: bool = False) -> Fitting:
-    """The configuration as given when it fits, else the first switch that does (verified by
-    predicting with it), else the switches together, else 'does not fit' with the least need
-    found (so a refusal quotes what the best attempt needed). `fsdp`: the n GPUs shard the
-    model (--parallel fsdp) rather than replicate it."""
-    usable = gpu.memory_bytes * (1 - MARGIN)
-    b = models.memory(cfg)
-    if fsdp:
-        how = f"fits (FSDP over {n} GPUs)" if fsdp_need(b, n) <= usable else "does not fit"
-        return Fitting(how, cfg, n, fsdp_need(b, n), "" if how != "does not fit" else
-                       f"FSDP over {n} GPUs")
-    if need(b, n) <= usable:
-        return Fitting("fits", cfg, n, need(b, n))
-    best = (need(b, n), "as given", cfg, n)
-    tries, together = [], {}
-    if cfg.precision in ("fp32", "tf32") and "bf16" in gpu.peaks:
-        tries.append(("bf16", {"precision": "bf16"}))
-    if not cfg.activation_checkpointing:
-        tries.append(("activation checkpointing", {"activation_checkpointing": True}))
-    for k in ACCUM:
-        a = cfg.accum_steps * k
-        if cfg.batch_size % a == 0:
-            tries.append((f"accumulation ×{k}", {"accum_steps": a}))
-            together["accum_steps"] = a  # the largest that divides the batch
-    together.update({k: v for _, change in tries for k, v in change.items()
-                     if k != "accum_steps"})
-    if len(tries) > 1:
-        tries.append((" + ".join(dict.fromkeys(how.split(" ×")[0] for how, _ in tries)),
-                      together))
-    for how, change in tries:
-        variant = dataclasses.replace(cfg, **change)
-        try:
-            vb = models.memory(variant)
-        except UserError:  # a switch this model cannot take (no blocks to checkpoint)
-            continue
-        if need(vb, n) <= usable:
-            return Fitting(f"fits with {how}", variant, n, need(vb, n))
-        best = min(best, (need(vb, n), f"with {how}", variant, n), key=lambda t: t[0])
-    for k in FSDP:
-        if k > n:
-            if fsdp_need(b, k) <= usable:
-                return Fitting(f"fits with FSDP over {k} GPUs", cfg, k, fsdp_need(b, k))
-            best = min(best, (fsdp_need(b, k), f"with FSDP over {k} GPUs", cfg, k),
-                       key=lambda t: t[0])
-    needed, how, variant, used = best
-    return Fitting("does not fit", variant, used, needed, how)
 
 
 def same_gpu(device: str, name: str) -> bool:
@@ -186,14 +62,14 @@ def launch(gpu: cost.GPU, cfg, fit: steptime.Fit) -> tuple[float, str]:
 def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
             steps_epoch: int, total_steps: int, spot: tuple[float, float, float],
             samples: int, fsdp: bool = False) -> dict:
-    usable = gpu.memory_bytes * (1 - MARGIN)
+    usable = gpu.memory_bytes * (1 - fitting.MARGIN)
     row = {"gpu": gpu.name, "memory_available": gpu.memory_bytes, "usable": int(usable),
            "status": "ok", "options": []}
     if cfg.precision not in gpu.peaks:
         return {**row, "status": "unsupported",
                 "reason": f"no {cfg.precision} units on the {gpu.name}"}
-    how, variant, used, needed, least = _fit(models, per_gpu, gpu, n, fsdp)
-    largest, _, per_sample = largest_micro(models, variant, usable)  # the switched config
+    how, variant, used, needed, least = fitting.fit(models, per_gpu, gpu, n, fsdp)
+    largest, _, per_sample = fitting.largest_micro(models, variant, usable)  # the switched config
     row.update(fit=how, memory_needed=needed, gpus=used, per_sample_bytes=per_sample,
                largest_batch=min(largest * variant.accum_steps * n, samples))
     if how == "does not fit":
@@ -395,7 +271,7 @@ def plan(args: argparse.Namespace) -> int:
         raise UserError(f"--batch-size {cfg.batch_size} is more than one epoch of {task.name}")
     total = cfg.epochs * steps_epoch
     total = min(total, cfg.max_steps) if cfg.max_steps else total
-    models = _Models(task)
+    models = fitting.Models(task)
     fit, basis = (steptime.calibrate(cfg, data=task) if args.calibrate
                   else (steptime.default(), None))
     spot = (args.preemption_rate, args.checkpoint_minutes / 60, args.restart_minutes / 60)
@@ -406,8 +282,9 @@ def plan(args: argparse.Namespace) -> int:
     dates = sorted({p.read for g in gpus.values() for p in g.prices.values()})
     caption = (
         f"ESTIMATES. Memory: fasttrain.lab.memory.predict (as `fasttrain memory`), one GPU's "
-        f"micro-batch {per_gpu.micro_batch}, counted as CUDA holds it, vs the card's memory less "
-        f"{MARGIN:.0%}; switches verified by predicting with each (FSDP: sharding formula). "
+        f"micro-batch {per_gpu.micro_batch}, counted as CUDA holds it, vs the card's memory "
+        f"less {fitting.MARGIN:.0%}; switches verified by predicting with each (FSDP: sharding "
+        f"formula). "
         f"Largest batch: linear extrapolation from two predicted sizes (all: the whole "
         f"epoch). Step: Σ over the op calls of one counted step of max(FLOPs / "
         f"{cfg.precision} peak, bytes / bandwidth) ÷ efficiency {fit.efficiency:.2g}, + calls × "
