@@ -6,9 +6,9 @@ through NumPy's BLAS (for these skinny shapes it measured ~2× faster than torch
 CPU this was written on). No gather, no softmax, no update, no Python beyond the loop.
 
 It is not the floor (that is the `roofline` row): it is what the epoch's FLOPs cost through a BLAS
-library call per product — ~3.5× the roofline on the 2-core EPYC, because N = 10 is too skinny for
-a GEMM kernel's blocking and each call is a few µs of overhead. A fused row beats it by doing the
-products in its own loops, with the batch read once in uint8.
+library call per product — ~4× the roofline on the 2-core Zen 4 EPYC (2026-11-23), because N = 10
+is too skinny for a GEMM kernel's blocking and each call is a few µs of overhead. A fused row beats
+it by doing the products in its own loops, with the batch read once in uint8.
 
 Run alone:  python -m fasttrain bench --impl floor-gemm
 """

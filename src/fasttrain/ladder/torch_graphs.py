@@ -9,15 +9,15 @@ once as ONE CUDA graph and replayed each epoch with no host involvement.
 - The loss is read every 10 epochs, the only host sync.
 
 What limits it: ~4-6 dependent kernels a step (cuBLAS may split a GEMM's K into a GEMM and a
-reduction kernel), each ≥ ~1 µs even inside a graph (graph_node_us, measured 1.03 µs on the
-H100), plus the GEMMs' own time: in the CUDA rungs on the H100 (cuda_step_profile) cuBLAS took
-~16.5 µs a step for the two products at these shapes (a split-K GEMM with its reduction, 12.5 µs,
-and a 4 µs one); the ops are far too small to fill the GPU. Which kernels the two products get
+reduction kernel), each ≥ ~1 µs even inside a graph (graph_node_us, measured 1.00 µs on the H100,
+second loan), plus the GEMMs' own time: in the CUDA rungs on the H100 (cuda_step_profile) cuBLAS
+took ~16.4 µs a step for the two products at these shapes (a split-K GEMM with its reduction, 12.4
+µs, and a 4 µs one); the ops are far too small to fill the GPU. Which kernels the two products get
 is cuBLAS's heuristic, which two things a PyTorch user controls move: the BLAS library
-(`torch.backends.cuda.preferred_blas_library`: cuBLAS or cuBLASLt, whose heuristic differs) and
-the weight's memory layout (the operands' transposes). Those are the row's `Variant`;
-`benchmarks/variant_sweep.py` times all of them (the graph records the kernels chosen at
-capture, so the library is set only around the capture).
+(`torch.backends.cuda.preferred_blas_library`: cuBLAS or cuBLASLt, whose heuristic differs) and the
+weight's memory layout (the operands' transposes). Those are the row's `Variant`;
+`benchmarks/variant_sweep.py` times all of them (the graph records the kernels chosen at capture,
+so the library is set only around the capture).
 
 Versions: v1 7 kernels a step (gather, mm, log_softmax, loss addcmul, exp, sub, addmm_), 4 graphs
 an epoch (H100: 14.7 ms/epoch, 31 µs/step); v2 (this file) 4 ops a step, the gather and the loss
