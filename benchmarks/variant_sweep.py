@@ -72,26 +72,35 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rows {args.rows}: the rows with variants are {', '.join(ROWS)}")
     if args.epochs < 1:
         ap.error(f"--epochs {args.epochs}: needs at least 1 timed epoch")
+    from fasttrain import report
+    from fasttrain.errors import UserError
+
+    try:
+        report.check_outputs((args.json, "--json"))  # before the GPU time, not after
+    except UserError as e:
+        ap.error(str(e))
     if not torch.cuda.is_available():
         print("variant_sweep: needs a CUDA GPU (each variant's epoch is a CUDA graph)",
               file=sys.stderr)
         return 2
     from rich.console import Console
 
-    from fasttrain import bench, report
+    from fasttrain import bench
     from fasttrain.data import load_dataset
 
     console = Console(stderr=True)
     env = env_block()
     console.print(f"variant_sweep on {hardware_line(env)}")
     cfg = ladder.LadderConfig(epochs=args.epochs, device="cuda")
-    data = ladder.make_ladder_data(load_dataset(args.data, None, seed=0), cfg)
+    dataset = load_dataset(args.data, None, seed=0)
+    data = ladder.make_ladder_data(dataset, cfg)
     results = bench.run_rows(entries(rows), data, cfg, env, repeats=1, console=console,
                              quiet=True)
     defaults = {row: label(row, module(row).DEFAULT) for row in rows}
     result = {"schema": bench.SCHEMA, "env": env,
               "config": {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
-                         "seed": cfg.seed, "data": args.data, "device": "cuda", "repeats": 1,
+                         "seed": cfg.seed, "data": dataset.name, "synthetic": dataset.synthetic,
+                         "data_source": dataset.source, "device": "cuda", "repeats": 1,
                          "sweep": [f"{module(row).__name__}.SWEEP" for row in rows],
                          "defaults": defaults},
               "rows": results}

@@ -467,16 +467,40 @@ def test_impl_picks_rows_in_the_tables_order_once_each():
     assert bench.select("all") == list(ladder.REGISTRY)
 
 
-@pytest.mark.parametrize("flag, ours", [("--json", '{"schema": "fasttrain.bench/2"}'),
-                                        ("--json", '{"traceEvents": []}'),
+@pytest.mark.parametrize("flag, ours", [("--json", '{\n  "schema": "fasttrain.bench/2"}'),
+                                        ("--json", '{"schemaVersion": 1, "traceEvents": ['),
                                         ("--json", ""),
+                                        ("--trace", "gzip"),
                                         ("--plot", b"\x89PNG\r\n\x1a\n....")])
 def test_an_earlier_output_may_be_replaced(tmp_path, flag, ours):
+    """Recognized by the head of the file (never parsed whole): a result, a trace (gzipped too,
+    as torch writes a `.gz` trace), a PNG."""
+    import gzip
+
     from fasttrain import report
 
     p = tmp_path / "out"
-    p.write_bytes(ours if isinstance(ours, bytes) else ours.encode())
+    if ours == "gzip":
+        p.write_bytes(gzip.compress(b'{"schemaVersion": 1, "traceEvents": [' + b" " * 5_000_000))
+    else:
+        p.write_bytes(ours if isinstance(ours, bytes) else ours.encode())
     assert report.check_writable(p, flag) == p
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", "--model", "logreg", "--data", "synthetic"],
+    ["experiment", "precision", "--model", "logreg", "--data", "synthetic"],
+    ["profile", "--model", "logreg", "--data", "synthetic", "--trace", "{p}"],
+])
+def test_two_outputs_on_one_path_are_one_line_in_every_command(tmp_path, capsys, command):
+    from fasttrain.cli import main
+
+    out = tmp_path / "same.out"
+    argv = [a.replace("{p}", str(out)) for a in command] + ["--json", str(out), "--plot",
+                                                            str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "both name" in err and "Traceback" not in err and not out.exists()
 
 
 @pytest.mark.parametrize("flag, content", [("--json", "# My notes\n"), ("--json", "[1, 2]"),

@@ -65,3 +65,9 @@ def test_the_gpu_check_step_runs_the_sweep(tmp_path, sweep):
     step = steps["variant-sweep"]
     assert step.argv[1] == "benchmarks/variant_sweep.py" and step.needs_gpu
     assert step.outputs == ["results/2026-01-01-some-gpu-variant-sweep.json"]
+
+
+def test_an_unwritable_json_is_refused_before_any_gpu_time(sweep, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["--json", str(tmp_path / "no-such-folder" / "r.json")])
+    assert e.value.code == 2 and "does not exist" in capsys.readouterr().err

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 import traceback
@@ -232,12 +231,7 @@ def bench(args: argparse.Namespace) -> int:
     entries = select(args.impl)
     cfg = ladder.LadderConfig(epochs=epochs, batch_size=args.batch_size, lr=args.lr,
                               seed=args.seed, device=resolve_device(args.device))
-    if args.json and args.plot and os.path.realpath(args.json) == os.path.realpath(args.plot):
-        raise UserError(f"--json and --plot both name {args.json}: the plot would replace the "
-                        f"JSON; give them different paths")
-    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
-        if path:
-            report.check_writable(path, flag)
+    report.check_outputs((args.json, "--json"), (args.plot, "--plot"))
 
     console = Console(stderr=True)
     dataset = load_dataset(args.data, args.data_dir, seed=args.seed)

@@ -48,11 +48,16 @@ def resolve_device(requested: str = "auto") -> str:
     return requested
 
 
+def name_words(name: str) -> set[str]:
+    """A device name's words, lower-cased ('NVIDIA A100-SXM4-80GB' → nvidia, a100, sxm4, 80gb)."""
+    return set(re.split(r"[\s\-_]+", name.lower()))
+
+
 def gpu_peaks(name: str | None) -> dict[str, float] | None:
     """Peak figures for a GPU name as torch reports it ('NVIDIA H100 80GB HBM3'), if known."""
     if not name:
         return None
-    tokens = set(re.split(r"[\s\-_]+", name.lower()))  # whole words: 'L4' is not in 'L40S'
+    tokens = name_words(name)  # whole words: 'L4' is not in 'L40S'
     for key in sorted(GPU_PEAKS, key=len, reverse=True):  # 'H100 PCIe' before 'H100'
         if all(w.lower() in tokens for w in key.split()):
             return GPU_PEAKS[key]

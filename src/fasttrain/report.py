@@ -8,12 +8,28 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 from rich.table import Table
 
 from fasttrain.errors import UserError
 from fasttrain.files import write_atomic, write_png
+
+
+def check_outputs(*outputs: tuple[str | os.PathLike | None, str]) -> None:
+    """Every (path, flag) of a command's outputs checked before any work is done: writable
+    (`check_writable`), and no two flags naming one file (the later would replace the other)."""
+    given = [(path, flag) for path, flag in outputs if path]
+    seen: dict[str, str] = {}
+    for path, flag in given:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UserError(f"{seen[real]} and {flag} both name {path}: one would replace the "
+                            f"other; give them different paths")
+        seen[real] = flag
+    for path, flag in given:
+        check_writable(path, flag)
 
 
 def check_writable(path: str | os.PathLike, flag: str) -> Path:
@@ -35,27 +51,31 @@ def check_writable(path: str | os.PathLike, flag: str) -> Path:
     return p
 
 
-_OURS_MAX_BYTES = 256 * 2**20  # a larger existing file is not read to decide: it is kept
+_SNIFF_BYTES = 1 << 20  # an output is recognized by its head: never parsed whole
 
 
 def _ours(p: Path, png: bool) -> bool:
     """Whether the existing file `p` is an output fasttrain would write there: a PNG for a
-    plot; for JSON, a result (a "schema" of "fasttrain.…") or a profiler trace ("traceEvents").
-    An empty file counts as ours (a run cut short before it wrote, or `touch`)."""
+    plot; for JSON (gzipped too: a `.gz` trace), a result (`"schema": "fasttrain.…`, its first
+    key) or a profiler trace (`"traceEvents"`). An empty file counts as ours (a run cut short
+    before it wrote, or `touch`)."""
+    import gzip
+
     try:
-        size = p.stat().st_size
-        if size == 0:
+        with p.open("rb") as f:
+            head = f.read(_SNIFF_BYTES)
+        if not head:
             return True
         if png:
-            with p.open("rb") as f:
-                return f.read(8) == b"\x89PNG\r\n\x1a\n"
-        if size > _OURS_MAX_BYTES:
-            return False
-        obj = json.loads(p.read_bytes())
-    except (OSError, ValueError):
+            return head.startswith(b"\x89PNG\r\n\x1a\n")
+        if head.startswith(b"\x1f\x8b"):  # gzip
+            with gzip.open(p, "rb") as f:
+                head = f.read(_SNIFF_BYTES)
+    except (OSError, EOFError):
         return False
-    return isinstance(obj, dict) and (str(obj.get("schema", "")).startswith("fasttrain.")
-                                      or "traceEvents" in obj)
+    text = head.decode("utf-8", "replace").lstrip()
+    return text.startswith("{") and ('"traceEvents"' in text or re.match(
+        r'\{\s*"schema"\s*:\s*"fasttrain\.', text) is not None)
 
 
 def _finite(obj):

@@ -7,7 +7,7 @@
     fasttrain train --config run.toml --lr 3e-4          # flags override the file
     fasttrain train --out runs/cnn --resume auto         # continue after preemption
     fasttrain train --out runs/cnn --resume auto --epochs 4   # extend a finished run
-                                         # (--resume: runs/cnn/config.toml, then the flags)
+                                         # (the run's settings from runs/cnn/config.toml)
 
 Exit codes: 0 done; 1 an exception in your own code (your frames and one line naming the model,
 loss, step, dataset or factory that raised, and the batch); 2 bad input; 3 the loss became

@@ -266,15 +266,18 @@ def test_validate_state_names_the_field(run8):
 
 
 def test_resume_takes_the_runs_own_config_and_flags_override_it(capsys, run8):
-    """`--out DIR --resume auto --max-steps 10`, no other flag: the run's own config.toml is the
-    base (logreg on synthetic data at batch 16), not the defaults (cnn on mnist at 128)."""
+    """`--out DIR --resume auto --max-steps 10`, no other flag: what makes the run that run
+    comes from its config.toml (logreg on synthetic data at batch 16), not the defaults (cnn on
+    mnist at 128); its layout does not (a run trained under torchrun resumes in one process)."""
     from fasttrain.cli import main
 
+    config = run8 / "config.toml"
+    config.write_text(config.read_text().replace('parallel = "none"', 'parallel = "ddp"'))
     code = main(["train", "--out", str(run8), "--resume", "auto", "--max-steps", "10",
-                 "--no-progress"])
+                 "--no-progress", "--device", "cpu"])
     err = capsys.readouterr().err
     assert code == 0, err
     saved = (run8 / "config.toml").read_text()
     assert 'model = "logreg"' in saved and "batch_size = 16" in saved
-    assert "max_steps = 10" in saved
+    assert "max_steps = 10" in saved and 'parallel = "none"' in saved
     assert [r["step"] for r in records(run8) if r["kind"] == "train"] == [2, 4, 6, 8, 10]

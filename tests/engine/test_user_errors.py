@@ -304,27 +304,33 @@ def test_pin_memory_on_a_cpu_is_a_warning_and_ignored(capsys):
 
 
 class _Counted(torch.utils.data.IterableDataset):
-    """80 items with a length: (tensor([i]), i % 4)."""
+    """n items with a length: (tensor([i]), i % 4)."""
+
+    def __init__(self, n: int):
+        self.n = n
 
     def __len__(self):
-        return 80
+        return self.n
 
     def __iter__(self):
-        return ((torch.tensor([float(i)]), i % 4) for i in range(80))
+        return ((torch.tensor([float(i)]), i % 4) for i in range(self.n))
 
 
-@pytest.mark.parametrize("workers, unused", [(0, 0), (3, 32)])
-def test_a_stream_whose_readers_drop_much_says_so(capsys, workers, unused):
+@pytest.mark.parametrize("n, batch, workers, unused, warned", [
+    (80, 16, 0, 0, False), (80, 16, 3, 32, True),
+    (100, 64, 0, 36, False),  # one reader drops one partial batch, as map-style data does
+])
+def test_a_stream_whose_readers_drop_much_says_so(capsys, n, batch, workers, unused, warned):
     """Each reader (process × worker) of a stream batches its own share and drops its partial
     batch: 80 items at batch 16 are 5 steps read by one reader, but 1 step each read by 3 (26 or
     27 items apiece): 32 of the 80 unused, which the build says."""
-    run = fasttrain.build(model=torch.nn.Linear(1, 4), data={"train": _Counted()},
-                          batch_size=16, workers=workers, epochs=1, device="cpu",
+    run = fasttrain.build(model=torch.nn.Linear(1, 4), data={"train": _Counted(n)},
+                          batch_size=batch, workers=workers, epochs=1, device="cpu",
                           progress=False, verbose=False)
-    assert run.batches.steps_per_epoch == (80 - unused) // 16
+    assert run.batches.steps_per_epoch == (n - unused) // batch
     err = capsys.readouterr().err
-    if unused:
-        assert f"{unused} of its 80 items a pass (40%) are not trained on" in err
+    if warned:
+        assert f"{unused} of its {n} items a pass (40%) are not trained on" in err
         assert "its 3 readers" in err
     else:
         assert "not trained on" not in err

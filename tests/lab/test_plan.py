@@ -92,12 +92,13 @@ def test_a_switch_is_chosen_only_when_predicting_with_it_fits():
         gb = usable_bytes / (1 - fitting.MARGIN) / 2**30
         return cost.GPU("G", gb, {"fp32": 1e12, "bf16": 1e12}, 1e11, "PCIe", 25e9)
 
-    how, _, n, needed, _ = fitting.fit(models, cfg, gpu(base + 4096), 1)
-    assert (how, n, needed) == ("fits", 1, base)
+    got = fitting.fit(models, cfg, gpu(base + 4096), 1)
+    assert (got.how, got.gpus, got.need) == ("fits", 1, base)
     # bf16 is tried first, but on this small model its saved weight casts outweigh the halved
     # activations: predicted, it does not fit, so accumulation is the named switch
-    how, variant, _, needed, _ = fitting.fit(models, cfg, gpu((base + accum) / 2), 1)
-    assert how == "fits with accumulation ×2" and variant.accum_steps == 2 and needed == accum
+    got = fitting.fit(models, cfg, gpu((base + accum) / 2), 1)
+    assert got.how == "fits with accumulation ×2" and got.cfg.accum_steps == 2
+    assert got.need == accum
     none = fitting.fit(models, cfg, gpu(1024), 1)
     assert none.how == "does not fit" and none.least.startswith("with ")
     assert none.need <= accum < base  # what the least needy attempt needs, not the given's
@@ -147,6 +148,7 @@ def test_gpu_names_match_the_catalogue_as_torch_reports_them():
     assert plan_cmd.same_gpu("NVIDIA H100 80GB HBM3", "H100 SXM")
     assert not plan_cmd.same_gpu("NVIDIA H100 PCIe", "H100 SXM")
     assert plan_cmd.same_gpu("NVIDIA GeForce RTX 5090", "RTX 5090")  # a user catalogue's GPU
+    assert not plan_cmd.same_gpu("NVIDIA L40S", "L40")  # whole words: an L40 is not an L40S
 
 
 def test_a_calibrated_plan_carries_the_efficiency_and_not_this_cpus_launch_cost(tmp_path):
@@ -176,7 +178,7 @@ def test_a_model_too_big_for_this_host_is_one_line(error):
 
     with pytest.raises(UserError) as e:
         fitting._on_this_host(SimpleNamespace(batch_size=512), count)
-    assert "at batch 512 it does not fit in this machine's memory" in str(e.value)
+    assert "a step of 512 samples does not fit in this machine's memory" in str(e.value)
     with pytest.raises(RuntimeError, match="another"):  # any other error is not ours to hide
         fitting._on_this_host(SimpleNamespace(batch_size=512),
                                lambda: (_ for _ in ()).throw(RuntimeError("another")))
@@ -189,3 +191,34 @@ def test_a_tensor_or_pipeline_layout_points_to_memory_in_one_line(capsys, flags)
     code, _, err = run_cli(capsys, "plan", "--model", "logreg", "--data", "synthetic", *flags)
     assert_one_line_error(code, err, "fasttrain plan models one process a GPU",
                           "fasttrain memory --gpus W --tp N --pp M")
+
+
+def test_switches_a_model_cannot_take_are_left_out_of_the_combination():
+    """A model without blocks to checkpoint: bf16 and accumulation ×8 each fall short, together
+    they fit; the refusal of one switch does not cost the combination of the others, and what
+    was tried is said."""
+    from types import SimpleNamespace
+
+    class Models:
+        def memory(self, cfg):
+            if cfg.activation_checkpointing:
+                raise UserError("no blocks to checkpoint")
+            peak = 1000 - 100 * (cfg.precision == "bf16") - {1: 0, 2: 200, 4: 300, 8: 350}[
+                cfg.accum_steps]
+            return SimpleNamespace(predicted_peak=peak, activations=peak, gradients=0,
+                                   weights=0, optimizer=0, step_temp=0, weight_copies=0,
+                                   conv_workspace=0, inputs=0, data=0, workspace=0)
+
+    cfg = TrainConfig(model="mlp", data="synthetic", batch_size=64)
+    gpu = cost.GPU("G", 600 / (1 - fitting.MARGIN) / 2**30, {"fp32": 1e12, "bf16": 1e12}, 1e11,
+                   "PCIe", 25e9)
+    got = fitting.fit(Models(), cfg, gpu, 1)
+    assert got.how == "fits with bf16 + accumulation ×8" and got.need == 550
+    assert got.cfg.precision == "bf16" and got.cfg.accum_steps == 8
+    assert got.tried == ("bf16", "accumulation ×2", "accumulation ×4", "accumulation ×8",
+                         "bf16 + accumulation ×8")
+    small = cost.GPU("S", 400 / (1 - fitting.MARGIN) / 2**30, {"fp32": 1e12}, 1e11, "PCIe", 25e9)
+    none = fitting.fit(Models(), cfg, small, 1)  # no bf16 on this card: not claimed as tried
+    assert none.how == "does not fit" and "bf16" not in " ".join(none.tried)
+    assert none.least == "with accumulation ×8" and none.need == 650
+    assert none.tried[-1] == "FSDP over 8 GPUs"

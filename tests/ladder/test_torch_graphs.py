@@ -111,14 +111,24 @@ def test_the_transposed_weight_layout_trains_the_same_in_place():
     assert sum(step.ops.values()) == OPS_PER_STEP
 
 
-def test_the_blas_library_is_restored_after_the_capture():
+def test_the_blas_library_is_restored_after_the_capture(monkeypatch):
+    """preferred_blas sets PyTorch's BLAS library for the capture only, and restores the one
+    before also when the capture raises (a CPU build cannot switch to cuBLASLt: the library
+    setting is stood in for)."""
     from fasttrain.ladder.torch_graphs import DEFAULT, SWEEP, preferred_blas
 
-    before = torch.backends.cuda.preferred_blas_library()
-    with pytest.raises(RuntimeError), preferred_blas("no-such-library"):
-        pass
-    assert torch.backends.cuda.preferred_blas_library() == before
-    with preferred_blas(DEFAULT.blas):
-        pass
-    assert torch.backends.cuda.preferred_blas_library() == before
-    assert {v.blas for v in SWEEP} == {"cublas", "cublaslt"}
+    state = {"now": "cublas"}
+
+    def library(backend=None):
+        if backend is not None:
+            state["now"] = backend
+        return state["now"]
+
+    monkeypatch.setattr(torch.backends.cuda, "preferred_blas_library", library)
+    with preferred_blas("cublaslt"):
+        assert state["now"] == "cublaslt"
+    assert state["now"] == "cublas"
+    with pytest.raises(RuntimeError, match="capture failed"), preferred_blas("cublaslt"):
+        raise RuntimeError("capture failed")
+    assert state["now"] == "cublas"
+    assert DEFAULT.blas == "cublas" and {v.blas for v in SWEEP} == {"cublas", "cublaslt"}

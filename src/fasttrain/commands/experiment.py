@@ -198,9 +198,7 @@ def experiment(args: argparse.Namespace) -> int:
     opts = Options(steps=args.steps, warmup=args.timing_warmup, batches=_batches(args.batches),
                    accum=args.accum,
                    memory_limit=gib_arg("--memory-limit", args.memory_limit))
-    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
-        if path:
-            report.check_writable(path, flag)
+    report.check_outputs((args.json, "--json"), (args.plot, "--plot"))
     cfg, task = lab_config(args, "experiment")
     check(args.name, cfg, opts)
     err = Console(stderr=True)

@@ -39,11 +39,11 @@ FSDP_TRAFFIC = 1.5
 def same_gpu(device: str, name: str) -> bool:
     """Whether the catalogue's GPU `name` is the one torch calls `device` (env.gpu_peaks's match,
     which knows that an SXM H100 does not say so; word by word for a user catalogue's names)."""
-    from fasttrain.env import GPU_PEAKS, gpu_peaks
+    from fasttrain.env import GPU_PEAKS, gpu_peaks, name_words
 
     if name in GPU_PEAKS:
         return gpu_peaks(device) is GPU_PEAKS[name]
-    return all(w.lower() in device.lower() for w in name.split())
+    return all(w.lower() in name_words(device) for w in name.split())
 
 
 def launch(gpu: cost.GPU, cfg, fit: steptime.Fit) -> tuple[float, str]:
@@ -68,15 +68,14 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
     if cfg.precision not in gpu.peaks:
         return {**row, "status": "unsupported",
                 "reason": f"no {cfg.precision} units on the {gpu.name}"}
-    how, variant, used, needed, least = fitting.fit(models, per_gpu, gpu, n, fsdp)
+    how, variant, used, needed, least, tried = fitting.fit(models, per_gpu, gpu, n, fsdp)
     largest, _, per_sample = fitting.largest_micro(models, variant, usable)  # the switched config
     row.update(fit=how, memory_needed=needed, gpus=used, per_sample_bytes=per_sample,
-               largest_batch=min(largest * variant.accum_steps * n, samples))
+               largest_batch=min(largest * variant.accum_steps * used, samples))
     if how == "does not fit":
         return {**row, "status": "does not fit",
                 "reason": f"needs {_gib(needed)} at least ({least}) of {_gib(usable)} usable; "
-                          f"tried bf16, activation checkpointing, accumulation, FSDP, and the "
-                          f"first three together"}
+                          f"tried {', '.join(tried) or 'no switch'}"}
     full = dataclasses.replace(variant, batch_size=cfg.batch_size)  # the whole step's work
     work = models.work(full)
     peak = gpu.peaks[variant.precision]
@@ -248,9 +247,7 @@ def plan(args: argparse.Namespace) -> int:
     from fasttrain.lab.batch_size import train_samples
 
     _check(args)
-    for path, flag in ((args.json, "--json"), (args.plot, "--plot")):
-        if path:
-            report.check_writable(path, flag)
+    report.check_outputs((args.json, "--json"), (args.plot, "--plot"))
     gpus = cost.load(args.catalog)  # before building anything: a bad catalogue fails fast
     # --parallel names how the --gpus share the work; plan models it rather than launching it.
     parallel = vars(args).pop("parallel", "none")
@@ -297,7 +294,7 @@ def plan(args: argparse.Namespace) -> int:
         f"{args.checkpoint_minutes:g}-min checkpoint interval + {args.restart_minutes:g} min "
         f"restart." + (f" Deadline {args.deadline:g} h." if args.deadline is not None else "")
         + (" Spot never finishes at that rate: each hour loses more than an hour of work to "
-           "preemptions; lower --preemption-rate or --checkpoint-minutes."
+           "preemptions; lower --preemption-rate, --checkpoint-minutes or --restart-minutes."
            if math.isinf(cost.spot_hours(1.0, *spot)) else ""))
     title = (f"fasttrain plan — {cfg.model} on {data_label(task)}, batch {cfg.batch_size}, "
              f"{cfg.precision}" + (f", {n} GPUs" if n > 1 else ""))

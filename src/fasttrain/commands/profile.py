@@ -41,15 +41,13 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:
 def profile(args: argparse.Namespace) -> int:
     from fasttrain.engine.config import from_args
     from fasttrain.engine.run import build
-    from fasttrain.report import check_writable, write_json
+    from fasttrain.report import check_outputs, write_json
 
     for flag, value, least in (("--steps", args.steps, 1), ("--profile-warmup",
                                args.profile_warmup, 0), ("--top", args.top, 1)):
         if value < least:
             raise UserError(f"{flag} must be ≥ {least}, got {value}")
-    for flag in ("trace", "json", "plot"):
-        if getattr(args, flag):
-            check_writable(getattr(args, flag), f"--{flag}")
+    check_outputs(*((getattr(args, flag), f"--{flag}") for flag in ("trace", "json", "plot")))
     run = build(from_args(args), verbose=False)
     result = profile_model.profile_run(run, steps=args.steps, warmup=args.profile_warmup,
                                        trace=args.trace, top=args.top)

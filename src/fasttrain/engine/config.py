@@ -358,43 +358,55 @@ def _type_of(f: dataclasses.Field) -> type:
 
 def from_args(args: argparse.Namespace) -> TrainConfig:
     """The config the flags give, over `--config FILE`; without --config, `--resume` with
-    `--out DIR` takes the run's own DIR/config.toml as the file (so `--out DIR --resume auto
-    --epochs 40` extends that run, not a default one)."""
+    `--out DIR` takes what makes the run that run from its DIR/config.toml (so `--out DIR
+    --resume auto --epochs 40` extends that run, not a default one)."""
     values: dict[str, Any] = {}
-    base = getattr(args, "config", None) or _run_config(args)
-    if base:
-        values.update(load_toml(base))
+    if getattr(args, "config", None):
+        values.update(load_toml(args.config))
+    else:
+        values.update(_run_config(args))
     names = {f.name for f in fields(TrainConfig)}
     values.update({k: v for k, v in vars(args).items() if k in names})
     return TrainConfig(**values)
 
 
-def _run_config(args: argparse.Namespace) -> Path | None:
+def _run_config(args: argparse.Namespace) -> dict[str, Any]:
+    """On `--resume` with `--out DIR` and no --config: from DIR/config.toml, the settings that
+    make the run that run and those a resume may change (resume.py). Its layout, device and
+    speed switches stay the flags' own: a run may resume on another layout or machine."""
+    from fasttrain.engine.resume import MAY_CHANGE, MUST_MATCH
+
     out, resume = getattr(args, "out", None), getattr(args, "resume", None)
     saved = Path(out) / "config.toml" if out and resume else None
-    return saved if saved is not None and saved.is_file() else None
+    if saved is None or not saved.is_file():
+        return {}
+    keys = {*MUST_MATCH, *MAY_CHANGE, "data_dir"}
+    return {k: v for k, v in load_toml(saved, f"the run's {saved}").items() if k in keys}
 
 
-def load_toml(path: str | Path) -> dict[str, Any]:
+def load_toml(path: str | Path, label: str | None = None) -> dict[str, Any]:
+    """A TrainConfig's fields from a TOML file, checked; errors name it as `label` (default:
+    '--config PATH')."""
     p = Path(path)
+    label = label or f"--config {p}"
     try:
         raw = tomllib.loads(p.read_text())
     except FileNotFoundError:
-        raise UserError(f"--config {p}: no such file") from None
+        raise UserError(f"{label}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--config {p}: cannot read it ({e}); check the path") from None
+        raise UserError(f"{label}: cannot read it ({e}); check the path") from None
     except tomllib.TOMLDecodeError as e:
-        raise UserError(f"--config {p}: not valid TOML ({e}); fix the file") from None
+        raise UserError(f"{label}: not valid TOML ({e}); fix the file") from None
     known = {f.name: f for f in fields(TrainConfig)}
     values = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
         if name not in known:
-            raise UserError(f"--config {p}: unknown key {key!r}; known keys: "
+            raise UserError(f"{label}: unknown key {key!r}; known keys: "
                             f"{', '.join(sorted(known))}")
         want = _type_of(known[name])
         if not _type_ok(value, want):
-            raise UserError(f"--config {p}: {key} = {value!r} should be a {want.__name__}")
+            raise UserError(f"{label}: {key} = {value!r} should be a {want.__name__}")
         values[name] = float(value) if want is float else value
     return values
 

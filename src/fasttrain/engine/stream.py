@@ -225,15 +225,16 @@ class Stream:
 
     def _warn_dropped(self, split: Split) -> None:
         """A stream is batched by each of its readers (ranks × workers), and each drops its
-        last partial batch: say so where that leaves more than 5% of a pass untrained (it
-        also makes the steps of a pass depend on --workers)."""
+        last partial batch: with several readers, say so where that leaves more than 5% of a
+        pass untrained (it also makes the steps of a pass depend on --workers; one reader drops
+        one partial batch, as map-style data does)."""
         if (not split.iterable or split.batched or split.as_built is not None
                 or self.steps_per_epoch is None):
             return
         n = len(split.dataset)
         unused = n - self.steps_per_epoch * self.accum * self.micro * self.world
         readers = self.world * max(1, self.loader.num_workers)
-        if self.rank == 0 and n and unused / n > 0.05:
+        if self.rank == 0 and readers > 1 and n and unused / n > 0.05:
             print(f"warning: this stream is batched by each of its {readers} readers (processes "
                   f"× workers), and each drops its last partial batch: {unused:,} of its "
                   f"{n:,} items a pass ({unused / n:.0%}) are not trained on; fewer --workers "

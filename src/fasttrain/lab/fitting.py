@@ -53,11 +53,11 @@ def _on_this_host(cfg, count):
     except (MemoryError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and "allocate memory" not in str(e):
             raise
-        raise UserError(f"plan counts one real step of the model here, and at batch "
-                        f"{cfg.batch_size} it does not fit in this machine's memory; plan a "
-                        f"smaller --batch-size (the memory per sample is linear: the "
-                        f"'largest batch' column extrapolates it), or run plan on a machine "
-                        f"with more memory") from None
+        raise UserError(f"plan counts one real step of the model here, and a step of "
+                        f"{cfg.batch_size} samples does not fit in this machine's memory; plan "
+                        f"a smaller --batch-size (the memory per sample is linear: the 'largest "
+                        f"batch' column extrapolates it), or run plan on a machine with more "
+                        f"memory") from None
 
 
 def need(b, n_dp: int) -> int:
@@ -91,6 +91,7 @@ class Fitting(NamedTuple):
     gpus: int
     need: int  # bytes a GPU needs in it
     least: str = ""  # when nothing fits: how `need` was reached ("as given", "with bf16", ...)
+    tried: tuple[str, ...] = ()  # the switches predicted, in order
 
 
 def fit(models: Models, cfg, gpu: cost.GPU, n: int, fsdp: bool = False) -> Fitting:
@@ -101,41 +102,58 @@ def fit(models: Models, cfg, gpu: cost.GPU, n: int, fsdp: bool = False) -> Fitti
     usable = gpu.memory_bytes * (1 - MARGIN)
     b = models.memory(cfg)
     if fsdp:
-        how = f"fits (FSDP over {n} GPUs)" if fsdp_need(b, n) <= usable else "does not fit"
-        return Fitting(how, cfg, n, fsdp_need(b, n), "" if how != "does not fit" else
-                       f"FSDP over {n} GPUs")
+        fits = fsdp_need(b, n) <= usable
+        return Fitting(f"fits (FSDP over {n} GPUs)" if fits else "does not fit", cfg, n,
+                       fsdp_need(b, n), "" if fits else f"FSDP over {n} GPUs",
+                       (f"FSDP over {n} GPUs",))
     if need(b, n) <= usable:
         return Fitting("fits", cfg, n, need(b, n))
     best = (need(b, n), "as given", cfg, n)
-    tries, together = [], {}
-    if cfg.precision in ("fp32", "tf32") and "bf16" in gpu.peaks:
-        tries.append(("bf16", {"precision": "bf16"}))
-    if not cfg.activation_checkpointing:
-        tries.append(("activation checkpointing", {"activation_checkpointing": True}))
-    for k in ACCUM:
-        a = cfg.accum_steps * k
-        if cfg.batch_size % a == 0:
-            tries.append((f"accumulation ×{k}", {"accum_steps": a}))
-            together["accum_steps"] = a  # the largest that divides the batch
-    together.update({k: v for _, change in tries for k, v in change.items()
-                     if k != "accum_steps"})
-    if len(tries) > 1:
-        tries.append((" + ".join(dict.fromkeys(how.split(" ×")[0] for how, _ in tries)),
-                      together))
-    for how, change in tries:
+    tried: list[str] = []
+
+    def attempt(how: str, change: dict):
+        """The switched config and its need, or None where the model cannot take the switch
+        (no blocks to checkpoint)."""
         variant = dataclasses.replace(cfg, **change)
         try:
             vb = models.memory(variant)
-        except UserError:  # a switch this model cannot take (no blocks to checkpoint)
+        except UserError:
+            return None
+        tried.append(how)
+        return variant, need(vb, n)
+
+    singles = []
+    if cfg.precision in ("fp32", "tf32") and "bf16" in gpu.peaks:
+        singles.append(("bf16", {"precision": "bf16"}))
+    if not cfg.activation_checkpointing:
+        singles.append(("activation checkpointing", {"activation_checkpointing": True}))
+    singles += [(f"accumulation ×{k}", {"accum_steps": cfg.accum_steps * k}) for k in ACCUM
+                if cfg.batch_size % (cfg.accum_steps * k) == 0]
+    taken: dict[str, tuple[str, dict]] = {}  # per field, the last switch the model took
+    for how, change in singles:
+        done = attempt(how, change)
+        if done is None:
             continue
-        if need(vb, n) <= usable:
-            return Fitting(f"fits with {how}", variant, n, need(vb, n))
-        best = min(best, (need(vb, n), f"with {how}", variant, n), key=lambda t: t[0])
+        variant, needed = done
+        if needed <= usable:
+            return Fitting(f"fits with {how}", variant, n, needed, "", tuple(tried))
+        best = min(best, (needed, f"with {how}", variant, n), key=lambda t: t[0])
+        taken[next(iter(change))] = (how, change)  # accumulation: the largest factor
+    if len(taken) > 1:  # the switches the model took, together
+        how = " + ".join(h for h, _ in taken.values())
+        done = attempt(how, {k: v for _, change in taken.values() for k, v in change.items()})
+        if done is not None:
+            variant, needed = done
+            if needed <= usable:
+                return Fitting(f"fits with {how}", variant, n, needed, "", tuple(tried))
+            best = min(best, (needed, f"with {how}", variant, n), key=lambda t: t[0])
     for k in FSDP:
         if k > n:
+            tried.append(f"FSDP over {k} GPUs")
             if fsdp_need(b, k) <= usable:
-                return Fitting(f"fits with FSDP over {k} GPUs", cfg, k, fsdp_need(b, k))
+                return Fitting(f"fits with FSDP over {k} GPUs", cfg, k, fsdp_need(b, k), "",
+                               tuple(tried))
             best = min(best, (fsdp_need(b, k), f"with FSDP over {k} GPUs", cfg, k),
                        key=lambda t: t[0])
     needed, how, variant, used = best
-    return Fitting("does not fit", variant, used, needed, how)
+    return Fitting("does not fit", variant, used, needed, how, tuple(tried))
