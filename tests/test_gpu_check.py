@@ -177,3 +177,19 @@ def test_the_sync_cost_figures_read_a_real_result_a_failed_variant_and_the_phase
     assert "v4, cluster of 7 CTAs: RuntimeError: CTA 3 waited too long" in lines
     assert "v4, cluster of 14 CTAs phases, µs a step (mean over CTAs): partials 0.80" in lines
     assert "v5, cluster of 14 CTAs phases, µs a step (mean over CTAs): partials 0.35" in lines
+
+
+def test_an_outdir_that_is_a_file_is_one_line(tmp_path):
+    out = tmp_path / "results.txt"
+    out.write_text("mine")
+    done = run(out, "--allow-cpu")
+    assert done.returncode == 2 and "is a file" in done.stderr and "Traceback" not in done.stderr
+    assert out.read_text() == "mine"
+
+
+def test_a_python_without_torch_is_named_not_taken_for_no_gpu(tmp_path, monkeypatch):
+    script = load_script()
+    monkeypatch.setattr(script, "PY", "/no/such/python")
+    with pytest.raises(SystemExit) as e:
+        script.main([str(tmp_path / "out"), "--allow-cpu"])
+    assert e.value.code == 2

@@ -193,3 +193,28 @@ def test_bad_input_is_a_one_line_error(capsys, argv, words):
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     for w in words:
         assert w in lines[0], (w, lines[0])
+
+
+def test_each_row_says_it_starts():
+    """Progress: one line as each row it measures starts (tf32 is refused before: a CPU has
+    no TF32)."""
+    said = []
+    opts = ex.Options(steps=1, warmup=0, say=said.append)
+    ex.run_experiment("precision", config(model="logreg"), image_task(), opts)
+    assert [line.split(",")[0] for line in said] == [
+        "measuring precision fp32", "measuring precision fp16", "measuring precision bf16"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["scaling", "--predict-only", "--plot", "s.png"], "--plot"),
+    (["scaling", "--predict-only", "--batches", "16,32"], "--batches"),
+    (["precision", "--model", "logreg", "--data", "synthetic", "--procs", "1"], "--procs"),
+])
+def test_a_flag_of_another_experiment_is_refused_not_ignored(capsys, tmp_path, monkeypatch,
+                                                             argv, flag):
+    from tests.conftest import assert_one_line_error
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(capsys, "experiment", *argv)
+    assert_one_line_error(code, err, f"{flag} does not apply to `fasttrain experiment {argv[0]}`")
+    assert not (tmp_path / "s.png").exists()

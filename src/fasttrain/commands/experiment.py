@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from fasttrain.commands.common import data_label, gib_arg, lab_config
 from fasttrain.errors import UserError
@@ -174,9 +175,13 @@ def experiment_parser(sub: argparse._SubParsersAction) -> None:
                    help="memory: stop the sweep at a peak above this many GiB")
     g.add_argument("--json", metavar="PATH", help="write the result JSON here")
     g.add_argument("--plot", metavar="PATH", help="write a PNG plot here")
-    scaling.add_arguments(p)
+    own = {a.dest: (a.option_strings[0], a.default) for a in g._group_actions}
+    s = scaling.add_arguments(p)
+    theirs = {a.dest: (a.option_strings[0], a.default) for a in s._group_actions}
     add_arguments(p)
-    p.set_defaults(func=experiment)
+    # Which flags apply to which experiment: a flag that does not is refused, not ignored.
+    p.set_defaults(func=experiment, _flags_of={
+        "scaling": theirs | {"steps": own["steps"], "json": own["json"]}, "other": own})
 
 
 def experiment(args: argparse.Namespace) -> int:
@@ -185,6 +190,13 @@ def experiment(args: argparse.Namespace) -> int:
     from fasttrain import report
     from fasttrain.env import env_block, hardware_line
 
+    flags = getattr(args, "_flags_of", None)
+    if flags:  # a flag of another experiment, given: refuse it rather than ignore it
+        mine = flags["scaling"] if args.name == "scaling" else flags["other"]
+        for dest, (option, default) in {**flags["scaling"], **flags["other"]}.items():
+            if dest not in mine and getattr(args, dest, default) != default:
+                raise UserError(f"{option} does not apply to `fasttrain experiment {args.name}`; "
+                                f"drop it (see `fasttrain experiment --help`)")
     if args.name == "scaling":  # torchrun launches and a step model: its own module
         from fasttrain.commands.scaling import scaling
 
@@ -197,7 +209,10 @@ def experiment(args: argparse.Namespace) -> int:
         raise UserError(f"--accum must be ≥ 1, got {args.accum}")
     opts = Options(steps=args.steps, warmup=args.timing_warmup, batches=_batches(args.batches),
                    accum=args.accum,
-                   memory_limit=gib_arg("--memory-limit", args.memory_limit))
+                   memory_limit=gib_arg("--memory-limit", args.memory_limit),
+                   say=(lambda line: print(f"experiment {args.name}: {line}", file=sys.stderr,
+                                           flush=True)) if getattr(args, "progress", True)
+                   else None)
     report.check_outputs((args.json, "--json"), (args.plot, "--plot"))
     cfg, task = lab_config(args, "experiment")
     check(args.name, cfg, opts)

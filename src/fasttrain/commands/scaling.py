@@ -53,7 +53,8 @@ def measured_table(result: dict):
         ("optimizer/rank", lambda r: _b(r["optimizer_bytes"])),
         ("peak rank 0", lambda r: _b(r["peak_bytes"])),
     ], result["rows"], caption="speed-up: samples/s against the same mode on the fewest "
-        "processes, × their count (weak scaling). Bytes: rank 0's training state.",
+        "processes, × their count (weak scaling). Bytes: rank 0's training state; its peak: "
+        "the allocator's on CUDA, the process's resident memory (RSS) on a CPU.",
         label_columns=2)
 
 
@@ -173,8 +174,9 @@ def _names(flag: str, spec: str, known) -> tuple[str, ...]:
     return names
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The scaling experiment's own flags (none clash with the engine's or `experiment`'s)."""
+def add_arguments(p: argparse.ArgumentParser):
+    """The scaling experiment's own flags (none clash with the engine's or `experiment`'s); the
+    argument group."""
     g = p.add_argument_group("scaling")
     default_procs = ",".join(str(2**i) for i in range(8) if 2**i <= torch.cuda.device_count()) \
         if torch.cuda.is_available() else "1,2"
@@ -204,6 +206,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shortest step assumed: eager launch overhead (default: 0.3)")
     g.add_argument("--gpu-memory-gb", type=float, default=80.0, metavar="GIB",
                    help="memory of one GPU for the layout choice, GiB (default: 80, H100 SXM)")
+    return g
 
 
 def scaling(args: argparse.Namespace) -> int:
@@ -231,6 +234,9 @@ def scaling(args: argparse.Namespace) -> int:
         raise UserError(f"--gpu-memory-gb must be > 0, got {args.gpu_memory_gb}")
     if args.json:
         report.check_writable(args.json, "--json")
+    if getattr(args, "out", None) or getattr(args, "resume", None):
+        raise UserError("fasttrain experiment scaling writes no run directory: drop "
+                        "--out/--resume (results go to --json PATH)")
     intra, inter = link(args.intra, args.latency_us), link(args.inter, args.latency_us)
     labels = _names("--predict-models", args.predict_models, [s.label for s in SPECS])
     nodes = _ints("--nodes", args.nodes)

@@ -58,6 +58,7 @@ class Options:
     batches: tuple[int, ...] = (16, 32, 64, 128, 256, 512)  # memory: the sweep
     accum: int = 4  # memory: k of B vs B/k × k
     memory_limit: int | None = None  # memory: bytes; the sweep stops above it
+    say: Callable[[str], None] | None = None  # progress: a line as each row starts
 
 
 # -- one measured run ----------------------------------------------------------------------------
@@ -125,9 +126,13 @@ def measure_run(cfg: TrainConfig, task, opts: Options, evaluate_after: bool = Tr
     return row
 
 
-def guarded(label: dict, measure: Callable[[], dict]) -> dict:
+def guarded(label: dict, measure: Callable[[], dict], say=None) -> dict:
     """`measure()` as a row: ok, unavailable (the engine refused the switches: its one line), or
-    failed (out of memory, or an internal error, whose traceback is printed). Never raises."""
+    failed (out of memory, or an internal error, whose traceback is printed). Never raises.
+    `say`: told which row starts (progress)."""
+    if say is not None:
+        say("measuring " + ", ".join(f"{k} {v}" for k, v in label.items()
+                                     if v is not None and k != "note"))
     failure = None
     try:
         return {**label, "status": "ok", "reason": None, **measure()}
@@ -183,7 +188,7 @@ def run_precision(cfg: TrainConfig, task, opts: Options) -> list[dict]:
             rows.append({**label, "status": "unavailable", "reason": reason})
             continue
         rows.append(guarded(label, lambda p=p: measure_run(
-            dataclasses.replace(cfg, precision=p), task, opts)))
+            dataclasses.replace(cfg, precision=p), task, opts), say=opts.say))
         mem.free_memory()
     return rows
 
@@ -264,7 +269,7 @@ def run_memory(cfg: TrainConfig, task, opts: Options) -> list[dict]:
             rows.append({**label, "status": "skipped", "reason": why})
             continue
         row = guarded(label, lambda b=b: measure_run(
-            dataclasses.replace(cfg, batch_size=b), task, opts, evaluate_after=False))
+            dataclasses.replace(cfg, batch_size=b), task, opts, evaluate_after=False), say=opts.say)
         if row["status"] == "ok" and opts.memory_limit and row["peak_bytes"] > opts.memory_limit:
             row.update(status="over limit", reason=f"peak {row['peak_bytes']:,} B is over "
                        f"--memory-limit")
@@ -279,7 +284,7 @@ def run_memory(cfg: TrainConfig, task, opts: Options) -> list[dict]:
         label = {"part": "accumulation", "label": f"{B // accum} × {accum}", "batch_size": B}
         pair.append(guarded(label, lambda accum=accum: measure_run(
             dataclasses.replace(cfg, accum_steps=accum), task, opts, evaluate_after=False,
-            extra=_weights)))
+            extra=_weights), say=opts.say))
         mem.free_memory()
     if all(r["status"] == "ok" for r in pair):
         w0, w1 = (r["_weights"] for r in pair)
@@ -295,7 +300,7 @@ def run_memory(cfg: TrainConfig, task, opts: Options) -> list[dict]:
                  "batch_size": cfg.batch_size}
         ckpt.append(guarded(label, lambda on=on: measure_run(
             dataclasses.replace(cfg, activation_checkpointing=on), task, opts,
-            evaluate_after=False, extra=held_for_backward)))
+            evaluate_after=False, extra=held_for_backward), say=opts.say))
         mem.free_memory()
     off, on = ckpt
     if off["status"] == on["status"] == "ok":
@@ -319,7 +324,8 @@ def run_e2e(cfg: TrainConfig, task, opts: Options) -> list[dict]:
             rows.append({**head, "status": "unavailable", "reason": reason})
             continue
         rows.append(guarded(head, lambda device=device, precision=precision: measure_run(
-            dataclasses.replace(cfg, device=device, precision=precision), task, opts)))
+            dataclasses.replace(cfg, device=device, precision=precision), task, opts),
+            say=opts.say))
         mem.free_memory()
     ok = {r["row"]: r for r in rows if r["status"] == "ok"}
     for r in ok.values():
