@@ -49,7 +49,7 @@ def train(args: argparse.Namespace) -> int:
             print(f"stopped: {e}", file=sys.stderr)
             return e.exit_code
     say = print if run.main else (lambda *a, **k: None)  # rank 0 speaks for all
-    if run.stop:
+    if run.stop and not run.cfg.progress:  # with progress on, fit() has said it
         say(run.stop, file=sys.stderr)
     evals = [r for r in run.history if r["kind"] == "eval"]
     if evals:

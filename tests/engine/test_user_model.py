@@ -101,7 +101,8 @@ def test_wrong_data_is_one_line_naming_the_fix(x, y, words):
     assert "\n" not in str(e.value)
 
 
-def test_early_stopping_on_a_validation_split():
+@pytest.mark.parametrize("progress", [False, True])
+def test_early_stopping_on_a_validation_split(capsys, progress):
     class Stuck(torch.nn.Module):  # cannot learn: its validation loss never improves
         def __init__(self):
             super().__init__()
@@ -113,10 +114,12 @@ def test_early_stopping_on_a_validation_split():
     x, y = torch.rand(200, 4), torch.randint(0, 3, (200,))
     run = fasttrain.build(model=Stuck(), data=(x, y), val_fraction=0.2, epochs=50,
                           batch_size=32, early_stop="val_loss", patience=2, device="cpu",
-                          progress=False, verbose=False)
+                          progress=progress, verbose=False)
     fasttrain.fit(run)
     evals = [r for r in run.history if r["kind"] == "eval"]
     assert len(evals) == 3 and run.stop and "val_loss" in run.stop
+    # why it ended early, said where progress is shown (from Python as from the CLI)
+    assert (run.stop in capsys.readouterr().err) == progress
     assert {"val_loss", "val_accuracy"} <= evals[0].keys()
 
 

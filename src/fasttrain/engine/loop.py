@@ -179,6 +179,8 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
                     notify(run, "on_epoch_end")
             notify(run, "on_end")
         together = True
+        if run.stop is not None and run.cfg.progress and run.main:
+            print(run.stop, file=sys.stderr)  # why it ended before its steps (early stop)
     except (Preempted, Diverged):
         together = True  # raised on every rank at the same step
         raise
