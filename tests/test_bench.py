@@ -525,3 +525,16 @@ def test_more_epochs_than_their_shuffle_orders_fit_is_one_line(capsys):
     assert main(["bench", "--impl", "roofline", "--data", "synthetic", "--epochs", "5000"]) == 2
     err = capsys.readouterr().err
     assert "--epochs 5000" in err and "at most 4,473 epochs" in err and "Traceback" not in err
+
+
+def test_ctrl_c_before_any_row_ran_says_nothing_was_written(tmp_path, capsys, monkeypatch):
+    from fasttrain.cli import main
+
+    def interrupted(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("fasttrain.peaks.machine_peaks", interrupted)  # Ctrl-C while measuring
+    out = tmp_path / "r.json"
+    assert main(["bench", "--impl", "roofline", "--data", "synthetic", "--json", str(out)]) == 130
+    assert "interrupted before any row ran: no table, nothing written" in capsys.readouterr().err
+    assert not out.exists()

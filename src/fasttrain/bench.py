@@ -214,8 +214,7 @@ def bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from fasttrain import report
-    from fasttrain.data import load_dataset
-    from fasttrain.env import env_block, hardware_line, resolve_device
+    from fasttrain.env import resolve_device
 
     if not math.isfinite(args.lr):
         raise UserError(f"--lr must be a finite number > 0, got {args.lr}")
@@ -234,21 +233,11 @@ def bench(args: argparse.Namespace) -> int:
     report.check_outputs((args.json, "--json"), (args.plot, "--plot"))
 
     console = Console(stderr=True)
-    dataset = load_dataset(args.data, args.data_dir, seed=args.seed)
-    data = ladder.make_ladder_data(dataset, cfg)
-    env = env_block()
-    console.print(f"[bold]fasttrain bench[/bold] on {hardware_line(env)}")
-    console.print(f"data: {dataset.name} from {dataset.source}: {data.n_train} train / "
-                  f"{len(data.test_y)} test" + (" [bold red](synthetic)[/bold red]"
-                                                 if dataset.synthetic else ""))
-    if "roofline" in [e.name for e in entries]:
-        from fasttrain.peaks import machine_peaks
-
-        env["peaks"] = machine_peaks(env, cfg.device)
-        if env["peaks"]:
-            console.print(f"peaks ({env['peaks']['source']}): "
-                          f"{env['peaks']['fp32_flops'] / 1e9:,.0f} GFLOP/s fp32 FMA, "
-                          f"{env['peaks']['bandwidth'] / 1e9:,.1f} GB/s")
+    try:
+        data, dataset, env = _prepare(args, cfg, entries, console)
+    except KeyboardInterrupt:
+        console.print("interrupted before any row ran: no table, nothing written")
+        return 130
     try:
         rows, interrupted = run_rows(entries, data, cfg, env, repeats, console,
                                      args.no_progress,
@@ -280,6 +269,30 @@ def bench(args: argparse.Namespace) -> int:
         report.bench_plot(result, args.plot)
         console.print(f"wrote {args.plot}")
     return 130 if interrupted else 0
+
+
+def _prepare(args: argparse.Namespace, cfg, entries, console):
+    """The data, its ladder form, and the env block (with the measured peaks where the roofline
+    row needs them), said on the console: what the bench does before any row runs."""
+    from fasttrain.data import load_dataset
+    from fasttrain.env import env_block, hardware_line
+
+    dataset = load_dataset(args.data, args.data_dir, seed=args.seed)
+    data = ladder.make_ladder_data(dataset, cfg)
+    env = env_block()
+    console.print(f"[bold]fasttrain bench[/bold] on {hardware_line(env)}")
+    console.print(f"data: {dataset.name} from {dataset.source}: {data.n_train} train / "
+                  f"{len(data.test_y)} test" + (" [bold red](synthetic)[/bold red]"
+                                                 if dataset.synthetic else ""))
+    if "roofline" in [e.name for e in entries]:
+        from fasttrain.peaks import machine_peaks
+
+        env["peaks"] = machine_peaks(env, cfg.device)
+        if env["peaks"]:
+            console.print(f"peaks ({env['peaks']['source']}): "
+                          f"{env['peaks']['fp32_flops'] / 1e9:,.0f} GFLOP/s fp32 FMA, "
+                          f"{env['peaks']['bandwidth'] / 1e9:,.1f} GB/s")
+    return data, dataset, env
 
 
 def fresh_process(entries, args: argparse.Namespace, cfg, repeats: int) -> list[dict]:
