@@ -25,3 +25,18 @@ def test_known_gpus_get_their_data_sheet(name, key):
                                   "NVIDIA B200", "", None])
 def test_a_name_that_only_contains_a_known_one_is_unknown(name):
     assert gpu_peaks(name) is None  # an L40S is not an L4 (3× its bf16 peak)
+
+
+def test_the_env_block_keeps_the_callers_torch_thread_count():
+    """Asking numba its thread count starts its pool, whose OpenMP start reset torch's count: a
+    profile at one thread (tests/lab/test_profile.py) ran at two after its first env block. A
+    fresh process: the pool starts once per process."""
+    import subprocess
+    import sys
+
+    code = ("import torch; torch.set_num_threads(1); from fasttrain.env import env_block; "
+            "env_block(); print(torch.get_num_threads())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"

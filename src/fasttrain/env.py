@@ -91,11 +91,19 @@ def cpu_flags() -> str | None:
 
 
 def _numba_threads() -> int | None:
+    """Numba's thread count. Asking starts numba's thread pool, whose OpenMP start resets
+    torch's intra-op thread count: a caller's torch.set_num_threads is put back."""
     try:
         import numba
     except ImportError:
         return None
-    return numba.get_num_threads()
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return numba.get_num_threads()
+    finally:
+        torch.set_num_threads(threads)
 
 
 @functools.cache

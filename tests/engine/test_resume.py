@@ -14,6 +14,8 @@ import torch
 from fasttrain.engine import EXIT_PREEMPTED
 from fasttrain.engine.checkpoint import complete
 
+pytestmark = pytest.mark.slow  # subprocess runs, interrupted and resumed: ~40 s on 2 cores
+
 # Small and short: what is tested is the stop/restore path, not the model (each run is a
 # subprocess; the whole file must stay cheap: about 50 s on 2 cores).
 STEPS = 12

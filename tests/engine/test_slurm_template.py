@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from fasttrain.engine.checkpoint import complete
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "slurm" / "train.sbatch"
@@ -38,6 +40,7 @@ def sbatch(tmp_path: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow  # torchrun, twice: ~16 s on 2 cores
 def test_time_limit_warning_checkpoints_requeues_and_the_requeued_job_resumes(tmp_path):
     stand_ins(tmp_path)
     job = sbatch(tmp_path)

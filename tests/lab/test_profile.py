@@ -41,7 +41,9 @@ def run_profile(task=None, module=None, tweak=None, steps=5, warmup=2, **cfg):
     run = build(cfg, model=module, data=task, verbose=False)
     if tweak:
         tweak(run)
-    return prof.profile_run(run, steps=steps, warmup=warmup)
+    result = prof.profile_run(run, steps=steps, warmup=warmup)
+    assert torch.get_num_threads() == 1  # nothing it ran (numba's pool start) reset the count
+    return result
 
 
 def describe(result):

@@ -3,7 +3,6 @@ module, sampling on its own thread at its period and stopping when the context c
 
 import sys
 import threading
-import time
 import types
 
 import pytest
@@ -38,7 +37,7 @@ class FakeNVML(types.ModuleType):
     def __init__(self, fail_init=False):
         super().__init__("pynvml")
         self.fail_init, self.threads, self.shut = fail_init, set(), False
-        self.handles = []
+        self.handles, self.reads, self.third_read = [], 0, threading.Event()
 
     def nvmlInit(self):
         if self.fail_init:
@@ -50,6 +49,9 @@ class FakeNVML(types.ModuleType):
 
     def nvmlDeviceGetUtilizationRates(self, handle):
         self.threads.add(threading.current_thread().name)
+        self.reads += 1
+        if self.reads >= 3:
+            self.third_read.set()
         return types.SimpleNamespace(gpu=75, memory=30)
 
     def nvmlDeviceGetMemoryInfo(self, handle):
@@ -64,13 +66,15 @@ def test_samples_in_a_thread_at_its_period(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with DeviceSampler(torch.device("cuda", 0), period_s=0.01) as s:
-        time.sleep(0.15)
+        assert nvml.third_read.wait(30)  # samples arrive while the context is open
     assert s.available and nvml.handles == [0] and nvml.shut
     assert "fasttrain-nvml" in nvml.threads  # sampled off the main thread
     n = len(s.samples)
     assert n >= 3
-    time.sleep(0.05)
-    assert len(s.samples) == n  # the thread stopped with the context
+    # the thread stopped with the context: none left running, and no read since
+    assert not [t for t in threading.enumerate() if t.name == "fasttrain-nvml"]
+    reads = nvml.reads
+    assert len(s.samples) == n and nvml.reads == reads
     times = [x.t_s for x in s.samples]
     assert times == sorted(times)
     summary = s.summary()
