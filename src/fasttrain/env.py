@@ -154,6 +154,9 @@ def env_block() -> dict:
         "driver": None,
         "cudnn": None,
         "git_commit": git_commit(),
+        # The machine's 1-minute load when the block is taken (a bench: before any row runs):
+        # figures from a loaded machine are not those of an idle one.
+        "load_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
