@@ -187,9 +187,18 @@ def test_an_outdir_that_is_a_file_is_one_line(tmp_path):
     assert out.read_text() == "mine"
 
 
-def test_a_python_without_torch_is_named_not_taken_for_no_gpu(tmp_path, monkeypatch):
+def test_a_python_without_torch_is_named_not_taken_for_no_gpu(tmp_path, monkeypatch, capsys):
+    """The steps' Python cannot import torch (this one without its site-packages): one line
+    naming it, not a report of 'no GPU'."""
+    import sys
+
+    bare = tmp_path / "python"
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    bare.chmod(0o755)
     script = load_script()
-    monkeypatch.setattr(script, "PY", "/no/such/python")
+    monkeypatch.setattr(script, "PY", str(bare))
     with pytest.raises(SystemExit) as e:
         script.main([str(tmp_path / "out"), "--allow-cpu"])
     assert e.value.code == 2
+    assert "cannot import torch" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

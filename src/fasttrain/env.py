@@ -156,7 +156,7 @@ def env_block() -> dict:
         "git_commit": git_commit(),
         # The machine's 1-minute load when the block is taken (a bench: before any row runs):
         # figures from a loaded machine are not those of an idle one.
-        "load_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "load_1min": _load_1min(),
     }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -169,6 +169,13 @@ def env_block() -> dict:
             cudnn=torch.backends.cudnn.version(),
         )
     return block
+
+
+def _load_1min() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # no getloadavg (Windows), or the load is unavailable
+        return None
 
 
 def _driver_version() -> str | None:

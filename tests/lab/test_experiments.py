@@ -208,6 +208,8 @@ def test_each_row_says_it_starts():
 @pytest.mark.parametrize("argv, flag", [
     (["scaling", "--predict-only", "--plot", "s.png"], "--plot"),
     (["scaling", "--predict-only", "--batches", "16,32"], "--batches"),
+    # given, whatever its value: "1,2" is the default on a CPU, "1" on one GPU
+    (["precision", "--model", "logreg", "--data", "synthetic", "--procs", "1,2"], "--procs"),
     (["precision", "--model", "logreg", "--data", "synthetic", "--procs", "1"], "--procs"),
 ])
 def test_a_flag_of_another_experiment_is_refused_not_ignored(capsys, tmp_path, monkeypatch,
@@ -218,3 +220,28 @@ def test_a_flag_of_another_experiment_is_refused_not_ignored(capsys, tmp_path, m
     code, _, err = run_cli(capsys, "experiment", *argv)
     assert_one_line_error(code, err, f"{flag} does not apply to `fasttrain experiment {argv[0]}`")
     assert not (tmp_path / "s.png").exists()
+
+
+@pytest.mark.parametrize("progress", ["flag", "config"])
+def test_progress_off_by_flag_or_config_is_silent_and_no_function_lands_in_the_json(
+        capsys, tmp_path, progress):
+    out = tmp_path / "p.json"
+    off = ["--no-progress"] if progress == "flag" else ["--config", str(tmp_path / "c.toml")]
+    (tmp_path / "c.toml").write_text("progress = false\n")
+    code, _, err = run_cli(capsys, "experiment", "precision", "--model", "logreg", "--data",
+                           "synthetic", "--steps", "1", "--timing-warmup", "0", "--json",
+                           str(out), *off)
+    assert code == 0, err
+    assert "measuring" not in err
+    options = json.loads(out.read_text())["options"]
+    assert "say" not in options and options["steps"] == 1
+
+
+def test_scaling_refuses_a_run_directory_from_the_config_too(capsys, tmp_path):
+    from tests.conftest import assert_one_line_error
+
+    (tmp_path / "c.toml").write_text(f'out = "{tmp_path / "run"}"\n')
+    code, _, err = run_cli(capsys, "experiment", "scaling", "--predict-only", "--config",
+                           str(tmp_path / "c.toml"))
+    assert_one_line_error(code, err, "writes no run directory")
+    assert not (tmp_path / "run").exists()

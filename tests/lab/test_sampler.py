@@ -71,10 +71,8 @@ def test_samples_in_a_thread_at_its_period(monkeypatch, tmp_path):
     assert "fasttrain-nvml" in nvml.threads  # sampled off the main thread
     n = len(s.samples)
     assert n >= 3
-    # the thread stopped with the context: none left running, and no read since
+    # the thread stopped with the context: none left running
     assert not [t for t in threading.enumerate() if t.name == "fasttrain-nvml"]
-    reads = nvml.reads
-    assert len(s.samples) == n and nvml.reads == reads
     times = [x.t_s for x in s.samples]
     assert times == sorted(times)
     summary = s.summary()

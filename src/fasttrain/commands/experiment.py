@@ -175,13 +175,25 @@ def experiment_parser(sub: argparse._SubParsersAction) -> None:
                    help="memory: stop the sweep at a peak above this many GiB")
     g.add_argument("--json", metavar="PATH", help="write the result JSON here")
     g.add_argument("--plot", metavar="PATH", help="write a PNG plot here")
-    own = {a.dest: (a.option_strings[0], a.default) for a in g._group_actions}
-    s = scaling.add_arguments(p)
-    theirs = {a.dest: (a.option_strings[0], a.default) for a in s._group_actions}
+    own = _given_only(g._group_actions)
+    theirs = _given_only(scaling.add_arguments(p)._group_actions)
     add_arguments(p)
     # Which flags apply to which experiment: a flag that does not is refused, not ignored.
     p.set_defaults(func=experiment, _flags_of={
         "scaling": theirs | {"steps": own["steps"], "json": own["json"]}, "other": own})
+
+
+def _given_only(actions) -> dict[str, tuple[str, object]]:
+    """dest → (flag, default) of each action, whose default is then SUPPRESSed: a flag the
+    user gave is in the Namespace and one not given is not, whatever its value (a default may
+    depend on the machine: --procs). `experiment` fills the defaults in."""
+    found = {}
+    for a in actions:
+        if a.help and "%(default)s" in a.help:
+            a.help = a.help.replace("%(default)s", str(a.default))
+        found[a.dest] = (a.option_strings[0], a.default)
+        a.default = argparse.SUPPRESS
+    return found
 
 
 def experiment(args: argparse.Namespace) -> int:
@@ -190,13 +202,14 @@ def experiment(args: argparse.Namespace) -> int:
     from fasttrain import report
     from fasttrain.env import env_block, hardware_line
 
-    flags = getattr(args, "_flags_of", None)
-    if flags:  # a flag of another experiment, given: refuse it rather than ignore it
-        mine = flags["scaling"] if args.name == "scaling" else flags["other"]
-        for dest, (option, default) in {**flags["scaling"], **flags["other"]}.items():
-            if dest not in mine and getattr(args, dest, default) != default:
-                raise UserError(f"{option} does not apply to `fasttrain experiment {args.name}`; "
-                                f"drop it (see `fasttrain experiment --help`)")
+    flags = args._flags_of
+    mine = flags["scaling"] if args.name == "scaling" else flags["other"]
+    for dest, (option, default) in {**flags["scaling"], **flags["other"]}.items():
+        if not hasattr(args, dest):
+            setattr(args, dest, default)
+        elif dest not in mine:  # a flag of another experiment, given: refused, not ignored
+            raise UserError(f"{option} does not apply to `fasttrain experiment {args.name}`; "
+                            f"drop it (see `fasttrain experiment --help`)")
     if args.name == "scaling":  # torchrun launches and a step model: its own module
         from fasttrain.commands.scaling import scaling
 
@@ -209,12 +222,12 @@ def experiment(args: argparse.Namespace) -> int:
         raise UserError(f"--accum must be ≥ 1, got {args.accum}")
     opts = Options(steps=args.steps, warmup=args.timing_warmup, batches=_batches(args.batches),
                    accum=args.accum,
-                   memory_limit=gib_arg("--memory-limit", args.memory_limit),
-                   say=(lambda line: print(f"experiment {args.name}: {line}", file=sys.stderr,
-                                           flush=True)) if getattr(args, "progress", True)
-                   else None)
+                   memory_limit=gib_arg("--memory-limit", args.memory_limit))
     report.check_outputs((args.json, "--json"), (args.plot, "--plot"))
     cfg, task = lab_config(args, "experiment")
+    if cfg.progress:  # flags or --config: a line as each row starts
+        opts = dataclasses.replace(opts, say=lambda line: print(
+            f"experiment {args.name}: {line}", file=sys.stderr, flush=True))
     check(args.name, cfg, opts)
     err = Console(stderr=True)
     env = env_block()
@@ -224,7 +237,8 @@ def experiment(args: argparse.Namespace) -> int:
     result = {"schema": SCHEMA, "experiment": args.name, "env": env,
               "config": {**cfg.to_dict(), "data_source": task.source,
                          "synthetic": task.synthetic},
-              "options": dataclasses.asdict(opts), "rows": rows}
+              "options": {k: v for k, v in dataclasses.asdict(opts).items() if k != "say"},
+              "rows": rows}
     report.wide_console().print(table(result))
     if args.json:
         report.write_json(args.json, result)

@@ -234,15 +234,15 @@ def scaling(args: argparse.Namespace) -> int:
         raise UserError(f"--gpu-memory-gb must be > 0, got {args.gpu_memory_gb}")
     if args.json:
         report.check_writable(args.json, "--json")
-    if getattr(args, "out", None) or getattr(args, "resume", None):
-        raise UserError("fasttrain experiment scaling writes no run directory: drop "
-                        "--out/--resume (results go to --json PATH)")
     intra, inter = link(args.intra, args.latency_us), link(args.inter, args.latency_us)
     labels = _names("--predict-models", args.predict_models, [s.label for s in SPECS])
     nodes = _ints("--nodes", args.nodes)
     modes = _names("--modes", args.modes, MODES)
     procs = _ints("--procs", args.procs)
     cfg = from_args(args)
+    if cfg.out or cfg.resume:  # from the flags or --config, as lab_config refuses them
+        raise UserError("fasttrain experiment scaling writes no run directory: drop "
+                        "--out/--resume (results go to --json PATH)")
     if not args.predict_only:
         cfg.validate(MODEL_KINDS)  # the base switches; each run re-checks with its --parallel
     err = Console(stderr=True)

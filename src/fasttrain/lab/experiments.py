@@ -132,7 +132,7 @@ def guarded(label: dict, measure: Callable[[], dict], say=None) -> dict:
     `say`: told which row starts (progress)."""
     if say is not None:
         say("measuring " + ", ".join(f"{k} {v}" for k, v in label.items()
-                                     if v is not None and k != "note"))
+                                     if isinstance(v, str | int | float) and k != "note"))
     failure = None
     try:
         return {**label, "status": "ok", "reason": None, **measure()}

@@ -27,8 +27,9 @@
 // tiny probabilities taken as 0 (see TINY): every epoch 11.4–11.9 instead of 11.5–42.
 // Tried and slower: prefetching a line per sample inside the update tile (+30%), prefetching in
 // the forward instead of the update (+5%), chunk-major widened rows (+6%), a 10 × 2 update tile
-// (same). One thread's share at ~12 ms: forward ~4.9, update ~5.5 (the FMAs alone: ~4.2 each),
-// softmax 0.4, barrier and imbalance (400 vs 384 features) the rest.
+// (same). One thread's share at ~12 ms (benchmarks/cpu_epoch_phases.cpp, Zen 4, 2026-11-26):
+// forward 5.1-5.4, update 5.2-5.4 (the FMAs alone: ~4.1 each), softmax 0.5, the barrier (the
+// 384-feature thread waits 0.5 ms for the 400-feature one) and the labels the rest.
 
 #include <atomic>
 #include <cmath>
