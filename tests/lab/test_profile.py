@@ -65,10 +65,14 @@ def logreg_cli(tmp_path_factory):
     return json.loads((out / "r.json").read_text()), out
 
 
-def test_logreg_batch_128_is_overhead_bound(logreg_cli):
-    result, _ = logreg_cli
-    assert result["classification"]["class"] == "overhead", describe(result)
-    assert any("--compile" in tip for tip in result["classification"]["next"])
+def test_tiny_calls_are_overhead_bound():
+    """logreg at batch 8: every call a few thousand FLOPs, far below what one costs to issue.
+    (At batch 128 on this CPU the step sits on the line between overhead and memory, 0.47
+    each: a fair answer, but not one a test can pin.)"""
+    result = run_profile(image_task(), model="logreg", batch_size=8, steps=10, warmup=3)
+    v = result["classification"]
+    assert v["class"] == "overhead" and v["shares"]["overhead"] >= 0.5, describe(result)
+    assert any("--compile" in tip for tip in v["next"])
 
 
 def test_profile_json_is_self_describing(logreg_cli):
