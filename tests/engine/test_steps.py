@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 
@@ -231,6 +232,9 @@ def test_an_error_in_the_users_dataset_names_it(workers):
     assert str(e.value).startswith(f"error in your dataset ({name}"), e.value
     assert str(e.value).endswith("KeyError: 'sample 5 is missing'"), e.value
     assert __file__ in e.value.frames and "/torch/" not in e.value.frames, e.value.frames
+    # The workers are stopped when the error is raised, not when the error is freed (which
+    # waited out torch's 5 s status timeout).
+    assert not multiprocessing.active_children()
 
 
 def test_plain_log_lines_when_stderr_is_a_file(tmp_path):
