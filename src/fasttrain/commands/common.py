@@ -9,6 +9,14 @@ import math
 from fasttrain.errors import UserError
 
 
+def refuse_run_directory(cfg, command: str) -> None:
+    """A lab command measures and writes --json; an --out or --resume (from the flags or a
+    --config) is one line."""
+    if cfg.out or cfg.resume:
+        raise UserError(f"fasttrain {command} writes no run directory: drop --out/--resume "
+                        f"(results go to --json PATH)")
+
+
 def lab_config(args: argparse.Namespace, command: str):
     """The TrainConfig of a lab command, with its data loaded once: (cfg, task).
 
@@ -20,9 +28,7 @@ def lab_config(args: argparse.Namespace, command: str):
     from fasttrain.models import MODEL_KINDS
 
     cfg = from_args(args)
-    if cfg.out or cfg.resume:
-        raise UserError(f"fasttrain {command} writes no run directory: drop --out/--resume "
-                        f"(results go to --json PATH)")
+    refuse_run_directory(cfg, command)
     if getattr(cfg, "parallel", "none") != "none":
         raise UserError(f"fasttrain {command} measures one process: drop --parallel")
     if cfg.tp > 1 or cfg.pp > 1:

@@ -23,6 +23,7 @@ from dataclasses import asdict
 
 import torch
 
+from fasttrain.commands.common import refuse_run_directory
 from fasttrain.commands.experiment import SCHEMA
 from fasttrain.errors import UserError
 from fasttrain.lab import layout_choice
@@ -240,9 +241,7 @@ def scaling(args: argparse.Namespace) -> int:
     modes = _names("--modes", args.modes, MODES)
     procs = _ints("--procs", args.procs)
     cfg = from_args(args)
-    if cfg.out or cfg.resume:  # from the flags or --config, as lab_config refuses them
-        raise UserError("fasttrain experiment scaling writes no run directory: drop "
-                        "--out/--resume (results go to --json PATH)")
+    refuse_run_directory(cfg, "experiment scaling")
     if not args.predict_only:
         cfg.validate(MODEL_KINDS)  # the base switches; each run re-checks with its --parallel
     err = Console(stderr=True)

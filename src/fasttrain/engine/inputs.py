@@ -104,28 +104,27 @@ def resolve_loss(loss: Callable | str, task, user_step: bool = False) -> Callabl
     return fn
 
 
-def _shapes_differ(name: str, output: torch.Tensor, target: torch.Tensor, fix: str):
-    raise UserError(f"--loss {name}: the model's output has shape {tuple(output.shape)} and the "
-                    f"targets {tuple(target.shape)}; {fix}")
+def _same_shape(name: str, output: torch.Tensor, target: torch.Tensor) -> None:
+    """Refuse an output and targets of different shapes, which an elementwise loss would
+    broadcast (a [B, 1] output against [B] targets silently trains on B × B differences). Reads
+    shapes only: no sync."""
+    if output.shape != target.shape:
+        raise UserError(f"--loss {name}: the model's output has shape {tuple(output.shape)} and "
+                        f"the targets {tuple(target.shape)}; make the model return the targets' "
+                        f"shape (e.g. end it with nn.Flatten(0) for one value per sample)")
 
 
 def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """F.mse_loss, refusing shapes that would broadcast (a [B, 1] output against [B] targets
-    silently trains on B × B differences). Reads shapes only: no sync."""
     import torch.nn.functional as F
 
-    if output.shape != target.shape:
-        _shapes_differ("mse", output, target, "make the model return the targets' shape "
-                       "(e.g. end it with nn.Flatten(0) for one value per sample)")
+    _same_shape("mse", output, target)
     return F.mse_loss(output, target)
 
 
 def l1(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     import torch.nn.functional as F
 
-    if output.shape != target.shape:
-        _shapes_differ("l1", output, target, "make the model return the targets' shape "
-                       "(e.g. end it with nn.Flatten(0) for one value per sample)")
+    _same_shape("l1", output, target)
     return F.l1_loss(output, target)
 
 
@@ -134,8 +133,10 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     import torch.nn.functional as F
 
     if logits.shape[:-1] != target.shape:
-        _shapes_differ("cross_entropy", logits, target, "it needs one score per class in the "
-                       "last dimension: output [..., classes] for targets [...]")
+        raise UserError(f"--loss cross_entropy: the model's output has shape "
+                        f"{tuple(logits.shape)} and the targets {tuple(target.shape)}; it needs "
+                        f"one score per class in the last dimension: output [..., classes] for "
+                        f"targets [...]")
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
