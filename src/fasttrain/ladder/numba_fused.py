@@ -12,7 +12,8 @@ samples; gradient and update of my classes' rows — so weights and gradients ne
 cores and no reduction is needed (splitting the batch instead cost ~35% more: every step moved
 both 31 KB gradient halves and the updated weights across cores).
 
-Versions (the winner is wired in; epoch ms, MNIST-sized random data, 2-core EPYC, median of 7):
+Versions (the winner is wired in; epoch ms, MNIST-sized random data, 2-core EPYC, median of 7;
+measured by hand as each version was written, output not kept):
   v1  per-sample fused forward/backward, one thread                          ~65
   v2  batch split across cores, per-thread gradients, reduce + update         ~39
   v3  classes split across cores, 3 phases per step, prefetch (this file)     ~29

@@ -19,7 +19,8 @@ makes every inner loop FMA-bound:
 - 1/255 is folded into the logits and into the update's coefficients.
 
 Versions (one thread, ms of CPU time per epoch, MNIST, 2-core EPYC, best of 5-6; CPU time because
-the machine was shared by a dozen processes while this was written — wall times were meaningless):
+the machine was shared by a dozen processes while this was written — wall times were meaningless;
+measured by hand, output not kept):
   v1  2 × 5 forward tile per sample pair over both class halves; 4 × 2 update tile      ~53
   v2  rows widened first, then each half of W (16 KB) stays in L1 across all pairs      ~47
   v3  next step's rows prefetched during the update (same-process A/B: 50 → 44.5)       ~45

@@ -28,6 +28,9 @@ Python per launch); v2 one single-program persistent launch per epoch (H100, 202
 the epoch replayed from a CUDA graph: H100, 2026-11-26, 4.70 ms/epoch = 10.0 µs/step with
 DEFAULT (64 pixels a program, 8 warps, ieee). `benchmarks/variant_sweep.py` times every Variant
 in SWEEP (pixels a program, warps, dot precision) against it, to pick the next default.
+Sources: v2's figure is the first H100 loan's bench,
+benchmarks/results/2026-11-26-nvidia-h100-80gb-hbm3.json; v3's the second loan's (the same name
+with -run2); v1's was measured by hand, output not kept.
 
 Tested on the CPU under Triton's interpreter (TRITON_INTERPRET=1, set before triton is imported).
 
