@@ -24,6 +24,16 @@ def tiny():
     return tiny_images()
 
 
+# The build cache of the ladder's CUDA and C++ rows (ladder/build.py: ~/.cache/fasttrain/cuda and
+# cpp) is shared with the user on purpose. It is keyed by source, local headers, flags, arch and
+# compiler version and written under a file lock, so a test never loads a stale or foreign
+# library; scripts/gpu-check's gpu-tests step reuses the libraries its bench step has just built
+# (a private cache would rebuild them with nvcc inside that step's 300 s: the four sources for
+# sm_90a took 52 s cold, ms warm, on a loaded 2-core CPU; cpu_epoch.cpp 3 s with g++). The tests
+# of the cache itself build into tmp_path (out_dir=).
+# XDG_CACHE_HOME stays too: it also moves the datasets' cache (data/sources.py).
+
+
 def real_data_dir() -> Path | None:
     d = os.environ.get("FASTTRAIN_DATA")
     return Path(d) if d and (Path(d) / "mnist").is_dir() else None

@@ -4,15 +4,14 @@ Tolerance: ranks average their gradients with an fp32 all-reduce, which adds the
 another order than one process's batch mean. Measured here after 200 SGD steps the weights
 differ by ≤ ~1e-6 of their largest magnitude; the tests allow rtol 1e-5, atol 1e-6. Runs of the
 same --parallel mode are compared bit for bit (a restart or a preemption changes nothing).
+The faults (a killed rank, a preemption) come from inside the run at a fixed step
+(tests/engine/interrupt.py): no sleeps, no races.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -31,10 +30,15 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
             "2"]
 # torchrun forwards only SIGTERM, SIGINT, SIGHUP and SIGQUIT unless told (SLURM sends SIGUSR1).
 SIGNALS = ["--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"]
+AT = 60  # the step at which a fault comes: after the checkpoint of step 50, at a log step
 
 
-def start(out: Path, *extra: str, launcher: tuple[str, ...] = tuple(TORCHRUN)) -> subprocess.Popen:
-    cmd = [*launcher, "-m", "fasttrain", "train", *ARGS, "--out", str(out), *extra]
+def start(out: Path, *extra: str, launcher: tuple[str, ...] = tuple(TORCHRUN),
+          interrupt: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`launcher -m fasttrain train ...`; with `interrupt` (SIGNAL, STEP, options), the same
+    run under tests/engine/interrupt.py."""
+    train = ["tests.engine.interrupt", *interrupt, "--"] if interrupt else ["fasttrain", "train"]
+    cmd = [*launcher, "-m", *train, *ARGS, "--out", str(out), *extra]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -159,64 +163,35 @@ def test_per_rank_state_bytes_follow_the_mode(runs):
 # -- faults: a killed rank under --max-restarts, a preempted run ------------------------------
 
 
-def worker_pids(launcher_pid: int) -> dict[int, int]:
-    """RANK → pid of torchrun's worker processes (its direct children), read from /proc."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            # The command name is in parentheses and may hold spaces: split after the last ')'.
-            if int(stat.rsplit(")", 1)[1].split()[1]) != launcher_pid:
-                continue
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue  # exited meanwhile
-        ranks = [int(v[5:]) for v in env if v.startswith(b"RANK=")]
-        if ranks:
-            found[ranks[0]] = int(entry.name)
-    return found
-
-
-def wait_for_checkpoint(proc: subprocess.Popen, out: Path) -> None:
-    deadline = time.monotonic() + 240
-    while not complete(out / "checkpoints"):
-        assert proc.poll() is None, finish(proc)[1]
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
-
-
 def test_a_killed_rank_restarts_and_resumes_to_the_same_weights(runs, tmp_path):
-    """SIGKILL one worker after the first checkpoint: torchrun (--max-restarts 1) restarts the
-    group, the workers see TORCHELASTIC_RESTART_COUNT=1 and resume from the last complete
-    (sharded, DCP) checkpoint by themselves, and the run ends bit-identical to one never hurt."""
+    """Worker 1 SIGKILLs itself at step 60, after the first checkpoint (50): torchrun
+    (--max-restarts 1) restarts the group, the workers see TORCHELASTIC_RESTART_COUNT=1 and
+    resume from the last complete (sharded, DCP) checkpoint by themselves, redo steps 51-60, and
+    the run ends bit-identical to one never hurt."""
     uninterrupted = final_weights(runs("fsdp", *MODES["fsdp"]))
     launcher = (*TORCHRUN, "--max-restarts", "1")
-    proc = start(tmp_path, *MODES["fsdp"], launcher=launcher)
-    wait_for_checkpoint(proc, tmp_path)
-    pids = worker_pids(proc.pid)
-    assert set(pids) == {0, 1}, pids
-    os.kill(pids[1], signal.SIGKILL)
+    proc = start(tmp_path, *MODES["fsdp"], launcher=launcher,
+                 interrupt=("SIGKILL", str(AT), "--rank", "1"))
     code, log = finish(proc)
     assert code == 0, log
     assert "resumed from" in log and "exitcode: -9" in log, log
     step = int(log.split("resumed from")[1].split("step ")[1].split(")")[0])
-    assert 0 < step < STEPS
+    assert step == 50, log
     assert_close(final_weights(tmp_path), uninterrupted, exact=True)
 
 
 def test_a_preempted_run_checkpoints_on_every_rank_and_resumes(runs, tmp_path):
     """SIGUSR1 (SLURM's warning) to torchrun, which forwards it: the ranks agree on a step,
-    save one consolidated ZeRO-1 checkpoint and exit 75; `--resume auto` finishes the run."""
+    save one consolidated ZeRO-1 checkpoint and exit 75; `--resume auto` finishes the run. Rank
+    0 sends the signal to torchrun at step 60 and the ranks wait for it there: they stop at 60,
+    a log step but no checkpoint's, so the checkpoint resumed from is the stop's own."""
     uninterrupted = final_weights(runs("zero1", *MODES["zero1"]))
-    proc = start(tmp_path, *MODES["zero1"], launcher=(*TORCHRUN, *SIGNALS))
-    wait_for_checkpoint(proc, tmp_path)
-    proc.send_signal(signal.SIGUSR1)
+    proc = start(tmp_path, *MODES["zero1"], launcher=(*TORCHRUN, *SIGNALS),
+                 interrupt=("SIGUSR1", str(AT), "--launcher", "1"))
     code, log = finish(proc)
     assert code != 0 and log.count("stopped: signal") == 2, log  # both ranks exited 75
     step = complete(tmp_path / "checkpoints")[-1][0]
-    assert 0 < step < STEPS and step % 10 == 0  # a log step: where ranks agree to stop
+    assert step == AT, log
     code, log = finish(start(tmp_path, *MODES["zero1"], "--resume", "auto"))
     assert code == 0 and f"step {step})" in log, log
     assert_close(final_weights(tmp_path), uninterrupted, exact=True)

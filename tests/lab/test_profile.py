@@ -143,9 +143,15 @@ def test_slow_loader_is_input_bound():
         fast = run.batches.micro_batches
 
         def micro_batches(epoch, start_step=0):
+            step = 0.0  # s: how long the last step held its batch
             for batch in fast(epoch, start_step):
-                time.sleep(0.02)  # a loader that cannot keep up
+                # A loader that cannot keep up: 20 ms a batch, or 10× the step it feeds where
+                # the step is slower (a loaded or slow machine), so that waiting for input
+                # outweighs everything else at any speed.
+                time.sleep(max(0.02, 10 * step))
+                fed = time.perf_counter()
                 yield batch
+                step = time.perf_counter() - fed
 
         run.batches.micro_batches = micro_batches
 
