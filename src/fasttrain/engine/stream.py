@@ -27,8 +27,10 @@ Order and randomness (what makes resume exact and N processes equal one):
   epoch, rank) + worker and restarted each pass (persistent_workers is off for a stream: a worker
   must learn the epoch). A resumed pass skips the micro-batches already trained on by reading
   them: the same batches come back if the stream yields the same items for the same epoch.
-  (Under torchrun a stream without length never ends a pass (see Stream.endless): a resume
-  reads again everything trained on since the start.)
+  Under torchrun each rank's stream restarts where it ends (Stream.endless: ranks must step
+  together, and shares a stream makes itself may differ): with length, every rank's pass is
+  the same steps; without, a pass never ends and a resume reads again all trained on since the
+  start.
 - With no workers the data's random draws run on their own saved streams, apart from the model's
   dropout stream: neither moves the other.
 
@@ -179,9 +181,13 @@ class Stream:
         self.loader = self._train_loader(train)
         self.steps_per_epoch = self._steps(train)
         # Several processes must stop a pass at the same step (each step is a collective), which
-        # a stream without length cannot promise without a sync per step: there each rank's
-        # stream is restarted where it ends, and the run is --max-steps long.
-        self.endless = self.steps_per_epoch is None and world > 1
+        # a stream cannot promise without a sync per step: a stream without length, or one that
+        # splits itself into shares of its own sizes (files), may end sooner on one rank than on
+        # another. So under several processes each rank's stream is restarted where it ends:
+        # with length, a pass is still steps_per_epoch steps on every rank (a short share is
+        # topped up from its next pass, with a warning); without, the run is --max-steps long.
+        self.endless = train.iterable and world > 1
+        self._short_warned = False
         if self.steps_per_epoch is None and not cfg.max_steps:
             raise UserError("the training data is a stream without length: give --max-steps N "
                             "(epochs then count passes, where the stream ends)")
@@ -268,17 +274,31 @@ class Stream:
             self.loader.dataset.epoch = epoch
         elif hasattr(self.loader.sampler, "set_epoch"):
             self.loader.sampler.set_epoch(epoch)
-        if self.endless:
-            host = itertools.chain.from_iterable(self._pass(epoch, p) for p in itertools.count())
-        else:
-            host = self._read(self.loader, epoch)
+        host = self._endless(epoch) if self.endless else self._read(self.loader, epoch)
         # A stream with length stops at the steps every rank is sure to have (a pass).
         end = self.steps_per_epoch * self.accum if self.steps_per_epoch is not None else None
         yield from self._ahead(itertools.islice(host, skip, end), "train data")
 
-    def _pass(self, epoch: int, p: int) -> Iterator[Any]:
-        self.loader.dataset.epoch = epoch + p  # each restart of an endless stream: a new pass
-        return self._read(self.loader, epoch + p)
+    def _endless(self, epoch: int) -> Iterator[Any]:
+        """This rank's stream from pass `epoch` on, each pass restarted where it ends."""
+        for p in itertools.count():
+            self.loader.dataset.epoch = epoch + p  # each restart: a new pass
+            empty = True
+            for batch in self._read(self.loader, epoch + p):
+                empty = False
+                yield batch
+            if empty:
+                raise UserError(f"rank {self.rank}'s share of the training stream is empty: a "
+                                f"stream with splits_itself = True must give every reader "
+                                f"(process × worker) items; use fewer --workers or processes, "
+                                f"or split it into more shards")
+            if self.steps_per_epoch is not None and not self._short_warned:
+                self._short_warned = True
+                print(f"warning: rank {self.rank}'s share of the training stream ended before "
+                      f"the {self.steps_per_epoch} steps of a pass that every rank takes "
+                      f"(len(dataset) / processes); it was topped up from its next pass. "
+                      f"Give each reader (process × worker) an equal share, e.g. a number of "
+                      f"shards divisible by their count", file=sys.stderr)
 
     def _read(self, loader: DataLoader, epoch: int) -> Iterator[Any]:
         self.generator.manual_seed(mix(self.seed, epoch, self.rank))
