@@ -70,8 +70,10 @@ from fasttrain.engine.sampling import (
     Split,
     StepSampler,
     Untouched,
+    as_batch,
     check_batch,
     check_sample,
+    collate_of,
     make_split,
     mix,
 )
@@ -103,38 +105,35 @@ def load(splits: dict[str, Any], cfg, world: int, label: str, why: str) -> Strea
     train = parts["train"]
     if cfg.val_fraction and "val" not in parts:
         parts["train"], parts["val"] = _hold_out(train, cfg.val_fraction, cfg.seed)
-    sample = _first(train, cfg.seed)
-    pair = isinstance(sample, tuple | list) and len(sample) == 2
-    x, y = (_as_tensor(sample[0]), _as_tensor(sample[1])) if pair else (None, None)
-    if x is None or y is None:
-        kind, y = "other", None
+    batch = _first(train, cfg.seed)
+    pair = isinstance(batch, tuple | list) and len(batch) == 2
+    x, y = batch if pair else (None, None)
+    if not (torch.is_tensor(x) and torch.is_tensor(y) and x.dim()):
+        kind, x, y = "other", None, None
     else:
         kind = "regression" if y.is_floating_point() else "classification"
     classes = getattr(train.dataset, "classes", None)
     classes = len(classes) if classes is not None else getattr(train.dataset, "num_classes", 0)
-    return StreamData(name=label, kind=kind, in_shape=tuple(x.shape) if x is not None else None,
+    return StreamData(name=label, kind=kind,
+                      in_shape=tuple(x.shape[1:]) if x is not None else None,
                       num_classes=int(classes or 0), source=label, why=why, splits=parts,
                       train_y=y, in_dtype=x.dtype if x is not None else None)
 
 
-def _as_tensor(v) -> torch.Tensor | None:
-    try:
-        return torch.as_tensor(v)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
 def _first(split: Split, seed: int):
-    """The first training sample (read on the data's own random streams), checked."""
+    """The first training sample as its collate_fn batches it (read on the data's own random
+    streams), checked."""
     own = OwnRandom(seed)
     own.reset(-2)
     with own:
         sample = (next(iter(split.dataset), _END) if split.iterable
                   else split.dataset[0] if len(split) else _END)
-    if sample is _END:
-        raise UserError("train data is empty: give a Dataset with samples")
-    check_sample(sample, "train data")
-    return sample
+        if sample is _END:
+            raise UserError("train data is empty: give a Dataset with samples")
+        check_sample(sample, "train data")
+        batch = as_batch(split, sample, "train data")
+    check_sample(batch, "train data", "batch")
+    return batch
 
 
 def _hold_out(train: Split, fraction: float, seed: int) -> tuple[Split, Split]:
@@ -202,7 +201,7 @@ class Stream:
 
     # -- building loaders ------------------------------------------------------------------------
 
-    def _kw(self, split: Split, persistent: bool = True) -> dict:
+    def _kw(self, split: Split, where: str, persistent: bool = True) -> dict:
         if split.loader_kw:
             kw = dict(split.loader_kw)
         else:
@@ -214,6 +213,7 @@ class Stream:
         kw["persistent_workers"] = kw["persistent_workers"] and persistent and not split.iterable
         if kw["num_workers"]:  # batches handed over by name: see ShareByName
             kw["worker_init_fn"] = ShareByName(kw.get("worker_init_fn"))
+        kw["collate_fn"] = collate_of(split, where)  # torch's: its failure made one line
         return kw
 
     def _train_loader(self, split: Split) -> DataLoader:
@@ -223,11 +223,11 @@ class Stream:
             batching = ({"batch_size": None} if split.batched
                         else {"batch_size": self.micro, "drop_last": True})
             return DataLoader(Sharded(split.dataset, self.rank, self.world),
-                              generator=self.generator, **batching, **self._kw(split))
+                              generator=self.generator, **batching, **self._kw(split, "train data"))
         self.sampler = StepSampler(len(split), self.micro, self.accum, self.world, self.rank,
                                    self.seed, split.shuffle)
         return DataLoader(Seeded(split.dataset), batch_sampler=self.sampler,
-                          generator=self.generator, **self._kw(split))
+                          generator=self.generator, **self._kw(split, "train data"))
 
     def _warn_dropped(self, split: Split) -> None:
         """A stream is batched by each of its readers (ranks × workers), and each drops its
@@ -367,7 +367,7 @@ class Stream:
         split = self.splits.get(name)
         if split is None:
             return
-        kw = self._kw(split, persistent=False)
+        kw = self._kw(split, f"{name} data", persistent=False)
         if split.iterable:
             loader = DataLoader(Sharded(split.dataset, rank, world, epoch=-1),
                                 batch_size=None if split.batched else batch_size,

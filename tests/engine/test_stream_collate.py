@@ -1,0 +1,78 @@
+"""What the streamed path learns from a batch is what the collate_fn makes of the samples: a
+user's collate_fn that converts or normalizes is honoured, and a batch torch's default
+collate_fn cannot make (samples of different shapes, a picture object) is one line naming the
+fix, read in the main process or in a DataLoader worker."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+import fasttrain
+from fasttrain.engine import usercode
+from fasttrain.errors import UserError
+from tests.engine.streamdata import Flipped, plain
+from tests.engine.test_stream import FAST, one_line, stream_of
+
+
+def normalize(samples):
+    x, y = default_collate(samples)
+    return (x.float() / 255 - 0.5) / 0.25, y  # the user's own scaling, done in the collate_fn
+
+
+def test_a_collate_fn_that_makes_floats_of_uint8_samples_is_not_rescaled():
+    s = stream_of(DataLoader(Flipped(64), batch_size=8, shuffle=True, collate_fn=normalize))
+    x, _ = next(s.micro_batches(0))
+    assert x.abs().max() > 1  # as normalize made it: not divided by 255 a second time
+
+
+class Picture:
+    """What a PIL image is to torch's default collate_fn: an object it cannot batch."""
+
+    def __init__(self, i: int):
+        self.pixels = torch.full((1, 4, 4), i % 200, dtype=torch.uint8)
+
+
+class Pictures(Dataset):
+    classes = ["a", "b", "c", "d"]
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        return Picture(i), i % 4
+
+
+def to_tensors(samples):
+    return torch.stack([p.pixels for p, _ in samples]), torch.tensor([y for _, y in samples])
+
+
+def test_a_collate_fn_that_makes_tensors_of_pictures_trains_with_the_default_step():
+    loader = DataLoader(Pictures(), batch_size=16, shuffle=True, collate_fn=to_tensors)
+    run = fasttrain.build(model=plain(), data=loader, batch_size=16, max_steps=2, **FAST)
+    assert run.data.kind == "classification" and run.data.in_shape == (1, 4, 4)
+    fasttrain.fit(run)
+
+
+def test_pictures_without_a_conversion_are_one_line_at_build():
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=plain(), data=Pictures(), batch_size=16, max_steps=2, **FAST)
+    one_line(e, "Picture", "ToTensor()", "collate_fn")
+
+
+class Sizes(Flipped):
+    """Every third image a row short, as images of different sizes without a resize."""
+
+    def __getitem__(self, i: int):
+        x, y = super().__getitem__(i)
+        return (x[:, :3] if i % 3 == 1 else x), y
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_of_different_shapes_are_one_line_naming_the_fix(workers):
+    run = fasttrain.build(model=plain(), data=Sizes(64), batch_size=16, max_steps=2,
+                          workers=workers, **FAST)
+    with pytest.raises(UserError) as e:
+        next(usercode.pulled(run.batches.micro_batches(0)))
+    one_line(e, "different shapes", "uint8[1, 4, 4]", "uint8[1, 3, 4]", "resize or crop")
