@@ -76,3 +76,26 @@ def test_samples_of_different_shapes_are_one_line_naming_the_fix(workers):
     with pytest.raises(UserError) as e:
         next(usercode.pulled(run.batches.micro_batches(0)))
     one_line(e, "different shapes", "uint8[1, 4, 4]", "uint8[1, 3, 4]", "resize or crop")
+
+
+def test_data_in_memory_refuses_what_it_would_skip_or_cannot_read():
+    # It stacks the Dataset's samples and orders them itself: a DataLoader's collate_fn (here a
+    # normalization) or sampler (class weights) would silently be skipped.
+    loader = DataLoader(Flipped(64), batch_size=16, shuffle=True, collate_fn=normalize)
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=plain(), data=loader, data_in_memory=True, batch_size=16, **FAST)
+    one_line(e, "normalize", "drop --data-in-memory")
+    weighted = torch.utils.data.WeightedRandomSampler([1.0] * 64, 64)
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=plain(), data=DataLoader(Flipped(64), batch_size=16,
+                                                       sampler=weighted),
+                        data_in_memory=True, batch_size=16, **FAST)
+    one_line(e, "WeightedRandomSampler", "drop --data-in-memory")
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=plain(), data=Pictures(), data_in_memory=True, batch_size=16,
+                        **FAST)
+    one_line(e, "Picture", "ToTensor()")
+    run = fasttrain.build(model=plain(), data=DataLoader(Flipped(64), batch_size=16,
+                                                         shuffle=True),
+                          data_in_memory=True, batch_size=16, **FAST)
+    assert run.batches.path == "in memory"

@@ -191,6 +191,7 @@ def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     from torch.utils.data import DataLoader, Dataset
 
     if isinstance(split, DataLoader):
+        _refuse_loader_work(split, name)
         split = split.dataset  # the engine batches and shuffles itself (seeded, sharded)
     if isinstance(split, tuple | list) and len(split) == 2 and all(map(torch.is_tensor, split)):
         x, y = split
@@ -214,6 +215,24 @@ def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+def _refuse_loader_work(loader, name: str) -> None:
+    """--data-in-memory stacks the Dataset's samples and orders them itself: refuse a DataLoader
+    whose collate_fn or sampler would silently be skipped (a normalization, class weights)."""
+    from torch.utils.data import RandomSampler, SequentialSampler, default_collate, default_convert
+
+    from fasttrain.engine.usercode import name_of
+
+    if loader.collate_fn not in (default_collate, default_convert):
+        raise UserError(f"--data-in-memory stacks the {name} Dataset's samples itself and would "
+                        f"skip your DataLoader's collate_fn ({name_of(loader.collate_fn)}): do its "
+                        f"work in the Dataset, or drop --data-in-memory to stream it")
+    sampler = loader.sampler if loader.batch_size is not None else loader.batch_sampler
+    if not isinstance(sampler, RandomSampler | SequentialSampler):
+        raise UserError(f"--data-in-memory orders the {name} samples itself (seeded shuffle) and "
+                        f"would skip your DataLoader's {type(sampler).__name__}: drop "
+                        f"--data-in-memory to stream it")
+
+
 def check_fits(dataset, name: str) -> None:
     """--data-in-memory: refuse a Dataset without length, or one whose estimated size (length ×
     the first sample's bytes) exceeds the host memory available now."""
@@ -233,7 +252,13 @@ def check_fits(dataset, name: str) -> None:
     if not (isinstance(first, tuple | list) and len(first) == 2):
         raise UserError(f"--data-in-memory reads (input, target) samples; the {name} data gives "
                         f"{type(first).__name__}: drop --data-in-memory to stream it")
-    per = sum(torch.as_tensor(v).numel() * torch.as_tensor(v).element_size() for v in first)
+    try:
+        per = sum(torch.as_tensor(v).numel() * torch.as_tensor(v).element_size() for v in first)
+    except (TypeError, RuntimeError, ValueError):
+        raise UserError(f"--data-in-memory reads (input, target) samples of tensors, arrays or "
+                        f"numbers; the {name} data gives ({type(first[0]).__name__}, "
+                        f"{type(first[1]).__name__}): convert them in the Dataset (e.g. a "
+                        f"ToTensor() transform for PIL images)") from None
     free = available_memory()
     if free is not None and n * per > free:
         raise UserError(f"--data-in-memory: the {name} data needs about {n * per / 2**30:.1f} "
