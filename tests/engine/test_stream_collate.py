@@ -99,3 +99,32 @@ def test_data_in_memory_refuses_what_it_would_skip_or_cannot_read():
                                                          shuffle=True),
                           data_in_memory=True, batch_size=16, **FAST)
     assert run.batches.path == "in memory"
+
+
+_PEAK = """
+import resource, torch
+from fasttrain.engine import inputs
+
+class Big(torch.utils.data.Dataset):  # 1000 images of 64 KiB: 62.5 MiB, made on the fly
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        return torch.full((1, 256, 256), i % 256, dtype=torch.uint8), i % 10
+
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+x, y = inputs._tensors(Big(), "train")
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024 / x.nbytes)
+"""
+
+
+def test_data_in_memory_holds_the_set_once_while_reading_it():
+    # check_fits refuses a set larger than the memory available: reading it must not need
+    # twice that (a list of samples, then stacked), or a set that passed the check is killed.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _PEAK], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert float(proc.stdout) < 1.5, proc.stdout  # peak growth ÷ the set's bytes

@@ -200,14 +200,24 @@ def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         from fasttrain.engine import usercode
 
         what = f"your dataset ({type(split).__qualname__}.__getitem__)"
-        samples = [usercode.call(split.__getitem__, f"{what} at index {i}", i)
-                   for i in range(len(split))]
-        try:
-            x = torch.stack([torch.as_tensor(s[0]) for s in samples])
-            y = torch.stack([torch.as_tensor(s[1]) for s in samples])
-        except (TypeError, IndexError, RuntimeError) as e:
-            raise UserError(f"{name} data: a Dataset must have a length and give (input, target) "
-                            f"pairs of equal shapes ({e})") from None
+        # Written into tensors allocated once, sample by sample: the set is held once, as
+        # check_fits estimated (a list of samples, then stacked, held it twice).
+        x = y = None
+        for i in range(len(split)):
+            sample = usercode.call(split.__getitem__, f"{what} at index {i}", i)
+            try:
+                sx, sy = (torch.as_tensor(v) for v in sample)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise UserError(f"{name} data: a Dataset must give (input, target) pairs of "
+                                f"tensors, arrays or numbers ({e})") from None
+            if x is None:
+                x, y = sx.new_empty((len(split), *sx.shape)), sy.new_empty((len(split), *sy.shape))
+            if sx.shape != x.shape[1:] or sy.shape != y.shape[1:]:
+                raise UserError(f"{name} data: sample {i} is ({list(sx.shape)}, "
+                                f"{list(sy.shape)}), sample 0 ({list(x.shape[1:])}, "
+                                f"{list(y.shape[1:])}); give every sample the same shapes (a "
+                                f"resize or crop in the Dataset's transform)")
+            x[i], y[i] = sx, sy
     else:
         raise UserError(f"{name} data: give (x, y) tensors, a Dataset or a DataLoader, not "
                         f"{type(split).__name__}")
