@@ -128,3 +128,26 @@ def test_data_in_memory_holds_the_set_once_while_reading_it():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert float(proc.stdout) < 1.5, proc.stdout  # peak growth ÷ the set's bytes
+
+
+class Float64(Flipped):
+    """The classic np.array(img) / 255.0: float64 images."""
+
+    def __getitem__(self, i: int):
+        x, y = super().__getitem__(i)
+        return x.numpy() / 255.0, y
+
+
+class Int32Targets(Flipped):
+    def __getitem__(self, i: int):
+        x, y = super().__getitem__(i)
+        return x, torch.tensor(y, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("data, words", [(Float64, ("float64", "x.float()")),
+                                         (Int32Targets, ("int32", "y.long()"))])
+def test_streamed_pairs_of_dtypes_the_step_fails_on_are_one_line_at_build(data, words):
+    # as on the in-memory path: not the model's or the loss's traceback at the first step
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=plain(), data=data(64), batch_size=16, max_steps=2, **FAST)
+    one_line(e, *words)

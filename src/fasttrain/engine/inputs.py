@@ -87,6 +87,9 @@ def resolve_loss(loss: Callable | str, task, user_step: bool = False) -> Callabl
     """The loss callable `(output, target) -> scalar`. 'auto' is cross-entropy over the last
     dimension for integer targets (classes, tokens). A user step computes its own loss: 'auto'
     then asks nothing of the targets."""
+    if not user_step and getattr(task, "in_dtype", None) is not None:  # streamed pairs
+        y = task.train_y.dtype  # uint8 targets (masks) were taken by torch's losses: kept
+        check_dtypes(task.in_dtype, torch.int64 if y == torch.uint8 else y, "train")
     if callable(loss):
         return loss
     if loss == "auto":
@@ -298,15 +301,21 @@ def check_split(x: torch.Tensor, y: torch.Tensor, name: str) -> None:
                         f"input")
     if len(x) == 0:
         raise UserError(f"{name} data is empty")
-    if x.dtype == torch.float64:
+    check_dtypes(x.dtype, y.dtype, name)
+
+
+def check_dtypes(x: torch.dtype, y: torch.dtype, name: str) -> None:
+    """Refuse (input, target) dtypes the default step would fail on, or train wrongly with:
+    tensors, and the first batch of streamed pairs (a Dataset's samples as collated)."""
+    if x == torch.float64:
         raise UserError(f"{name} inputs are float64 and the model float32: convert with "
-                        f"x.float()")
-    if not (x.dtype in (torch.uint8, torch.int64) or x.is_floating_point()):
-        raise UserError(f"{name} inputs are {x.dtype}; use {_X_DTYPES}")
-    if y.dtype == torch.float64:
+                        f"x.float() (NumPy makes float64: np.array(img) / 255.0 is)")
+    if not (x in (torch.uint8, torch.int64) or x.is_floating_point):
+        raise UserError(f"{name} inputs are {x}; use {_X_DTYPES}")
+    if y == torch.float64:
         raise UserError(f"{name} targets are float64: convert with y.float()")
-    if not (y.dtype == torch.int64 or y.is_floating_point()):
-        raise UserError(f"{name} targets are {y.dtype}; use int64 class indices (y.long()) or "
+    if not (y == torch.int64 or y.is_floating_point):
+        raise UserError(f"{name} targets are {y}; use int64 class indices (y.long()) or "
                         f"float values")
 
 
