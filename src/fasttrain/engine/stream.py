@@ -381,8 +381,11 @@ class Stream:
     # -- checkpoints (key "data") ----------------------------------------------------------------
 
     def state(self, step_in_epoch: int) -> dict:
+        # A skipped-to position is exact only when the stream is dealt over as many readers
+        # (processes × workers) as when it was written: checkpoint.resume warns otherwise.
+        readers = None if self.sampler else self.world * max(1, self.loader.num_workers)
         return {"path": self.path, "resume": "sampler" if self.sampler else "skip",
-                "micro_batches": step_in_epoch * self.accum}
+                "micro_batches": step_in_epoch * self.accum, "readers": readers}
 
 
 def _finisher(data: StreamData, channels_last: bool):
