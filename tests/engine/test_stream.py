@@ -135,6 +135,11 @@ def test_ranks_of_a_stream_split_unevenly_by_itself_take_the_same_steps(capsys):
     runs = [stream_of(Files(), rank=r, world=2) for r in (0, 1)]
     assert [len(list(s.micro_batches(0))) for s in runs] == [runs[0].steps_per_epoch] * 2 == [7, 7]
     assert "rank 1's share" in capsys.readouterr().err
+    # One process, two workers: shares of 32 and 24 items make 2 + 1 batches of 14, and a pass
+    # is len / workers / batch = 2 steps per worker: the pass must not end a step short (the
+    # start line's steps, and the schedule's end, would not be reached).
+    s = stream_of(Files(), batch_size=14, workers=2)
+    assert len(list(s.micro_batches(0))) == s.steps_per_epoch == 4
 
 
 def test_one_rank_of_two_sees_the_one_process_batch_halves():

@@ -179,13 +179,14 @@ class Stream:
         self.sampler: StepSampler | None = None
         self.loader = self._train_loader(train)
         self.steps_per_epoch = self._steps(train)
-        # Several processes must stop a pass at the same step (each step is a collective), which
-        # a stream cannot promise without a sync per step: a stream without length, or one that
-        # splits itself into shares of its own sizes (files), may end sooner on one rank than on
-        # another. So under several processes each rank's stream is restarted where it ends:
-        # with length, a pass is still steps_per_epoch steps on every rank (a short share is
-        # topped up from its next pass, with a warning); without, the run is --max-steps long.
-        self.endless = train.iterable and world > 1
+        # Ranks must stop a pass at the same step (each step is a collective); a stream without
+        # length, or split by itself into shares of its own sizes (files, also over workers),
+        # may end sooner on one rank. So each rank's stream restarts where it ends: with length,
+        # a pass is still steps_per_epoch steps (a short share topped up from its next pass,
+        # with a warning); without, the run is --max-steps long.
+        uneven = (getattr(train.dataset, "splits_itself", False) and self.loader.num_workers > 1
+                  and self.steps_per_epoch is not None)
+        self.endless = train.iterable and (world > 1 or uneven)
         self._short_warned = False
         if self.steps_per_epoch is None and not cfg.max_steps:
             raise UserError("the training data is a stream without length: give --max-steps N "
@@ -295,10 +296,10 @@ class Stream:
             if self.steps_per_epoch is not None and not self._short_warned:
                 self._short_warned = True
                 print(f"warning: rank {self.rank}'s share of the training stream ended before "
-                      f"the {self.steps_per_epoch} steps of a pass that every rank takes "
-                      f"(len(dataset) / processes); it was topped up from its next pass. "
-                      f"Give each reader (process × worker) an equal share, e.g. a number of "
-                      f"shards divisible by their count", file=sys.stderr)
+                      f"the {self.steps_per_epoch} steps a pass has (len(dataset) dealt over "
+                      f"processes × workers); it was topped up from its next pass. Give each "
+                      f"reader an equal share, e.g. a number of shards divisible by their count",
+                      file=sys.stderr)
 
     def _read(self, loader: DataLoader, epoch: int) -> Iterator[Any]:
         self.generator.manual_seed(mix(self.seed, epoch, self.rank))
