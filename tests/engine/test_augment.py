@@ -80,6 +80,22 @@ def test_in_memory_batches_are_augmented_and_a_resumed_epoch_draws_the_same():
     assert not torch.equal(again[0], whole[0])  # another epoch, other draws
 
 
+def test_float_images_are_augmented_as_uint8_ones_are():
+    # Images a Dataset already scaled to [0, 1] floats (ToTensor()) under --data-in-memory:
+    # --augment must flip and shift them too, not pass them through untouched.
+    from fasttrain.engine.inputs import _task
+
+    x, y = images()
+    batches = {}
+    for name, data in (("uint8", x), ("float", x.float() / 255)):
+        task = _task("t", {"train": (data, y)})
+        batches[name] = [b for b, _ in Batches(task, CPU, 32, 1, 0, on_device=True,
+                                               augment=Augment("flip,crop:2", 0, CPU))
+                         .micro_batches(1)]
+    for a, b in zip(batches["uint8"], batches["float"], strict=True):
+        assert torch.equal(a, b)
+
+
 def test_training_with_augment_is_reproducible():
     def train():
         torch.manual_seed(0)

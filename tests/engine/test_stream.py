@@ -112,6 +112,36 @@ def test_ranks_take_disjoint_complete_shares_of_map_and_iterable_data():
         assert shares[0] | shares[1] == set(range(64))
 
 
+class Files(torch.utils.data.IterableDataset):
+    """7 "files" of 8 items, split by file (as a WebDataset of shards): shares of 4 and 3 files
+    over two ranks, uneven as real shard counts make them."""
+
+    splits_itself = True
+
+    def __len__(self) -> int:
+        return 56
+
+    def __iter__(self):
+        from fasttrain.engine.sampling import shard
+
+        k, n = shard()
+        return ((torch.tensor([float(i)]), 0) for f in range(k, 7, n)
+                for i in range(f * 8, f * 8 + 8))
+
+
+def test_ranks_of_a_stream_split_unevenly_by_itself_take_the_same_steps(capsys):
+    # Every step is a collective: a rank whose own share ends sooner must not end its pass
+    # sooner (gloo dies of a collective mismatch; NCCL hangs). It is topped up from its next pass.
+    runs = [stream_of(Files(), rank=r, world=2) for r in (0, 1)]
+    assert [len(list(s.micro_batches(0))) for s in runs] == [runs[0].steps_per_epoch] * 2 == [7, 7]
+    assert "rank 1's share" in capsys.readouterr().err
+    # One process, two workers: shares of 32 and 24 items make 2 + 1 batches of 14, and a pass
+    # is len / workers / batch = 2 steps per worker: the pass must not end a step short (the
+    # start line's steps, and the schedule's end, would not be reached).
+    s = stream_of(Files(), batch_size=14, workers=2)
+    assert len(list(s.micro_batches(0))) == s.steps_per_epoch == 4
+
+
 def test_one_rank_of_two_sees_the_one_process_batch_halves():
     data = TensorDataset(torch.arange(64.0)[:, None], torch.zeros(64, dtype=torch.long))
     one = [x for x, _ in stream_of(data).micro_batches(0)]

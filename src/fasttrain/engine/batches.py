@@ -75,6 +75,7 @@ class Batches:
         self.device, self.seed, self.why = device, seed, why
         # augment(x, epoch, index) or None, applied to the scaled training batches only
         self.augment = augment or (lambda x, epoch, index: x)
+        self.augmenting = augment is not None
         self.rank, self.world, self.batch_size = rank, world, batch_size
         self.micro, self.accum = batch_size // accum_steps // world, accum_steps
         self.language = task.train_y is None
@@ -108,11 +109,10 @@ class Batches:
         y = y.to(self.device, non_blocking=True)
         if self.scale:  # uint8 pixels → [0, 1] floats, on the device
             x = x.float() / 255
-            if at is not None:
-                x = self.augment(x, *at)
+        if at is not None:  # float images are augmented too, as uint8 ones are
+            x = self.augment(x, *at)
+        if self.scale or self.augmenting or self.memory_format is torch.channels_last:
             x = x.contiguous(memory_format=self.memory_format)
-        elif self.memory_format is torch.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
         return x, y
 
     def step_indices(self, epoch: int, start_step: int = 0) -> torch.Tensor:

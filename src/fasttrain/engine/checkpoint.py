@@ -23,6 +23,7 @@ import os
 import random
 import re
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,14 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
                         f"{data.get('resume')} ({data.get('path')}); this run reads it "
                         f"another way, so the position would not match: resume with the same "
                         f"data and --data-in-memory setting")
+    readers = run.batches.state(run.step_in_epoch).get("readers")
+    if data and data.get("readers") not in (None, readers) and run.step_in_epoch and run.main:
+        print(f"warning: checkpoint {path} was written reading the stream with "
+              f"{data['readers']} readers (processes × --workers), this run has {readers}: the "
+              f"items of the interrupted pass are dealt anew, so the rest of it trains on "
+              f"other items than the uninterrupted run would (some twice, some not at all); "
+              f"resume with the same processes and --workers for the same batches",
+              file=sys.stderr)
     ranks = saved.get("ranks") or [{"rng": saved["rng"], "loss_sum": saved["loss_sum"]}]
     if len(ranks) == world.size:
         mine = ranks[world.rank]

@@ -87,6 +87,9 @@ def resolve_loss(loss: Callable | str, task, user_step: bool = False) -> Callabl
     """The loss callable `(output, target) -> scalar`. 'auto' is cross-entropy over the last
     dimension for integer targets (classes, tokens). A user step computes its own loss: 'auto'
     then asks nothing of the targets."""
+    if not user_step and getattr(task, "in_dtype", None) is not None:  # streamed pairs
+        y = task.train_y.dtype  # uint8 targets (masks) were taken by torch's losses: kept
+        check_dtypes(task.in_dtype, torch.int64 if y == torch.uint8 else y, "train")
     if callable(loss):
         return loss
     if loss == "auto":
@@ -191,6 +194,7 @@ def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     from torch.utils.data import DataLoader, Dataset
 
     if isinstance(split, DataLoader):
+        _refuse_loader_work(split, name)
         split = split.dataset  # the engine batches and shuffles itself (seeded, sharded)
     if isinstance(split, tuple | list) and len(split) == 2 and all(map(torch.is_tensor, split)):
         x, y = split
@@ -199,19 +203,47 @@ def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         from fasttrain.engine import usercode
 
         what = f"your dataset ({type(split).__qualname__}.__getitem__)"
-        samples = [usercode.call(split.__getitem__, f"{what} at index {i}", i)
-                   for i in range(len(split))]
-        try:
-            x = torch.stack([torch.as_tensor(s[0]) for s in samples])
-            y = torch.stack([torch.as_tensor(s[1]) for s in samples])
-        except (TypeError, IndexError, RuntimeError) as e:
-            raise UserError(f"{name} data: a Dataset must have a length and give (input, target) "
-                            f"pairs of equal shapes ({e})") from None
+        # Written into tensors allocated once, sample by sample: the set is held once, as
+        # check_fits estimated (a list of samples, then stacked, held it twice).
+        x = y = None
+        for i in range(len(split)):
+            sample = usercode.call(split.__getitem__, f"{what} at index {i}", i)
+            try:
+                sx, sy = (torch.as_tensor(v) for v in sample)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise UserError(f"{name} data: a Dataset must give (input, target) pairs of "
+                                f"tensors, arrays or numbers ({e})") from None
+            if x is None:
+                x, y = sx.new_empty((len(split), *sx.shape)), sy.new_empty((len(split), *sy.shape))
+            if sx.shape != x.shape[1:] or sy.shape != y.shape[1:]:
+                raise UserError(f"{name} data: sample {i} is ({list(sx.shape)}, "
+                                f"{list(sy.shape)}), sample 0 ({list(x.shape[1:])}, "
+                                f"{list(y.shape[1:])}); give every sample the same shapes (a "
+                                f"resize or crop in the Dataset's transform)")
+            x[i], y[i] = sx, sy
     else:
         raise UserError(f"{name} data: give (x, y) tensors, a Dataset or a DataLoader, not "
                         f"{type(split).__name__}")
     check_split(x, y, name)
     return x, y
+
+
+def _refuse_loader_work(loader, name: str) -> None:
+    """--data-in-memory stacks the Dataset's samples and orders them itself: refuse a DataLoader
+    whose collate_fn or sampler would silently be skipped (a normalization, class weights)."""
+    from torch.utils.data import RandomSampler, SequentialSampler, default_collate, default_convert
+
+    from fasttrain.engine.usercode import name_of
+
+    if loader.collate_fn not in (default_collate, default_convert):
+        raise UserError(f"--data-in-memory stacks the {name} Dataset's samples itself and would "
+                        f"skip your DataLoader's collate_fn ({name_of(loader.collate_fn)}): do its "
+                        f"work in the Dataset, or drop --data-in-memory to stream it")
+    sampler = loader.sampler if loader.batch_size is not None else loader.batch_sampler
+    if not isinstance(sampler, RandomSampler | SequentialSampler):
+        raise UserError(f"--data-in-memory orders the {name} samples itself (seeded shuffle) and "
+                        f"would skip your DataLoader's {type(sampler).__name__}: drop "
+                        f"--data-in-memory to stream it")
 
 
 def check_fits(dataset, name: str) -> None:
@@ -233,7 +265,13 @@ def check_fits(dataset, name: str) -> None:
     if not (isinstance(first, tuple | list) and len(first) == 2):
         raise UserError(f"--data-in-memory reads (input, target) samples; the {name} data gives "
                         f"{type(first).__name__}: drop --data-in-memory to stream it")
-    per = sum(torch.as_tensor(v).numel() * torch.as_tensor(v).element_size() for v in first)
+    try:
+        per = sum(torch.as_tensor(v).numel() * torch.as_tensor(v).element_size() for v in first)
+    except (TypeError, RuntimeError, ValueError):
+        raise UserError(f"--data-in-memory reads (input, target) samples of tensors, arrays or "
+                        f"numbers; the {name} data gives ({type(first[0]).__name__}, "
+                        f"{type(first[1]).__name__}): convert them in the Dataset (e.g. a "
+                        f"ToTensor() transform for PIL images)") from None
     free = available_memory()
     if free is not None and n * per > free:
         raise UserError(f"--data-in-memory: the {name} data needs about {n * per / 2**30:.1f} "
@@ -263,15 +301,21 @@ def check_split(x: torch.Tensor, y: torch.Tensor, name: str) -> None:
                         f"input")
     if len(x) == 0:
         raise UserError(f"{name} data is empty")
-    if x.dtype == torch.float64:
+    check_dtypes(x.dtype, y.dtype, name)
+
+
+def check_dtypes(x: torch.dtype, y: torch.dtype, name: str) -> None:
+    """Refuse (input, target) dtypes the default step would fail on, or train wrongly with:
+    tensors, and the first batch of streamed pairs (a Dataset's samples as collated)."""
+    if x == torch.float64:
         raise UserError(f"{name} inputs are float64 and the model float32: convert with "
-                        f"x.float()")
-    if not (x.dtype in (torch.uint8, torch.int64) or x.is_floating_point()):
-        raise UserError(f"{name} inputs are {x.dtype}; use {_X_DTYPES}")
-    if y.dtype == torch.float64:
+                        f"x.float() (NumPy makes float64: np.array(img) / 255.0 is)")
+    if not (x in (torch.uint8, torch.int64) or x.is_floating_point):
+        raise UserError(f"{name} inputs are {x}; use {_X_DTYPES}")
+    if y == torch.float64:
         raise UserError(f"{name} targets are float64: convert with y.float()")
-    if not (y.dtype == torch.int64 or y.is_floating_point()):
-        raise UserError(f"{name} targets are {y.dtype}; use int64 class indices (y.long()) or "
+    if not (y == torch.int64 or y.is_floating_point):
+        raise UserError(f"{name} targets are {y}; use int64 class indices (y.long()) or "
                         f"float values")
 
 

@@ -22,6 +22,8 @@ from torch.utils.data import (
     RandomSampler,
     Sampler,
     SequentialSampler,
+    default_collate,
+    default_convert,
     get_worker_info,
 )
 
@@ -279,6 +281,61 @@ class OwnRandom(Untouched):
     def __exit__(self, *exc):
         self.state = _rng_state()
         _set_rng_state(self.saved)
+
+
+# -- batching ------------------------------------------------------------------------------------
+
+
+def collate_of(split: Split, where: str):
+    """The collate_fn of the engine's DataLoaders of `split`: the user's DataLoader's as it is,
+    else torch's default (a stream of whole batches: default_convert) wrapped in Collate."""
+    fn = split.loader_kw.get("collate_fn") or (default_convert if split.batched
+                                                else default_collate)
+    return Collate(where, fn) if fn in (default_collate, default_convert) else fn
+
+
+def as_batch(split: Split, sample: Any, where: str) -> Any:
+    """`sample` as the split's collate_fn batches it (a batch of one; a whole batch of a
+    batched stream): what the step will see, so the engine reads the input's dtype and shape
+    after the user's collate_fn has converted or normalized it, not before."""
+    collate = collate_of(split, where)
+    items = sample if split.batched else [sample]
+    if isinstance(collate, Collate):
+        return collate(items)
+    from fasttrain.engine import usercode
+
+    return usercode.call(collate, f"your collate_fn ({usercode.name_of(collate)})", items)
+
+
+class Collate:
+    """torch's default collate_fn, with a batch it cannot make (samples of different shapes, a
+    PIL image, ...) one line naming the fix instead of torch's traceback from inside it: raised
+    where it happens, in a DataLoader worker too (usercode.pulled unwraps it there)."""
+
+    def __init__(self, where: str, fn=default_collate):
+        self.where, self.fn = where, fn
+
+    def __call__(self, samples):
+        try:
+            return self.fn(samples)
+        except (TypeError, RuntimeError) as e:
+            raise UserError(unbatchable(samples, self.where, e)) from None
+
+
+def unbatchable(samples: Any, where: str, error: Exception) -> str:
+    """One line: which samples torch's default collate_fn could not batch, and the fixes."""
+    what = (str(error).strip().splitlines() or [type(error).__name__])[-1]
+    shown = [tree.shapes(s) for s in samples] if isinstance(samples, list) else [
+        tree.shapes(samples)]
+    differ = next((i for i, s in enumerate(shown) if s != shown[0]), None)
+    if differ:
+        return (f"{where}: samples of different shapes cannot be stacked into a batch (sample 0 "
+                f"is {shown[0]}, sample {differ} {shown[differ]}); resize or crop them to one "
+                f"size in the Dataset's transform, or give a DataLoader with a collate_fn that "
+                f"pads them")
+    return (f"{where}: torch's default collate_fn cannot batch a sample {shown[0]} ({what}); "
+            f"return tensors, NumPy arrays or numbers from the Dataset (e.g. a ToTensor() "
+            f"transform for PIL images), or give a DataLoader with a collate_fn of your own")
 
 
 # -- checking a batch ----------------------------------------------------------------------------

@@ -27,8 +27,10 @@ Order and randomness (what makes resume exact and N processes equal one):
   epoch, rank) + worker and restarted each pass (persistent_workers is off for a stream: a worker
   must learn the epoch). A resumed pass skips the micro-batches already trained on by reading
   them: the same batches come back if the stream yields the same items for the same epoch.
-  (Under torchrun a stream without length never ends a pass (see Stream.endless): a resume
-  reads again everything trained on since the start.)
+  Under torchrun each rank's stream restarts where it ends (Stream.endless: ranks must step
+  together, and shares a stream makes itself may differ): with length, every rank's pass is
+  the same steps; without, a pass never ends and a resume reads again all trained on since the
+  start.
 - With no workers the data's random draws run on their own saved streams, apart from the model's
   dropout stream: neither moves the other.
 
@@ -68,8 +70,10 @@ from fasttrain.engine.sampling import (
     Split,
     StepSampler,
     Untouched,
+    as_batch,
     check_batch,
     check_sample,
+    collate_of,
     make_split,
     mix,
 )
@@ -101,38 +105,35 @@ def load(splits: dict[str, Any], cfg, world: int, label: str, why: str) -> Strea
     train = parts["train"]
     if cfg.val_fraction and "val" not in parts:
         parts["train"], parts["val"] = _hold_out(train, cfg.val_fraction, cfg.seed)
-    sample = _first(train, cfg.seed)
-    pair = isinstance(sample, tuple | list) and len(sample) == 2
-    x, y = (_as_tensor(sample[0]), _as_tensor(sample[1])) if pair else (None, None)
-    if x is None or y is None:
-        kind, y = "other", None
+    batch = _first(train, cfg.seed)
+    pair = isinstance(batch, tuple | list) and len(batch) == 2
+    x, y = batch if pair else (None, None)
+    if not (torch.is_tensor(x) and torch.is_tensor(y) and x.dim()):
+        kind, x, y = "other", None, None
     else:
         kind = "regression" if y.is_floating_point() else "classification"
     classes = getattr(train.dataset, "classes", None)
     classes = len(classes) if classes is not None else getattr(train.dataset, "num_classes", 0)
-    return StreamData(name=label, kind=kind, in_shape=tuple(x.shape) if x is not None else None,
+    return StreamData(name=label, kind=kind,
+                      in_shape=tuple(x.shape[1:]) if x is not None else None,
                       num_classes=int(classes or 0), source=label, why=why, splits=parts,
                       train_y=y, in_dtype=x.dtype if x is not None else None)
 
 
-def _as_tensor(v) -> torch.Tensor | None:
-    try:
-        return torch.as_tensor(v)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-
-
 def _first(split: Split, seed: int):
-    """The first training sample (read on the data's own random streams), checked."""
+    """The first training sample as its collate_fn batches it (read on the data's own random
+    streams), checked."""
     own = OwnRandom(seed)
     own.reset(-2)
     with own:
         sample = (next(iter(split.dataset), _END) if split.iterable
                   else split.dataset[0] if len(split) else _END)
-    if sample is _END:
-        raise UserError("train data is empty: give a Dataset with samples")
-    check_sample(sample, "train data")
-    return sample
+        if sample is _END:
+            raise UserError("train data is empty: give a Dataset with samples")
+        check_sample(sample, "train data")
+        batch = as_batch(split, sample, "train data")
+    check_sample(batch, "train data", "batch")
+    return batch
 
 
 def _hold_out(train: Split, fraction: float, seed: int) -> tuple[Split, Split]:
@@ -178,10 +179,15 @@ class Stream:
         self.sampler: StepSampler | None = None
         self.loader = self._train_loader(train)
         self.steps_per_epoch = self._steps(train)
-        # Several processes must stop a pass at the same step (each step is a collective), which
-        # a stream without length cannot promise without a sync per step: there each rank's
-        # stream is restarted where it ends, and the run is --max-steps long.
-        self.endless = self.steps_per_epoch is None and world > 1
+        # Ranks must stop a pass at the same step (each step is a collective); a stream without
+        # length, or split by itself into shares of its own sizes (files, also over workers),
+        # may end sooner on one rank. So each rank's stream restarts where it ends: with length,
+        # a pass is still steps_per_epoch steps (a short share topped up from its next pass,
+        # with a warning); without, the run is --max-steps long.
+        uneven = (getattr(train.dataset, "splits_itself", False) and self.loader.num_workers > 1
+                  and self.steps_per_epoch is not None)
+        self.endless = train.iterable and (world > 1 or uneven)
+        self._short_warned = False
         if self.steps_per_epoch is None and not cfg.max_steps:
             raise UserError("the training data is a stream without length: give --max-steps N "
                             "(epochs then count passes, where the stream ends)")
@@ -196,7 +202,7 @@ class Stream:
 
     # -- building loaders ------------------------------------------------------------------------
 
-    def _kw(self, split: Split, persistent: bool = True) -> dict:
+    def _kw(self, split: Split, where: str, persistent: bool = True) -> dict:
         if split.loader_kw:
             kw = dict(split.loader_kw)
         else:
@@ -208,6 +214,7 @@ class Stream:
         kw["persistent_workers"] = kw["persistent_workers"] and persistent and not split.iterable
         if kw["num_workers"]:  # batches handed over by name: see ShareByName
             kw["worker_init_fn"] = ShareByName(kw.get("worker_init_fn"))
+        kw["collate_fn"] = collate_of(split, where)  # torch's: its failure made one line
         return kw
 
     def _train_loader(self, split: Split) -> DataLoader:
@@ -217,11 +224,11 @@ class Stream:
             batching = ({"batch_size": None} if split.batched
                         else {"batch_size": self.micro, "drop_last": True})
             return DataLoader(Sharded(split.dataset, self.rank, self.world),
-                              generator=self.generator, **batching, **self._kw(split))
+                              generator=self.generator, **batching, **self._kw(split, "train data"))
         self.sampler = StepSampler(len(split), self.micro, self.accum, self.world, self.rank,
                                    self.seed, split.shuffle)
         return DataLoader(Seeded(split.dataset), batch_sampler=self.sampler,
-                          generator=self.generator, **self._kw(split))
+                          generator=self.generator, **self._kw(split, "train data"))
 
     def _warn_dropped(self, split: Split) -> None:
         """A stream is batched by each of its readers (ranks × workers), and each drops its
@@ -268,17 +275,31 @@ class Stream:
             self.loader.dataset.epoch = epoch
         elif hasattr(self.loader.sampler, "set_epoch"):
             self.loader.sampler.set_epoch(epoch)
-        if self.endless:
-            host = itertools.chain.from_iterable(self._pass(epoch, p) for p in itertools.count())
-        else:
-            host = self._read(self.loader, epoch)
+        host = self._endless(epoch) if self.endless else self._read(self.loader, epoch)
         # A stream with length stops at the steps every rank is sure to have (a pass).
         end = self.steps_per_epoch * self.accum if self.steps_per_epoch is not None else None
         yield from self._ahead(itertools.islice(host, skip, end), "train data")
 
-    def _pass(self, epoch: int, p: int) -> Iterator[Any]:
-        self.loader.dataset.epoch = epoch + p  # each restart of an endless stream: a new pass
-        return self._read(self.loader, epoch + p)
+    def _endless(self, epoch: int) -> Iterator[Any]:
+        """This rank's stream from pass `epoch` on, each pass restarted where it ends."""
+        for p in itertools.count():
+            self.loader.dataset.epoch = epoch + p  # each restart: a new pass
+            empty = True
+            for batch in self._read(self.loader, epoch + p):
+                empty = False
+                yield batch
+            if empty:
+                raise UserError(f"rank {self.rank}'s share of the training stream is empty: a "
+                                f"stream with splits_itself = True must give every reader "
+                                f"(process × worker) items; use fewer --workers or processes, "
+                                f"or split it into more shards")
+            if self.steps_per_epoch is not None and not self._short_warned:
+                self._short_warned = True
+                print(f"warning: rank {self.rank}'s share of the training stream ended before "
+                      f"the {self.steps_per_epoch} steps a pass has (len(dataset) dealt over "
+                      f"processes × workers); it was topped up from its next pass. Give each "
+                      f"reader an equal share, e.g. a number of shards divisible by their count",
+                      file=sys.stderr)
 
     def _read(self, loader: DataLoader, epoch: int) -> Iterator[Any]:
         self.generator.manual_seed(mix(self.seed, epoch, self.rank))
@@ -347,7 +368,7 @@ class Stream:
         split = self.splits.get(name)
         if split is None:
             return
-        kw = self._kw(split, persistent=False)
+        kw = self._kw(split, f"{name} data", persistent=False)
         if split.iterable:
             loader = DataLoader(Sharded(split.dataset, rank, world, epoch=-1),
                                 batch_size=None if split.batched else batch_size,
@@ -361,8 +382,11 @@ class Stream:
     # -- checkpoints (key "data") ----------------------------------------------------------------
 
     def state(self, step_in_epoch: int) -> dict:
+        # A skipped-to position is exact only when the stream is dealt over as many readers
+        # (processes × workers) as when it was written: checkpoint.resume warns otherwise.
+        readers = None if self.sampler else self.world * max(1, self.loader.num_workers)
         return {"path": self.path, "resume": "sampler" if self.sampler else "skip",
-                "micro_batches": step_in_epoch * self.accum}
+                "micro_batches": step_in_epoch * self.accum, "readers": readers}
 
 
 def _finisher(data: StreamData, channels_last: bool):

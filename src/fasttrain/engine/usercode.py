@@ -87,6 +87,11 @@ def pulled(batches: Iterable) -> Iterator:
             return
         except Exception as e:
             _stop_workers(it)
+            if isinstance(e, UserError) and "Original Traceback" in str(e):
+                # raised in a DataLoader worker (sampling.Collate): torch re-raises it with the
+                # worker's traceback as text, its last line the original one
+                raise UserError(str(e).rstrip().splitlines()[-1].partition("UserError: ")[2]
+                                ) from None
             if isinstance(e, _PASS):
                 raise
             raise _dataset_failure(e) from None
