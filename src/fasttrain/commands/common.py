@@ -23,7 +23,7 @@ def lab_config(args: argparse.Namespace, command: str):
     Without --data, the dataset is the real one when it is on disk (mnist, tinyshakespeare for
     gpt) and its synthetic stand-in otherwise — never a download; outputs say which."""
     from fasttrain.data.tasks import load_task
-    from fasttrain.engine.config import from_args, load_toml
+    from fasttrain.engine.configfile import from_args, load_toml
     from fasttrain.engine.inputs import resolve_data
     from fasttrain.models import MODEL_KINDS
 

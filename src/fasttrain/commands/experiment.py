@@ -153,7 +153,7 @@ def _batches(spec: str) -> tuple[int, ...]:
 
 def experiment_parser(sub: argparse._SubParsersAction) -> None:
     from fasttrain.commands import scaling
-    from fasttrain.engine.config import add_arguments
+    from fasttrain.engine.configfile import add_arguments
 
     p = sub.add_parser("experiment", help="the course lab's exercises, measured: precision, "
                        "memory, e2e; and multi-process scaling",

@@ -216,7 +216,7 @@ def scaling(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from fasttrain import report
-    from fasttrain.engine.config import from_args
+    from fasttrain.engine.configfile import from_args
     from fasttrain.env import env_block, hardware_line
     from fasttrain.models import MODEL_KINDS
 

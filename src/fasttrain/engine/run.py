@@ -399,6 +399,6 @@ def _count_flops(run: Run, model: nn.Module) -> float | None:
 
 
 def _toml(cfg: TrainConfig) -> str:
-    from fasttrain.engine.config import to_toml
+    from fasttrain.engine.configfile import to_toml
 
     return to_toml(cfg)
