@@ -215,9 +215,9 @@ def stage_names(model: nn.Module, pp: int, virtual: int = 1) -> list[list[str]]:
 def stage_activations(run, micro_batch, n_stages: int) -> list[int]:
     """Bytes each of `n_stages` pipeline stages of the run's model saves for backward on one
     micro-batch (under the run's autocast; the last stage also the loss's), each storage once
-    per stage, parameters and buffers aside: lab/memory's count, cut where the pipeline cuts.
+    per stage, parameters and buffers aside: lab/bytecount's count, cut where the pipeline cuts.
     The default (input, target) step, as under --pp. Leaves the run as it found it."""
-    from fasttrain.lab.memory import saved_bytes
+    from fasttrain.lab.bytecount import saved_bytes
 
     model, dev = run.model, run.device
     stage_names(model, n_stages)  # the engine's refusals (no split points, too many stages)
