@@ -62,3 +62,15 @@ def gib_arg(flag: str, value: float | None) -> int | None:
     if not math.isfinite(value) or value <= 0:
         raise UserError(f"{flag} must be a positive number of GiB, got {value}")
     return int(value * 2**30)
+
+
+def positive_ints(flag: str, spec: str, example: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers (`flag` SPEC), sorted, each once."""
+    try:
+        values = tuple(int(s) for s in spec.split(",") if s.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise UserError(f"{flag} {spec!r}: give positive integers separated by commas, e.g. "
+                        f"{example}")
+    return tuple(sorted(set(values)))
