@@ -208,7 +208,7 @@ def measure(run: Run, batches: Iterator[list] | None = None,
     torch.cuda.synchronize(dev)
     first = torch.cuda.max_memory_allocated(dev)
     resident = (total_bytes([*run.model.parameters(), *run.model.buffers()], True)
-                + optimizer_bytes(run.opt, True) + resident_data(run, True)
+                + optimizer_bytes(run.opt, True) + resident_data(run, "cuda")
                 + total_bytes(leaves(micro_batches), True))
     # Gradients were freed by the warm-up step (set_to_none): what is left beyond the known
     # residents is cuBLAS workspaces and small state.
