@@ -12,7 +12,8 @@ On CUDA each storage is rounded up to the caching allocator's 512-byte blocks, a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+import contextlib
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -109,6 +110,19 @@ def _is_weight_cast(t: torch.Tensor, params: set[int]) -> bool:
     return any(id(getattr(n, "variable", None)) in params for n, _ in fn.next_functions if n)
 
 
+@contextlib.contextmanager
+def left_as_found(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """Inside: an extra forward/backward that must not change the run. Its random draws (dropout)
+    come from a forked stream, and `model`'s buffers (BatchNorm statistics) are put back after.
+    The gradients are the caller's to clear."""
+    buffers = [(b, b.clone()) for b in model.buffers()]
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        yield
+    with torch.no_grad():
+        for b, value in buffers:
+            b.copy_(value)
+
+
 def count_saved(run: Run, micro_batch, autocast=None, device_type: str | None = None) -> Saved:
     """Run one forward/backward of `micro_batch` as `step` would (autocast, loss
     scaling), counting every storage saved for backward once, parameters excluded (they are
@@ -128,23 +142,19 @@ def count_saved(run: Run, micro_batch, autocast=None, device_type: str | None = 
     # CUDA graphs replay from a static memory pool and do not run hooks: count on the eager
     # module, which saves the same tensors (compile's fusions aside).
     forward = run.model if run.cfg.cuda_graphs else run.forward
-    buffers = [(b, b.clone()) for b in model.buffers()]  # BatchNorm statistics must not move
     autocast = autocast if autocast is not None else run.autocast
 
     def forward_loss() -> torch.Tensor:
         with autocast:
             return run.compute_loss(forward, micro_batch)[0] / run.cfg.accum_steps
 
-    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+    with left_as_found(model, dev):
         loss, saved = saved_bytes(forward_loss, [*model.parameters(), *model.buffers()],
                                   BLOCK if cuda else 1, part)
         run.scaler.scale(loss).backward()
-    grads = total_bytes([p.grad for p in model.parameters() if p.grad is not None], cuda)
-    del loss
-    run.opt.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for b, value in buffers:
-            b.copy_(value)
+        grads = total_bytes([p.grad for p in model.parameters() if p.grad is not None], cuda)
+        del loss
+        run.opt.zero_grad(set_to_none=True)
     return Saved(saved.parts.get(False, 0), saved.parts.get(True, 0), grads, saved.storages)
 
 

@@ -38,7 +38,7 @@ from fasttrain.engine.loop import endless_batches, endless_steps, warm_up
 from fasttrain.errors import UserError
 from fasttrain.lab import memory as mem
 from fasttrain.lab.batch_size import train_samples
-from fasttrain.lab.bytecount import count_saved, resident_data
+from fasttrain.lab.bytecount import count_saved, left_as_found, resident_data
 
 if TYPE_CHECKING:
     from fasttrain.engine.config import TrainConfig
@@ -208,8 +208,7 @@ def held_for_backward(run: Run) -> dict:
     dev = run.device
     if dev.type != "cuda":
         return row
-    buffers = [(b, b.clone()) for b in run.model.buffers()]  # BatchNorm statistics stay put
-    with torch.random.fork_rng(devices=[dev]):
+    with left_as_found(run.model, dev):
         torch.cuda.synchronize(dev)
         start = torch.cuda.memory_allocated(dev)
         with run.autocast:
@@ -221,10 +220,7 @@ def held_for_backward(run: Run) -> dict:
         torch.cuda.synchronize(dev)
         row["backward_peak_bytes"] = torch.cuda.max_memory_allocated(dev) - start
         del loss
-    run.opt.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for b, value in buffers:
-            b.copy_(value)
+        run.opt.zero_grad(set_to_none=True)
     return row
 
 
