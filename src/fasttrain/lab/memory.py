@@ -226,7 +226,7 @@ def predict(cfg: TrainConfig, model: nn.Module | str | None = None, data=None, *
     """The breakdown of one step for `cfg`, with `model`, `data` and `loss` injected where given
     (as `fasttrain.engine.build` takes them): builds the Run on the configured device, measures
     it (`measure`), and lets it go before returning. `device_type` as for `breakdown`."""
-    return _on_run(cfg, model, data, loss, lambda run: measure(run, device_type=device_type))
+    return on_run(cfg, model, data, loss, lambda run: measure(run, device_type=device_type))
 
 
 def predict_layout(cfg: TrainConfig, lay: Layout, model: nn.Module | str | None = None,
@@ -246,11 +246,12 @@ def predict_layout(cfg: TrainConfig, lay: Layout, model: nn.Module | str | None 
         (one,) = layouts.per_rank(run.model, run.opt, [b.activations + b.weight_copies],
                                   Layout(), cfg.accum_steps)
         return b, rows, dataclasses.replace(one, role="one process (this batch)")
-    return _on_run(cfg, model, data, loss, both)
+    return on_run(cfg, model, data, loss, both)
 
 
-def _on_run(cfg: TrainConfig, model, data, loss, fn):
-    """fn(the Run of cfg), then the Run let go before returning (`free_memory`)."""
+def on_run(cfg: TrainConfig, model, data, loss, fn):
+    """fn(the Run of cfg, with `model`, `data` and `loss` injected where given), then the Run let
+    go before returning (`free_memory`)."""
     from fasttrain.engine.run import build
 
     run = build(cfg, model=model, data=data, loss=loss, verbose=False)
