@@ -27,6 +27,7 @@ from fasttrain.ladder.measure import base_row, computed_row, prepare_row, summar
 SCHEMA = "fasttrain.bench/2"
 DEFAULT_EPOCHS, DEFAULT_REPEATS = 20, 3
 QUICK_EPOCHS, QUICK_REPEATS = 2, 1
+LOG_EVERY_S = 10.0  # progress lines in a log file (stderr not a terminal): at most one this often
 
 
 def bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -238,12 +239,11 @@ def bench(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         console.print("interrupted before any row ran: no table, nothing written")
         return 130
+    interrupted = False
     try:
-        rows, interrupted = run_rows(entries, data, cfg, env, repeats, console,
-                                     args.no_progress,
-                                     rerun=lambda todo: fresh_process(todo, args, cfg,
-                                                                      repeats),
-                                     repeat_limit=limit), False
+        rows = run_rows(entries, data, cfg, env, repeats, console, args.no_progress,
+                        rerun=lambda todo: fresh_process(todo, args, cfg, repeats),
+                        repeat_limit=limit)
     except Interrupted as cut:
         rows, interrupted = cut.rows, True
     interrupted = interrupted or any(r.get("interrupted") for r in rows)  # in a fresh process
@@ -341,9 +341,6 @@ def _say(console, label: str, row: dict, stage: str) -> None:
         r = row["repeats"][-1]
         console.print(f"  {label:<22} {r['epoch_ms']:>10,.2f} ms/epoch   "
                       f"setup {r['setup_ms']:,.0f} ms")
-
-
-LOG_EVERY_S = 10.0  # progress lines in a log file (stderr not a terminal): at most one this often
 
 
 def _time_with_progress(entry, data, cfg, console, quiet: bool, label: str) -> dict:

@@ -25,3 +25,10 @@ class UserCodeError(Exception):
 
     def report(self) -> str:
         return f"{self.frames}{self}\n"
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message for a one-line report, or its type's name when the
+    message is empty (a bare `KeyError()`, some of torch's errors)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

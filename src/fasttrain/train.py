@@ -26,7 +26,7 @@ import sys
 
 
 def train_parser(sub: argparse._SubParsersAction) -> None:
-    from fasttrain.engine.config import add_arguments
+    from fasttrain.engine.configfile import add_arguments
 
     p = sub.add_parser("train", help="train a model with any combination of speed switches",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,7 +35,7 @@ def train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-    from fasttrain.engine.config import from_args
+    from fasttrain.engine.configfile import from_args
     from fasttrain.engine.loop import Diverged, Preempted, fit
     from fasttrain.engine.run import build
     from fasttrain.engine.signals import StopSignals

@@ -3,7 +3,8 @@ import dataclasses
 
 import pytest
 
-from fasttrain.engine.config import TrainConfig, add_arguments, from_args, load_toml, to_toml
+from fasttrain.engine.config import TrainConfig
+from fasttrain.engine.configfile import add_arguments, from_args, load_toml, to_toml
 from fasttrain.errors import UserError
 from fasttrain.models import MODEL_KINDS
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fasttrain.engine import TrainConfig, build, checkpoint, fit, graphed
+from fasttrain.engine import TrainConfig, build, checkpoint, fit, graphed, switches
 from fasttrain.engine import run as run_module
 from tests.engine.conftest import image_task, text_task, weights
 
@@ -179,8 +179,8 @@ def test_resume_restores_into_the_static_tensors_and_continues_exactly(tmp_path)
 def cpu_graphs(monkeypatch):
     """build(cuda_graphs=True) on the CPU: the device check set aside, the rest as on CUDA
     (where eligible the step then runs eagerly: capture=False off CUDA)."""
-    precision = run_module._precision
-    monkeypatch.setattr(run_module, "_precision", lambda cfg, dev, sharded=False: precision(
+    precision = switches.precision
+    monkeypatch.setattr(switches, "precision", lambda cfg, dev, sharded=False: precision(
         dataclasses.replace(cfg, cuda_graphs=False), dev, sharded))
 
 

@@ -153,12 +153,12 @@ def test_fp16_on_sharded_layouts_takes_a_scaler_that_agrees_over_ranks():
     never scales a loss, must still hold a scale for unscale_ and update."""
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    from fasttrain.engine.run import _precision
+    from fasttrain.engine.switches import precision
 
     cpu = torch.device("cpu")
-    _, scaler = _precision(TrainConfig(precision="fp16"), cpu, sharded=True)
+    _, scaler = precision(TrainConfig(precision="fp16"), cpu, sharded=True)
     assert isinstance(scaler, ShardedGradScaler) and scaler.get_scale() == 2.0 ** 16
-    _, plain = _precision(TrainConfig(precision="fp16"), cpu, sharded=False)
+    _, plain = precision(TrainConfig(precision="fp16"), cpu, sharded=False)
     assert not isinstance(plain, ShardedGradScaler) and plain.is_enabled()
-    _, off = _precision(TrainConfig(precision="bf16"), cpu, sharded=True)
+    _, off = precision(TrainConfig(precision="bf16"), cpu, sharded=True)
     assert not off.is_enabled()

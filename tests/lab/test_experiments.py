@@ -120,7 +120,7 @@ def test_a_failing_row_does_not_stop_the_others(monkeypatch):
 
 def test_default_data_falls_back_to_the_labelled_stand_in(monkeypatch):
     from fasttrain.data import tasks
-    from fasttrain.engine.config import add_arguments
+    from fasttrain.engine.configfile import add_arguments
 
     real = tasks.load_task
 
@@ -143,7 +143,7 @@ def test_default_data_falls_back_to_the_labelled_stand_in(monkeypatch):
 def test_default_data_is_mnist_when_present():
     import argparse
 
-    from fasttrain.engine.config import add_arguments
+    from fasttrain.engine.configfile import add_arguments
 
     p = argparse.ArgumentParser()
     add_arguments(p)

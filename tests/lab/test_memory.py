@@ -14,6 +14,7 @@ from fasttrain.engine import TrainConfig, build
 from fasttrain.engine.loop import endless_batches
 from fasttrain.engine.loop import step as engine_step
 from fasttrain.lab import batch_size as bs
+from fasttrain.lab import bytecount
 from fasttrain.lab import memory as mem
 from tests.conftest import assert_one_line_error, run_cli
 from tests.engine.conftest import image_task, text_task
@@ -67,7 +68,7 @@ def test_count_leaves_the_run_as_it_was():
     engine_step(run, next(batches))
     before = {k: v.clone() for k, v in run.model.state_dict().items()}
     rng = torch.get_rng_state()
-    mem.count_saved(run, next(batches)[0])
+    bytecount.count_saved(run, next(batches)[0])
     assert all(torch.equal(before[k], v) for k, v in run.model.state_dict().items())
     assert all(p.grad is None for p in run.model.parameters())
     assert torch.equal(rng, torch.get_rng_state())
@@ -85,10 +86,10 @@ def test_saved_bytes_counts_each_storage_once_per_part(device):
         return (r * r).sum()  # mul saves r twice: one storage, counted again in part 1
 
     stage = [0]
-    loss, saved = mem.saved_bytes(lambda: forward(stage), owned=[w], part=lambda t: stage[0])
+    loss, saved = bytecount.saved_bytes(lambda: forward(stage), owned=[w], part=lambda t: stage[0])
     assert saved.parts == {0: 4 * 3 * 4 + 4 * 5 * 4, 1: 4 * 5 * 4}
     assert len(saved.storages) == 2 and loss.requires_grad
-    _, whole = mem.saved_bytes(lambda: forward(stage), block=512)  # one part, w counted too
+    _, whole = bytecount.saved_bytes(lambda: forward(stage), block=512)  # one part, w counted too
     assert whole.parts == {None: 3 * 512}
 
 
@@ -337,8 +338,8 @@ def test_a_counted_forward_that_no_backward_follows_is_freed():
         saved.append(weakref.ref(t))
         return None
 
-    loss, count = mem.saved_bytes(lambda: torch.tanh(torch.tanh(w @ w) @ w).sum(), [w],
-                                  part=part)
+    loss, count = bytecount.saved_bytes(lambda: torch.tanh(torch.tanh(w @ w) @ w).sum(), [w],
+                                        part=part)
     assert count.parts[None] > 0 and saved
     del loss  # no backward: an out-of-memory error, or a count of the forward alone
     gc.collect()
@@ -352,7 +353,7 @@ def test_a_try_that_ran_out_while_counting_gives_its_memory_back(fixed_step_time
     import weakref
 
     params = []
-    real = mem.saved_bytes
+    real = bytecount.saved_bytes
 
     def oom_while_counting(run_forward, *args, **kwargs):
         def forward():
@@ -367,7 +368,7 @@ def test_a_try_that_ran_out_while_counting_gives_its_memory_back(fixed_step_time
 
     from fasttrain.engine import run as engine_run
 
-    monkeypatch.setattr(mem, "saved_bytes", oom_while_counting)
+    monkeypatch.setattr(bytecount, "saved_bytes", oom_while_counting)
     monkeypatch.setattr(engine_run, "build", tracked)
     t = bs.try_batch(config(model="mlp"), image_task(), 16, 2**40, steps=1)
     assert not t.fits and t.reason == "out of memory" and t.held_after is None  # CPU

@@ -23,7 +23,7 @@ def lab_config(args: argparse.Namespace, command: str):
     Without --data, the dataset is the real one when it is on disk (mnist, tinyshakespeare for
     gpt) and its synthetic stand-in otherwise — never a download; outputs say which."""
     from fasttrain.data.tasks import load_task
-    from fasttrain.engine.config import from_args, load_toml
+    from fasttrain.engine.configfile import from_args, load_toml
     from fasttrain.engine.inputs import resolve_data
     from fasttrain.models import MODEL_KINDS
 
@@ -62,3 +62,15 @@ def gib_arg(flag: str, value: float | None) -> int | None:
     if not math.isfinite(value) or value <= 0:
         raise UserError(f"{flag} must be a positive number of GiB, got {value}")
     return int(value * 2**30)
+
+
+def positive_ints(flag: str, spec: str, example: str) -> tuple[int, ...]:
+    """A comma-separated list of positive integers (`flag` SPEC), sorted, each once."""
+    try:
+        values = tuple(int(s) for s in spec.split(",") if s.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise UserError(f"{flag} {spec!r}: give positive integers separated by commas, e.g. "
+                        f"{example}")
+    return tuple(sorted(set(values)))

@@ -13,7 +13,7 @@ import argparse
 import dataclasses
 import sys
 
-from fasttrain.commands.common import data_label, gib_arg, lab_config
+from fasttrain.commands.common import data_label, gib_arg, lab_config, positive_ints
 from fasttrain.errors import UserError
 from fasttrain.lab import experiments as lab_experiments
 from fasttrain.lab.experiments import EXPERIMENTS, Options, check, run_experiment
@@ -140,20 +140,9 @@ def plot(result: dict, path) -> None:
 # -- the command ---------------------------------------------------------------------------------
 
 
-def _batches(spec: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(s) for s in spec.split(",") if s.strip())
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise UserError(f"--batches {spec!r}: give positive integers separated by commas, e.g. "
-                        f"16,32,64")
-    return tuple(sorted(set(values)))
-
-
 def experiment_parser(sub: argparse._SubParsersAction) -> None:
     from fasttrain.commands import scaling
-    from fasttrain.engine.config import add_arguments
+    from fasttrain.engine.configfile import add_arguments
 
     p = sub.add_parser("experiment", help="the course lab's exercises, measured: precision, "
                        "memory, e2e; and multi-process scaling",
@@ -220,9 +209,9 @@ def experiment(args: argparse.Namespace) -> int:
         raise UserError(f"--timing-warmup must be ≥ 0, got {args.timing_warmup}")
     if args.accum < 1:
         raise UserError(f"--accum must be ≥ 1, got {args.accum}")
-    opts = Options(steps=args.steps, warmup=args.timing_warmup, batches=_batches(args.batches),
-                   accum=args.accum,
-                   memory_limit=gib_arg("--memory-limit", args.memory_limit))
+    opts = Options(steps=args.steps, warmup=args.timing_warmup,
+                   batches=positive_ints("--batches", args.batches, "16,32,64"),
+                   accum=args.accum, memory_limit=gib_arg("--memory-limit", args.memory_limit))
     report.check_outputs((args.json, "--json"), (args.plot, "--plot"))
     cfg, task = lab_config(args, "experiment")
     if cfg.progress:  # flags or --config: a line as each row starts

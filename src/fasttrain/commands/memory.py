@@ -172,7 +172,7 @@ def _layout_run(args: argparse.Namespace, given: TrainConfig, result: dict,
 
 
 def memory_parser(sub: argparse._SubParsersAction) -> None:
-    from fasttrain.engine.config import add_arguments
+    from fasttrain.engine.configfile import add_arguments
 
     p = sub.add_parser("memory", help="where a training step's memory goes, predicted part by "
                        "part beside the measured peak; --find-batch-size",
@@ -212,7 +212,7 @@ def memory(args: argparse.Namespace) -> int:
         raise UserError(f"--gpus must be a number of ranks ≥ 1, got {args.gpus}")
     if args.json:
         report.check_writable(args.json, "--json")
-    from fasttrain.engine.config import from_args
+    from fasttrain.engine.configfile import from_args
 
     given = from_args(args)  # parsed once: the layout's flags, as given
     if _layout_given(args, given):

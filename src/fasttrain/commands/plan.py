@@ -203,7 +203,7 @@ def plot(path: str, rows: list[dict], title: str) -> None:
 
 
 def plan_parser(sub: argparse._SubParsersAction) -> None:
-    from fasttrain.engine.config import add_arguments
+    from fasttrain.engine.configfile import add_arguments
 
     p = sub.add_parser("plan", help="which GPU, will it fit, how long, what it costs (estimates)",
                        description=f"{__doc__}\n{cost.__doc__}",

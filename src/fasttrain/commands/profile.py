@@ -19,7 +19,7 @@ from fasttrain.lab import profile as profile_model
 
 
 def profile_parser(sub: argparse._SubParsersAction) -> None:
-    from fasttrain.engine.config import add_arguments
+    from fasttrain.engine.configfile import add_arguments
 
     p = sub.add_parser("profile", help="profile training steps: top ops, idle time, syncs, and "
                        "what bounds the step",
@@ -39,7 +39,7 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def profile(args: argparse.Namespace) -> int:
-    from fasttrain.engine.config import from_args
+    from fasttrain.engine.configfile import from_args
     from fasttrain.engine.run import build
     from fasttrain.report import check_outputs, write_json
 

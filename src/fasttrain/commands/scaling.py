@@ -23,7 +23,7 @@ from dataclasses import asdict
 
 import torch
 
-from fasttrain.commands.common import refuse_run_directory
+from fasttrain.commands.common import positive_ints, refuse_run_directory
 from fasttrain.commands.experiment import SCHEMA
 from fasttrain.errors import UserError
 from fasttrain.lab import layout_choice
@@ -157,16 +157,6 @@ def predicted_markdown(result: dict) -> str:
 # -- the command ----------------------------------------------------------------------------------
 
 
-def _ints(flag: str, spec: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(s) for s in spec.split(",") if s.strip())
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise UserError(f"{flag} {spec!r}: give positive integers separated by commas, e.g. 1,2")
-    return tuple(sorted(set(values)))
-
-
 def _names(flag: str, spec: str, known) -> tuple[str, ...]:
     names = tuple(s.strip() for s in spec.split(",") if s.strip())
     bad = [s for s in names if s not in known]
@@ -216,7 +206,7 @@ def scaling(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from fasttrain import report
-    from fasttrain.engine.config import from_args
+    from fasttrain.engine.configfile import from_args
     from fasttrain.env import env_block, hardware_line
     from fasttrain.models import MODEL_KINDS
 
@@ -237,9 +227,9 @@ def scaling(args: argparse.Namespace) -> int:
         report.check_writable(args.json, "--json")
     intra, inter = link(args.intra, args.latency_us), link(args.inter, args.latency_us)
     labels = _names("--predict-models", args.predict_models, [s.label for s in SPECS])
-    nodes = _ints("--nodes", args.nodes)
+    nodes = positive_ints("--nodes", args.nodes, "1,2")
     modes = _names("--modes", args.modes, MODES)
-    procs = _ints("--procs", args.procs)
+    procs = positive_ints("--procs", args.procs, "1,2")
     cfg = from_args(args)
     refuse_run_directory(cfg, "experiment scaling")
     if not args.predict_only:

@@ -3,10 +3,10 @@
     from fasttrain.engine import TrainConfig, build, fit
     fit(build(TrainConfig(model="gpt", data="tinyshakespeare", precision="bf16")))
 
-config.py (the switches) → run.py (`build`: resolved once, in wrap order) → loop.py (step, fit) with
-callbacks.py (logging, evaluation, checkpoints, preemption, early stopping, run files);
-checkpoint.py holds the checkpoint format, distributed.py the scale-out. Names are imported on
-first use, so that `fasttrain --help` does not import torch.
+config.py (the switches; configfile.py reads flags and TOML) → run.py (`build`: resolved once, in
+wrap order) → loop.py (step, fit) with callbacks.py (logging, evaluation, checkpoints, preemption,
+early stopping, run files); checkpoint.py holds the checkpoint format, distributed.py the
+scale-out. Names are imported on first use, so that `fasttrain --help` does not import torch.
 """
 
 from __future__ import annotations

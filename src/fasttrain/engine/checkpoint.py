@@ -31,9 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fasttrain.errors import UserError
+from fasttrain.errors import UserError, first_line
 from fasttrain.files import write_atomic
 
+FORMAT = "fasttrain.checkpoint/1"
 _NAME = re.compile(r"^step-(\d{8,})(\.pt)?$")
 EXTRAS = "extras.pt"  # in a sharded checkpoint: everything but the DCP tensors
 
@@ -151,7 +152,7 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
         run.scaler.load_state_dict(saved["scaler"])
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserError(f"checkpoint {path} does not fit this model/optimizer "
-                        f"({(str(e).splitlines() or [type(e).__name__])[0]}); resume with the "
+                        f"({first_line(e)}); resume with the "
                         f"same settings") from None
     optim.check_length(run.sched, run, run.sched_name, restored=True)
     if optim.owns_lr(cfg):  # a user's optimizer or scheduler sets its own
@@ -289,9 +290,8 @@ def load_sharded(path: Path, tensors: dict[str, Any]) -> None:
     # Missing or damaged shard files, a different model. DCP wraps a rank's failure in a
     # CheckpointException, which derives from BaseException, not Exception.
     except (Exception, CheckpointException) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"sharded checkpoint {path} cannot be loaded here ({first}); resume "
-                        f"with the same settings or from another checkpoint") from None
+        raise UserError(f"sharded checkpoint {path} cannot be loaded here ({first_line(e)}); "
+                        f"resume with the same settings or from another checkpoint") from None
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -337,8 +337,8 @@ def _load_file(p: Path, map_location) -> dict[str, Any]:
     try:
         state = torch.load(p, map_location=map_location, weights_only=True)
     except Exception as e:  # truncated zip, garbage, or a pickle that is not plain data
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"checkpoint {p} is unreadable or not a fasttrain checkpoint ({first}); "
+        raise UserError(f"checkpoint {p} is unreadable or not a fasttrain checkpoint "
+                        f"({first_line(e)}); "
                         f"delete it or resume from another") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UserError(f"checkpoint {p} is not a fasttrain checkpoint (format "
@@ -350,8 +350,6 @@ def _load_file(p: Path, map_location) -> dict[str, Any]:
 def latest(directory: Path, map_location: str | torch.device = "cpu"):
     """The newest checkpoint in `directory` that loads, as (path, state), or None. A complete
     but unreadable file (a damaged disk, a copy cut short) is skipped with a warning."""
-    import sys
-
     for _, path in reversed(complete(directory)):
         try:
             return path, load(path, map_location)
@@ -359,5 +357,3 @@ def latest(directory: Path, map_location: str | torch.device = "cpu"):
             print(f"warning: skipping {e}", file=sys.stderr)
     return None
 
-
-FORMAT = "fasttrain.checkpoint/1"

@@ -1,7 +1,7 @@
 """Gradient clipping to --grad-clip under tensor and pipeline parallelism: the norm of the whole
 model's gradient, as one process computes it, from whatever pieces this rank holds.
 
-    clip = clipper(params, 1.0, counted=pipe.counted, group=pp_group)   # run._clipper, once
+    clip = clipper(params, 1.0, counted=pipe.counted, group=pp_group)   # switches.clipper, once
     total = clip()                                                       # every step
 
 What a rank holds, and how its share of the norm is made whole:

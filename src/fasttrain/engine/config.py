@@ -1,27 +1,18 @@
-"""The training configuration: one typed dataclass, every field documented with its unit.
+"""The training configuration: one typed dataclass, every field documented with its unit, and
+`validate()`, which rejects incompatible combinations at start with a message that names the fix.
 
-Flags map 1:1 to fields (`--accum-steps` ↔ `accum_steps`), a TOML file (`--config run.toml`)
-uses the field names as keys, and flags override the file. `validate()` rejects incompatible
-combinations at start, with a message that names the fix; the resolved config is saved with
-every run (`config.toml`).
+Flags map 1:1 to fields (`--accum-steps` ↔ `accum_steps`); reading flags and TOML files into a
+TrainConfig, and writing the resolved one back (`config.toml` in every run), is configfile.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from fasttrain.errors import UserError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 DEVICES = ("auto", "cpu", "cuda", "mps", "xpu")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -184,20 +175,20 @@ class TrainConfig:
         for f in fields(self):
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
-                raise UserError(f"--{_flag(f.name)} {getattr(self, f.name)!r}: choose one of "
+                raise UserError(f"--{flag(f.name)} {getattr(self, f.name)!r}: choose one of "
                                 f"{', '.join(choices)}")
         for name in ("epochs", "batch_size", "accum_steps", "log_every", "keep_checkpoints",
                      "block_size", "patience"):
             if getattr(self, name) < 1:
-                raise UserError(f"--{_flag(name)} must be ≥ 1, got {getattr(self, name)}")
+                raise UserError(f"--{flag(name)} must be ≥ 1, got {getattr(self, name)}")
         for name in ("max_steps", "warmup_steps", "checkpoint_every", "workers"):
             if getattr(self, name) < 0:
-                raise UserError(f"--{_flag(name)} must be ≥ 0, got {getattr(self, name)}")
+                raise UserError(f"--{flag(name)} must be ≥ 0, got {getattr(self, name)}")
         for name in ("lr", "momentum", "weight_decay", "grad_clip"):
             v = getattr(self, name)
             # Training runs in float32 (or less): a value it cannot hold would overflow to inf.
             if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0) or v > FLOAT32_MAX:
-                raise UserError(f"--{_flag(name)} must be a finite number "
+                raise UserError(f"--{flag(name)} must be a finite number "
                                 f"{'> 0' if name == 'lr' else '≥ 0'} that float32 can hold "
                                 f"(≤ 3.4e38), got {v}")
         if not 0 <= self.val_fraction < 1:
@@ -211,8 +202,8 @@ class TrainConfig:
             raise UserError(f"--seed must be in 0…{SEED_MAX} (2³²−1), got {self.seed}")
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name != "seed" and _type_of(f) is int and v > INT_MAX:
-                raise UserError(f"--{_flag(f.name)} {v} is out of range; give at most {INT_MAX}")
+            if f.name != "seed" and field_type(f) is int and v > INT_MAX:
+                raise UserError(f"--{flag(f.name)} {v} is out of range; give at most {INT_MAX}")
         if self.batch_size % self.accum_steps:
             raise UserError(f"--batch-size {self.batch_size} is not divisible by --accum-steps "
                             f"{self.accum_steps}; choose a batch size that is a multiple of it")
@@ -323,114 +314,11 @@ def _bundled(what: str) -> tuple[str, ...]:
     return TASKS
 
 
-def _flag(name: str) -> str:
+def flag(name: str) -> str:
+    """The command-line flag of a field, without its dashes: accum_steps → accum-steps."""
     return name.replace("_", "-")
 
 
-# -- flags and TOML ----------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per field. Defaults are SUPPRESSed so that only flags actually given override
-    the TOML file."""
-    parser.add_argument("--config", metavar="TOML", help="read settings from a TOML file "
-                        "(keys = field names); flags given on the command line win")
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in fields(TrainConfig):
-        group = f.metadata["group"]
-        g = groups.get(group) or groups.setdefault(group, parser.add_argument_group(group))
-        kw: dict[str, Any] = {"default": argparse.SUPPRESS,
-                              "help": f"{f.metadata['help']} (default: {f.default})"}
-        if _type_of(f) is bool:
-            kw["action"] = argparse.BooleanOptionalAction
-        else:
-            kw["type"] = _type_of(f)
-            kw["metavar"] = f.name.upper() if not f.metadata.get("choices") else None
-            if f.metadata.get("choices"):
-                kw["choices"] = f.metadata["choices"]
-        g.add_argument(f"--{_flag(f.name)}", dest=f.name, **kw)
-
-
-def _type_of(f: dataclasses.Field) -> type:
+def field_type(f: dataclasses.Field) -> type:
     """The value type of a field (annotations are strings under `from __future__`)."""
     return {"int": int, "float": float, "bool": bool}.get(str(f.type), str)
-
-
-def from_args(args: argparse.Namespace) -> TrainConfig:
-    """The config the flags give, over `--config FILE`; without --config, `--resume` with
-    `--out DIR` takes what makes the run that run from its DIR/config.toml (so `--out DIR
-    --resume auto --epochs 40` extends that run, not a default one)."""
-    values: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        values.update(load_toml(args.config))
-    else:
-        values.update(_run_config(args))
-    names = {f.name for f in fields(TrainConfig)}
-    values.update({k: v for k, v in vars(args).items() if k in names})
-    return TrainConfig(**values)
-
-
-def _run_config(args: argparse.Namespace) -> dict[str, Any]:
-    """On `--resume` with `--out DIR` and no --config: from DIR/config.toml, the settings that
-    make the run that run and those a resume may change (resume.py). Its layout, device and
-    speed switches stay the flags' own: a run may resume on another layout or machine."""
-    from fasttrain.engine.resume import MAY_CHANGE, MUST_MATCH
-
-    out, resume = getattr(args, "out", None), getattr(args, "resume", None)
-    saved = Path(out) / "config.toml" if out and resume else None
-    if saved is None or not saved.is_file():
-        return {}
-    keys = {*MUST_MATCH, *MAY_CHANGE, "data_dir"}
-    return {k: v for k, v in load_toml(saved, f"the run's {saved}").items() if k in keys}
-
-
-def load_toml(path: str | Path, label: str | None = None) -> dict[str, Any]:
-    """A TrainConfig's fields from a TOML file, checked; errors name it as `label` (default:
-    '--config PATH')."""
-    p = Path(path)
-    label = label or f"--config {p}"
-    try:
-        raw = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{label}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{label}: cannot read it ({e}); check the path") from None
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{label}: not valid TOML ({e}); fix the file") from None
-    known = {f.name: f for f in fields(TrainConfig)}
-    values = {}
-    for key, value in raw.items():
-        name = key.replace("-", "_")
-        if name not in known:
-            raise UserError(f"{label}: unknown key {key!r}; known keys: "
-                            f"{', '.join(sorted(known))}")
-        want = _type_of(known[name])
-        if not _type_ok(value, want):
-            raise UserError(f"{label}: {key} = {value!r} should be a {want.__name__}")
-        values[name] = float(value) if want is float else value
-    return values
-
-
-def _type_ok(value: Any, want: type) -> bool:
-    if want is bool:
-        return isinstance(value, bool)
-    if want is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, want) and not isinstance(value, bool)
-
-
-def to_toml(cfg: TrainConfig) -> str:
-    """The resolved config as TOML (unset optional fields are written as comments)."""
-    lines = []
-    for f in fields(cfg):
-        v = getattr(cfg, f.name)
-        if v is None:
-            lines.append(f"# {f.name} = (not set)")
-        elif isinstance(v, bool):
-            lines.append(f"{f.name} = {'true' if v else 'false'}")
-        elif isinstance(v, int | float):
-            lines.append(f"{f.name} = {v!r}")
-        else:
-            escaped = str(v).replace("\\", "\\\\").replace('"', '\\"')
-            lines.append(f'{f.name} = "{escaped}"')
-    return "\n".join(lines) + "\n"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from fasttrain.errors import UserError
+from fasttrain.errors import UserError, first_line
 from fasttrain.files import write_atomic, write_png
 
 
@@ -156,7 +156,7 @@ def load(run_dir: str | os.PathLike, model: torch.nn.Module | None = None) -> to
         model.load_state_dict(load_file(weights))
     except RuntimeError as e:
         raise UserError(f"{weights} does not fit {type(model).__name__} "
-                        f"({str(e).splitlines()[0]}); pass the model the run trained") from None
+                        f"({first_line(e)}); pass the model the run trained") from None
     return model.eval()
 
 

@@ -158,7 +158,7 @@ def attach(run, model: nn.Module, world, cfg, checkpoint: tuple[str, ...] = (),
 
     pipe = build(run, model, world.mesh["pp"], cfg, wrap)
     run.forward_backward, run.evaluate_loss = pipe.forward_backward, pipe.evaluate_loss
-    run.pipeline = pipe  # run._clipper takes its counted parameters and group
+    run.pipeline = pipe  # switches.clipper takes its counted parameters and group
     return pipe.model
 
 

@@ -12,34 +12,44 @@ parallelize: activation checkpointing → DDP / fully_shard / DataParallel → c
 distributed.parallelize) → optimizer (ZeRO-1 partitions it) → schedule → clip → run directory →
 resume (after everything it restores exists). The bundled models and datasets go through this
 same path: a name is only looked up in its registry (`inputs.resolve_model`/`resolve_data`).
+The switches that resolve alone (seed, precision, data placement, clipping) are switches.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import random
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from fasttrain.engine import agree, augment, distributed, graphed, inputs, optim, steps, usercode
+from fasttrain.engine import (
+    agree,
+    augment,
+    distributed,
+    graphed,
+    inputs,
+    optim,
+    steps,
+    switches,
+    usercode,
+)
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
+from fasttrain.engine.configfile import to_toml
 from fasttrain.engine.loop import accumulate, step, step_batches
 from fasttrain.engine.output import RunDir
 from fasttrain.engine.signals import StopSignals
+from fasttrain.engine.steps import Metric, default_metrics
+from fasttrain.engine.steps import accuracy as accuracy  # noqa: F401 - importable from here too
 from fasttrain.engine.stream import Stream, StreamData
+from fasttrain.engine.switches import seed_everything
 from fasttrain.errors import UserError
-
-Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Run:
@@ -89,12 +99,6 @@ class Run:
     @property
     def main(self) -> bool:
         return self.world.main
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
 
 
 def build(config: TrainConfig | None = None, model: nn.Module | str | None = None,
@@ -187,13 +191,9 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         cfg = dataclasses.replace(cfg, pin_memory=False)
     run.cfg, run.world = cfg, world
     seed_everything(cfg.seed)
-    if cfg.deterministic:
-        # cuBLAS needs a fixed workspace to be deterministic; must be set before it starts.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=False)
-        torch.backends.cudnn.benchmark = False
+    switches.deterministic(cfg)
     run.device = dev = world.device  # cuda:LOCAL_RANK under torchrun on GPUs
-    run.autocast, run.scaler = _precision(cfg, dev, world.sharded)
+    run.autocast, run.scaler = switches.precision(cfg, dev, world.sharded)
 
     # Data is dealt over the data-parallel ranks only: the ranks of a tp group (or a pipeline)
     # compute one forward together and must see the same samples (mesh.py).
@@ -204,11 +204,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         run.batches = Stream(task, cfg, dev, world.dp_rank, world.dp_size)
     else:
         run.batches = Batches(task, dev, cfg.batch_size, cfg.accum_steps, cfg.seed,
-                              on_device=_data_on_device(cfg, dev, task), workers=cfg.workers,
-                              pin_memory=cfg.pin_memory, channels_last=cfg.channels_last,
-                              block_size=cfg.block_size, rank=world.dp_rank,
-                              world=world.dp_size,
-                              augment=flip_crop, why=why)
+                              on_device=switches.data_on_device(cfg, dev, task),
+                              workers=cfg.workers, pin_memory=cfg.pin_memory,
+                              channels_last=cfg.channels_last, block_size=cfg.block_size,
+                              rank=world.dp_rank, world=world.dp_size, augment=flip_crop, why=why)
     if user.get("step") is None and task.kind == "other":
         raise UserError(f"the {task.name} batches are not (input, target) pairs, which the "
                         f"default step needs: give step=fn(model, batch) returning the loss "
@@ -267,7 +266,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         run.total_steps = min(run.total_steps, cfg.max_steps)
     run.sched_name = usercode.name_of(user.get("scheduler"), cfg.scheduler)
     run.sched = optim.scheduler(cfg, run, run.opt, user.get("scheduler"), run.sched_name)
-    run.clip = _clipper(run, module)
+    run.clip = switches.clipper(run, module)
     run.loss_sum = torch.zeros((), device=dev)
     run.extra_sums = {}  # a user step's extra metrics, summed like loss_sum (steps.py)
     run.skipped = torch.zeros((), device=dev, dtype=torch.int64)
@@ -279,28 +278,12 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     agree.together(world, checkpoint.resume, run)  # a bad checkpoint stops every rank
     if cfg.cuda_graphs and run.graph_why is None:
         graphed.attach(run)  # after the restore: it sets the optimizer's flags the graph needs
-    run.rundir.write_text("config.toml", _toml(cfg))
+    run.rundir.write_text("config.toml", to_toml(cfg))
     run.rundir.write_json("model.json", {"model": label, "in_shape": list(task.in_shape or ()),
                                          "num_classes": task.num_classes})
     if verbose and world.main:
         print(describe(run), file=sys.stderr)
     return run
-
-
-def _clipper(run: Run, module: nn.Module) -> Callable[[], Any]:
-    """Gradient clipping to --grad-clip, resolved once: the norm over this layout's gradients."""
-    cfg, world = run.cfg, run.world
-    if not cfg.grad_clip:
-        return lambda: None
-    params = [p for p in module.parameters() if p.requires_grad]  # sharded ones under FSDP
-    if world.pp > 1 or world.tp > 1:  # DTensors on their meshes, plain tensors, stages
-        from fasttrain.engine.clipping import clipper
-
-        if world.pp > 1:  # squares summed over the stages, a tied weight counted once
-            return clipper(params, cfg.grad_clip, counted=run.pipeline.counted,
-                           group=run.pipeline.group)
-        return clipper(params, cfg.grad_clip)
-    return lambda: torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
 
 
 def describe(run: Run) -> str:
@@ -322,53 +305,6 @@ def _layout(world) -> str:
         return ""
     return (f" (dp {world.dp_size} × tp {world.tp} × pp {world.pp}: the micro-batch is per "
             f"data-parallel rank)")
-
-
-def default_metrics(task) -> dict[str, Metric]:
-    """Accuracy for integer targets (classes, or tokens for language); none for float targets
-    or for batches that are not (input, target) pairs."""
-    if task.kind not in ("classification", "language"):
-        return {}
-    return {"token_accuracy" if task.kind == "language" else "accuracy": accuracy}
-
-
-def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return (output.argmax(-1) == target).float().mean()
-
-
-def _precision(cfg: TrainConfig, dev: torch.device, sharded: bool = False):
-    if cfg.precision == "tf32" and dev.type != "cuda":
-        raise UserError(f"--precision tf32 is a mode of NVIDIA tensor cores; on {dev.type} "
-                        f"use fp32 or bf16")
-    if cfg.cuda_graphs and dev.type != "cuda":
-        raise UserError(f"--cuda-graphs needs a CUDA GPU, not {dev.type}; drop the flag")
-    if dev.type == "cuda":
-        tf32 = cfg.precision == "tf32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-    low = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision)
-    autocast = torch.autocast(dev.type, dtype=low) if low else contextlib.nullcontext()
-    # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range.
-    fp16 = cfg.precision == "fp16"
-    if fp16 and sharded:  # FSDP, tensor or pipeline parallel: the decision taken over all ranks
-        from fasttrain.engine.scaler import sharded_scaler
-
-        return autocast, sharded_scaler(dev)
-    return autocast, torch.amp.GradScaler(dev.type, enabled=fp16)
-
-
-def _data_on_device(cfg: TrainConfig, dev: torch.device, task) -> bool:
-    if cfg.data_on_device != "auto":
-        return cfg.data_on_device == "on"
-    if cfg.workers:
-        return False  # asking for workers means asking for the DataLoader path
-    if dev.type != "cuda":
-        return True  # host memory is the device's memory: nothing to copy per step
-    size = sum(t.numel() * t.element_size() for t in (task.train_x, task.train_y, task.test_x,
-                                                      task.test_y, task.val_x, task.val_y)
-               if t is not None)
-    free, _ = torch.cuda.mem_get_info(dev)
-    return size < free / 4
 
 
 def _count_flops(run: Run, model: nn.Module) -> float | None:
@@ -397,8 +333,3 @@ def _count_flops(run: Run, model: nn.Module) -> float | None:
     model.zero_grad(set_to_none=True)
     return float(counter.get_total_flops()) * run.cfg.accum_steps * run.batches.world
 
-
-def _toml(cfg: TrainConfig) -> str:
-    from fasttrain.engine.config import to_toml
-
-    return to_toml(cfg)

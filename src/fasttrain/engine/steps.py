@@ -25,6 +25,7 @@ from fasttrain.errors import UserError
 
 NO_EXTRAS: dict[str, torch.Tensor] = {}  # shared and never written: the default step's extras
 ComputeLoss = Callable[[Any, Any], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (output, target) -> scalar mean
 
 
 def compute_loss(run, step: Callable | None, name: str) -> ComputeLoss:
@@ -106,3 +107,15 @@ def accumulate_extras(sums: dict[str, torch.Tensor], extras: dict[str, torch.Ten
             sums[k] += v
         else:
             sums[k] = v.clone()
+
+
+def default_metrics(task) -> dict[str, Metric]:
+    """Accuracy for integer targets (classes, or tokens for language); none for float targets
+    or for batches that are not (input, target) pairs."""
+    if task.kind not in ("classification", "language"):
+        return {}
+    return {"token_accuracy" if task.kind == "language" else "accuracy": accuracy}
+
+
+def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return (output.argmax(-1) == target).float().mean()

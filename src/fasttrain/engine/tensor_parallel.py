@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fasttrain.errors import UserError
+from fasttrain.errors import UserError, first_line
 
 
 def apply(model: nn.Module, tp_mesh, plan: dict | None = None,
@@ -54,7 +54,7 @@ def apply(model: nn.Module, tp_mesh, plan: dict | None = None,
             parallelize_module(model, tp_mesh, plan)
         except (AttributeError, ValueError, KeyError) as e:  # a name the model does not have
             raise UserError(f"--tp: tp_plan does not fit {type(model).__name__} "
-                            f"({(str(e).splitlines() or [type(e).__name__])[0]}); name its "
+                            f"({first_line(e)}); name its "
                             f"nn.Linear submodules as model.named_modules() does") from None
         return
     hook = getattr(model, "parallelize", None)

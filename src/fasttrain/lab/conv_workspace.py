@@ -28,19 +28,18 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from fasttrain.lab.bytecount import alloc
+
 if TYPE_CHECKING:
     from fasttrain.engine.run import Run
 
-_BLOCK = 512  # the caching allocator's rounding (as lab.memory counts every tensor)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}  # what autocast runs convolutions in
 
 
 def _alloc(t: torch.Tensor | None) -> int:
-    if t is None:
-        return 0
-    n = t.untyped_storage().nbytes()
-    return -(-n // _BLOCK) * _BLOCK
+    """What `t`'s storage costs the caching allocator (as lab/bytecount counts every tensor)."""
+    return 0 if t is None else alloc(t.untyped_storage().nbytes(), cuda=True)
 
 
 def conv_calls(run: Run, micro_batch) -> list[tuple[nn.Module, tuple, tuple, torch.dtype, bool]]:

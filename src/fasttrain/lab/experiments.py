@@ -38,6 +38,7 @@ from fasttrain.engine.loop import endless_batches, endless_steps, warm_up
 from fasttrain.errors import UserError
 from fasttrain.lab import memory as mem
 from fasttrain.lab.batch_size import train_samples
+from fasttrain.lab.bytecount import count_saved, left_as_found, resident_data
 
 if TYPE_CHECKING:
     from fasttrain.engine.config import TrainConfig
@@ -105,7 +106,7 @@ def measure_run(cfg: TrainConfig, task, opts: Options, evaluate_after: bool = Tr
     final_loss = run.loss_sum.item() / tail
     if cuda:
         peak, peak_by = torch.cuda.max_memory_allocated(dev), "cuda allocator"
-        data = mem.resident_data(run)  # in the peak: the dataset on the GPU
+        data = resident_data(run)  # in the peak: the dataset on the GPU
     else:
         data = 0
         peak, peak_by = mem.breakdown(run, next(endless_batches(run))).measured_peak, "hook count"
@@ -202,13 +203,12 @@ def held_for_backward(run: Run) -> dict:
     what was allocated before the forward. One extra forward/backward after the timed steps; no
     gradients are left behind."""
     micro_batch = next(endless_batches(run))[0]
-    saved = mem.count_saved(run, micro_batch)
+    saved = count_saved(run, micro_batch)
     row = {"saved_bytes": saved.activations + saved.weight_copies}
     dev = run.device
     if dev.type != "cuda":
         return row
-    buffers = [(b, b.clone()) for b in run.model.buffers()]  # BatchNorm statistics stay put
-    with torch.random.fork_rng(devices=[dev]):
+    with left_as_found(run.model, dev):
         torch.cuda.synchronize(dev)
         start = torch.cuda.memory_allocated(dev)
         with run.autocast:
@@ -220,10 +220,7 @@ def held_for_backward(run: Run) -> dict:
         torch.cuda.synchronize(dev)
         row["backward_peak_bytes"] = torch.cuda.max_memory_allocated(dev) - start
         del loss
-    run.opt.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for b, value in buffers:
-            b.copy_(value)
+        run.opt.zero_grad(set_to_none=True)
     return row
 
 

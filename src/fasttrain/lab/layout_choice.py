@@ -70,7 +70,7 @@ def saved_bytes(spec: Spec) -> int:
     the meta device: each storage once (a view shares its base's), no memory used."""
     import torch.nn.functional as F
 
-    from fasttrain.lab import memory
+    from fasttrain.lab import bytecount
     from fasttrain.models import build_model
 
     with torch.device("meta"):
@@ -85,7 +85,7 @@ def saved_bytes(spec: Spec) -> int:
         y = torch.zeros(logits.shape[:-1], dtype=torch.long, device="meta")
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-    _, saved = memory.saved_bytes(forward, owned=model.parameters())
+    _, saved = bytecount.saved_bytes(forward, owned=model.parameters())
     return sum(saved.parts.values())
 
 

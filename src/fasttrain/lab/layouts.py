@@ -215,11 +215,11 @@ def stage_names(model: nn.Module, pp: int, virtual: int = 1) -> list[list[str]]:
 def stage_activations(run, micro_batch, n_stages: int) -> list[int]:
     """Bytes each of `n_stages` pipeline stages of the run's model saves for backward on one
     micro-batch (under the run's autocast; the last stage also the loss's), each storage once
-    per stage, parameters and buffers aside: lab/memory's count, cut where the pipeline cuts.
+    per stage, parameters and buffers aside: lab/bytecount's count, cut where the pipeline cuts.
     The default (input, target) step, as under --pp. Leaves the run as it found it."""
-    from fasttrain.lab.memory import saved_bytes
+    from fasttrain.lab.bytecount import left_as_found, saved_bytes
 
-    model, dev = run.model, run.device
+    model = run.model
     stage_names(model, n_stages)  # the engine's refusals (no split points, too many stages)
     stages = model.pipeline_split(n_stages)
     owned = [t for m in (model, *stages) for t in (*m.parameters(), *m.buffers())]
@@ -232,12 +232,8 @@ def stage_activations(run, micro_batch, n_stages: int) -> list[int]:
                 x = stage(x)
             return run.loss_fn(x, y)
 
-    buffers = [(b, b.clone()) for b in model.buffers()]  # BatchNorm statistics must not move
-    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+    with left_as_found(model, run.device):
         _, saved = saved_bytes(forward, owned, part=lambda t: running[0])
-    with torch.no_grad():
-        for b, value in buffers:
-            b.copy_(value)
     return [saved.parts.get(i, 0) for i in range(len(stages))]
 
 

@@ -1,12 +1,11 @@
 """The memory model of one training step: where its bytes go, part by part, beside the measured
 peak. `fasttrain memory` and `fasttrain plan` print it (fasttrain.commands); this module is the
-model and its measurement only.
+model and its measurement only, the bytes counted by lab/bytecount.py.
 
     b = predict(TrainConfig(model="cnn", batch_size=64, precision="bf16"))   # builds the Run
     b = measure(run)                      # a Run of yours: one warm-up step, then the count
     b.predicted_peak, b.to_dict()
     b, rows, one = predict_layout(cfg, layouts.layout(8, tp=2, parallel="fsdp"))  # per rank
-    loss, saved = saved_bytes(lambda: loss_of(model, x), owned=model.parameters())  # the count
 
 The parts (bytes, exact for this model and these switches; on CUDA each tensor is rounded up to the
 caching allocator's 512-byte blocks, as `max_memory_allocated` counts them):
@@ -50,7 +49,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,6 +58,15 @@ import torch
 from fasttrain.engine.loop import endless_batches, step
 from fasttrain.engine.tree import leaves
 from fasttrain.lab import layouts
+from fasttrain.lab.bytecount import (
+    alloc,
+    count_saved,
+    optimizer_bytes,
+    resident_data,
+    step_temp,
+    storages,
+    total_bytes,
+)
 from fasttrain.lab.conv_workspace import conv_workspace
 from fasttrain.lab.layouts import Layout, RankMemory
 
@@ -68,171 +76,7 @@ if TYPE_CHECKING:
     from fasttrain.engine.config import TrainConfig
     from fasttrain.engine.run import Run
 
-_BLOCK = 512  # the CUDA caching allocator's rounding: every block is a multiple of 512 bytes
 _WARMUP_MAX = 8  # fp16: steps skipped by the GradScaler (overflow) create no optimizer state
-
-
-# -- counting bytes ------------------------------------------------------------------------------
-
-
-def _alloc(nbytes: int, cuda: bool) -> int:
-    """What one storage of `nbytes` costs the device (512-byte blocks on CUDA)."""
-    if not cuda or nbytes == 0:
-        return nbytes
-    return -(-nbytes // _BLOCK) * _BLOCK
-
-
-def storage_key(t: torch.Tensor) -> int:
-    """The identity of `t`'s storage (views share their base's): its address. On the meta device
-    every storage's address is 0, so there it is the storage object itself (`_cdata`: torch has
-    no public handle for it)."""
-    s = t.untyped_storage()
-    return s._cdata if s.device.type == "meta" else s.data_ptr()
-
-
-def _storages(tensors) -> dict[int, int]:
-    """storage_key → bytes of the distinct storages under `tensors`."""
-    out: dict[int, int] = {}
-    for t in tensors:
-        if torch.is_tensor(t):
-            out.setdefault(storage_key(t), t.untyped_storage().nbytes())
-    return out
-
-
-def _bytes(tensors, cuda: bool) -> int:
-    return sum(_alloc(n, cuda) for n in _storages(tensors).values())
-
-
-@dataclass(frozen=True)
-class SavedCount:
-    """Bytes saved for backward by one forward (`saved_bytes`)."""
-
-    parts: dict[Hashable, int]  # part → bytes of its storages, each rounded up to the block
-    storages: frozenset[int]  # storage_key of every storage saved, in any part
-
-
-def saved_bytes(run_forward: Callable[[], object], owned: Iterable[torch.Tensor] = (),
-                block: int = 1, part: Callable[[torch.Tensor], Hashable] = lambda t: None,
-                ) -> tuple[object, SavedCount]:
-    """Run `run_forward()` (a forward, and its loss) under `saved_tensors_hooks`, counting every
-    storage it saves for backward once per part (`part(t)` names a saved tensor's; default: one
-    part), the storages of `owned` (parameters, buffers: counted apart) left out, each rounded up
-    to `block` bytes (CUDA's allocator: 512). Returns what `run_forward` returned (the loss, for
-    a backward outside the hooks: its recomputation under checkpointing saves nothing new) and
-    the count. Counting changes nothing that is saved: each tensor is kept as a detached view of
-    its own storage (autograd restores its grad_fn on unpack). Kept as is, a saved output would
-    hold its own grad_fn, a cycle through C++ that no gc.collect() breaks: a forward that no
-    backward follows (an out-of-memory error, or a count of the forward alone) would keep its
-    whole graph allocated for good (pytorch/pytorch#189025)."""
-    skip = {storage_key(t) for t in owned}
-    seen: dict[tuple[Hashable, int], int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = storage_key(t)
-        if key not in skip:
-            seen.setdefault((part(t), key), t.untyped_storage().nbytes())
-        return t.detach()
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = run_forward()
-    parts: dict[Hashable, int] = {}
-    for (name, _), nbytes in seen.items():
-        parts[name] = parts.get(name, 0) + -(-nbytes // block) * block
-    return out, SavedCount(parts, frozenset(key for _, key in seen))
-
-
-@dataclass(frozen=True)
-class Saved:
-    """What one micro-batch's forward/backward keeps: bytes, and the storages it saved."""
-
-    activations: int
-    weight_copies: int
-    gradients: int
-    storages: frozenset[int]
-
-
-def _is_weight_cast(t: torch.Tensor, params: set[int]) -> bool:
-    """True for autocast's half copy of a parameter (or a view of one, e.g. its transpose)."""
-    base = t._base if t._base is not None else t
-    fn = base.grad_fn
-    if fn is None or fn.name() != "ToCopyBackward0":
-        return False
-    return any(id(getattr(n, "variable", None)) in params for n, _ in fn.next_functions if n)
-
-
-def count_saved(run: Run, micro_batch, autocast=None, device_type: str | None = None) -> Saved:
-    """Run one forward/backward of `micro_batch` as `step` would (autocast, loss
-    scaling), counting every storage saved for backward once, parameters excluded (they are
-    `weights`), in bytes as `device_type` (default: the run's device) would hold them. Leaves the
-    run as it found it: no gradients, same buffers, same RNG stream."""
-    model, dev = run.model, run.device
-    cuda = (device_type or dev.type) == "cuda"
-    params = {id(p) for p in model.parameters()}
-    copy: dict[int, bool] = {}  # storage → a weight copy or not, as the first tensor saving it is
-
-    def part(t: torch.Tensor) -> bool:
-        key = storage_key(t)
-        if key not in copy:
-            copy[key] = _is_weight_cast(t, params)
-        return copy[key]
-
-    # CUDA graphs replay from a static memory pool and do not run hooks: count on the eager
-    # module, which saves the same tensors (compile's fusions aside).
-    forward = run.model if run.cfg.cuda_graphs else run.forward
-    buffers = [(b, b.clone()) for b in model.buffers()]  # BatchNorm statistics must not move
-    autocast = autocast if autocast is not None else run.autocast
-
-    def forward_loss() -> torch.Tensor:
-        with autocast:
-            return run.compute_loss(forward, micro_batch)[0] / run.cfg.accum_steps
-
-    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        loss, saved = saved_bytes(forward_loss, [*model.parameters(), *model.buffers()],
-                                  _BLOCK if cuda else 1, part)
-        run.scaler.scale(loss).backward()
-    grads = _bytes([p.grad for p in model.parameters() if p.grad is not None], cuda)
-    del loss
-    run.opt.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for b, value in buffers:
-            b.copy_(value)
-    return Saved(saved.parts.get(False, 0), saved.parts.get(True, 0), grads, saved.storages)
-
-
-def _optimizer_bytes(opt: torch.optim.Optimizer, cuda: bool) -> int:
-    # 0-dim tensors are the step counters: host-side unless fused/capturable, 4 bytes each.
-    return _bytes([t for s in opt.state.values() for t in s.values()
-                   if torch.is_tensor(t) and t.dim() > 0], cuda)
-
-
-def _step_temp(run: Run, device_type: str) -> int:
-    """Bytes the optimizer allocates during its step (see torch/optim/adam.py, sgd.py): foreach
-    AdamW makes one fp32 temporary per parameter (sqrt of the second moment); SGD only with
-    weight decay (grad + wd·w). Fused kernels make none; the CPU's per-tensor loop one at a time."""
-    cfg = run.cfg
-    if cfg.fused_optimizer or not (cfg.optimizer == "adamw" or cfg.weight_decay > 0):
-        return 0
-    sizes = [_alloc(p.nbytes, device_type == "cuda") for p in run.model.parameters()
-             if p.requires_grad]
-    if not sizes:
-        return 0
-    foreach = device_type in ("cuda", "xpu")  # torch's foreach kernels: not on the CPU
-    return sum(sizes) if foreach else max(sizes)
-
-
-def resident_data(run: Run, device_type: str | None = None) -> int:
-    """Bytes of the dataset kept on an accelerator of `device_type` (default: the run's; 0 on the
-    CPU, whose memory is the host's either way, or on the DataLoader path)."""
-    device_type = device_type or run.device.type
-    b = run.batches
-    if device_type == "cpu" or not b.on_device:
-        return 0
-    return _bytes([b.train.x, b.train.y, b.test.x, b.test.y,
-                   getattr(b.train, "offsets", None), getattr(b.test, "offsets", None)],
-                  device_type == "cuda")
-
-
-# -- the breakdown -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -311,18 +155,18 @@ def breakdown(run: Run, micro_batches: list, measured_peak: int | None = None,
     count = count_saved(run, micro_batches[0], device_type=device_type)
     fp32 = count if cfg.precision in ("fp32", "tf32") else count_saved(
         run, micro_batches[0], contextlib.nullcontext(), device_type)
-    inputs = {p: n for p, n in _storages(leaves(micro_batches)).items()
+    inputs = {p: n for p, n in storages(leaves(micro_batches)).items()
               if p not in count.storages}
     parts = dict(
-        weights=_bytes([*model.parameters(), *model.buffers()], cuda),
+        weights=total_bytes([*model.parameters(), *model.buffers()], cuda),
         gradients=count.gradients,
-        optimizer=_optimizer_bytes(run.opt, cuda),
+        optimizer=optimizer_bytes(run.opt, cuda),
         activations=count.activations,
         weight_copies=count.weight_copies,
-        inputs=sum(_alloc(n, cuda) for n in inputs.values()),
+        inputs=sum(alloc(n, cuda) for n in inputs.values()),
         data=resident_data(run, device_type),
         workspace=workspace,
-        step_temp=_step_temp(run, device_type),
+        step_temp=step_temp(run, device_type),
     )
     if measured_peak is None:
         measured_peak = sum(parts[k] for k in ("weights", "gradients", "optimizer",
@@ -363,9 +207,9 @@ def measure(run: Run, batches: Iterator[list] | None = None,
         return breakdown(run, micro_batches, device_type=device_type)
     torch.cuda.synchronize(dev)
     first = torch.cuda.max_memory_allocated(dev)
-    resident = (_bytes([*run.model.parameters(), *run.model.buffers()], True)
-                + _optimizer_bytes(run.opt, True) + resident_data(run, True)
-                + _bytes(leaves(micro_batches), True))
+    resident = (total_bytes([*run.model.parameters(), *run.model.buffers()], True)
+                + optimizer_bytes(run.opt, True) + resident_data(run, "cuda")
+                + total_bytes(leaves(micro_batches), True))
     # Gradients were freed by the warm-up step (set_to_none): what is left beyond the known
     # residents is cuBLAS workspaces and small state.
     workspace = max(0, torch.cuda.memory_allocated(dev) - resident)
@@ -382,7 +226,7 @@ def predict(cfg: TrainConfig, model: nn.Module | str | None = None, data=None, *
     """The breakdown of one step for `cfg`, with `model`, `data` and `loss` injected where given
     (as `fasttrain.engine.build` takes them): builds the Run on the configured device, measures
     it (`measure`), and lets it go before returning. `device_type` as for `breakdown`."""
-    return _on_run(cfg, model, data, loss, lambda run: measure(run, device_type=device_type))
+    return on_run(cfg, model, data, loss, lambda run: measure(run, device_type=device_type))
 
 
 def predict_layout(cfg: TrainConfig, lay: Layout, model: nn.Module | str | None = None,
@@ -402,11 +246,12 @@ def predict_layout(cfg: TrainConfig, lay: Layout, model: nn.Module | str | None 
         (one,) = layouts.per_rank(run.model, run.opt, [b.activations + b.weight_copies],
                                   Layout(), cfg.accum_steps)
         return b, rows, dataclasses.replace(one, role="one process (this batch)")
-    return _on_run(cfg, model, data, loss, both)
+    return on_run(cfg, model, data, loss, both)
 
 
-def _on_run(cfg: TrainConfig, model, data, loss, fn):
-    """fn(the Run of cfg), then the Run let go before returning (`free_memory`)."""
+def on_run(cfg: TrainConfig, model, data, loss, fn):
+    """fn(the Run of cfg, with `model`, `data` and `loss` injected where given), then the Run let
+    go before returning (`free_memory`)."""
     from fasttrain.engine.run import build
 
     run = build(cfg, model=model, data=data, loss=loss, verbose=False)

@@ -222,7 +222,7 @@ def unavailable(mode: str, n: int, device: str) -> str | None:
 
 def measure(cfg: TrainConfig, mode: str, n: int, steps: int, workdir: Path) -> dict:
     """One torchrun (or, for dp, one process) run; the row of its timed interval."""
-    from fasttrain.engine.config import to_toml
+    from fasttrain.engine.configfile import to_toml
 
     row = {"mode": mode, "procs": n, "status": "ok", "reason": None}
     reason = unavailable(mode, n, cfg.device)

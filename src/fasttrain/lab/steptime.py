@@ -170,15 +170,9 @@ def count_run(run, foreach: bool = False) -> StepWork:
 def count(cfg: TrainConfig, model=None, data=None, *, loss=None,
           foreach: bool = False) -> StepWork:
     """Build the configured Run (its device), count one step (`count_run`), and let it go."""
-    from fasttrain.engine.run import build
-    from fasttrain.lab.memory import free_memory
+    from fasttrain.lab.memory import on_run
 
-    run = build(cfg, model=model, data=data, loss=loss, verbose=False)
-    try:
-        return count_run(run, foreach)
-    finally:
-        del run
-        free_memory()
+    return on_run(cfg, model, data, loss, lambda run: count_run(run, foreach))
 
 
 # -- the model -----------------------------------------------------------------------------------
