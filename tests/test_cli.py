@@ -162,3 +162,18 @@ def test_train_refuses_an_unwritable_out(capsys, tmp_path):
                        "--out", str(blocker / "run"))
     assert_one_line_error(code, err, "--out")
     assert blocker.read_text() == "not a folder"
+
+
+def test_bench_help_states_every_default(capsys):
+    """`fasttrain bench --help` left out the defaults of --batch-size, --lr, --seed, --data and
+    --device: a user reading it could not tell what a bare `fasttrain bench` runs."""
+    import argparse
+
+    from fasttrain.bench import bench_parser
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    bench_parser(sub)
+    p = sub.choices["bench"]
+    for action in p._actions:
+        if action.default not in (None, False, argparse.SUPPRESS) and action.help:
+            assert "default" in action.help, (action.dest, action.help)
