@@ -177,3 +177,22 @@ def test_bench_help_states_every_default(capsys):
     for action in p._actions:
         if action.default not in (None, False, argparse.SUPPRESS) and action.help:
             assert "default" in action.help, (action.dest, action.help)
+
+
+def test_resume_says_when_the_precision_is_not_the_runs(capsys, tmp_path):
+    """`--out R --resume auto --epochs N` takes the run's settings but not its speed switches: a
+    bf16 run went on in fp32 and the `resumed from` line listed only the epochs."""
+    out = str(tmp_path / "run")
+    common = ("--model", "logreg", "--data", "synthetic", "--batch-size", "256", "--no-progress",
+              "--out", out)
+    code, _, err = run_cli(capsys, "train", *common, "--max-steps", "4", "--precision", "bf16")
+    assert code == 0, err
+    code, out_text, err = run_cli(capsys, "train", "--out", out, "--resume", "auto",
+                                  "--max-steps", "6", "--no-progress")
+    assert code == 0, err
+    line = next(x for x in out_text.splitlines() if x.startswith("resumed from"))
+    assert "precision 'bf16' → 'fp32'" in line and "--precision bf16 keeps it" in line
+    code, out_text, err = run_cli(capsys, "train", "--out", out, "--resume", "auto",
+                                  "--max-steps", "8", "--precision", "fp32", "--no-progress")
+    assert code == 0 and "precision" not in next(  # config.toml holds the last leg's fp32
+        x for x in out_text.splitlines() if x.startswith("resumed from"))
