@@ -132,6 +132,23 @@ def test_module_entry_point_runs():
     assert r.returncode == 0 and "bench" in r.stdout
 
 
+def test_a_closed_pipe_ends_quietly():
+    """`fasttrain env --json | head` printed a BrokenPipeError traceback once head had read."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    try:
+        r = subprocess.run([sys.executable, "-m", "fasttrain", "env", "--json"], stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    assert r.returncode == 1
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--model", "gpt"], ["tinyshakespeare"]),
     (["--batch-size", "10", "--accum-steps", "3"], ["--accum-steps"]),
