@@ -132,6 +132,23 @@ def test_module_entry_point_runs():
     assert r.returncode == 0 and "bench" in r.stdout
 
 
+def test_a_closed_pipe_ends_quietly():
+    """`fasttrain env --json | head` printed a BrokenPipeError traceback once head had read."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    try:
+        r = subprocess.run([sys.executable, "-m", "fasttrain", "env", "--json"], stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    assert r.returncode == 1
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--model", "gpt"], ["tinyshakespeare"]),
     (["--batch-size", "10", "--accum-steps", "3"], ["--accum-steps"]),
@@ -162,3 +179,37 @@ def test_train_refuses_an_unwritable_out(capsys, tmp_path):
                        "--out", str(blocker / "run"))
     assert_one_line_error(code, err, "--out")
     assert blocker.read_text() == "not a folder"
+
+
+def test_bench_help_states_every_default(capsys):
+    """`fasttrain bench --help` left out the defaults of --batch-size, --lr, --seed, --data and
+    --device: a user reading it could not tell what a bare `fasttrain bench` runs."""
+    import argparse
+
+    from fasttrain.bench import bench_parser
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    bench_parser(sub)
+    p = sub.choices["bench"]
+    for action in p._actions:
+        if action.default not in (None, False, argparse.SUPPRESS) and action.help:
+            assert "default" in action.help, (action.dest, action.help)
+
+
+def test_resume_says_when_the_precision_is_not_the_runs(capsys, tmp_path):
+    """`--out R --resume auto --epochs N` takes the run's settings but not its speed switches: a
+    bf16 run went on in fp32 and the `resumed from` line listed only the epochs."""
+    out = str(tmp_path / "run")
+    common = ("--model", "logreg", "--data", "synthetic", "--batch-size", "256", "--no-progress",
+              "--out", out)
+    code, _, err = run_cli(capsys, "train", *common, "--max-steps", "4", "--precision", "bf16")
+    assert code == 0, err
+    code, out_text, err = run_cli(capsys, "train", "--out", out, "--resume", "auto",
+                                  "--max-steps", "6", "--no-progress")
+    assert code == 0, err
+    line = next(x for x in out_text.splitlines() if x.startswith("resumed from"))
+    assert "precision 'bf16' → 'fp32'" in line and "--precision bf16 keeps it" in line
+    code, out_text, err = run_cli(capsys, "train", "--out", out, "--resume", "auto",
+                                  "--max-steps", "8", "--precision", "fp32", "--no-progress")
+    assert code == 0 and "precision" not in next(  # config.toml holds the last leg's fp32
+        x for x in out_text.splitlines() if x.startswith("resumed from"))

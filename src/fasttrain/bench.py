@@ -51,15 +51,19 @@ def bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true",
                    help=f"smoke run: {QUICK_EPOCHS} epochs, {QUICK_REPEATS} repeat (unless "
                    "given)")
-    p.add_argument("--batch-size", type=int, default=128, help="samples per SGD step")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
-    p.add_argument("--seed", type=int, default=0, help="seeds the init and the shuffle orders")
+    p.add_argument("--batch-size", type=int, default=128,
+                   help="samples per SGD step (default 128)")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (default 0.1)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the init and the shuffle orders (default 0)")
     p.add_argument("--data", default="mnist", choices=("mnist", "fashion-mnist", "synthetic"),
-                   help="dataset ('synthetic': a deterministic stand-in, labelled as such)")
+                   help="dataset (default mnist; 'synthetic': a deterministic stand-in, "
+                   "labelled as such)")
     p.add_argument("--data-dir", default=None, help="folder holding <dataset>/ "
                    "(default: $FASTTRAIN_DATA, then ~/.cache/fasttrain)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="device of the rows that can run on either")
+                   help="device of the rows that can run on either (default auto: CUDA when "
+                   "there is one)")
     p.add_argument("--json", metavar="PATH", help="write the result JSON here")
     p.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (log scale) here")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")

@@ -8,6 +8,7 @@ parses, and turns a `UserError` into one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from fasttrain import __version__
@@ -67,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else argv
         args = build_parser(argv).parse_args(argv)
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe fails here, where it is caught, not at the exit
+        return code
     except UserCodeError as e:
         # The user's program crashed: their frames and one line naming what failed (usercode.py).
         sys.stderr.write(e.report())
@@ -80,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `fasttrain env --json | head`: the reader has gone; stop quietly, as `cat` does,
+        # with stdout pointed at /dev/null so that the exit's own flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

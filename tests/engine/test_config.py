@@ -70,3 +70,15 @@ def test_incompatible_or_bad_settings_name_the_fix(kw, fix):
     with pytest.raises(UserError) as e:
         TrainConfig(**kw).validate(MODEL_KINDS)
     assert fix in str(e.value)
+
+
+def test_each_flag_states_its_default_once():
+    """`--data-dir` said '(default: $FASTTRAIN_DATA, then ~/.cache/fasttrain) (default: None)':
+    two defaults, the second one false."""
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    for action in p._actions:
+        if action.help and action.dest in {f.name for f in dataclasses.fields(TrainConfig)}:
+            assert action.help.count("(default") == 1, action.help
+    data_dir = next(a for a in p._actions if a.dest == "data_dir")
+    assert "$FASTTRAIN_DATA" in data_dir.help and "None" not in data_dir.help

@@ -228,3 +228,13 @@ def test_a_logs_time_includes_the_device_work_it_waited_for(monkeypatch):
     fit_run(run)
     train = [r for r in run.history if r["kind"] == "train"]
     assert [r["step_ms"] for r in train] == [pytest.approx(250.0)] * 3
+
+
+def test_max_steps_beyond_the_epochs_is_said(capsys):
+    """--max-steps is a limit: when --epochs end the run first the user is told, not left to
+    find a run of 4 steps where 2000 were asked for."""
+    fit(model="logreg", batch_size=64, max_steps=2000)  # 256 samples: 4 steps an epoch
+    err = capsys.readouterr().err
+    assert "--max-steps 2000 is never reached" in err and "at step 4" in err
+    fit(model="logreg", batch_size=64, max_steps=3)
+    assert "never reached" not in capsys.readouterr().err

@@ -35,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in fields(TrainConfig):
         group = f.metadata["group"]
         g = groups.get(group) or groups.setdefault(group, parser.add_argument_group(group))
-        kw: dict[str, Any] = {"default": argparse.SUPPRESS,
-                              "help": f"{f.metadata['help']} (default: {f.default})"}
+        text = f.metadata["help"]  # a help that states its default keeps its own wording
+        kw: dict[str, Any] = {"default": argparse.SUPPRESS, "help": text if "(default" in text
+                              else f"{text} (default: {f.default})"}
         if field_type(f) is bool:
             kw["action"] = argparse.BooleanOptionalAction
         else:

@@ -24,6 +24,9 @@ MUST_MATCH = ("model", "data", "block_size", "batch_size", "accum_steps", "optim
               "val_fraction", "augment", "step", "scheduler", "decay_norm_and_bias")
 MAY_CHANGE = ("lr", "epochs", "max_steps", "log_every", "checkpoint_every", "grad_clip",
               "keep_checkpoints")
+# Not taken from the run (a run may resume on another machine) but said when they differ from
+# it: they change the numbers it computes (`--resume auto --epochs 40` after a bf16 run is fp32).
+SAID = ("precision",)
 
 
 def check_config(saved: dict[str, Any], cfg, path) -> list[str]:
@@ -40,7 +43,10 @@ def check_config(saved: dict[str, Any], cfg, path) -> list[str]:
                         f"(the checkpoint's was run with --lr {saved['lr']}), so a new --lr "
                         f"would not apply; resume with --lr {saved['lr']}")
     return [f"{k} {saved.get(k)!r} → {getattr(cfg, k)!r}" for k in MAY_CHANGE
-            if k in saved and saved[k] != getattr(cfg, k)]
+            if k in saved and saved[k] != getattr(cfg, k)] + [
+        f"{k} {saved[k]!r} → {getattr(cfg, k)!r} (a speed switch: the flags' own, not the "
+        f"run's; --{k.replace('_', '-')} {saved[k]} keeps it)" for k in SAID
+        if k in saved and saved[k] != getattr(cfg, k)]
 
 
 def apply_lr(opt: torch.optim.Optimizer, sched: torch.optim.lr_scheduler.LambdaLR,

@@ -264,6 +264,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.total_steps = cfg.epochs * per_epoch if per_epoch is not None else cfg.max_steps
     if cfg.max_steps:
         run.total_steps = min(run.total_steps, cfg.max_steps)
+        if cfg.max_steps > run.total_steps and world.main:  # a limit, not a length
+            print(f"warning: --max-steps {cfg.max_steps} is never reached: --epochs "
+                  f"{cfg.epochs} of {per_epoch} steps end the run at step {run.total_steps}; "
+                  f"raise --epochs to train longer", file=sys.stderr)
     run.sched_name = usercode.name_of(user.get("scheduler"), cfg.scheduler)
     run.sched = optim.scheduler(cfg, run, run.opt, user.get("scheduler"), run.sched_name)
     run.clip = switches.clipper(run, module)
