@@ -167,7 +167,8 @@ class TrainConfig:
     progress: bool = _f(True, "progress bar (adds no host syncs)", group="output")
     early_stop: str | None = _f(None, "stop when this evaluation metric (e.g. val_loss, "
                                 "val_accuracy) has not improved for --patience evaluations "
-                                "(losses must fall, other metrics rise)", group="output")
+                                "(losses, perplexities and errors such as mae must fall, "
+                                "other metrics rise)", group="output")
     patience: int = _f(3, "evaluations without improvement before --early-stop stops",
                        group="output")
 
