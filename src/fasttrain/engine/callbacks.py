@@ -79,8 +79,8 @@ def log(run, epoch: int) -> None:
               "lr": run.sched.get_last_lr()[0], "samples_per_s": samples,
               "step_ms": 1e3 * dt / max(steps, 1), **_device_stats(run, steps / dt),
               **_state_bytes(run)}
-    if run.batches.language:
-        record["tokens_per_s"] = samples * run.cfg.block_size
+    if run.batches.tokens_per_sample:  # token sequences (the bundled text, or yours)
+        record["tokens_per_s"] = samples * run.batches.tokens_per_sample
     clash = set(run.extra_sums) & set(record)
     if clash:
         raise UserError(f"your step {run.step_name} returns {sorted(clash)}, which the train "
