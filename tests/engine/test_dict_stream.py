@@ -73,3 +73,28 @@ def test_dict_batches_without_a_step_are_one_line_naming_the_fix():
     with pytest.raises(UserError, match=r"not \(input, target\) pairs.*step=fn\(model, batch\)"):
         fasttrain.build(model=userstep.make_lm(), data=DictTokens(), batch_size=16,
                         device="cpu", verbose=False)
+
+
+@pytest.mark.parametrize("as_data", ["dicts", "pairs in memory", "pairs streamed"])
+def test_token_sequences_of_yours_report_tokens_per_second(as_data):
+    # tokens/s was the bundled text's only: a language model of yours logged samples/s alone.
+    tokens = DictTokens().tokens
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    data = {"dicts": DictTokens(), "pairs in memory": (x, y),
+            "pairs streamed": torch.utils.data.TensorDataset(x, y)}[as_data]
+    step = hf_dict_step if as_data == "dicts" else userstep.hf_step
+    run = fasttrain.build(model=userstep.make_lm(), data=data, step=step, batch_size=16,
+                          max_steps=2, log_every=2, device="cpu", progress=False, verbose=False)
+    fasttrain.fit(run)
+    (record,) = [r for r in run.history if r["kind"] == "train"]
+    assert record["tokens_per_s"] == pytest.approx(record["samples_per_s"] * SEQ)
+
+
+def test_no_tokens_per_second_for_samples_that_are_not_token_sequences():
+    x, y = torch.randint(0, VOCAB, (64, SEQ)), torch.randint(0, 4, (64,))  # one label a sample
+    net = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 4), torch.nn.Flatten(),
+                              torch.nn.Linear(4 * SEQ, 4))
+    run = fasttrain.build(model=net, data=(x, y), batch_size=16, max_steps=2, log_every=2,
+                          device="cpu", progress=False, verbose=False)
+    fasttrain.fit(run)
+    assert "tokens_per_s" not in run.history[0]

@@ -133,7 +133,20 @@ def test_a_factory_that_leaves_parameters_out_is_refused():
     with pytest.raises(UserError, match="leaves 3 trainable"):
         fasttrain.build(model=userstep.make_lm(), data=text_task(), step=userstep.hf_step,
                         optimizer=lambda groups: torch.optim.SGD(groups[0]["params"], lr=0.1),
-                        verbose=False, **LM)
+                        verbose=False, **{k: v for k, v in LM.items() if k != "lr"})
+
+
+@pytest.mark.parametrize("flags, named", [
+    (dict(lr=0.5), "--lr"),
+    (dict(weight_decay=0.1, momentum=0.5), "--momentum, --weight-decay"),
+])
+def test_flags_an_optimizer_factory_would_ignore_are_refused(flags, named):
+    # They reached only the built-ins: with a factory, --lr 0.5 trained at the factory's lr
+    # while config.toml said 0.5 (a sweep over --lr gave the same run every time).
+    with pytest.raises(UserError, match=f"^{named} with --optimizer mine:opt: .*drop the flags"):
+        fasttrain.TrainConfig(optimizer="mine:opt", **flags).validate()
+    fasttrain.TrainConfig(optimizer="adamw", **flags).validate()  # the built-ins take them
+    fasttrain.TrainConfig(optimizer="mine:opt").validate()  # the defaults are not "given"
 
 
 def test_zero1_refuses_an_optimizer_factory():

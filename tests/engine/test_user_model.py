@@ -123,6 +123,27 @@ def test_early_stopping_on_a_validation_split(capsys, progress):
     assert {"val_loss", "val_accuracy"} <= evals[0].keys()
 
 
+@pytest.mark.parametrize("metric, values, stops", [
+    # A language model's perplexity falls as it learns: it was taken as a metric to raise, so
+    # a run improving steadily was stopped after --patience evaluations.
+    ("val_perplexity", [40.0, 30.0, 20.0, 15.0], False),
+    ("val_perplexity", [40.0, 41.0, 42.0], True),
+    ("val_mae", [0.5, 0.4, 0.3], False),
+    ("val_loss", [2.0, 2.1, 2.2], True),
+    ("val_token_accuracy", [0.1, 0.2, 0.3], False),
+    ("val_accuracy", [0.3, 0.2, 0.1], True),
+])
+def test_early_stop_knows_which_way_a_metric_improves(metric, values, stops):
+    from types import SimpleNamespace
+
+    from fasttrain.engine.callbacks import EarlyStop
+
+    early, run = EarlyStop(metric, patience=2), SimpleNamespace(stop=None)
+    for v in values:
+        early.on_eval(run, {metric: v})
+    assert (run.stop is not None) == stops, run.stop
+
+
 def test_cli_trains_a_model_given_by_import_path(capsys, tmp_path):
     args = ["train", "--model", "tests.engine.usermodel:make", "--data",
             "tests.engine.usermodel:data", "--loss", "tests.engine.usermodel:huber",

@@ -374,3 +374,14 @@ def test_a_try_that_ran_out_while_counting_gives_its_memory_back(fixed_step_time
     assert not t.fits and t.reason == "out of memory" and t.held_after is None  # CPU
     gc.collect()
     assert params and all(r() is None for r in params), "the failed try's graph is still alive"
+
+
+def test_memory_command_takes_a_streamed_dataset_and_a_step_of_yours(capsys):
+    # A Dataset is streamed: the command loads it once, and the Run it measures must take that
+    # loaded stream as it is (it was refused as "not StreamData").
+    code, out, err = run_cli(capsys, "memory", "--model", "tests.engine.userstep:make_lm",
+                             "--data", "tests.engine.test_dict_stream:DictTokens",
+                             "--step", "tests.engine.test_dict_stream:hf_dict_step",
+                             "--batch-size", "8", "--device", "cpu")
+    assert code == 0, err
+    assert "hook count" in out and "predicted peak" in out

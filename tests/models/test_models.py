@@ -184,6 +184,24 @@ def test_checkpointing_twice_wraps_once():
     assert not any(isinstance(b.inner, Checkpointed) for b in model.blocks)
 
 
+@pytest.mark.parametrize("where", ["layers", "model.layers", "transformer.h"])
+def test_checkpointing_finds_hugging_face_style_blocks(where):
+    # A Hugging Face-shaped model (Llama's model.layers, GPT-2's transformer.h) was refused
+    # unless its blocks were named in Python: the CLI had no way to name them.
+    blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+    model = torch.nn.Module()
+    parent = model
+    *path, last = where.split(".")
+    for part in path:
+        parent.register_module(part, torch.nn.Module())
+        parent = parent.get_submodule(part)
+    parent.register_module(last, blocks)
+    model.head = torch.nn.Linear(4, 2)
+    apply_activation_checkpointing(model)
+    assert all(isinstance(b, Checkpointed) for b in model.get_submodule(where))
+    assert not isinstance(model.head, Checkpointed)
+
+
 def test_checkpointing_needs_blocks():
     with pytest.raises(UserError, match="blocks"):
         apply_activation_checkpointing(torch.nn.Linear(2, 2))

@@ -79,8 +79,8 @@ def log(run, epoch: int) -> None:
               "lr": run.sched.get_last_lr()[0], "samples_per_s": samples,
               "step_ms": 1e3 * dt / max(steps, 1), **_device_stats(run, steps / dt),
               **_state_bytes(run)}
-    if run.batches.language:
-        record["tokens_per_s"] = samples * run.cfg.block_size
+    if run.batches.tokens_per_sample:  # token sequences (the bundled text, or yours)
+        record["tokens_per_s"] = samples * run.batches.tokens_per_sample
     clash = set(run.extra_sums) & set(record)
     if clash:
         raise UserError(f"your step {run.step_name} returns {sorted(clash)}, which the train "
@@ -175,13 +175,19 @@ def evaluate(run, split: str = "test") -> dict[str, float]:
     return out
 
 
+# Words of a metric's name that make it one to minimise (val_loss, val_perplexity, val_mae).
+FALLING = {"loss", "perplexity", "ppl", "error", "err", "mae", "mse", "rmse", "wer", "cer"}
+
+
 class EarlyStop:
     """Stop when `metric` (a key of the eval records, e.g. val_loss) has not improved for
-    `patience` evaluations: losses must fall, anything else rise."""
+    `patience` evaluations: losses, perplexities and errors (FALLING) must fall, anything else
+    rise."""
 
     def __init__(self, metric: str, patience: int = 3, mode: str | None = None):
         self.metric, self.patience = metric, patience
-        self.sign = {"min": 1, "max": -1}.get(mode or ("min" if "loss" in metric else "max"))
+        falls = bool(FALLING & set(metric.lower().split("_")))
+        self.sign = {"min": 1, "max": -1}.get(mode or ("min" if falls else "max"))
         self.best, self.waited = math.inf, 0
 
     def on_eval(self, run, record: dict) -> None:

@@ -18,6 +18,8 @@ DEVICES = ("auto", "cpu", "cuda", "mps", "xpu")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 ON_OFF_AUTO = ("auto", "on", "off")
 OPTIMIZERS = ("sgd", "adamw")
+# What only the built-in optimizers read and changes the result (a factory sets its own).
+_FACTORY_OWNS = ("lr", "momentum", "weight_decay")
 SCHEDULES = ("constant", "cosine", "onecycle")
 CONV_MODELS = ("cnn", "resnet")
 PARALLEL = ("none", "ddp", "fsdp", "zero1", "dp")
@@ -156,7 +158,8 @@ class TrainConfig:
     progress: bool = _f(True, "progress bar (adds no host syncs)", group="output")
     early_stop: str | None = _f(None, "stop when this evaluation metric (e.g. val_loss, "
                                 "val_accuracy) has not improved for --patience evaluations "
-                                "(losses must fall, other metrics rise)", group="output")
+                                "(losses, perplexities and errors such as mae must fall, "
+                                "other metrics rise)", group="output")
     patience: int = _f(3, "evaluations without improvement before --early-stop stops",
                        group="output")
 
@@ -259,6 +262,16 @@ class TrainConfig:
         if self.scheduler and (self.schedule != "constant" or self.warmup_steps):
             raise UserError(f"--scheduler {self.scheduler} replaces --schedule and "
                             f"--warmup-steps; drop them (warm up in your scheduler)")
+        if self.optimizer not in OPTIMIZERS:
+            # A factory builds its optimizer with its own settings: these flags would be
+            # recorded (config.toml) yet never reach it.
+            ignored = [f"--{f.name.replace('_', '-')}" for f in fields(self)
+                       if f.name in _FACTORY_OWNS and getattr(self, f.name) != f.default]
+            if ignored:
+                raise UserError(f"{', '.join(ignored)} with --optimizer {self.optimizer}: your "
+                                f"optimizer factory sets its own learning rate, momentum and "
+                                f"weight decay, so {' and '.join(ignored)} would be ignored; set "
+                                f"them in the factory and drop the flags")
         if self.optimizer not in OPTIMIZERS and self.parallel == "zero1":
             raise UserError(f"--optimizer {self.optimizer} with --parallel zero1: "
                             f"ZeroRedundancyOptimizer builds its optimizer from a class, not "

@@ -169,6 +169,10 @@ def load_data(data, cfg, world: int = 1):
         label = "python"
     if isinstance(data, TaskData):
         return split_validation(data, cfg.val_fraction, cfg.seed), "tensors"
+    from fasttrain.engine.stream import StreamData
+
+    if isinstance(data, StreamData):  # loaded once already (the lab's commands): as it is
+        return data, data.why
     splits = data if isinstance(data, dict) else {"train": data}
     unknown = set(splits) - {"train", "val", "test"}
     if unknown or "train" not in splits:

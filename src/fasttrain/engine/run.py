@@ -116,7 +116,8 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
     metrics: name -> callable (output, target) -> scalar mean, evaluated as test_<name> and
         val_<name> beside the defaults (accuracy for integer targets).
     checkpoint: names of the submodules to recompute under --activation-checkpointing (default:
-        model.blocks, or each child of an nn.Sequential).
+        model.blocks, a Hugging Face layout's model.layers or transformer.h (models.BLOCK_LISTS),
+        or each child of an nn.Sequential).
     step: your step instead of loss: fn(model, micro_batch) -> scalar loss, or a dict holding
         "loss" and extra scalar metrics (steps.py); or 'pkg.module:fn' (default: config.step).
     optimizer: fn(param_groups) -> torch.optim.Optimizer, 'sgd'/'adamw' or 'pkg.module:fn'

@@ -97,6 +97,7 @@ class StreamData:
     train_y: torch.Tensor | None = None  # the first sample's target: a probe of its dtype
     in_dtype: torch.dtype | None = None  # the first input's, for a pair
     synthetic: bool = False
+    tokens: int = 0  # tokens a sample holds (token sequences: tokens/s), else 0
 
 
 def load(splits: dict[str, Any], cfg, world: int, label: str, why: str) -> StreamData:
@@ -114,10 +115,29 @@ def load(splits: dict[str, Any], cfg, world: int, label: str, why: str) -> Strea
         kind = "regression" if y.is_floating_point() else "classification"
     classes = getattr(train.dataset, "classes", None)
     classes = len(classes) if classes is not None else getattr(train.dataset, "num_classes", 0)
+    # Samples of one length only batch with the default collate: a DataLoader's own collate
+    # may pad to each batch's longest, where the first sample's length says nothing.
+    tokens = 0 if train.loader_kw else tokens_per_sample(batch)
     return StreamData(name=label, kind=kind,
                       in_shape=tuple(x.shape[1:]) if x is not None else None,
                       num_classes=int(classes or 0), source=label, why=why, splits=parts,
-                      train_y=y, in_dtype=x.dtype if x is not None else None)
+                      train_y=y, in_dtype=x.dtype if x is not None else None, tokens=tokens)
+
+
+def tokens_per_sample(batch) -> int:
+    """T for a token sequence, read from the first batch as collated — an (input, target) pair
+    of int64 [n, T] ids (next-token targets), or a dict with int64 input_ids [n, T] (Hugging
+    Face's layout) — else 0."""
+    def ids(v) -> bool:
+        return torch.is_tensor(v) and v.dtype == torch.int64 and v.dim() == 2
+
+    if isinstance(batch, dict):
+        return batch["input_ids"].shape[1] if ids(batch.get("input_ids")) else 0
+    if isinstance(batch, tuple | list) and len(batch) == 2:
+        x, y = batch
+        if ids(x) and torch.is_tensor(y) and x.shape == y.shape:
+            return x.shape[1]
+    return 0
 
 
 def _first(split: Split, seed: int):
@@ -154,7 +174,7 @@ class Stream:
 
     path = "streamed"
     on_device = False
-    language = False
+    language = False  # the bundled token stream only (perplexity)
 
     def __init__(self, data: StreamData, cfg, device: torch.device, rank: int = 0,
                  world: int = 1):
@@ -162,6 +182,7 @@ class Stream:
         self.batch_size, self.accum = cfg.batch_size, cfg.accum_steps
         self.micro = cfg.batch_size // cfg.accum_steps // world
         self.splits, self.why = data.splits, data.why
+        self.tokens_per_sample = data.tokens  # tokens/s in the log where samples are tokens
         self.workers, self.pin, self.prefetch = cfg.workers, cfg.pin_memory, cfg.prefetch_factor
         self.generator = torch.Generator()  # worker seeds; never the global stream
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None

@@ -153,11 +153,17 @@ def _buffers_restored(module: nn.Module):
                 buffer.copy_(value)
 
 
+# Where a transformer keeps its blocks: the bundled models, then Hugging Face's layouts (Llama
+# and most decoders `model.layers`, GPT-2 `transformer.h`, GPT-NeoX `gpt_neox.layers`).
+BLOCK_LISTS = ("blocks", "layers", "h", "model.layers", "transformer.h", "gpt_neox.layers")
+
+
 def units(model: nn.Module, names: tuple[str, ...] | list[str] = ()) -> list[tuple]:
     """The modules worth checkpointing (and FSDP-sharding) one by one, as (parent, key) pairs:
     each module named in `names` (a ModuleList or Sequential named stands for its children), else
-    each module of `model.blocks` (the bundled models), else each child of a model that is itself
-    an nn.Sequential or nn.ModuleList. [] when none of these applies."""
+    each module of the first ModuleList of BLOCK_LISTS (`model.blocks` for the bundled models),
+    else each child of a model that is itself an nn.Sequential or nn.ModuleList. [] when none of
+    these applies."""
     def children(container: nn.Module) -> list[tuple]:
         return [(container, k) for k, _ in container.named_children()]
 
@@ -176,9 +182,13 @@ def units(model: nn.Module, names: tuple[str, ...] | list[str] = ()) -> list[tup
                 parent, _, key = name.rpartition(".")
                 found.append((model.get_submodule(parent) if parent else model, key))
         return found
-    blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.ModuleList | nn.ModuleDict):  # a dict: a pipeline stage's blocks
-        return children(blocks)
+    for name in BLOCK_LISTS:
+        try:
+            blocks = model.get_submodule(name)
+        except AttributeError:
+            continue
+        if isinstance(blocks, nn.ModuleList | nn.ModuleDict):  # a dict: a pipeline stage's
+            return children(blocks)
     if isinstance(model, nn.Sequential | nn.ModuleList):
         return children(model)
     return []
@@ -197,9 +207,10 @@ def apply_activation_checkpointing(model: nn.Module, names: tuple[str, ...] | li
     """
     found = units(model, names)
     if not found:
-        raise UserError(f"activation checkpointing: {type(model).__name__} has no `blocks` "
-                        f"ModuleList and is not an nn.Sequential; name the modules to "
-                        f"checkpoint: build(..., checkpoint=['layer1', ...])")
+        raise UserError(f"activation checkpointing: {type(model).__name__} has none of the "
+                        f"ModuleLists {', '.join(BLOCK_LISTS)} and is not an nn.Sequential; "
+                        f"name the modules to checkpoint: build(..., checkpoint=['layer1', "
+                        f"...])")
     for parent, key in found:
         module = parent.get_submodule(key)
         if not isinstance(module, Checkpointed):
