@@ -161,6 +161,13 @@ def test_cli_trains_a_model_given_by_import_path(capsys, tmp_path):
     assert [r["step"] for r in records if r["kind"] == "eval"] == [8, 16]
     module = fasttrain.load(tmp_path)  # rebuilt from the factory the run names
     assert isinstance(module, usermodel.Regressor)
+    # Resumed again as it is (a requeued job): nothing to train, nothing written again.
+    files = {p.name: p.read_bytes() for p in (tmp_path / "metrics.jsonl",
+                                              tmp_path / "weights.safetensors")}
+    code, out, err = run_cli(capsys, *[a if a != "1" else "2" for a in args], "--resume", "auto")
+    assert code == 0, err
+    assert "nothing to train: the run finished at step 16" in err
+    assert {p: (tmp_path / p).read_bytes() for p in files} == files
 
 
 def test_cli_names_a_bad_import_path(capsys):

@@ -153,11 +153,19 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
     run.last_log = (time.perf_counter(), run.last_log[1])
     together = False  # did every rank get here the same way (the end, or an agreed stop)?
     try:
+        if run.cfg.resume and run.step and not _steps_left(run):
+            # A finished run resumed as it was (a requeued job, a script that always resumes):
+            # nothing to train, so nothing is evaluated, logged or written again.
+            if run.main:
+                print(f"nothing to train: the run finished at step {run.step} (epoch "
+                      f"{run.epoch}); give more --epochs or --max-steps to extend it",
+                      file=sys.stderr)
+            together = True
+            return {}
         with bar, run.signals:  # SIGTERM/SIGUSR1/SIGINT only set a flag (signals.py)
             notify(run, "on_start")
             on_step = hooks(run, "on_step")  # looked up once: they run every step
-            while (run.epoch < run.cfg.epochs and run.step < run.total_steps
-                   and run.stop is None):
+            while _steps_left(run) and run.stop is None:
                 ran_out = True  # the epoch's batches ran out (a stream's pass may end early)
                 # loop.step_batches and loop.step, or the whole-step CUDA graph's (graphed.py)
                 for batch in usercode.pulled(run.step_inputs(run, run.epoch)):
@@ -193,6 +201,10 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
         run.rundir.close()
         run.world.close(together)
     return run.history[-1] if run.history else {}
+
+
+def _steps_left(run) -> bool:
+    return run.epoch < run.cfg.epochs and run.step < run.total_steps
 
 
 class _Bar:
