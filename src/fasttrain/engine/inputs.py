@@ -220,6 +220,11 @@ def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
                                 f"{list(sy.shape)}), sample 0 ({list(x.shape[1:])}, "
                                 f"{list(y.shape[1:])}); give every sample the same shapes (a "
                                 f"resize or crop in the Dataset's transform)")
+            for v, at, part in ((sx, x, "input"), (sy, y, "target")):
+                if torch.promote_types(at.dtype, v.dtype) != at.dtype:  # x[i] = v would cut it
+                    raise UserError(f"{name} data: sample {i}'s {part} is {v.dtype}, sample 0's "
+                                    f"{at.dtype}; give every sample the same dtype (one "
+                                    f"conversion in the Dataset's transform)")
             x[i], y[i] = sx, sy
     else:
         raise UserError(f"{name} data: give (x, y) tensors, a Dataset or a DataLoader, not "
