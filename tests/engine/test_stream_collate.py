@@ -194,3 +194,12 @@ def test_data_in_memory_refuses_a_sample_whose_dtype_the_first_ones_would_trunca
     with pytest.raises(UserError) as e:
         inputs._tensors(Mixed(), "train")
     one_line(e, "sample 3", "float32", "uint8", "same dtype")
+
+
+def test_data_in_memory_names_a_loader_without_batch_size():
+    # batch_size=None: no batch_sampler, and the refusal named "your DataLoader's NoneType".
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=plain(), data=DataLoader(Flipped(64), batch_size=None),
+                        data_in_memory=True, batch_size=16, **FAST)
+    one_line(e, "batch_size=None", "drop --data-in-memory")
+    assert "NoneType" not in str(e.value)

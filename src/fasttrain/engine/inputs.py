@@ -245,6 +245,10 @@ def _refuse_loader_work(loader, name: str) -> None:
                         f"skip your DataLoader's collate_fn ({name_of(loader.collate_fn)}): do its "
                         f"work in the Dataset, or drop --data-in-memory to stream it")
     sampler = loader.sampler if loader.batch_size is not None else loader.batch_sampler
+    if sampler is None:  # batch_size=None: the Dataset's items are taken as whole batches
+        raise UserError(f"--data-in-memory batches the {name} samples itself and your DataLoader "
+                        f"has batch_size=None (items as whole batches): give the Dataset "
+                        f"itself, or drop --data-in-memory to stream it")
     if not isinstance(sampler, RandomSampler | SequentialSampler):
         raise UserError(f"--data-in-memory orders the {name} samples itself (seeded shuffle) and "
                         f"would skip your DataLoader's {type(sampler).__name__}: drop "
