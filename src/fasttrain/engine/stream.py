@@ -70,6 +70,7 @@ from fasttrain.engine.sampling import (
     Split,
     StepSampler,
     Untouched,
+    alone,
     as_batch,
     check_batch,
     check_sample,
@@ -125,6 +126,7 @@ def _first(split: Split, seed: int):
     streams), checked."""
     own = OwnRandom(seed)
     own.reset(-2)
+    alone()
     with own:
         sample = (next(iter(split.dataset), _END) if split.iterable
                   else split.dataset[0] if len(split) else _END)
