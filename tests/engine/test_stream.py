@@ -408,6 +408,18 @@ class OneFile(Few):
         return super().__iter__() if shard()[0] == 0 else iter(())
 
 
+def test_an_empty_share_of_an_endless_stream_names_its_cause():
+    # Under torchrun a rank's stream restarts where it ends: an empty share must stop with one
+    # line (it looped over empty passes), naming what made it empty for this stream.
+    with pytest.raises(UserError) as e:
+        next(stream_of(Few(), rank=1, world=2).micro_batches(0))
+    one_line(e, "rank 1", "micro-batch of 4", "--batch-size")
+    assert "splits_itself" not in str(e.value)  # it deals items by skipping
+    with pytest.raises(UserError) as e:
+        next(stream_of(OneFile(), rank=1, world=2).micro_batches(0))
+    one_line(e, "rank 1", "splits_itself", "shards")
+
+
 def test_the_builds_probe_reads_a_stream_as_its_only_reader():
     # shard() is what the last reader in this process set: a build after a rank-1 read (a
     # notebook's second run) probed OneFile as reader 1 of 2 and said the data was empty.
