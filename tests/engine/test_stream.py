@@ -388,3 +388,41 @@ def test_a_dataloader_of_a_stream_of_whole_batches_is_dealt_batch_by_batch():
         sampler = torch.utils.data.BatchSampler(range(64), 4, False)
         stream_of(DataLoader(Flipped(64), batch_sampler=sampler), world=2)
     one_line(e, "BatchSampler", "2 processes")
+
+
+class Few(torch.utils.data.IterableDataset):
+    """6 items, no length: rank 1 of 2 keeps 3, less than its micro-batch of 4."""
+
+    def __iter__(self):
+        return ((torch.tensor([float(i)]), 0) for i in range(6))
+
+
+class OneFile(Few):
+    """One "file" of 6 items, split by file: every reader but the first gets none."""
+
+    splits_itself = True
+
+    def __iter__(self):
+        from fasttrain.engine.sampling import shard
+
+        return super().__iter__() if shard()[0] == 0 else iter(())
+
+
+def test_an_empty_share_of_an_endless_stream_names_its_cause():
+    # Under torchrun a rank's stream restarts where it ends: an empty share must stop with one
+    # line (it looped over empty passes), naming what made it empty for this stream.
+    with pytest.raises(UserError) as e:
+        next(stream_of(Few(), rank=1, world=2).micro_batches(0))
+    one_line(e, "rank 1", "micro-batch of 4", "--batch-size")
+    assert "splits_itself" not in str(e.value)  # it deals items by skipping
+    with pytest.raises(UserError) as e:
+        next(stream_of(OneFile(), rank=1, world=2).micro_batches(0))
+    one_line(e, "rank 1", "splits_itself", "shards")
+
+
+def test_the_builds_probe_reads_a_stream_as_its_only_reader():
+    # shard() is what the last reader in this process set: a build after a rank-1 read (a
+    # notebook's second run) probed OneFile as reader 1 of 2 and said the data was empty.
+    next(iter(stream.Sharded(OneFile(), rank=1, world=2)), None)
+    x, _ = next(stream_of(OneFile(), batch_size=2).micro_batches(0))  # no "train data is empty"
+    assert x.flatten().tolist() == [0.0, 1.0]

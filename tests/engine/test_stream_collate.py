@@ -173,3 +173,33 @@ def test_resuming_a_stream_with_other_workers_says_it_is_dealt_anew(tmp_path, ca
                           **common)
     assert run.step_in_epoch == 5
     assert "1 readers" in capsys.readouterr().err  # written by 1, resumed by 2: not exact
+
+
+class Mixed(Dataset):
+    """uint8 pixels, but one sample a float image in [0, 1] (a transform applied to some)."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        x = torch.full((1, 2, 2), 0.5) if i == 3 else torch.full((1, 2, 2), 7, dtype=torch.uint8)
+        return x, 0
+
+
+def test_data_in_memory_refuses_a_sample_whose_dtype_the_first_ones_would_truncate():
+    # The set is written into tensors of sample 0's dtype: a float sample written into uint8
+    # would silently become 0 (stacking promoted it; the single allocation must say so).
+    from fasttrain.engine import inputs
+
+    with pytest.raises(UserError) as e:
+        inputs._tensors(Mixed(), "train")
+    one_line(e, "sample 3", "float32", "uint8", "same dtype")
+
+
+def test_data_in_memory_names_a_loader_without_batch_size():
+    # batch_size=None: no batch_sampler, and the refusal named "your DataLoader's NoneType".
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=plain(), data=DataLoader(Flipped(64), batch_size=None),
+                        data_in_memory=True, batch_size=16, **FAST)
+    one_line(e, "batch_size=None", "drop --data-in-memory")
+    assert "NoneType" not in str(e.value)

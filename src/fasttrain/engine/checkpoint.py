@@ -160,12 +160,13 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
     run.epoch, run.step = saved["epoch"], saved["step"]
     run.step_in_epoch = saved["step_in_epoch"]
     data = saved.get("data")  # absent from checkpoints older than the streamed path
-    if data and data.get("resume") != run.batches.state(run.step_in_epoch)["resume"]:
+    now = run.batches.state(run.step_in_epoch)
+    if data and data.get("resume") != now["resume"]:
         raise UserError(f"checkpoint {path} was written reading the data by "
                         f"{data.get('resume')} ({data.get('path')}); this run reads it "
                         f"another way, so the position would not match: resume with the same "
                         f"data and --data-in-memory setting")
-    readers = run.batches.state(run.step_in_epoch).get("readers")
+    readers = now.get("readers")
     if data and data.get("readers") not in (None, readers) and run.step_in_epoch and run.main:
         print(f"warning: checkpoint {path} was written reading the stream with "
               f"{data['readers']} readers (processes × --workers), this run has {readers}: the "

@@ -224,6 +224,11 @@ def _tensors(split, name: str) -> tuple[torch.Tensor, torch.Tensor]:
                                 f"{list(sy.shape)}), sample 0 ({list(x.shape[1:])}, "
                                 f"{list(y.shape[1:])}); give every sample the same shapes (a "
                                 f"resize or crop in the Dataset's transform)")
+            for v, at, part in ((sx, x, "input"), (sy, y, "target")):
+                if torch.promote_types(at.dtype, v.dtype) != at.dtype:  # x[i] = v would cut it
+                    raise UserError(f"{name} data: sample {i}'s {part} is {v.dtype}, sample 0's "
+                                    f"{at.dtype}; give every sample the same dtype (one "
+                                    f"conversion in the Dataset's transform)")
             x[i], y[i] = sx, sy
     else:
         raise UserError(f"{name} data: give (x, y) tensors, a Dataset or a DataLoader, not "
@@ -244,6 +249,10 @@ def _refuse_loader_work(loader, name: str) -> None:
                         f"skip your DataLoader's collate_fn ({name_of(loader.collate_fn)}): do its "
                         f"work in the Dataset, or drop --data-in-memory to stream it")
     sampler = loader.sampler if loader.batch_size is not None else loader.batch_sampler
+    if sampler is None:  # batch_size=None: the Dataset's items are taken as whole batches
+        raise UserError(f"--data-in-memory batches the {name} samples itself and your DataLoader "
+                        f"has batch_size=None (items as whole batches): give the Dataset "
+                        f"itself, or drop --data-in-memory to stream it")
     if not isinstance(sampler, RandomSampler | SequentialSampler):
         raise UserError(f"--data-in-memory orders the {name} samples itself (seeded shuffle) and "
                         f"would skip your DataLoader's {type(sampler).__name__}: drop "

@@ -222,6 +222,13 @@ def shard() -> tuple[int, int]:
     return _SHARE
 
 
+def alone() -> None:
+    """This process the only reader (shard() → (0, 1)), for a read outside Sharded (the build's
+    probe of the first sample): not the share the last loader read in this process left."""
+    global _SHARE
+    _SHARE = (0, 1)
+
+
 class Sharded(IterableDataset):
     """One pass of an IterableDataset, dealt over ranks × workers (see the module docstring)."""
 

@@ -70,6 +70,7 @@ from fasttrain.engine.sampling import (
     Split,
     StepSampler,
     Untouched,
+    alone,
     as_batch,
     check_batch,
     check_sample,
@@ -145,6 +146,7 @@ def _first(split: Split, seed: int):
     streams), checked."""
     own = OwnRandom(seed)
     own.reset(-2)
+    alone()
     with own:
         sample = (next(iter(split.dataset), _END) if split.iterable
                   else split.dataset[0] if len(split) else _END)
@@ -309,11 +311,16 @@ class Stream:
             for batch in self._read(self.loader, epoch + p):
                 empty = False
                 yield batch
-            if empty:
+            if empty and getattr(self.loader.dataset.dataset, "splits_itself", False):
                 raise UserError(f"rank {self.rank}'s share of the training stream is empty: a "
                                 f"stream with splits_itself = True must give every reader "
                                 f"(process × worker) items; use fewer --workers or processes, "
                                 f"or split it into more shards")
+            if empty:  # dealt by skipping: fewer items than readers × a micro-batch
+                raise UserError(f"rank {self.rank}'s share of the training stream is empty: it "
+                                f"holds less than a micro-batch of {self.micro} for each reader "
+                                f"(process × worker); use a smaller --batch-size, or fewer "
+                                f"--workers or processes")
             if self.steps_per_epoch is not None and not self._short_warned:
                 self._short_warned = True
                 print(f"warning: rank {self.rank}'s share of the training stream ended before "
