@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import fasttrain
-from fasttrain.engine import inputs, stream
+from fasttrain.engine import inputs, stream, streamdata
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.run import default_metrics
 from fasttrain.errors import UserError
@@ -23,7 +23,7 @@ FAST = dict(device="cpu", progress=False, verbose=False, log_every=4, lr=1e-2)
 def stream_of(data, rank: int = 0, world: int = 1, **kw) -> stream.Stream:
     cfg = TrainConfig(**{"batch_size": 8, "device": "cpu", "max_steps": 1000, **kw})
     splits = data if isinstance(data, dict) else {"train": data}
-    return stream.Stream(stream.load(splits, cfg, world, "test", "why"), cfg, CPU, rank, world)
+    return stream.Stream(streamdata.load(splits, cfg, world, "test", "why"), cfg, CPU, rank, world)
 
 
 def weights(run) -> dict[str, torch.Tensor]:
@@ -202,7 +202,7 @@ def test_dict_batches_flow_to_the_device_and_strings_pass_through():
     assert set(batch) == {"input_ids", "labels", "id"}
     assert batch["input_ids"].shape == (8, 6) and batch["input_ids"].device == CPU
     assert isinstance(batch["id"], list) and all(v.startswith("s") for v in batch["id"])
-    data = stream.load({"train": Records()}, TrainConfig(), 1, "t", "w")
+    data = streamdata.load({"train": Records()}, TrainConfig(), 1, "t", "w")
     assert data.kind == "other" and default_metrics(data) == {}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
-from fasttrain.engine import stream
+from fasttrain.engine import stream, streamdata
 from fasttrain.engine.config import TrainConfig
 
 CPU = torch.device("cpu")
@@ -33,7 +33,7 @@ class Recorded:
 def test_the_next_batch_is_copied_before_the_current_one_is_handed_to_the_step():
     cfg = TrainConfig(batch_size=4, device="cpu", max_steps=1000)
     data = TensorDataset(torch.randn(16, 3), torch.arange(16))  # labels name the samples
-    s = stream.Stream(stream.load({"train": data}, cfg, 1, "test", "why"), cfg, CPU)
+    s = stream.Stream(streamdata.load({"train": data}, cfg, 1, "test", "why"), cfg, CPU)
     log: list = []
     s.copy_stream = "side stream"  # the CUDA branch, with its CUDA calls recorded instead
     s._copies = lambda: Recorded(log)

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import fasttrain
-from fasttrain.engine import stream
+from fasttrain.engine import stream, streamdata
 from fasttrain.engine.config import TrainConfig
 
 CPU = torch.device("cpu")
@@ -53,7 +53,7 @@ def test_a_batch_from_two_workers_reaches_the_step_in_few_calls():
     """Measured with torch 2.13: 171 calls per (input, target) batch received by name, 527 over
     file descriptors (a socket and an HMAC handshake per tensor: see ShareByName)."""
     cfg = TrainConfig(batch_size=16, device="cpu", max_steps=1000, workers=2)
-    s = stream.Stream(stream.load({"train": pairs()}, cfg, 1, "test", "why"), cfg, CPU)
+    s = stream.Stream(streamdata.load({"train": pairs()}, cfg, 1, "test", "why"), cfg, CPU)
     batches = s.micro_batches(0)
     for _ in itertools.islice(batches, 4):  # workers started, queues primed
         pass
@@ -111,7 +111,7 @@ def test_workers_hand_batches_over_by_name_and_run_the_users_worker_init_fn():
     loader = DataLoader(Reports(), batch_size=8, shuffle=False, num_workers=2,
                         worker_init_fn=_tag)
     cfg = TrainConfig(batch_size=8, device="cpu", max_steps=1000, workers=2)
-    s = stream.Stream(stream.load({"train": loader}, cfg, 1, "test", "why"), cfg, CPU)
+    s = stream.Stream(streamdata.load({"train": loader}, cfg, 1, "test", "why"), cfg, CPU)
     seen = list(s.micro_batches(0))
     s.close()
     assert len(seen) == 4

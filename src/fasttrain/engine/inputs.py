@@ -147,13 +147,13 @@ def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def resolve_data(data, cfg, world: int = 1):
-    """The data a run trains on: a `TaskData` (in memory) or a `stream.StreamData`."""
+    """The data a run trains on: a `TaskData` (in memory) or a `streamdata.StreamData`."""
     return load_data(data, cfg, world)[0]
 
 
 def load_data(data, cfg, world: int = 1):
     """(data, why): a `TaskData` from a bundled name, a TaskData, (x, y) tensors or a Dataset
-    under --data-in-memory; a `stream.StreamData` from any Dataset, IterableDataset or
+    under --data-in-memory; a `streamdata.StreamData` from any Dataset, IterableDataset or
     DataLoader. `data` may also be an import path (a factory returning data) or a dict of splits
     {"train", "val", "test"}; one streamed split streams them all."""
     from torch.utils.data import DataLoader, Dataset
@@ -169,7 +169,7 @@ def load_data(data, cfg, world: int = 1):
         label = "python"
     if isinstance(data, TaskData):
         return split_validation(data, cfg.val_fraction, cfg.seed), "tensors"
-    from fasttrain.engine.stream import StreamData
+    from fasttrain.engine.streamdata import StreamData, load
 
     if isinstance(data, StreamData):  # loaded once already (the lab's commands): as it is
         return data, data.why
@@ -182,13 +182,11 @@ def load_data(data, cfg, world: int = 1):
     if datasets and not cfg.data_in_memory:
         from torch.utils.data import IterableDataset
 
-        from fasttrain.engine import stream
-
         kinds = sorted({"a DataLoader" if isinstance(splits[k], DataLoader) else
                         "an IterableDataset" if isinstance(splits[k], IterableDataset) else
                         "a Dataset" for k in datasets})
         why = f"{' and '.join(kinds)}, read afresh each epoch"
-        return stream.load(splits, cfg, world, label, why), why
+        return load(splits, cfg, world, label, why), why
     tensors = {k: _tensors(v, k) for k, v in splits.items()}
     why = "--data-in-memory" if datasets else "tensors"
     return split_validation(_task(label, tensors), cfg.val_fraction, cfg.seed), why

@@ -47,7 +47,8 @@ from fasttrain.engine.output import RunDir
 from fasttrain.engine.signals import StopSignals
 from fasttrain.engine.steps import Metric, default_metrics
 from fasttrain.engine.steps import accuracy as accuracy  # noqa: F401 - importable from here too
-from fasttrain.engine.stream import Stream, StreamData
+from fasttrain.engine.stream import Stream
+from fasttrain.engine.streamdata import StreamData
 from fasttrain.engine.switches import seed_everything
 from fasttrain.errors import UserError
 
@@ -61,7 +62,7 @@ class Run:
     device: torch.device
     autocast: Any  # a context manager: torch.autocast or a null context
     scaler: torch.amp.GradScaler  # disabled unless fp16
-    data: Any  # the TaskData (in memory) or stream.StreamData trained on
+    data: Any  # the TaskData (in memory) or streamdata.StreamData trained on
     batches: Any  # batches.Batches (in memory) or stream.Stream: the same interface
     model: nn.Module  # owns the parameters: saved, loaded, measured
     forward: nn.Module  # what the step calls: model wrapped by DDP/FSDP/compile

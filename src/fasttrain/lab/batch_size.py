@@ -136,7 +136,7 @@ def search(try_fn: Callable[[int], Try], floor: int, unit: int, cap: int,
 
 def train_samples(task, block_size: int) -> int:
     """How many samples one epoch has: the largest batch the engine can build."""
-    splits = getattr(task, "splits", None)  # streamed data (engine/stream.py StreamData)
+    splits = getattr(task, "splits", None)  # streamed data (engine/streamdata.py StreamData)
     if splits is not None:
         try:
             return len(splits["train"])
