@@ -65,6 +65,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = 0
     try:
         argv = sys.argv[1:] if argv is None else argv
         args = build_parser(argv).parse_args(argv)
@@ -86,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # `fasttrain env --json | head`: the reader has gone; stop quietly, as `cat` does,
         # with stdout pointed at /dev/null so that the exit's own flush cannot fail again.
+        # A command that had ended otherwise (75 preempted, 3 diverged) keeps its status.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return code or 1
 
 
 if __name__ == "__main__":
