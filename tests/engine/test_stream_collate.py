@@ -203,3 +203,20 @@ def test_data_in_memory_names_a_loader_without_batch_size():
                         data_in_memory=True, batch_size=16, **FAST)
     one_line(e, "batch_size=None", "drop --data-in-memory")
     assert "NoneType" not in str(e.value)
+
+
+def test_collate_blames_the_samples_only_for_what_they_cause():
+    """Torch's collate failing on samples of one shape for another reason (a worker out of
+    shared memory) keeps its own error: the one-line advice on samples would be wrong there."""
+    from fasttrain.engine.sampling import Collate
+
+    def out_of_shm(samples):
+        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2>")
+
+    same = [(torch.zeros(3), 0), (torch.zeros(3), 1)]
+    with pytest.raises(RuntimeError, match="shared memory"):
+        Collate("train data", out_of_shm)(same)
+    with pytest.raises(UserError, match="different shapes"):
+        Collate("train data")([(torch.zeros(3), 0), (torch.zeros(4), 1)])
+    with pytest.raises(UserError, match="ToTensor"):
+        Collate("train data")([(object(), 0)])

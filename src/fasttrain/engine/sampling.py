@@ -326,11 +326,15 @@ class Collate:
         try:
             return self.fn(samples)
         except (TypeError, RuntimeError) as e:
-            raise UserError(unbatchable(samples, self.where, e)) from None
+            line = unbatchable(samples, self.where, e)
+            if line is None:
+                raise
+            raise UserError(line) from None
 
 
-def unbatchable(samples: Any, where: str, error: Exception) -> str:
-    """One line: which samples torch's default collate_fn could not batch, and the fixes."""
+def unbatchable(samples: Any, where: str, error: Exception) -> str | None:
+    """One line: which samples torch's default collate_fn could not batch, and the fixes; None
+    for a RuntimeError among samples of one shape (not theirs: e.g. out of shared memory)."""
     what = (str(error).strip().splitlines() or [type(error).__name__])[-1]
     shown = [tree.shapes(s) for s in samples] if isinstance(samples, list) else [
         tree.shapes(samples)]
@@ -340,6 +344,8 @@ def unbatchable(samples: Any, where: str, error: Exception) -> str:
                 f"is {shown[0]}, sample {differ} {shown[differ]}); resize or crop them to one "
                 f"size in the Dataset's transform, or give a DataLoader with a collate_fn that "
                 f"pads them")
+    if isinstance(error, RuntimeError):
+        return None
     return (f"{where}: torch's default collate_fn cannot batch a sample {shown[0]} ({what}); "
             f"return tensors, NumPy arrays or numbers from the Dataset (e.g. a ToTensor() "
             f"transform for PIL images), or give a DataLoader with a collate_fn of your own")
