@@ -59,6 +59,8 @@ def state(run) -> dict[str, Any]:
         "rng": ranks[0]["rng"], "world_size": run.world.size,
         "data": run.batches.state(run.step_in_epoch),  # where the data resumes (stream.py)
     }
+    if run.early_stop is not None:  # best value, evaluations waited (callbacks.EarlyStop)
+        out["early_stop"] = run.early_stop.state()
     if run.world.size > 1:
         out["ranks"] = ranks
     return out
@@ -121,7 +123,8 @@ def resume(run) -> None:
 
 def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list[str]:
     """Put `saved` (as `state` made it, with model and optimizer) back into `run`; the settings
-    the user changed since (resume.MAY_CHANGE) are applied, and returned as 'name old → new'."""
+    the user changed since (resume.MAY_CHANGE) are applied, and returned as 'name old → new'
+    (a changed --early-stop/--patience with where early stopping stands)."""
     from fasttrain.engine import distributed, optim, resume
 
     cfg, world = run.cfg, run.world
@@ -184,6 +187,11 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
     run.loss_sum.copy_(mine["loss_sum"])
     run.extra_sums = {k: v.to(run.device) for k, v in mine.get("extra_sums", {}).items()}
     run.last_log = (run.last_log[0], saved["last_log_step"])
+    if run.early_stop is not None:  # absent from older checkpoints: counted afresh
+        said = run.early_stop.restore(run, saved.get("early_stop"))
+        at = [i for i, c in enumerate(changed) if c.startswith(("early_stop ", "patience "))]
+        if at:  # what the changed --early-stop/--patience make of it
+            changed[at[-1]] += f" ({said})"
     run.skipped.copy_(saved["skipped"])
     try:
         set_rng_state(mine["rng"])

@@ -4,8 +4,11 @@ A checkpoint fixes what makes a run *that* run (model, data, batch, optimizer an
 hyper-parameters, schedule shape, seed): resuming with another value is refused with one line.
 What a user legitimately changes when continuing — the learning rate (the advice after a
 divergence is "try a lower --lr"), the schedule's length (--epochs / --max-steps, to extend a
-run), log and checkpoint cadence, --grad-clip, how many checkpoints to keep — is applied to the
-restored optimizer and scheduler, recorded in config.toml and reported in one line.
+run), log and checkpoint cadence, --grad-clip, how many checkpoints to keep, early stopping's
+--early-stop and --patience — is applied to the restored optimizer, scheduler and early stop,
+recorded in config.toml and reported in one line. Early stopping's count is restored with the
+run (callbacks.EarlyStop): a run that stopped early stays stopped unless --patience is raised
+(or --early-stop names another metric, counted afresh).
 
 `validate_state` checks a loaded checkpoint's fields and their types, so that a crafted or
 damaged file with the right format tag is one clear error, not a KeyError deep in the restore.
@@ -23,7 +26,7 @@ MUST_MATCH = ("model", "data", "block_size", "batch_size", "accum_steps", "optim
               "momentum", "weight_decay", "schedule", "warmup_steps", "seed", "loss",
               "val_fraction", "augment", "step", "scheduler", "decay_norm_and_bias")
 MAY_CHANGE = ("lr", "epochs", "max_steps", "log_every", "checkpoint_every", "grad_clip",
-              "keep_checkpoints")
+              "keep_checkpoints", "early_stop", "patience")
 # Not taken from the run (a run may resume on another machine) but said when they differ from
 # it: they change the numbers it computes (`--resume auto --epochs 40` after a bf16 run is fp32).
 SAID = ("precision",)
@@ -71,6 +74,9 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "last_log_step": _INT, "rng": (dict,), "world_size": _INT,
 }
 TENSORS = {"model": (dict,), "optimizer": (dict,)}
+# Fields that older checkpoints lack (or a run without --early-stop): checked when present.
+OPTIONAL = {"early_stop": (dict,)}
+EARLY_STOP = {"metric": (str,), "best": (float, int), "waited": _INT}
 RNG = {"torch_cpu": (torch.Tensor,), "torch_cuda": (list,), "numpy": (dict,), "python": (dict,)}
 
 
@@ -78,7 +84,10 @@ def validate_state(state: dict[str, Any], path) -> None:
     """Every field the restore reads is present with the right type (and the counters are
     non-negative); else one UserError naming the first bad field."""
     wanted = dict(FIELDS) if state.get("sharded") else {**FIELDS, **TENSORS}
-    for where, fields, obj in (("", wanted, state), ("rng.", RNG, state.get("rng"))):
+    wanted.update({k: v for k, v in OPTIONAL.items() if k in state})
+    early = state.get("early_stop")
+    for where, fields, obj in (("", wanted, state), ("rng.", RNG, state.get("rng")),
+                               *((("early_stop.", EARLY_STOP, early),) if early else ())):
         for key, types in fields.items():
             v = obj.get(key) if isinstance(obj, dict) else None
             if not isinstance(v, types) or isinstance(v, bool):
@@ -86,9 +95,13 @@ def validate_state(state: dict[str, Any], path) -> None:
                                 f"train: field {where}{key} is "
                                 f"{'missing' if v is None else type(v).__name__}; resume from "
                                 f"another checkpoint or start a new --out")
-    for key in ("epoch", "step", "step_in_epoch", "last_log_step", "world_size"):
-        if state[key] < 0 or (key == "world_size" and state[key] < 1):
-            raise UserError(f"checkpoint {path} is damaged: {key} = {state[key]}; resume from "
+    counts = {k: state[k] for k in ("epoch", "step", "step_in_epoch", "last_log_step",
+                                    "world_size")}
+    if early:
+        counts["early_stop.waited"] = early["waited"]
+    for key, value in counts.items():
+        if value < 0 or (key == "world_size" and value < 1):
+            raise UserError(f"checkpoint {path} is damaged: {key} = {value}; resume from "
                             f"another checkpoint or start a new --out")
     if not isinstance(state["config"].get("seed"), int):
         raise UserError(f"checkpoint {path} is damaged: its config has no seed; resume from "

@@ -90,6 +90,7 @@ class Run:
         self.last_log = (time.perf_counter(), 0)  # (clock, step) of the last train log
         self.history: list[dict] = []
         self.stop: str | None = None  # set (e.g. by early stopping) to end fit() cleanly
+        self.early_stop = None  # --early-stop's callbacks.EarlyStop: built, checkpointed
         self.signals = StopSignals()  # SIGTERM/SIGUSR1/SIGINT received: stop (signals.py)
         self.callbacks: list = []  # fit()'s, while it runs
         self.step_inputs, self.train_step = step_batches, step  # graphed.attach replaces them
@@ -280,6 +281,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.rundir = agree.together(world, RunDir, cfg.out if world.main else None, bool(cfg.resume))
     # Every rank takes part in checkpoints (collectives; FSDP shards): all need the path.
     run.checkpoints = Path(cfg.out) / "checkpoints" if cfg.out else None
+    if cfg.early_stop:  # its count is a run's state: restored by the resume below
+        from fasttrain.engine.callbacks import EarlyStop
+
+        run.early_stop = EarlyStop(cfg.early_stop, cfg.patience)
     agree.together(world, checkpoint.resume, run)  # a bad checkpoint stops every rank
     if cfg.cuda_graphs and run.graph_why is None:
         graphed.attach(run)  # after the restore: it sets the optimizer's flags the graph needs
