@@ -169,7 +169,7 @@ def evaluate(run, split: str = "test") -> dict[str, float]:
     *values, count = sums.tolist()  # sync: once per evaluation
     values = [v / max(count, 1) for v in values]
     out = {f"{split}_loss": values[0]}
-    if run.batches.language:
+    if run.perplexity:  # the loss is a token cross-entropy (run.py)
         out[f"{split}_perplexity"] = math.exp(min(values[0], 50.0))
     out.update({f"{split}_{name}": v for name, v in zip(names or (), values[1:], strict=True)})
     return out

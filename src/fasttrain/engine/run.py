@@ -80,6 +80,7 @@ class Run:
     graph_why: str | None  # why --cuda-graphs does not capture the whole step (graphed.why_not)
     step_name: str  # the user's step as 'pkg.mod:fn', for messages ("" for the default step)
     metrics: dict[str, Metric]
+    perplexity: bool  # evaluations report exp(loss) as {split}_perplexity (token cross-entropy)
     total_steps: int
     flops_per_step: float | None  # for MFU: counted only where a peak FLOP/s is known
     rundir: RunDir
@@ -215,6 +216,12 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
                         f"default step needs: give step=fn(model, batch) returning the loss "
                         f"(--step pkg.module:fn)")
     run.loss_fn = inputs.resolve_loss(loss, task, user_step=user.get("step") is not None)
+    # exp(loss) is a perplexity where the loss is the mean cross-entropy of next tokens: the
+    # bundled text, or your token sequences (int64 [T] pairs) under the default step and the
+    # built-in cross-entropy. Not a loss of yours, nor your step's: it may hold anything.
+    run.perplexity = run.batches.language or bool(
+        run.batches.tokens_per_sample and user.get("step") is None
+        and run.loss_fn is inputs.cross_entropy)
     run.metrics = {**default_metrics(task), **metrics}
     run.step_name = (usercode.name_of(user["step"], cfg.step) if "step" in user else "")
     run.compute_loss = steps.compute_loss(run, user.get("step"), run.step_name)
