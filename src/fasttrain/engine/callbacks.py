@@ -70,9 +70,9 @@ def log(run, epoch: int) -> None:
     for v in run.extra_sums.values():
         v.zero_()
     if not math.isfinite(loss):
-        raise Diverged(f"the training loss became {loss} by step {run.step}; the last good "
-                       f"checkpoint is kept. Try a lower --lr, --grad-clip, or bf16 instead of "
-                       f"fp16")
+        from fasttrain.engine.resume import diverged
+
+        raise Diverged(diverged(run, f"the training loss became {loss} by step {run.step}"))
     dt = max(now - then[0], 1e-9)
     samples = steps * run.cfg.batch_size / dt
     record = {"kind": "train", "step": run.step, "epoch": epoch, "loss": loss,

@@ -71,15 +71,25 @@ def save_run(run) -> Path | None:
     (FSDP: every rank its shard). A run whose loss is no longer finite is never saved."""
     from fasttrain.engine import distributed
     from fasttrain.engine.loop import Diverged
+    from fasttrain.engine.resume import diverged
 
     if run.checkpoints is None:
         return None
     world = run.world
-    # sync: never save a run that has already diverged (summed, so all ranks agree)
-    pending = world.all_sum(run.loss_sum.detach().clone()).item()
+    # sync: never save a run that has already diverged (summed, so all ranks agree): by its
+    # loss since the last log, or by its weights (a step whose loss was finite may have made
+    # them inf or NaN: its gradients were), which would make the "last good" checkpoint bad.
+    bad = torch.zeros((), device=run.device)
+    for p in run.model.parameters():
+        p = p.detach()
+        bad += (p.to_local() if hasattr(p, "to_local") else p).isfinite().logical_not().sum()
+    pending, bad = world.all_sum(torch.stack([run.loss_sum.detach().float(), bad])).tolist()
     if not math.isfinite(pending):
-        raise Diverged(f"the training loss became {pending} before step {run.step}; the "
-                       f"last good checkpoint is kept. Try a lower --lr or --grad-clip")
+        raise Diverged(diverged(run, f"the training loss became {pending} before step "
+                                     f"{run.step}"))
+    if bad:
+        raise Diverged(diverged(run, f"the weights became inf or NaN by step {run.step} "
+                                     f"({int(bad)} values: the gradients were)"))
     extras, keep = state(run), run.cfg.keep_checkpoints
     if world.sharded:  # FSDP, tensor or pipeline parallel: DTensor shards, through DCP
         return save_sharded(run.checkpoints, run.step,
@@ -119,6 +129,9 @@ def resume(run) -> None:
     if run.world.main:
         print(f"resumed from {path} (epoch {run.epoch}, step {run.step})"
               + (f"; changed: {', '.join(changed)}" if changed else ""))
+        from fasttrain.engine.resume import diverged_before
+
+        diverged_before(run)  # it diverged after this step last time, with these settings
 
 
 def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list[str]:

@@ -12,10 +12,18 @@ run (callbacks.EarlyStop): a run that stopped early stays stopped unless --patie
 
 `validate_state` checks a loaded checkpoint's fields and their types, so that a crafted or
 damaged file with the right format tag is one clear error, not a KeyError deep in the restore.
+
+A run that diverged (exit 3) says what was kept and what to try (`diverged`), and records it in
+OUT/diverged.json: resumed from before that step with the same --lr, --grad-clip and
+--precision, it would diverge again (a resume replays the run bit for bit), so the resume says
+so (`diverged_before`) instead of looping through the same divergence without a hint.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -106,3 +114,53 @@ def validate_state(state: dict[str, Any], path) -> None:
     if not isinstance(state["config"].get("seed"), int):
         raise UserError(f"checkpoint {path} is damaged: its config has no seed; resume from "
                         f"another checkpoint or start a new --out")
+
+
+# What tames a divergence: a resume that changes none of these diverges again.
+TAMING = ("lr", "grad_clip", "precision")
+DIVERGED = "diverged.json"
+
+
+def diverged(run, what: str) -> str:
+    """The one line of a run that diverged (`what`: 'the training loss became nan by step 8'):
+    what was kept and what to try. Recorded for the next resume (rank 0; OUT/diverged.json)."""
+    from fasttrain.engine.checkpoint import complete
+
+    cfg = run.cfg
+    saved = complete(run.checkpoints)
+    kept = (f"the last good checkpoint, step {saved[-1][0]}, is kept: resume it with "
+            f"--resume auto and" if saved else
+            "nothing was saved (no --out was given): run again with" if run.checkpoints is None
+            else "no checkpoint had been saved yet: run again with")
+    fp16 = ", or bf16 instead of fp16" if cfg.precision == "fp16" else ""
+    run.rundir.write_json(DIVERGED, {"what": what, "step": run.step,
+                                     "from_step": saved[-1][0] if saved else 0,
+                                     **{k: getattr(cfg, k) for k in TAMING}})
+    return f"{what}; {kept} {_taming(cfg)}{fp16}"
+
+
+def _taming(cfg) -> str:
+    from fasttrain.engine.optim import owns_lr
+
+    return (f"a lower --lr (this run's: {cfg.lr:g})" if owns_lr(cfg)
+            else "a lower learning rate in your --optimizer/--scheduler") + " or --grad-clip"
+
+
+def diverged_before(run) -> None:
+    """On resume (rank 0): warn when this run diverged after this step last time, with the
+    settings it has now."""
+    path = Path(run.cfg.out) / DIVERGED if run.cfg.out else None
+    try:
+        last = json.loads(path.read_text()) if path and path.is_file() else None
+    except (OSError, ValueError):
+        return  # a damaged note is no reason to stop a resume
+    if (not isinstance(last, dict) or not isinstance(last.get("step"), int)
+            or run.step >= last["step"]
+            or any(last.get(k) != getattr(run.cfg, k) for k in TAMING)):
+        return
+    settings = ", ".join(f"--{k.replace('_', '-')} {getattr(run.cfg, k)}"
+                         if getattr(run.cfg, k) else f"no --{k.replace('_', '-')}"
+                         for k in TAMING)
+    print(f"warning: this run diverged after this step last time, with the same settings "
+          f"({settings}): {last.get('what')}; a resume replays it, so it will again: resume "
+          f"with {_taming(run.cfg)}", file=sys.stderr)
