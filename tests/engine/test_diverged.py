@@ -61,9 +61,9 @@ def data() -> dict:
 
 
 def train(model: nn.Module, **kw):
-    run = fasttrain.build(model=model, data=data(), loss="mse", batch_size=32,
-                          accum_steps=ACCUM, epochs=2, log_every=4, checkpoint_every=3,
-                          device="cpu", progress=False, verbose=False, **kw)
+    run = fasttrain.build(model=model, data=data(), **{
+        **dict(loss="mse", batch_size=32, accum_steps=ACCUM, epochs=2, log_every=4,
+               checkpoint_every=3, device="cpu", progress=False, verbose=False), **kw})
     with pytest.raises(Diverged) as e:
         fasttrain.fit(run)
     return str(e.value)
@@ -114,3 +114,12 @@ def test_status_3_and_a_resume_that_would_diverge_again_says_so(tmp_path, capsys
     # With a lower --lr it is another run from here: no warning (this model diverges anyway).
     code, out, err = run_cli(capsys, *again, "--lr", "1e-4")
     assert "changed: lr 0.001 → 0.0001" in out and "warning" not in err, out + err
+
+
+def test_a_run_that_diverged_before_its_first_checkpoint_restarts_with_the_warning(tmp_path,
+                                                                                   capsys):
+    said = train(make(), out=str(tmp_path), checkpoint_every=10)
+    assert "no checkpoint had been saved yet: run again with a lower --lr" in said, said
+    capsys.readouterr()
+    train(make(), out=str(tmp_path), checkpoint_every=10, resume="auto")  # from the start
+    assert "diverged after this step last time" in capsys.readouterr().err

@@ -120,6 +120,10 @@ def resume(run) -> None:
                             f"weights: choose a new --out, or --resume PATH")
         if found is None:  # nothing saved yet: a fresh start is the right resume,
             run.rundir.truncate_metrics(0, 0)  # without the records of the start it repeats
+            if run.world.main:
+                from fasttrain.engine.resume import diverged_before
+
+                diverged_before(run)  # it diverged before its first checkpoint last time
             return
         path, saved = found
     else:
