@@ -68,7 +68,8 @@ def state(run) -> dict[str, Any]:
 
 def save_run(run) -> Path | None:
     """Checkpoint `run` at its step. Every rank calls this at the same step; rank 0 writes
-    (FSDP: every rank its shard). A run whose loss is no longer finite is never saved."""
+    (FSDP: every rank its shard). A run whose loss or weights are no longer finite is never
+    saved: it raises Diverged (resume.diverged says what was kept)."""
     from fasttrain.engine import distributed
     from fasttrain.engine.loop import Diverged
     from fasttrain.engine.resume import diverged
