@@ -49,7 +49,8 @@ def train(args: argparse.Namespace) -> int:
             print(f"stopped: {e}", file=sys.stderr)
             return e.exit_code
     say = print if run.main else (lambda *a, **k: None)  # rank 0 speaks for all
-    if run.stop and not run.cfg.progress:  # with progress on, fit() has said it
+    # With progress on, fit() has said it; with nothing to train, its one line said it.
+    if run.stop and last and not run.cfg.progress:
         say(run.stop, file=sys.stderr)
     evals = [r for r in run.history if r["kind"] == "eval"]
     if evals:

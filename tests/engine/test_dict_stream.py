@@ -4,6 +4,8 @@ bit for bit; and the same batches refused with one line when no step is given.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch.utils.data import Dataset
@@ -98,3 +100,58 @@ def test_no_tokens_per_second_for_samples_that_are_not_token_sequences():
                           device="cpu", progress=False, verbose=False)
     fasttrain.fit(run)
     assert "tokens_per_s" not in run.history[0]
+
+
+def token_splits(as_data: str) -> dict:
+    tokens = DictTokens().tokens
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    if as_data == "pairs in memory":
+        return {"train": (x[:80], y[:80]), "test": (x[80:], y[80:])}
+    return {k: torch.utils.data.TensorDataset(x[s], y[s])
+            for k, s in (("train", slice(0, 80)), ("test", slice(80, None)))}
+
+
+def next_token_lm() -> torch.nn.Module:
+    """Logits [B, T, VOCAB] for ids [B, T]: what the default step's cross-entropy takes."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
+
+
+def last_eval(run) -> dict:
+    fasttrain.fit(run)
+    return [r for r in run.history if r["kind"] == "eval"][-1]
+
+
+@pytest.mark.parametrize("as_data", ["pairs in memory", "pairs streamed"])
+@pytest.mark.parametrize("loss", [None, "cross_entropy"])
+def test_token_pairs_of_yours_under_the_cross_entropy_report_perplexity(as_data, loss):
+    # val/test_perplexity were the bundled text's only: a language model of yours had its loss.
+    run = fasttrain.build(model=next_token_lm(), data=token_splits(as_data), batch_size=16,
+                          val_fraction=0.25, max_steps=2, device="cpu", progress=False,
+                          verbose=False, **({"loss": loss} if loss else {}))
+    record = last_eval(run)
+    for split in ("val", "test"):
+        assert record[f"{split}_perplexity"] == pytest.approx(
+            math.exp(record[f"{split}_loss"])), record
+
+
+def smoothed(output, target):
+    return torch.nn.functional.cross_entropy(output.flatten(0, 1), target.flatten(),
+                                             label_smoothing=0.1)
+
+
+@pytest.mark.parametrize("case", ["your step", "your loss", "one label a sequence"])
+def test_no_perplexity_where_the_loss_need_not_be_a_token_cross_entropy(case):
+    # Your step may add anything to the loss (an auxiliary term, a weighting), your loss may be
+    # smoothed: the exp of either is no perplexity. Nor is a loss over one label a sequence.
+    kw = {"your step": dict(model=userstep.make_lm(), data=DictTokens(), step=hf_dict_step),
+          "your loss": dict(model=next_token_lm(), data=token_splits("pairs in memory"),
+                            loss=smoothed),
+          "one label a sequence": dict(
+              model=torch.nn.Sequential(torch.nn.Embedding(VOCAB, 4), torch.nn.Flatten(),
+                                        torch.nn.Linear(4 * SEQ, 4)),
+              data=(torch.randint(0, VOCAB, (64, SEQ)), torch.randint(0, 4, (64,))))}[case]
+    run = fasttrain.build(**kw, batch_size=16, val_fraction=0.25, max_steps=2, device="cpu",
+                          progress=False, verbose=False)
+    record = last_eval(run)
+    assert "val_loss" in record and not [k for k in record if "perplexity" in k], record

@@ -30,7 +30,7 @@ from fasttrain.errors import UserError
 
 def standard(run) -> list:
     cfg = run.cfg
-    early = [EarlyStop(cfg.early_stop, cfg.patience)] if cfg.early_stop else []
+    early = [run.early_stop] if run.early_stop is not None else []  # built, maybe restored
     plain = [PlainLog()] if cfg.progress and run.main and not sys.stderr.isatty() else []
     return [Logger(), Evaluator(), *early, Checkpointer(), Preemption(), RunFiles(), *plain]
 
@@ -70,9 +70,9 @@ def log(run, epoch: int) -> None:
     for v in run.extra_sums.values():
         v.zero_()
     if not math.isfinite(loss):
-        raise Diverged(f"the training loss became {loss} by step {run.step}; the last good "
-                       f"checkpoint is kept. Try a lower --lr, --grad-clip, or bf16 instead of "
-                       f"fp16")
+        from fasttrain.engine.resume import diverged
+
+        raise Diverged(diverged(run, f"the training loss became {loss} by step {run.step}"))
     dt = max(now - then[0], 1e-9)
     samples = steps * run.cfg.batch_size / dt
     record = {"kind": "train", "step": run.step, "epoch": epoch, "loss": loss,
@@ -169,7 +169,7 @@ def evaluate(run, split: str = "test") -> dict[str, float]:
     *values, count = sums.tolist()  # sync: once per evaluation
     values = [v / max(count, 1) for v in values]
     out = {f"{split}_loss": values[0]}
-    if run.batches.language:
+    if run.perplexity:  # the loss is a token cross-entropy (run.py)
         out[f"{split}_perplexity"] = math.exp(min(values[0], 50.0))
     out.update({f"{split}_{name}": v for name, v in zip(names or (), values[1:], strict=True)})
     return out
@@ -182,13 +182,38 @@ FALLING = {"loss", "perplexity", "ppl", "error", "err", "mae", "mse", "rmse", "w
 class EarlyStop:
     """Stop when `metric` (a key of the eval records, e.g. val_loss) has not improved for
     `patience` evaluations: losses, perplexities and errors (FALLING) must fall, anything else
-    rise."""
+    rise.
+
+    --early-stop's is built with the run (run.early_stop) and checkpointed: its best value and
+    the evaluations waited since (`state`), so that a resumed run stops where an uninterrupted
+    one does, and a run that stopped early, resumed as it is, stays stopped (`restore`)."""
 
     def __init__(self, metric: str, patience: int = 3, mode: str | None = None):
         self.metric, self.patience = metric, patience
         falls = bool(FALLING & set(metric.lower().split("_")))
         self.sign = {"min": 1, "max": -1}.get(mode or ("min" if falls else "max"))
         self.best, self.waited = math.inf, 0
+
+    def state(self) -> dict:
+        """What a checkpoint keeps: the metric, its best value so far, evaluations waited."""
+        return {"metric": self.metric, "best": self.sign * self.best, "waited": self.waited}
+
+    def restore(self, run, saved: dict | None) -> str:
+        """Take up a checkpoint's `state()` (none from a run without --early-stop or from an
+        older checkpoint: counted afresh, as is another metric). A run that has waited
+        --patience evaluations is stopped (run.stop): a larger --patience lets it go on. Says,
+        for the `resumed from` line, where the count stands."""
+        if not saved or saved["metric"] != self.metric:
+            return f"{self.metric} counted afresh"
+        self.best, self.waited = self.sign * saved["best"], saved["waited"]
+        if self.waited >= self.patience:
+            run.stop = self.reason()
+            return f"{self.metric} has not improved for {self.waited} evaluations: stopped"
+        return (f"{self.metric} has not improved for {self.waited} of {self.patience} "
+                f"evaluations: goes on")
+
+    def reason(self) -> str:
+        return f"early stop: {self.metric} has not improved for {self.patience} evaluations"
 
     def on_eval(self, run, record: dict) -> None:
         if self.metric not in record:
@@ -202,8 +227,7 @@ class EarlyStop:
             return
         self.waited += 1
         if self.waited >= self.patience:
-            run.stop = (f"early stop: {self.metric} has not improved for {self.patience} "
-                        f"evaluations")
+            run.stop = self.reason()
 
 
 class Checkpointer:

@@ -59,6 +59,8 @@ def state(run) -> dict[str, Any]:
         "rng": ranks[0]["rng"], "world_size": run.world.size,
         "data": run.batches.state(run.step_in_epoch),  # where the data resumes (stream.py)
     }
+    if run.early_stop is not None:  # best value, evaluations waited (callbacks.EarlyStop)
+        out["early_stop"] = run.early_stop.state()
     if run.world.size > 1:
         out["ranks"] = ranks
     return out
@@ -66,18 +68,29 @@ def state(run) -> dict[str, Any]:
 
 def save_run(run) -> Path | None:
     """Checkpoint `run` at its step. Every rank calls this at the same step; rank 0 writes
-    (FSDP: every rank its shard). A run whose loss is no longer finite is never saved."""
+    (FSDP: every rank its shard). A run whose loss or weights are no longer finite is never
+    saved: it raises Diverged (resume.diverged says what was kept)."""
     from fasttrain.engine import distributed
     from fasttrain.engine.loop import Diverged
+    from fasttrain.engine.resume import diverged
 
     if run.checkpoints is None:
         return None
     world = run.world
-    # sync: never save a run that has already diverged (summed, so all ranks agree)
-    pending = world.all_sum(run.loss_sum.detach().clone()).item()
+    # sync: never save a run that has already diverged (summed, so all ranks agree): by its
+    # loss since the last log, or by its weights (a step whose loss was finite may have made
+    # them inf or NaN: its gradients were), which would make the "last good" checkpoint bad.
+    bad = torch.zeros((), device=run.device)
+    for p in run.model.parameters():
+        p = p.detach()
+        bad += (p.to_local() if hasattr(p, "to_local") else p).isfinite().logical_not().sum()
+    pending, bad = world.all_sum(torch.stack([run.loss_sum.detach().float(), bad])).tolist()
     if not math.isfinite(pending):
-        raise Diverged(f"the training loss became {pending} before step {run.step}; the "
-                       f"last good checkpoint is kept. Try a lower --lr or --grad-clip")
+        raise Diverged(diverged(run, f"the training loss became {pending} before step "
+                                     f"{run.step}"))
+    if bad:
+        raise Diverged(diverged(run, f"the weights became inf or NaN by step {run.step} "
+                                     f"({int(bad)} values: the gradients were)"))
     extras, keep = state(run), run.cfg.keep_checkpoints
     if world.sharded:  # FSDP, tensor or pipeline parallel: DTensor shards, through DCP
         return save_sharded(run.checkpoints, run.step,
@@ -108,6 +121,10 @@ def resume(run) -> None:
                             f"weights: choose a new --out, or --resume PATH")
         if found is None:  # nothing saved yet: a fresh start is the right resume,
             run.rundir.truncate_metrics(0, 0)  # without the records of the start it repeats
+            if run.world.main:
+                from fasttrain.engine.resume import diverged_before
+
+                diverged_before(run)  # it diverged before its first checkpoint last time
             return
         path, saved = found
     else:
@@ -117,11 +134,15 @@ def resume(run) -> None:
     if run.world.main:
         print(f"resumed from {path} (epoch {run.epoch}, step {run.step})"
               + (f"; changed: {', '.join(changed)}" if changed else ""))
+        from fasttrain.engine.resume import diverged_before
+
+        diverged_before(run)  # it diverged after this step last time, with these settings
 
 
 def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list[str]:
     """Put `saved` (as `state` made it, with model and optimizer) back into `run`; the settings
-    the user changed since (resume.MAY_CHANGE) are applied, and returned as 'name old → new'."""
+    the user changed since (resume.MAY_CHANGE) are applied, and returned as 'name old → new'
+    (a changed --early-stop/--patience with where early stopping stands)."""
     from fasttrain.engine import distributed, optim, resume
 
     cfg, world = run.cfg, run.world
@@ -185,6 +206,11 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
     run.loss_sum.copy_(mine["loss_sum"])
     run.extra_sums = {k: v.to(run.device) for k, v in mine.get("extra_sums", {}).items()}
     run.last_log = (run.last_log[0], saved["last_log_step"])
+    if run.early_stop is not None:  # absent from older checkpoints: counted afresh
+        said = run.early_stop.restore(run, saved.get("early_stop"))
+        at = [i for i, c in enumerate(changed) if c.startswith(("early_stop ", "patience "))]
+        if at:  # what the changed --early-stop/--patience make of it
+            changed[at[-1]] += f" ({said})"
     run.skipped.copy_(saved["skipped"])
     try:
         set_rng_state(mine["rng"])

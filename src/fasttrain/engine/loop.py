@@ -153,13 +153,15 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
     run.last_log = (time.perf_counter(), run.last_log[1])
     together = False  # did every rank get here the same way (the end, or an agreed stop)?
     try:
-        if run.cfg.resume and run.step and not _steps_left(run):
+        if run.cfg.resume and run.step and (run.stop is not None or not _steps_left(run)):
             # A finished run resumed as it was (a requeued job, a script that always resumes):
-            # nothing to train, so nothing is evaluated, logged or written again.
+            # nothing to train, so nothing is evaluated, logged or written again. One that
+            # stopped early stays stopped (its early stop was restored: callbacks.EarlyStop).
             if run.main:
+                how = ("give more --epochs or --max-steps to extend it" if run.stop is None
+                       else f"{run.stop}; give a larger --patience to go on")
                 print(f"nothing to train: the run finished at step {run.step} (epoch "
-                      f"{run.epoch}); give more --epochs or --max-steps to extend it",
-                      file=sys.stderr)
+                      f"{run.epoch}); {how}", file=sys.stderr)
             together = True
             return {}
         with bar, run.signals:  # SIGTERM/SIGUSR1/SIGINT only set a flag (signals.py)

@@ -6,6 +6,7 @@
     OUT/loss.png             training and test loss against steps
     OUT/weights.safetensors  the final weights (no pickle)
     OUT/model.json           what `fasttrain.load(OUT)` needs to rebuild the model
+    OUT/diverged.json        where a run that diverged stopped, for its next resume (resume.py)
     OUT/checkpoints/         see checkpoint.py
     OUT/.lock                held (flock) while a process writes the run; see rundir.py
 """

@@ -4,15 +4,26 @@ A checkpoint fixes what makes a run *that* run (model, data, batch, optimizer an
 hyper-parameters, schedule shape, seed): resuming with another value is refused with one line.
 What a user legitimately changes when continuing — the learning rate (the advice after a
 divergence is "try a lower --lr"), the schedule's length (--epochs / --max-steps, to extend a
-run), log and checkpoint cadence, --grad-clip, how many checkpoints to keep — is applied to the
-restored optimizer and scheduler, recorded in config.toml and reported in one line.
+run), log and checkpoint cadence, --grad-clip, how many checkpoints to keep, early stopping's
+--early-stop and --patience — is applied to the restored optimizer, scheduler and early stop,
+recorded in config.toml and reported in one line. Early stopping's count is restored with the
+run (callbacks.EarlyStop): a run that stopped early stays stopped unless --patience is raised
+(or --early-stop names another metric, counted afresh).
 
 `validate_state` checks a loaded checkpoint's fields and their types, so that a crafted or
 damaged file with the right format tag is one clear error, not a KeyError deep in the restore.
+
+A run that diverged (exit 3) says what was kept and what to try (`diverged`), and records it in
+OUT/diverged.json: resumed from before that step with the same --lr, --grad-clip and
+--precision, it would diverge again (a resume replays the run bit for bit), so the resume says
+so (`diverged_before`) instead of looping through the same divergence without a hint.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +34,7 @@ MUST_MATCH = ("model", "data", "block_size", "batch_size", "accum_steps", "optim
               "momentum", "weight_decay", "schedule", "warmup_steps", "seed", "loss",
               "val_fraction", "augment", "step", "scheduler", "decay_norm_and_bias")
 MAY_CHANGE = ("lr", "epochs", "max_steps", "log_every", "checkpoint_every", "grad_clip",
-              "keep_checkpoints")
+              "keep_checkpoints", "early_stop", "patience")
 # Not taken from the run (a run may resume on another machine) but said when they differ from
 # it: they change the numbers it computes (`--resume auto --epochs 40` after a bf16 run is fp32).
 SAID = ("precision",)
@@ -71,6 +82,9 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "last_log_step": _INT, "rng": (dict,), "world_size": _INT,
 }
 TENSORS = {"model": (dict,), "optimizer": (dict,)}
+# Fields that older checkpoints lack (or a run without --early-stop): checked when present.
+OPTIONAL = {"early_stop": (dict,)}
+EARLY_STOP = {"metric": (str,), "best": (float, int), "waited": _INT}
 RNG = {"torch_cpu": (torch.Tensor,), "torch_cuda": (list,), "numpy": (dict,), "python": (dict,)}
 
 
@@ -78,7 +92,10 @@ def validate_state(state: dict[str, Any], path) -> None:
     """Every field the restore reads is present with the right type (and the counters are
     non-negative); else one UserError naming the first bad field."""
     wanted = dict(FIELDS) if state.get("sharded") else {**FIELDS, **TENSORS}
-    for where, fields, obj in (("", wanted, state), ("rng.", RNG, state.get("rng"))):
+    wanted.update({k: v for k, v in OPTIONAL.items() if k in state})
+    early = state.get("early_stop")
+    for where, fields, obj in (("", wanted, state), ("rng.", RNG, state.get("rng")),
+                               *((("early_stop.", EARLY_STOP, early),) if early else ())):
         for key, types in fields.items():
             v = obj.get(key) if isinstance(obj, dict) else None
             if not isinstance(v, types) or isinstance(v, bool):
@@ -86,10 +103,64 @@ def validate_state(state: dict[str, Any], path) -> None:
                                 f"train: field {where}{key} is "
                                 f"{'missing' if v is None else type(v).__name__}; resume from "
                                 f"another checkpoint or start a new --out")
-    for key in ("epoch", "step", "step_in_epoch", "last_log_step", "world_size"):
-        if state[key] < 0 or (key == "world_size" and state[key] < 1):
-            raise UserError(f"checkpoint {path} is damaged: {key} = {state[key]}; resume from "
+    counts = {k: state[k] for k in ("epoch", "step", "step_in_epoch", "last_log_step",
+                                    "world_size")}
+    if early:
+        counts["early_stop.waited"] = early["waited"]
+    for key, value in counts.items():
+        if value < 0 or (key == "world_size" and value < 1):
+            raise UserError(f"checkpoint {path} is damaged: {key} = {value}; resume from "
                             f"another checkpoint or start a new --out")
     if not isinstance(state["config"].get("seed"), int):
         raise UserError(f"checkpoint {path} is damaged: its config has no seed; resume from "
                         f"another checkpoint or start a new --out")
+
+
+# What tames a divergence: a resume that changes none of these diverges again.
+TAMING = ("lr", "grad_clip", "precision")
+DIVERGED = "diverged.json"
+
+
+def diverged(run, what: str) -> str:
+    """The one line of a run that diverged (`what`: 'the training loss became nan by step 8'):
+    what was kept and what to try. Recorded for the next resume (rank 0; OUT/diverged.json)."""
+    from fasttrain.engine.checkpoint import complete
+
+    cfg = run.cfg
+    saved = complete(run.checkpoints)
+    kept = (f"the last good checkpoint, step {saved[-1][0]}, is kept: resume it with "
+            f"--resume auto and" if saved else
+            "nothing was saved (no --out was given): run again with" if run.checkpoints is None
+            else "no checkpoint had been saved yet: run again with")
+    fp16 = ", or bf16 instead of fp16" if cfg.precision == "fp16" else ""
+    run.rundir.write_json(DIVERGED, {"what": what, "step": run.step,
+                                     "from_step": saved[-1][0] if saved else 0,
+                                     **{k: getattr(cfg, k) for k in TAMING}})
+    return f"{what}; {kept} {_taming(cfg)}{fp16}"
+
+
+def _taming(cfg) -> str:
+    from fasttrain.engine.optim import owns_lr
+
+    return (f"a lower --lr (this run's: {cfg.lr:g})" if owns_lr(cfg)
+            else "a lower learning rate in your --optimizer/--scheduler") + " or --grad-clip"
+
+
+def diverged_before(run) -> None:
+    """On resume (rank 0): warn when this run diverged after this step last time, with the
+    settings it has now."""
+    path = Path(run.cfg.out) / DIVERGED if run.cfg.out else None
+    try:
+        last = json.loads(path.read_text()) if path and path.is_file() else None
+    except (OSError, ValueError):
+        return  # a damaged note is no reason to stop a resume
+    if (not isinstance(last, dict) or not isinstance(last.get("step"), int)
+            or run.step >= last["step"]
+            or any(last.get(k) != getattr(run.cfg, k) for k in TAMING)):
+        return
+    settings = ", ".join(f"--{k.replace('_', '-')} {getattr(run.cfg, k)}"
+                         if getattr(run.cfg, k) else f"no --{k.replace('_', '-')}"
+                         for k in TAMING)
+    print(f"warning: this run diverged after this step last time, with the same settings "
+          f"({settings}): {last.get('what')}; a resume replays it, so it will again: resume "
+          f"with {_taming(run.cfg)}", file=sys.stderr)

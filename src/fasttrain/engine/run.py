@@ -81,6 +81,7 @@ class Run:
     graph_why: str | None  # why --cuda-graphs does not capture the whole step (graphed.why_not)
     step_name: str  # the user's step as 'pkg.mod:fn', for messages ("" for the default step)
     metrics: dict[str, Metric]
+    perplexity: bool  # evaluations report exp(loss) as {split}_perplexity (token cross-entropy)
     total_steps: int
     flops_per_step: float | None  # for MFU: counted only where a peak FLOP/s is known
     rundir: RunDir
@@ -91,6 +92,7 @@ class Run:
         self.last_log = (time.perf_counter(), 0)  # (clock, step) of the last train log
         self.history: list[dict] = []
         self.stop: str | None = None  # set (e.g. by early stopping) to end fit() cleanly
+        self.early_stop = None  # --early-stop's callbacks.EarlyStop: built, checkpointed
         self.signals = StopSignals()  # SIGTERM/SIGUSR1/SIGINT received: stop (signals.py)
         self.callbacks: list = []  # fit()'s, while it runs
         self.step_inputs, self.train_step = step_batches, step  # graphed.attach replaces them
@@ -215,6 +217,12 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
                         f"default step needs: give step=fn(model, batch) returning the loss "
                         f"(--step pkg.module:fn)")
     run.loss_fn = inputs.resolve_loss(loss, task, user_step=user.get("step") is not None)
+    # exp(loss) is a perplexity where the loss is the mean cross-entropy of next tokens: the
+    # bundled text, or your token sequences (int64 [T] pairs) under the default step and the
+    # built-in cross-entropy. Not a loss of yours, nor your step's: it may hold anything.
+    run.perplexity = run.batches.language or bool(
+        run.batches.tokens_per_sample and user.get("step") is None
+        and run.loss_fn is inputs.cross_entropy)
     run.metrics = {**default_metrics(task), **metrics}
     run.step_name = (usercode.name_of(user["step"], cfg.step) if "step" in user else "")
     run.compute_loss = steps.compute_loss(run, user.get("step"), run.step_name)
@@ -281,6 +289,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.rundir = agree.together(world, RunDir, cfg.out if world.main else None, bool(cfg.resume))
     # Every rank takes part in checkpoints (collectives; FSDP shards): all need the path.
     run.checkpoints = Path(cfg.out) / "checkpoints" if cfg.out else None
+    if cfg.early_stop:  # its count is a run's state: restored by the resume below
+        from fasttrain.engine.callbacks import EarlyStop
+
+        run.early_stop = EarlyStop(cfg.early_stop, cfg.patience)
     agree.together(world, checkpoint.resume, run)  # a bad checkpoint stops every rank
     if cfg.cuda_graphs and run.graph_why is None:
         graphed.attach(run)  # after the restore: it sets the optimizer's flags the graph needs

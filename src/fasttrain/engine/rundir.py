@@ -35,7 +35,8 @@ from fasttrain.errors import UserError
 
 LOCK = ".lock"
 # What a run writes into OUT, and what kind of entry each is.
-FILES = ("config.toml", "metrics.jsonl", "weights.safetensors", "loss.png", "model.json")
+FILES = ("config.toml", "metrics.jsonl", "weights.safetensors", "loss.png", "model.json",
+         "diverged.json")
 FOLDERS = ("checkpoints", "tensorboard")
 
 
