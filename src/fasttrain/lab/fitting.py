@@ -75,14 +75,25 @@ def fsdp_need(b, k: int) -> int:
 
 
 def largest_micro(models: Models, cfg, usable: int) -> tuple[int, int, int]:
-    """The largest micro-batch whose predicted need fits `usable`, extrapolated from the peaks
-    at micro-batches m and 2m: (largest, bytes at m, bytes per sample)."""
+    """The largest micro-batch whose predicted need fits `usable`, extrapolated from the parts
+    that grow with the batch at micro-batches m and 2m: (largest, bytes at m, bytes per sample).
+
+    Not from the peaks: the peak is the larger of the activations' term and the optimizer step's
+    temporaries, and while the temporaries are the larger (a small batch of a large model) the
+    peak does not move from m to 2m — a slope read from it would say any batch fits."""
     m = cfg.micro_batch
-    p1 = models.memory(cfg).predicted_peak
-    p2 = models.memory(dataclasses.replace(cfg, batch_size=2 * cfg.batch_size)).predicted_peak
-    per_sample = max((p2 - p1) / m, 1e-9)
-    fixed = p1 - per_sample * m
-    return max(0, int((usable - fixed) // per_sample)), p1, int(per_sample)
+    b1 = models.memory(cfg)
+    b2 = models.memory(dataclasses.replace(cfg, batch_size=2 * cfg.batch_size))
+    act = lambda b: b.activations + b.conv_workspace  # noqa: E731  (beside the copies)
+    per_act, per_in = max((act(b2) - act(b1)) / m, 0.0), max((b2.inputs - b1.inputs) / m, 0.0)
+    fixed = b1.predicted_peak - b1.inputs - max(act(b1) + b1.weight_copies, b1.step_temp)
+    a0, in0 = act(b1) - per_act * m, b1.inputs - per_in * m  # the batch-0 intercepts
+    per_sample = max(per_act + per_in, 1e-9)
+    # need(B) = fixed + in0 + per_in·B + max(a0 + copies + per_act·B, step temporaries)
+    by_acts = (usable - fixed - in0 - a0 - b1.weight_copies) / per_sample
+    by_temps = ((usable - fixed - in0 - b1.step_temp) / per_in if per_in
+                else (float("inf") if usable >= fixed + in0 + b1.step_temp else 0.0))
+    return max(0, int(min(by_acts, by_temps))), b1.predicted_peak, int(per_sample)
 
 
 class Fitting(NamedTuple):
