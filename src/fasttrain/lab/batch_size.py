@@ -134,6 +134,20 @@ def search(try_fn: Callable[[int], Try], floor: int, unit: int, cap: int,
     return best, tries
 
 
+def refuse_fixed_batch(task, flag: str) -> None:
+    """A user's DataLoader batches as it was built: a command that varies the batch (a search,
+    a sweep) cannot, and would stop at its second try telling the user to change --batch-size."""
+    splits = getattr(task, "splits", None)  # streamed data (engine/stream.py StreamData)
+    train = splits["train"] if splits is not None else None
+    if train is not None and (train.batch_size is not None or train.batched):
+        from fasttrain.errors import UserError
+
+        size = f"batch_size={train.batch_size}" if train.batch_size else "its own batches"
+        raise UserError(f"{flag} varies the batch size, but the training data is a DataLoader "
+                        f"with {size}, which it cannot change: return the DataLoader's dataset "
+                        f"instead (fasttrain batches it with --workers, --pin-memory)")
+
+
 def train_samples(task, block_size: int) -> int:
     """How many samples one epoch has: the largest batch the engine can build."""
     splits = getattr(task, "splits", None)  # streamed data (engine/stream.py StreamData)
