@@ -390,8 +390,9 @@ def test_memory_command_takes_a_streamed_dataset_and_a_step_of_yours(capsys):
 def fixed_loader():
     """A user's DataLoader: its batch size is its own (imported by path below)."""
     x, y = torch.rand(64, 1, 28, 28), torch.arange(64) % 10
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8,
-                                       shuffle=True)
+    data = torch.utils.data.TensorDataset(x, y)
+    data.classes = list(range(10))  # what --model mlp is built for
+    return torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
 
 
 def test_find_batch_size_refuses_a_dataloader_it_cannot_rebatch_up_front(capsys):

@@ -279,3 +279,17 @@ def test_a_stream_without_length_is_planned_for_its_max_steps(tmp_path, capsys):
     assert ok and all(r["epoch_s"] is None and r["total_s"] == pytest.approx(40 * r["step_s"])
                       for r in ok)
     assert all(r["largest_batch"] < 2**40 for r in ok)  # from the activations: no cap needed
+
+
+def test_a_users_dataloader_is_planned_at_other_batches_too(tmp_path, capsys):
+    # plan predicts the step at 2× the batch (the largest batch) and with accumulation: the
+    # DataLoader's fixed batch_size stopped it, telling the user to change --batch-size.
+    flags = ["plan", "--model", "mlp", "--data", "tests.lab.test_memory:fixed_loader",
+             "--device", "cpu"]
+    assert main([*flags, "--batch-size", "8", "--json", str(tmp_path / "p.json")]) == 0
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert result["steps_per_epoch"] == 8  # 64 samples at the loader's 8
+    assert {r["largest_batch"] for r in result["rows"] if r["status"] == "ok"} == {64}
+    capsys.readouterr()
+    assert main([*flags, "--batch-size", "16"]) == 2  # the given batch must match, as in train
+    assert "batch_size=16" in capsys.readouterr().err

@@ -264,7 +264,7 @@ def _length(task, cfg, train_samples) -> tuple[int | None, int | None, int]:
 def plan(args: argparse.Namespace) -> int:
     from fasttrain import report
     from fasttrain.env import env_block
-    from fasttrain.lab.batch_size import train_samples
+    from fasttrain.lab.batch_size import rebatchable, train_samples
 
     _check(args)
     report.check_outputs((args.json, "--json"), (args.plot, "--plot"))
@@ -282,6 +282,7 @@ def plan(args: argparse.Namespace) -> int:
                         f"--accum-steps {cfg.accum_steps}; choose a multiple of "
                         f"{n * cfg.accum_steps}")
     per_gpu = dataclasses.replace(cfg, batch_size=cfg.batch_size // n)
+    task = rebatchable(task, per_gpu.micro_batch)  # predicted at other batches too
     samples, steps_epoch, total = _length(task, cfg, train_samples)
     models = fitting.Models(task)
     fit, basis = (steptime.calibrate(cfg, data=task) if args.calibrate

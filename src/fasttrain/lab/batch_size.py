@@ -148,6 +148,30 @@ def refuse_fixed_batch(task, flag: str) -> None:
                         f"instead (fasttrain batches it with --workers, --pin-memory)")
 
 
+def rebatchable(task, micro: int):
+    """`task` with a user's DataLoader's batch size lifted from its training split, for a
+    command that predicts the step at other batch sizes (plan: the largest batch, accumulation);
+    the loader's other settings (collate_fn, workers) stay. The configuration as given must
+    still match the loader, as train checks."""
+    import dataclasses
+
+    from fasttrain.errors import UserError
+
+    splits = getattr(task, "splits", None)  # streamed data (engine/stream.py StreamData)
+    train = splits["train"] if splits is not None else None
+    if train is None or (train.batch_size is None and train.as_built is None):
+        return task
+    if train.batched:
+        raise UserError("the training data is a DataLoader with batch_size=None (its items are "
+                        "whole batches): the batch cannot be varied; return its dataset instead")
+    if train.batch_size is not None and train.batch_size != micro:
+        raise UserError(f"the train DataLoader's batch_size is {train.batch_size}, but one GPU's "
+                        f"micro-batch is {micro}: build it with batch_size={micro} or change "
+                        f"--batch-size")
+    lifted = dataclasses.replace(train, batch_size=None, as_built=None)
+    return dataclasses.replace(task, splits={**splits, "train": lifted})
+
+
 def train_samples(task, block_size: int) -> int:
     """How many samples one epoch has: the largest batch the engine can build."""
     splits = getattr(task, "splits", None)  # streamed data (engine/stream.py StreamData)
