@@ -311,3 +311,19 @@ def test_bad_flags_are_one_line_errors(capsys, argv, words):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ")
     assert all(w in err[0] for w in words), err
+
+
+def test_a_run_directory_is_refused_and_left_as_it_was(capsys, tmp_path):
+    # profile --out RUN --resume auto rewrote the run's config.toml with its own switches (a
+    # later `train --resume auto` takes them from there) and left a lock in it.
+    flags = ["--model", "logreg", "--data", "synthetic", "--device", "cpu", "--batch-size", "64"]
+    run = tmp_path / "run"
+    assert main(["train", *flags, "--max-steps", "2", "--out", str(run), "--no-progress"]) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    for extra in (["--out", str(run), "--resume", "auto"], ["--out", str(tmp_path / "new")]):
+        code = main(["profile", *flags, "--lr", "0.5", "--steps", "1", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "--out" in err[0], err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert not (tmp_path / "new").exists()
