@@ -293,3 +293,20 @@ def test_a_users_dataloader_is_planned_at_other_batches_too(tmp_path, capsys):
     capsys.readouterr()
     assert main([*flags, "--batch-size", "16"]) == 2  # the given batch must match, as in train
     assert "batch_size=16" in capsys.readouterr().err
+
+
+def test_tf32_and_cuda_graphs_are_planned_without_a_gpu_here(tmp_path):
+    # The GPUs of the catalogue run them; this machine need not: plan refused both on a CPU
+    # ("--precision tf32 is a mode of NVIDIA tensor cores"), before renting the GPU.
+    flags = ["plan", "--model", "mlp", "--data", "synthetic", "--batch-size", "64"]
+    rows = {}
+    for name, extra in (("fp32", []), ("tf32", ["--precision", "tf32"]),
+                        ("graphs", ["--cuda-graphs"])):
+        assert main([*flags, *extra, "--json", str(tmp_path / f"{name}.json")]) == 0
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        rows[name] = {r["gpu"]: r for r in result["rows"]}
+    a100 = {name: r["A100 80GB"] for name, r in rows.items()}
+    assert a100["tf32"]["memory_needed"] == a100["fp32"]["memory_needed"]  # the same tensors
+    assert a100["tf32"]["roofline_s"] < a100["fp32"]["roofline_s"]  # at the TF32 peak
+    assert a100["graphs"]["launch_s"] == 0 < a100["fp32"]["launch_s"]
+    assert rows["tf32"]["T4"]["status"] == "unsupported"  # no TF32 units

@@ -285,7 +285,7 @@ def plan(args: argparse.Namespace) -> int:
     task = rebatchable(task, per_gpu.micro_batch)  # predicted at other batches too
     samples, steps_epoch, total = _length(task, cfg, train_samples)
     models = fitting.Models(task)
-    fit, basis = (steptime.calibrate(cfg, data=task) if args.calibrate
+    fit, basis = (steptime.calibrate(fitting.counted_here(cfg), data=task) if args.calibrate
                   else (steptime.default(), None))
     spot = (args.preemption_rate, args.checkpoint_minutes / 60, args.restart_minutes / 60)
     rows = [gpu_row(models, cfg, per_gpu, g, n, fit, steps_epoch, total, spot, samples, fsdp)

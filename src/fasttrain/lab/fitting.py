@@ -21,6 +21,18 @@ ACCUM = (2, 4, 8)
 FSDP = (2, 4, 8)
 
 
+def counted_here(cfg):
+    """The configuration this machine counts for a GPU's: TF32 and CUDA graphs change the speed
+    of the same step, not its tensors or op calls, so without CUDA they are counted as fp32 and
+    eager (the GPU's TF32 peak and replay, not issue, are applied by plan), not refused."""
+    import torch
+
+    if torch.cuda.is_available() and cfg.device != "cpu":
+        return cfg
+    return dataclasses.replace(cfg, precision="fp32" if cfg.precision == "tf32"
+                               else cfg.precision, cuda_graphs=False)
+
+
 class Models:
     """Predictions for one configuration and its switched variants, each made once."""
 
@@ -30,6 +42,7 @@ class Models:
     def memory(self, cfg):
         from fasttrain.lab import memory
 
+        cfg = counted_here(cfg)
         key = repr(cfg)
         if key not in self._mem:
             self._mem[key] = _on_this_host(cfg, lambda: memory.predict(
@@ -37,6 +50,7 @@ class Models:
         return self._mem[key]
 
     def work(self, cfg) -> steptime.StepWork:
+        cfg = counted_here(cfg)
         key = repr(cfg)
         if key not in self._work:
             # counted as CUDA runs it: the optimizer's foreach path (steptime.count_run)
