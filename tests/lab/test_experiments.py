@@ -245,3 +245,16 @@ def test_scaling_refuses_a_run_directory_from_the_config_too(capsys, tmp_path):
                            str(tmp_path / "c.toml"))
     assert_one_line_error(code, err, "writes no run directory")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["precision", "e2e"])  # memory's sweep has its own batches
+def test_input_every_row_refuses_is_bad_input_not_a_table(capsys, tmp_path, name):
+    # A batch larger than the data made every row 'unavailable' with the engine's one line,
+    # and the command exited 0 with a table (and JSON) of nothing.
+    js = tmp_path / "r.json"
+    code, _, err = run_cli(capsys, "experiment", name, "--model", "logreg", "--data",
+                           "synthetic", "--device", "cpu", "--batch-size", "1000000",
+                           "--steps", "1", "--json", str(js))
+    assert code == 2, err
+    assert err.strip().splitlines()[-1].startswith("error: --batch-size 1000000"), err
+    assert "Traceback" not in err and not js.exists()
