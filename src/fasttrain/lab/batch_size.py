@@ -172,8 +172,9 @@ def rebatchable(task, micro: int):
     return dataclasses.replace(task, splits={**splits, "train": lifted})
 
 
-def train_samples(task, block_size: int) -> int:
-    """How many samples one epoch has: the largest batch the engine can build."""
+def train_samples(task, block_size: int, what: str = "the batch-size search") -> int:
+    """How many samples one epoch has: the largest batch the engine can build. `what`: what
+    needs it, for the message a stream without length gets."""
     splits = getattr(task, "splits", None)  # streamed data (engine/stream.py StreamData)
     if splits is not None:
         try:
@@ -181,8 +182,8 @@ def train_samples(task, block_size: int) -> int:
         except TypeError:
             from fasttrain.errors import UserError
 
-            raise UserError("the training data is a stream without length: the batch-size "
-                            "search needs its size; give a map-style Dataset") from None
+            raise UserError(f"the training data is a stream without length: {what} needs "
+                            f"its size; give a map-style Dataset (with __len__)") from None
     if task.kind == "language":
         return (len(task.train_x) - 1) // block_size
     return len(task.train_y)

@@ -256,7 +256,7 @@ def _weights(run: Run) -> dict:
 
 def run_memory(cfg: TrainConfig, task, opts: Options) -> list[dict]:
     rows: list[dict] = []
-    cap = train_samples(task, cfg.block_size)
+    cap = train_samples(task, cfg.block_size, "the memory experiment's batch sweep")
     # 1. Throughput and peak per batch size: stop at the first that does not fit.
     for b in opts.batches:
         label = {"part": "sweep", "label": f"batch {b}", "batch_size": b}
