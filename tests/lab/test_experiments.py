@@ -245,3 +245,31 @@ def test_scaling_refuses_a_run_directory_from_the_config_too(capsys, tmp_path):
                            str(tmp_path / "c.toml"))
     assert_one_line_error(code, err, "writes no run directory")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["precision", "e2e"])  # memory's sweep has its own batches
+def test_input_every_row_refuses_is_bad_input_not_a_table(capsys, tmp_path, name):
+    # A batch larger than the data made every row 'unavailable' with the engine's one line,
+    # and the command exited 0 with a table (and JSON) of nothing.
+    js = tmp_path / "r.json"
+    code, _, err = run_cli(capsys, "experiment", name, "--model", "logreg", "--data",
+                           "synthetic", "--device", "cpu", "--batch-size", "1000000",
+                           "--steps", "1", "--json", str(js))
+    assert code == 2, err
+    assert err.strip().splitlines()[-1].startswith("error: --batch-size 1000000"), err
+    assert "Traceback" not in err and not js.exists()
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    classes = list(range(10))
+
+    def __iter__(self):
+        for i in range(64):
+            yield torch.rand(1, 28, 28), i % 10
+
+
+def test_a_stream_without_length_names_the_sweep_not_a_batch_size_search(capsys):
+    code, _, err = run_cli(capsys, "experiment", "memory", "--model", "logreg", "--data",
+                           "tests.lab.test_experiments:_Stream", "--device", "cpu",
+                           "--batch-size", "16", "--max-steps", "4", "--steps", "1")
+    assert code == 2 and "batch sweep" in err.strip().splitlines()[-1], err

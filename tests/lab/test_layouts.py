@@ -151,6 +151,7 @@ def test_memory_command_prints_a_row_per_pipeline_rank(capsys, tmp_path):
     result = json.loads(path.read_text())
     assert result["config"]["layout"] == "dp 2 fsdp × tp 2 × pp 2 1f1b, m 4"
     assert result["config"]["rank_batch_size"] == 8  # one process at one dp rank's batch
+    assert "one process, batch 8" in out  # a rank's batch, not "(this batch)": the global is 16
     first, last = (r for r in result["rows"] if r["kind"] == "rank")
     one = next(r for r in result["rows"] if r["kind"] == "one process")
     assert first["ranks"] == last["ranks"] == 4

@@ -385,3 +385,20 @@ def test_memory_command_takes_a_streamed_dataset_and_a_step_of_yours(capsys):
                              "--batch-size", "8", "--device", "cpu")
     assert code == 0, err
     assert "hook count" in out and "predicted peak" in out
+
+
+def fixed_loader():
+    """A user's DataLoader: its batch size is its own (imported by path below)."""
+    x, y = torch.rand(64, 1, 28, 28), torch.arange(64) % 10
+    data = torch.utils.data.TensorDataset(x, y)
+    data.classes = list(range(10))  # what --model mlp is built for
+    return torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+
+
+def test_find_batch_size_refuses_a_dataloader_it_cannot_rebatch_up_front(capsys):
+    # It tried batch 8, then stopped at 16 telling the user to change --batch-size.
+    code, _, err = run_cli(capsys, "memory", "--model", "mlp", "--data",
+                           "tests.lab.test_memory:fixed_loader", "--batch-size", "8",
+                           "--device", "cpu", "--find-batch-size", "--memory-limit", "1")
+    assert_one_line_error(code, err, "--find-batch-size", "batch_size=8", "dataset")
+    assert "batch      8" not in err  # refused before any try

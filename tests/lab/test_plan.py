@@ -222,3 +222,91 @@ def test_switches_a_model_cannot_take_are_left_out_of_the_combination():
     assert none.how == "does not fit" and "bf16" not in " ".join(none.tried)
     assert none.least == "with accumulation ×8" and none.need == 650
     assert none.tried[-1] == "FSDP over 8 GPUs"
+
+
+def test_the_largest_batch_grows_from_the_activations_not_the_peak():
+    # A small batch of a model whose optimizer-step temporaries outweigh its activations: the
+    # peak is the same at micro-batch m and 2m, yet each sample still costs its activations.
+    from fasttrain.lab.memory import Breakdown
+
+    def breakdown(batch):
+        return Breakdown("cuda", "fp32", "adamw", 0.0, batch, batch, 1000, weights=4000,
+                         gradients=4000, optimizer=8000, activations=100 * batch,
+                         weight_copies=0, inputs=10 * batch, data=0, workspace=0,
+                         step_temp=4000, activations_fp32=100 * batch, measured_peak=0,
+                         measured_by="")
+
+    class Models:
+        def memory(self, cfg):
+            return breakdown(cfg.batch_size)
+
+    cfg = TrainConfig(batch_size=8)
+    assert breakdown(8).predicted_peak - 80 == breakdown(16).predicted_peak - 160  # flat peak
+    largest, at_m, per_sample = fitting.largest_micro(Models(), cfg, 116_000)
+    assert (at_m, per_sample) == (breakdown(8).predicted_peak, 110)
+    # 16000 fixed + 110 B per sample ≤ 116000 → 909 (then the activations outgrow the temps)
+    assert largest == 909
+    assert breakdown(909).predicted_peak <= 116_000 < breakdown(910).predicted_peak
+
+
+def test_a_stream_without_length_is_planned_for_its_max_steps(tmp_path, capsys):
+    import torch
+
+    class Stream(torch.utils.data.IterableDataset):
+        classes = list(range(10))
+
+        def __iter__(self):
+            for i in range(64):
+                yield torch.rand(1, 28, 28), i % 10
+
+    import sys
+    import types
+
+    mod = types.ModuleType("plan_stream_data")
+    mod.load = Stream
+    sys.modules["plan_stream_data"] = mod
+    try:
+        flags = ["plan", "--model", "logreg", "--data", "plan_stream_data:load",
+                 "--batch-size", "16", "--device", "cpu"]
+        assert main(flags) == 2
+        assert "--max-steps" in capsys.readouterr().err
+        assert main([*flags, "--max-steps", "40", "--json", str(tmp_path / "p.json")]) == 0
+    finally:
+        del sys.modules["plan_stream_data"]
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert result["total_steps"] == 40 and result["steps_per_epoch"] is None
+    ok = [r for r in result["rows"] if r["status"] == "ok"]
+    assert ok and all(r["epoch_s"] is None and r["total_s"] == pytest.approx(40 * r["step_s"])
+                      for r in ok)
+    assert all(r["largest_batch"] < 2**40 for r in ok)  # from the activations: no cap needed
+
+
+def test_a_users_dataloader_is_planned_at_other_batches_too(tmp_path, capsys):
+    # plan predicts the step at 2× the batch (the largest batch) and with accumulation: the
+    # DataLoader's fixed batch_size stopped it, telling the user to change --batch-size.
+    flags = ["plan", "--model", "mlp", "--data", "tests.lab.test_memory:fixed_loader",
+             "--device", "cpu"]
+    assert main([*flags, "--batch-size", "8", "--json", str(tmp_path / "p.json")]) == 0
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert result["steps_per_epoch"] == 8  # 64 samples at the loader's 8
+    assert {r["largest_batch"] for r in result["rows"] if r["status"] == "ok"} == {64}
+    capsys.readouterr()
+    assert main([*flags, "--batch-size", "16"]) == 2  # the given batch must match, as in train
+    assert "batch_size=16" in capsys.readouterr().err
+
+
+def test_tf32_and_cuda_graphs_are_planned_without_a_gpu_here(tmp_path):
+    # The GPUs of the catalogue run them; this machine need not: plan refused both on a CPU
+    # ("--precision tf32 is a mode of NVIDIA tensor cores"), before renting the GPU.
+    flags = ["plan", "--model", "mlp", "--data", "synthetic", "--batch-size", "64"]
+    rows = {}
+    for name, extra in (("fp32", []), ("tf32", ["--precision", "tf32"]),
+                        ("graphs", ["--cuda-graphs"])):
+        assert main([*flags, *extra, "--json", str(tmp_path / f"{name}.json")]) == 0
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        rows[name] = {r["gpu"]: r for r in result["rows"]}
+    a100 = {name: r["A100 80GB"] for name, r in rows.items()}
+    assert a100["tf32"]["memory_needed"] == a100["fp32"]["memory_needed"]  # the same tensors
+    assert a100["tf32"]["roofline_s"] < a100["fp32"]["roofline_s"]  # at the TF32 peak
+    assert a100["graphs"]["launch_s"] == 0 < a100["fp32"]["launch_s"]
+    assert rows["tf32"]["T4"]["status"] == "unsupported"  # no TF32 units

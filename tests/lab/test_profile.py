@@ -162,6 +162,47 @@ def test_slow_loader_is_input_bound():
     assert any("--data-on-device on" in tip for tip in v["next"])
 
 
+class _SlowSamples(torch.utils.data.Dataset):
+    """A user's Dataset whose __getitem__ cannot keep up (decoding, a network read)."""
+
+    classes = list(range(10))
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.005)  # 20 ms a batch of 4: far longer than a logreg step
+        return torch.rand(1, 28, 28), i % 10
+
+
+def test_slow_user_dataset_is_input_bound_and_the_advice_is_accepted():
+    # A streamed Dataset: --data-on-device on alone is refused for it (train says: add
+    # --data-in-memory), so that is what profile must name, not --data-on-device.
+    result = run_profile({"train": _SlowSamples(), "test": _SlowSamples()}, model="logreg",
+                         batch_size=4, steps=4, warmup=1)
+    v = result["classification"]
+    assert v["class"] == "input", describe(result)
+    assert any(t.startswith("--data-in-memory") for t in v["next"]), v["next"]
+    assert not any("--data-on-device" in t for t in v["next"]), v["next"]
+    build(TrainConfig(device="cpu", progress=False, model="logreg", batch_size=4,
+                      data_in_memory=True), data={"train": _SlowSamples()}, verbose=False)
+
+
+@pytest.mark.parametrize("source, named, refused", [
+    ("host", "--data-on-device on", "--data-in-memory"),
+    ("dataset", "--data-in-memory", "--data-on-device"),
+    ("stream", "--workers", "--data-"),
+    ("loader", "num_workers=N in your DataLoader", "--"),
+    ("device", "no switch left", "--"),
+])
+def test_input_advice_names_only_switches_train_takes_for_that_data(source, named, refused):
+    from fasttrain.lab.classify import next_switches
+
+    tips = next_switches("input", TrainConfig(device="cpu"), "cpu", [], source)
+    assert any(t.startswith(named) for t in tips), tips
+    assert not any(t.startswith(refused) for t in tips), tips
+
+
 # -- the sync audit ------------------------------------------------------------------------------
 
 
@@ -270,3 +311,19 @@ def test_bad_flags_are_one_line_errors(capsys, argv, words):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ")
     assert all(w in err[0] for w in words), err
+
+
+def test_a_run_directory_is_refused_and_left_as_it_was(capsys, tmp_path):
+    # profile --out RUN --resume auto rewrote the run's config.toml with its own switches (a
+    # later `train --resume auto` takes them from there) and left a lock in it.
+    flags = ["--model", "logreg", "--data", "synthetic", "--device", "cpu", "--batch-size", "64"]
+    run = tmp_path / "run"
+    assert main(["train", *flags, "--max-steps", "2", "--out", str(run), "--no-progress"]) == 0
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    capsys.readouterr()
+    for extra in (["--out", str(run), "--resume", "auto"], ["--out", str(tmp_path / "new")]):
+        code = main(["profile", *flags, "--lr", "0.5", "--steps", "1", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "--out" in err[0], err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert not (tmp_path / "new").exists()

@@ -23,7 +23,7 @@ from fasttrain.commands.common import data_label, gib_arg, lab_config
 from fasttrain.errors import UserError
 from fasttrain.lab import layouts
 from fasttrain.lab import memory as memory_model
-from fasttrain.lab.batch_size import Try, search, train_samples, try_batch
+from fasttrain.lab.batch_size import Try, refuse_fixed_batch, search, train_samples, try_batch
 from fasttrain.lab.layouts import Layout, RankMemory
 from fasttrain.lab.memory import Breakdown
 
@@ -252,6 +252,7 @@ def memory(args: argparse.Namespace) -> int:
             limit = min(limit or total, total)
         usable = int(limit * (1 - args.margin))
         config.update(floor=args.floor, try_steps=args.try_steps, usable_bytes=usable)
+        refuse_fixed_batch(task, "--find-batch-size")
         err.print(f"searching batch sizes for {cfg.model} on {data_label(task)}, {cfg.precision}, "
                   f"usable memory {report.fmt_bytes(usable)} "
                   f"({report.fmt_bytes(limit)} less {args.margin:.0%} margin)")

@@ -60,8 +60,8 @@ def launch(gpu: cost.GPU, cfg, fit: steptime.Fit) -> tuple[float, str]:
 
 
 def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
-            steps_epoch: int, total_steps: int, spot: tuple[float, float, float],
-            samples: int, fsdp: bool = False) -> dict:
+            steps_epoch: int | None, total_steps: int, spot: tuple[float, float, float],
+            samples: int | None, fsdp: bool = False) -> dict:
     usable = gpu.memory_bytes * (1 - fitting.MARGIN)
     row = {"gpu": gpu.name, "memory_available": gpu.memory_bytes, "usable": int(usable),
            "status": "ok", "options": []}
@@ -71,7 +71,7 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
     how, variant, used, needed, least, tried = fitting.fit(models, per_gpu, gpu, n, fsdp)
     largest, _, per_sample = fitting.largest_micro(models, variant, usable)  # the switched config
     row.update(fit=how, memory_needed=needed, gpus=used, per_sample_bytes=per_sample,
-               largest_batch=min(largest * variant.accum_steps * used, samples))
+               largest_batch=min(largest * variant.accum_steps * used, samples or math.inf))
     if how == "does not fit":
         return {**row, "status": "does not fit",
                 "reason": f"needs {_gib(needed)} at least ({least}) of {_gib(usable)} usable; "
@@ -90,7 +90,8 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
     step_s = t["step_s"]
     hours = total_steps * step_s / 3600
     rate, interval_h, restart_h = spot
-    row.update(step_s=step_s, epoch_s=steps_epoch * step_s, total_s=total_steps * step_s,
+    row.update(step_s=step_s, epoch_s=steps_epoch * step_s if steps_epoch else None,
+               total_s=total_steps * step_s,
                roofline_s=steptime.roofline_s(work, peak, gpu.bandwidth), flops=work.flops,
                bytes=work.bytes, ops=work.ops, launch_s=launch_s, launch_source=launch_source,
                allreduce_s=t["allreduce_s"], exposed_s=t["exposed_s"])
@@ -151,7 +152,7 @@ def _cell(row: dict, tier: str) -> str:
     return text + "".join(f" ◀ {m}" for m in o.marks)
 
 
-def plan_table(rows: list[dict], title: str, caption: str, samples: int):
+def plan_table(rows: list[dict], title: str, caption: str, samples: int | None):
     from fasttrain import report
 
     return report.rows_table(title, [
@@ -241,10 +242,29 @@ def _check(args) -> None:
             raise UserError(f"{flag} must be a number ≥ 0, got {v}")
 
 
+def _length(task, cfg, train_samples) -> tuple[int | None, int | None, int]:
+    """(samples an epoch, steps an epoch, steps in all) as `train` runs them; a stream without
+    length has neither epoch figure, and its run is --max-steps long (train asks for it too)."""
+    if getattr(task, "splits", None) is not None:  # streamed: its length, if it has one
+        try:
+            len(task.splits["train"])
+        except TypeError:
+            if not cfg.max_steps:
+                raise UserError("the training data is a stream without length: give "
+                                "--max-steps N, the run's length (train needs it too)") from None
+            return None, None, cfg.max_steps
+    samples = train_samples(task, cfg.block_size)
+    steps_epoch = samples // cfg.batch_size
+    if steps_epoch == 0:
+        raise UserError(f"--batch-size {cfg.batch_size} is more than one epoch of {task.name}")
+    total = cfg.epochs * steps_epoch
+    return samples, steps_epoch, min(total, cfg.max_steps) if cfg.max_steps else total
+
+
 def plan(args: argparse.Namespace) -> int:
     from fasttrain import report
     from fasttrain.env import env_block
-    from fasttrain.lab.batch_size import train_samples
+    from fasttrain.lab.batch_size import rebatchable, train_samples
 
     _check(args)
     report.check_outputs((args.json, "--json"), (args.plot, "--plot"))
@@ -262,14 +282,10 @@ def plan(args: argparse.Namespace) -> int:
                         f"--accum-steps {cfg.accum_steps}; choose a multiple of "
                         f"{n * cfg.accum_steps}")
     per_gpu = dataclasses.replace(cfg, batch_size=cfg.batch_size // n)
-    samples = train_samples(task, cfg.block_size)
-    steps_epoch = samples // cfg.batch_size
-    if steps_epoch == 0:
-        raise UserError(f"--batch-size {cfg.batch_size} is more than one epoch of {task.name}")
-    total = cfg.epochs * steps_epoch
-    total = min(total, cfg.max_steps) if cfg.max_steps else total
+    task = rebatchable(task, per_gpu.micro_batch)  # predicted at other batches too
+    samples, steps_epoch, total = _length(task, cfg, train_samples)
     models = fitting.Models(task)
-    fit, basis = (steptime.calibrate(cfg, data=task) if args.calibrate
+    fit, basis = (steptime.calibrate(fitting.counted_here(cfg), data=task) if args.calibrate
                   else (steptime.default(), None))
     spot = (args.preemption_rate, args.checkpoint_minutes / 60, args.restart_minutes / 60)
     rows = [gpu_row(models, cfg, per_gpu, g, n, fit, steps_epoch, total, spot, samples, fsdp)
@@ -286,8 +302,10 @@ def plan(args: argparse.Namespace) -> int:
         f"{cfg.precision} peak, bytes / bandwidth) ÷ efficiency {fit.efficiency:.2g}, + calls × "
         f"the cost to issue one ({_launches(rows)}) — {fit.source}"
         + (f"; {n} GPUs {'FSDP' if fsdp else 'data parallel'}, ring collectives over the "
-           f"catalogue's link" if n > 1 else "") +
-        f". {steps_epoch:,} steps/epoch, {total:,} steps. Cost: EXAMPLE list prices per GPU-hour "
+           f"catalogue's link" if n > 1 else "")
+        + (f". {steps_epoch:,} steps/epoch, {total:,} steps" if steps_epoch else
+           f". A stream without length: {total:,} steps (--max-steps)")
+        + ". Cost: EXAMPLE list prices per GPU-hour "
         f"(read {', '.join(dates)}; sources in the catalogue), spot with "
         f"{args.preemption_rate:g} preemptions/h, each losing half of a "
         f"{args.checkpoint_minutes:g}-min checkpoint interval + {args.restart_minutes:g} min "

@@ -39,6 +39,7 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def profile(args: argparse.Namespace) -> int:
+    from fasttrain.commands.common import refuse_run_directory
     from fasttrain.engine.configfile import from_args
     from fasttrain.engine.run import build
     from fasttrain.report import check_outputs, write_json
@@ -48,7 +49,9 @@ def profile(args: argparse.Namespace) -> int:
         if value < least:
             raise UserError(f"{flag} must be ≥ {least}, got {value}")
     check_outputs(*((getattr(args, flag), f"--{flag}") for flag in ("trace", "json", "plot")))
-    run = build(from_args(args), verbose=False)
+    cfg = from_args(args)
+    refuse_run_directory(cfg, "profile")  # it would rewrite a run's config.toml and model.json
+    run = build(cfg, verbose=False)
     result = profile_model.profile_run(run, steps=args.steps, warmup=args.profile_warmup,
                                        trace=args.trace, top=args.top)
     print_report(result)

@@ -134,8 +134,47 @@ def search(try_fn: Callable[[int], Try], floor: int, unit: int, cap: int,
     return best, tries
 
 
-def train_samples(task, block_size: int) -> int:
-    """How many samples one epoch has: the largest batch the engine can build."""
+def refuse_fixed_batch(task, flag: str) -> None:
+    """A user's DataLoader batches as it was built: a command that varies the batch (a search,
+    a sweep) cannot, and would stop at its second try telling the user to change --batch-size."""
+    splits = getattr(task, "splits", None)  # streamed data (engine/streamdata.py StreamData)
+    train = splits["train"] if splits is not None else None
+    if train is not None and (train.batch_size is not None or train.batched):
+        from fasttrain.errors import UserError
+
+        size = f"batch_size={train.batch_size}" if train.batch_size else "its own batches"
+        raise UserError(f"{flag} varies the batch size, but the training data is a DataLoader "
+                        f"with {size}, which it cannot change: return the DataLoader's dataset "
+                        f"instead (fasttrain batches it with --workers, --pin-memory)")
+
+
+def rebatchable(task, micro: int):
+    """`task` with a user's DataLoader's batch size lifted from its training split, for a
+    command that predicts the step at other batch sizes (plan: the largest batch, accumulation);
+    the loader's other settings (collate_fn, workers) stay. The configuration as given must
+    still match the loader, as train checks."""
+    import dataclasses
+
+    from fasttrain.errors import UserError
+
+    splits = getattr(task, "splits", None)  # streamed data (engine/streamdata.py StreamData)
+    train = splits["train"] if splits is not None else None
+    if train is None or (train.batch_size is None and train.as_built is None):
+        return task
+    if train.batched:
+        raise UserError("the training data is a DataLoader with batch_size=None (its items are "
+                        "whole batches): the batch cannot be varied; return its dataset instead")
+    if train.batch_size is not None and train.batch_size != micro:
+        raise UserError(f"the train DataLoader's batch_size is {train.batch_size}, but one GPU's "
+                        f"micro-batch is {micro}: build it with batch_size={micro} or change "
+                        f"--batch-size")
+    lifted = dataclasses.replace(train, batch_size=None, as_built=None)
+    return dataclasses.replace(task, splits={**splits, "train": lifted})
+
+
+def train_samples(task, block_size: int, what: str = "the batch-size search") -> int:
+    """How many samples one epoch has: the largest batch the engine can build. `what`: what
+    needs it, for the message a stream without length gets."""
     splits = getattr(task, "splits", None)  # streamed data (engine/streamdata.py StreamData)
     if splits is not None:
         try:
@@ -143,8 +182,8 @@ def train_samples(task, block_size: int) -> int:
         except TypeError:
             from fasttrain.errors import UserError
 
-            raise UserError("the training data is a stream without length: the batch-size "
-                            "search needs its size; give a map-style Dataset") from None
+            raise UserError(f"the training data is a stream without length: {what} needs "
+                            f"its size; give a map-style Dataset (with __len__)") from None
     if task.kind == "language":
         return (len(task.train_x) - 1) // block_size
     return len(task.train_y)

@@ -307,11 +307,24 @@ def classify(wall: float, input_s: float, busy: float, measured: dict[str, float
     }
 
 
+def input_source(batches) -> str:
+    """Where a Run's batches come from, as `next_switches` needs it: "device" (in memory on the
+    device), "host" (in memory on the host), "dataset" (a map-style Dataset, streamed), "stream"
+    (an IterableDataset) or "loader" (the user's own DataLoader: its settings, not --workers)."""
+    if getattr(batches, "path", None) != "streamed":
+        return "device" if batches.on_device else "host"
+    train = batches.splits["train"]
+    if train.loader_kw or train.as_built is not None:
+        return "loader"
+    return "stream" if train.iterable else "dataset"
+
+
 def next_switches(cls: str, cfg, device_type: str, fast_dtypes: list[str],
-                  data_on_device: bool) -> list[str]:
+                  source: str) -> list[str]:
     """The switches worth trying for a class, leaving out those already on. `fast_dtypes`: the
     low-precision dtypes the device runs natively (`fasttrain.lab.doctor.fast_dtypes`);
-    `data_on_device`: whether the batches come from device memory (the resolved switch)."""
+    `source`: where the batches come from (`input_source`): only switches `train` accepts for
+    that data are named."""
     low = "bf16" in fast_dtypes and cfg.precision in ("fp32", "tf32")
     tips: list[str] = []
     if cls == "overhead":
@@ -332,10 +345,18 @@ def next_switches(cls: str, cfg, device_type: str, fast_dtypes: list[str],
             tips.append("--precision bf16 (tensor cores / AMX: several times the FLOP/s)")
         if device_type == "cuda" and cfg.precision == "fp32" and "tf32" in fast_dtypes:
             tips.append("--precision tf32 (tensor cores for fp32 matmuls)")
-    elif cls == "input" and not data_on_device:
-        tips.append("--data-on-device on (batches gathered in device memory: no loader)")
-        tips.append(f"--workers {max(2, 2 * cfg.workers)} (load the next batches while the "
-                    f"step runs)")
+    elif cls == "input" and source == "loader":
+        tips.append("num_workers=N in your DataLoader, with pin_memory=True on a GPU (it is "
+                    "used as built: --workers and --pin-memory do not apply to it)")
+    elif cls == "input" and source != "device":
+        workers = f"--workers {max(2, 2 * cfg.workers)} (load the next batches while the step runs)"
+        if source == "host":  # --workers with --data-on-device on is refused
+            tips.append("--data-on-device on (batches gathered in device memory: no loader)"
+                        + (" without --workers" if cfg.workers else ""))
+        elif source == "dataset":  # --data-on-device on alone is refused for streamed data
+            tips.append("--data-in-memory (the Dataset read once into memory: no loader; its "
+                        "random transforms are then drawn once)")
+        tips.append(workers)
         if device_type == "cuda" and not cfg.pin_memory:
             tips.append("--pin-memory (asynchronous host-to-GPU copies)")
     if not tips:

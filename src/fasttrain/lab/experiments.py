@@ -138,7 +138,7 @@ def guarded(label: dict, measure: Callable[[], dict], say=None) -> dict:
     try:
         return {**label, "status": "ok", "reason": None, **measure()}
     except UserError as e:
-        return {**label, "status": "unavailable", "reason": str(e)}
+        return {**label, "status": "unavailable", "reason": str(e), REFUSED: True}
     except torch.OutOfMemoryError:
         failure = "out of memory"
     except Exception as e:  # one broken row must not take the others down
@@ -256,7 +256,7 @@ def _weights(run: Run) -> dict:
 
 def run_memory(cfg: TrainConfig, task, opts: Options) -> list[dict]:
     rows: list[dict] = []
-    cap = train_samples(task, cfg.block_size)
+    cap = train_samples(task, cfg.block_size, "the memory experiment's batch sweep")
     # 1. Throughput and peak per batch size: stop at the first that does not fit.
     for b in opts.batches:
         label = {"part": "sweep", "label": f"batch {b}", "batch_size": b}
@@ -338,6 +338,7 @@ def run_e2e(cfg: TrainConfig, task, opts: Options) -> list[dict]:
 
 
 RUNNERS = {"precision": run_precision, "memory": run_memory, "e2e": run_e2e}
+REFUSED = "_refused"  # a row the engine refused (its one line), popped before the rows go out
 
 
 def check(name: str, cfg: TrainConfig, opts: Options) -> None:
@@ -352,4 +353,10 @@ def check(name: str, cfg: TrainConfig, opts: Options) -> None:
 def run_experiment(name: str, cfg: TrainConfig, task, opts: Options) -> list[dict]:
     """The rows of experiment `name` (see the module docstring)."""
     check(name, cfg, opts)
-    return RUNNERS[name](cfg, task, opts)
+    rows = RUNNERS[name](cfg, task, opts)
+    refused = [r["reason"] for r in rows if r.pop(REFUSED, False)]
+    if refused and not any(r["status"] == "ok" for r in rows):
+        # Not a row this machine cannot run: the switches or the data themselves are refused
+        # (a batch larger than the data, a stream without --max-steps): bad input, exit 2.
+        raise UserError(refused[0])
+    return rows

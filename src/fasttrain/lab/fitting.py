@@ -21,6 +21,18 @@ ACCUM = (2, 4, 8)
 FSDP = (2, 4, 8)
 
 
+def counted_here(cfg):
+    """The configuration this machine counts for a GPU's: TF32 and CUDA graphs change the speed
+    of the same step, not its tensors or op calls, so without CUDA they are counted as fp32 and
+    eager (the GPU's TF32 peak and replay, not issue, are applied by plan), not refused."""
+    import torch
+
+    if torch.cuda.is_available() and cfg.device != "cpu":
+        return cfg
+    return dataclasses.replace(cfg, precision="fp32" if cfg.precision == "tf32"
+                               else cfg.precision, cuda_graphs=False)
+
+
 class Models:
     """Predictions for one configuration and its switched variants, each made once."""
 
@@ -30,6 +42,7 @@ class Models:
     def memory(self, cfg):
         from fasttrain.lab import memory
 
+        cfg = counted_here(cfg)
         key = repr(cfg)
         if key not in self._mem:
             self._mem[key] = _on_this_host(cfg, lambda: memory.predict(
@@ -37,6 +50,7 @@ class Models:
         return self._mem[key]
 
     def work(self, cfg) -> steptime.StepWork:
+        cfg = counted_here(cfg)
         key = repr(cfg)
         if key not in self._work:
             # counted as CUDA runs it: the optimizer's foreach path (steptime.count_run)
@@ -75,14 +89,25 @@ def fsdp_need(b, k: int) -> int:
 
 
 def largest_micro(models: Models, cfg, usable: int) -> tuple[int, int, int]:
-    """The largest micro-batch whose predicted need fits `usable`, extrapolated from the peaks
-    at micro-batches m and 2m: (largest, bytes at m, bytes per sample)."""
+    """The largest micro-batch whose predicted need fits `usable`, extrapolated from the parts
+    that grow with the batch at micro-batches m and 2m: (largest, bytes at m, bytes per sample).
+
+    Not from the peaks: the peak is the larger of the activations' term and the optimizer step's
+    temporaries, and while the temporaries are the larger (a small batch of a large model) the
+    peak does not move from m to 2m — a slope read from it would say any batch fits."""
     m = cfg.micro_batch
-    p1 = models.memory(cfg).predicted_peak
-    p2 = models.memory(dataclasses.replace(cfg, batch_size=2 * cfg.batch_size)).predicted_peak
-    per_sample = max((p2 - p1) / m, 1e-9)
-    fixed = p1 - per_sample * m
-    return max(0, int((usable - fixed) // per_sample)), p1, int(per_sample)
+    b1 = models.memory(cfg)
+    b2 = models.memory(dataclasses.replace(cfg, batch_size=2 * cfg.batch_size))
+    act = lambda b: b.activations + b.conv_workspace  # noqa: E731  (beside the copies)
+    per_act, per_in = max((act(b2) - act(b1)) / m, 0.0), max((b2.inputs - b1.inputs) / m, 0.0)
+    fixed = b1.predicted_peak - b1.inputs - max(act(b1) + b1.weight_copies, b1.step_temp)
+    a0, in0 = act(b1) - per_act * m, b1.inputs - per_in * m  # the batch-0 intercepts
+    per_sample = max(per_act + per_in, 1e-9)
+    # need(B) = fixed + in0 + per_in·B + max(a0 + copies + per_act·B, step temporaries)
+    by_acts = (usable - fixed - in0 - a0 - b1.weight_copies) / per_sample
+    by_temps = ((usable - fixed - in0 - b1.step_temp) / per_in if per_in
+                else (float("inf") if usable >= fixed + in0 + b1.step_temp else 0.0))
+    return max(0, int(min(by_acts, by_temps))), b1.predicted_peak, int(per_sample)
 
 
 class Fitting(NamedTuple):

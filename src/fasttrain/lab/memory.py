@@ -245,7 +245,8 @@ def predict_layout(cfg: TrainConfig, lay: Layout, model: nn.Module | str | None 
         rows = layouts.per_rank(run.model, run.opt, act, lay, cfg.accum_steps, tp_plan)
         (one,) = layouts.per_rank(run.model, run.opt, [b.activations + b.weight_copies],
                                   Layout(), cfg.accum_steps)
-        return b, rows, dataclasses.replace(one, role="one process (this batch)")
+        # not the global batch: one process at the batch one data-parallel rank takes
+        return b, rows, dataclasses.replace(one, role=f"one process, batch {cfg.batch_size}")
     return on_run(cfg, model, data, loss, both)
 
 

@@ -53,7 +53,7 @@ import torch
 from torch.profiler import ProfilerActivity, record_function
 
 from fasttrain.engine.loop import endless_batches, endless_steps, warm_up
-from fasttrain.lab.classify import classify, count_step, device_peaks, next_switches
+from fasttrain.lab.classify import classify, count_step, device_peaks, input_source, next_switches
 from fasttrain.lab.trace import INPUT, STEP, op_times, steady_steps, step_rows, top_ops, windows
 from fasttrain.timing import synchronizer
 
@@ -267,7 +267,7 @@ def profile_run(run: Run, steps: int = 10, warmup: int = 3, trace: str | None = 
     verdict["steps_classified"] = steady
     fast = fast_dtypes(device)
     verdict["next"] = next_switches(verdict["class"], cfg, device.type, fast,
-                                    run.batches.on_device)
+                                    input_source(run.batches))
     half = untraced[len(untraced) // 2:]
     return {
         "schema": SCHEMA,
