@@ -106,3 +106,22 @@ def test_every_required_import_is_a_declared_dependency(module, pythons):
                    for r in matching), (
             f"{distribution!r} is imported on Python {python}, but its dependency's marker "
             f"leaves it out there")
+
+
+# The CUDA stack of the GPU image (torch 2.11.0+cu130, triton 3.6.0; benchmarks/results/gpu-check-*)
+# as torch 2.11.0's wheel pins it on PyPI: the newest torch whose triton is on the 3.6 line.
+GPU_IMAGE_STACK = {"triton": "3.6.0", "nvidia-cublas": "13.1.0.3", "nvidia-cudnn-cu13": "9.19.0.56"}
+
+
+@pytest.mark.parametrize("name, version", sorted(GPU_IMAGE_STACK.items()))
+def test_the_test_extra_admits_the_gpu_images_cuda_stack(name, version):
+    """The test extra pins triton to the GPU image's line; its other CUDA wheels must admit the
+    versions that image's torch pins, or pip walks back past it (downloading every newer torch
+    to read its pins) to a torch that pins none of them: 2.10's CUDA 12 build, two CUDA stacks."""
+    extra = [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["test"]]
+    matching = [r for r in extra if _norm(r.name) == _norm(name)]
+    assert matching, f"the test extra does not name {name}"
+    for r in matching:
+        assert r.specifier.contains(version, prereleases=True), (
+            f"the test extra's {r} excludes {name} {version}, which the GPU image's torch "
+            f"(2.11.0+cu130) pins")
