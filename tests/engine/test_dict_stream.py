@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 import fasttrain
+from fasttrain.engine import streamdata
 from fasttrain.errors import UserError
 from tests.engine import userstep
 
@@ -57,9 +58,9 @@ def test_dict_samples_stream_through_an_hf_style_step_with_bf16_accumulation_and
     data = DictTokens()
     whole = train(15, data)
     assert whole.batches.path == "streamed"
-    # Every step read its own samples (nothing held in memory), plus the one sample that build
-    # reads to learn the batch's structure.
-    assert data.reads == 15 * 16 + 1
+    # Every step read its own samples (nothing held in memory), plus the samples that build
+    # batches to learn the batch's structure.
+    assert data.reads == 15 * 16 + streamdata.PROBE
     logs = [r["loss"] for r in whole.history if r["kind"] == "train"]
     assert logs[-1] < logs[0], logs
     # 96 samples / 16 = 6 steps an epoch: stop in the middle of epoch 1, resume from there.

@@ -301,12 +301,12 @@ def collate_of(split: Split, where: str):
     return Collate(where, fn) if fn in (default_collate, default_convert) else fn
 
 
-def as_batch(split: Split, sample: Any, where: str) -> Any:
-    """`sample` as the split's collate_fn batches it (a batch of one; a whole batch of a
-    batched stream): what the step will see, so the engine reads the input's dtype and shape
-    after the user's collate_fn has converted or normalized it, not before."""
+def as_batch(split: Split, samples: list, where: str) -> Any:
+    """The first `samples` as the split's collate_fn batches them (a whole batch of a batched
+    stream: its first item): what the step will see, so the engine reads the input's dtype and
+    shape after the user's collate_fn has converted or normalized it, not before."""
     collate = collate_of(split, where)
-    items = sample if split.batched else [sample]
+    items = samples[0] if split.batched else samples
     if isinstance(collate, Collate):
         return collate(items)
     from fasttrain.engine import usercode

@@ -5,6 +5,7 @@ stream.py's."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,8 @@ from fasttrain.engine.inputs import held_out
 from fasttrain.engine.sampling import OwnRandom, Split, alone, as_batch, check_sample, make_split
 from fasttrain.errors import UserError
 
-_END = object()
+# Samples the probe batches: a collate_fn may need a pair (timm's Mixup wants an even batch).
+PROBE = 2
 
 
 @dataclass(frozen=True)
@@ -76,18 +78,21 @@ def tokens_per_sample(batch) -> int:
 
 
 def _first(split: Split, seed: int):
-    """The first training sample as its collate_fn batches it (read on the data's own random
-    streams), checked."""
+    """The first training samples as their collate_fn batches them (read on the data's own
+    random streams), checked."""
     own = OwnRandom(seed)
     own.reset(-2)
     alone()
     with own:
-        sample = (next(iter(split.dataset), _END) if split.iterable
-                  else split.dataset[0] if len(split) else _END)
-        if sample is _END:
+        if split.iterable:
+            samples = list(itertools.islice(iter(split.dataset), 1 if split.batched else PROBE))
+        else:
+            samples = [split.dataset[i] for i in range(min(len(split), PROBE))]
+        if not samples:
             raise UserError("train data is empty: give a Dataset with samples")
-        check_sample(sample, "train data")
-        batch = as_batch(split, sample, "train data")
+        for sample in samples:
+            check_sample(sample, "train data")
+        batch = as_batch(split, samples, "train data")
     check_sample(batch, "train data", "batch")
     return batch
 
