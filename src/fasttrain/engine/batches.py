@@ -31,6 +31,8 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader
 
+from fasttrain.engine.inputs import tokens_per_sample
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -79,12 +81,9 @@ class Batches:
         self.rank, self.world, self.batch_size = rank, world, batch_size
         self.micro, self.accum = batch_size // accum_steps // world, accum_steps
         self.language = task.train_y is None
-        # Tokens a sample holds: the bundled stream's windows, or a user's [N, T] int64 ids with
-        # next-token targets of the same shape; 0 (no tokens/s) for anything else.
-        x, y = task.train_x, task.train_y
-        self.tokens_per_sample = (block_size if self.language else x.shape[1]
-                                  if x.dtype == torch.int64 and x.dim() == 2 and y.shape == x.shape
-                                  else 0)
+        # Tokens a sample holds: the bundled stream's windows, or a user's token sequences.
+        self.tokens_per_sample = (block_size if self.language
+                                  else tokens_per_sample((task.train_x, task.train_y)))
         self.scale = task.train_x.dtype == torch.uint8  # pixels; anything else is left alone
         self.memory_format = (torch.channels_last if channels_last and task.train_x.dim() == 4
                               else torch.contiguous_format)

@@ -257,6 +257,22 @@ def _refuse_loader_work(loader, name: str) -> None:
                         f"--data-in-memory to stream it")
 
 
+def tokens_per_sample(batch) -> int:
+    """T for token sequences, read from a batch of them (or the whole set in memory): an (input,
+    target) pair of int64 [n, T] ids (next-token targets), or a dict with int64 input_ids [n, T]
+    (Hugging Face's layout); else 0 (no tokens/s, no perplexity)."""
+    def ids(v) -> bool:
+        return torch.is_tensor(v) and v.dtype == torch.int64 and v.dim() == 2
+
+    if isinstance(batch, dict):
+        return batch["input_ids"].shape[1] if ids(batch.get("input_ids")) else 0
+    if isinstance(batch, tuple | list) and len(batch) == 2:
+        x, y = batch
+        if ids(x) and torch.is_tensor(y) and x.shape == y.shape:
+            return x.shape[1]
+    return 0
+
+
 def check_fits(dataset, name: str) -> None:
     """--data-in-memory: refuse a Dataset without length, or one whose estimated size (length ×
     the first sample's bytes) exceeds the host memory available now."""

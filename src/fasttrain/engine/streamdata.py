@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import Subset
 
-from fasttrain.engine.inputs import held_out
+from fasttrain.engine.inputs import held_out, tokens_per_sample
 from fasttrain.engine.sampling import OwnRandom, Split, alone, as_batch, check_sample, make_split
 from fasttrain.errors import UserError
 
@@ -59,22 +59,6 @@ def load(splits: dict[str, Any], cfg, world: int, label: str, why: str) -> Strea
                       in_shape=tuple(x.shape[1:]) if x is not None else None,
                       num_classes=int(classes or 0), source=label, why=why, splits=parts,
                       train_y=y, in_dtype=x.dtype if x is not None else None, tokens=tokens)
-
-
-def tokens_per_sample(batch) -> int:
-    """T for a token sequence, read from the first batch as collated — an (input, target) pair
-    of int64 [n, T] ids (next-token targets), or a dict with int64 input_ids [n, T] (Hugging
-    Face's layout) — else 0."""
-    def ids(v) -> bool:
-        return torch.is_tensor(v) and v.dtype == torch.int64 and v.dim() == 2
-
-    if isinstance(batch, dict):
-        return batch["input_ids"].shape[1] if ids(batch.get("input_ids")) else 0
-    if isinstance(batch, tuple | list) and len(batch) == 2:
-        x, y = batch
-        if ids(x) and torch.is_tensor(y) and x.shape == y.shape:
-            return x.shape[1]
-    return 0
 
 
 def _first(split: Split, seed: int):
