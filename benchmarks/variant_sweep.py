@@ -53,9 +53,11 @@ def label(row: str, variant) -> str:
     return f"{row} [{variant.tag}]"
 
 
-def entries(rows=ROWS) -> list[VariantEntry]:
+def entries(rows=ROWS, tags=None) -> list[VariantEntry]:
+    """Every variant of `rows`, or those whose tag is in `tags` (each then runs alone, so that a
+    variant that faults the device cannot take the others down with it)."""
     return [VariantEntry(label(row, v), ladder.entry(row).target, variant=v)
-            for row in rows for v in module(row).SWEEP]
+            for row in rows for v in module(row).SWEEP if tags is None or v.tag in tags]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="mnist", choices=("mnist", "synthetic"))
     ap.add_argument("--epochs", type=int, default=10, help="timed epochs of each variant")
     ap.add_argument("--json", metavar="PATH", help="write the rows here (the bench's schema)")
+    ap.add_argument("--variant", action="append", metavar="TAG",
+                    help="sweep only the variant of this tag, e.g. '64, 8w, ieee' (repeatable)")
     args = ap.parse_args(argv)
     rows = [r for r in args.rows.split(",") if r]
     unknown = [r for r in rows if r not in ROWS]
@@ -72,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rows {args.rows}: the rows with variants are {', '.join(ROWS)}")
     if args.epochs < 1:
         ap.error(f"--epochs {args.epochs}: needs at least 1 timed epoch")
+    tags = set(args.variant) if args.variant else None
+    known = {v.tag for row in rows for v in module(row).SWEEP}
+    if tags and not tags <= known:
+        ap.error(f"--variant {', '.join(sorted(tags - known))}: the tags of {args.rows} are "
+                 + "; ".join(sorted(known)))
     from fasttrain import report
     from fasttrain.errors import UserError
 
@@ -94,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ladder.LadderConfig(epochs=args.epochs, device="cuda")
     dataset = load_dataset(args.data, None, seed=0)
     data = ladder.make_ladder_data(dataset, cfg)
-    results = bench.run_rows(entries(rows), data, cfg, env, repeats=1, console=console,
+    results = bench.run_rows(entries(rows, tags), data, cfg, env, repeats=1, console=console,
                              quiet=True)
     defaults = {row: label(row, module(row).DEFAULT) for row in rows}
     result = {"schema": bench.SCHEMA, "env": env,

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Each case: (samples, batch size, epochs, lr, variant: block_k, warps, precision).
 # Small: the interpreter runs ~0.2 s a step.
-DEFAULT = (64, 8, "ieee")
+DEFAULT = (32, 8, "ieee")
 CASES = {
     "one-step": (64, 64, 1, 0.1, DEFAULT),  # one full batch from the initial weights
     "partial": (40, 16, 2, 0.1, DEFAULT),  # steps of 16, 16 and a partial 8, two epochs

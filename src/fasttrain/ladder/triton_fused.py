@@ -25,9 +25,10 @@ Versions (the winner is wired in): v1 one launch per step from Python (launch-bo
 Python per launch); v2 one single-program persistent launch per epoch (H100, 2026-11-26:
 67.5 ms/epoch = 144 µs/step: one SM walked 2 × 49 dependent K-chunks of gathered loads a step,
 ~1.5 µs of memory latency each); v3 (this file) SPLITS programs per step, one kernel per step,
-the epoch replayed from a CUDA graph: H100, 2026-11-26, 4.70 ms/epoch = 10.0 µs/step with
-DEFAULT (64 pixels a program, 8 warps, ieee). `benchmarks/variant_sweep.py` times every Variant
-in SWEEP (pixels a program, warps, dot precision) against it, to pick the next default.
+the epoch replayed from a CUDA graph: H100, 2026-11-26, 4.70 ms/epoch = 10.0 µs/step with 64 pixels
+a program, 8 warps, ieee; the sweep of 2026-11-27 made 32 pixels the DEFAULT (3.81 ms/epoch).
+`benchmarks/variant_sweep.py` times every Variant in SWEEP (pixels a program, warps, dot precision)
+against it, to pick the next default.
 Sources: v2's figure is the first H100 loan's bench,
 benchmarks/results/2026-11-26-nvidia-h100-80gb-hbm3.json; v3's the second loan's (the same name
 with -run2); v1's was measured by hand, output not kept.
@@ -80,7 +81,8 @@ class Variant:
         return f"{self.block_k} pixels a program, {self.num_warps} warps, {self.precision}"
 
 
-DEFAULT = Variant()  # the row's
+# The row's: the fastest of SWEEP on an H100 (2026-11-27: 3.81 ms/epoch, 64 pixels 4.72).
+DEFAULT = Variant(block_k=32)
 SWEEP = tuple(Variant(k, w, p) for k in (32, 64, 128) for w in (4, 8) for p in ("ieee", "tf32x3"))
 
 if triton is not None:

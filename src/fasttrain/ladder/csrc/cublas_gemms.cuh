@@ -4,17 +4,19 @@
 // 784), W [10,784] is Wᵀ (784×10, ld 784), z and g [B,10] are zᵀ, gᵀ (10×B, ld 10).
 //
 // Each GEMM's algorithm is chosen once at setup, for the full batch and for the last partial one,
-// and asked to split no k. cublasSgemm's own pick for this step (H100, 2026-11-26) runs a split-K
-// GEMM and a second kernel to reduce the splits: sm80_xmma_gemm 32x64 7.2 µs + cublasLt
-// splitKreduce 5.1 µs a step, against 3.4 µs for the hand-written forward kernel. Both GEMMs
-// here have a small m·n (10×B and 784×10: one to 25 tiles), so splitting k fills the GPU, and a
-// reduce kernel costs more than the split saves on k = 784 or 128. Asking the heuristic for
-// algorithms without a reduction scheme (CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = NONE)
-// excludes split-K outright; where it offers none, its unrestricted best is taken and split_k
-// says so. (The first try, the weight-gradient GEMM alone through cublasLt, left the split-K
-// kernels in the profile: they may be the forward's, which is why both go through here now.)
+// by timing: the heuristic's first 16 algorithms, and its first 16 that split no k, each run on
+// scratch operands of the step's shapes, the fastest kept. Both GEMMs have a small m·n (10×B and
+// 784×10: one to 25 tiles), so the heuristic likes to split k and reduce the splits in a second
+// kernel, and no single rule picks well for both (H100, 2026-11-26 and -27):
+// - cublasSgemm's own pick for the forward: split-K sm80_xmma_gemm 32x64 7.25 µs + cublasLt
+//   splitKreduce 5.14 µs a step; the heuristic's best without a reduction scheme 7.06 µs alone.
+// - for the weight-gradient update, the first of the heuristic's 16 that splits no k was a
+//   cutlass simt sgemm 32x128 at 4.01 µs; its best without a reduction scheme an sm80_xmma_gemm
+//   32x32 at 18.2 µs, which made `+cublas` 2.6 ms/epoch slower on the third loan.
+// Setup runs each candidate 3 times untimed, then 20 times between two events.
 #pragma once
 #include <cublasLt.h>
+#include <string.h>
 
 #include "common.cuh"
 
@@ -24,7 +26,8 @@ struct LtGemm {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a[2] = {}, b[2] = {}, c[2] = {};
   cublasLtMatmulAlgo_t algo[2];
-  int split_k[2] = {0, 0};  // 1: an algorithm without a k split; 0: cuBLAS's unrestricted best
+  int split_k[2] = {0, 0};  // the chosen algorithms' k splits (1: none)
+  float us[2] = {0.f, 0.f};  // their time a call at setup, µs
 };
 
 struct CublasGemms {
@@ -33,9 +36,13 @@ struct CublasGemms {
   int rows[2] = {0, 0};  // the full batch and the last one
 };
 
-// The heuristic's best algorithm for g's layouts i whose reduction scheme is in `mask`.
-inline int lt_best(cublasLtHandle_t lt, LtGemm* g, int i, Ctx* c, uint32_t mask,
-                   cublasLtMatmulHeuristicResult_t* best, int* n) {
+constexpr int LT_CANDIDATES = 16;  // asked of the heuristic, twice: unrestricted, and no split
+constexpr int LT_WARMUP = 3, LT_TIMED = 20;
+
+// Up to LT_CANDIDATES of the heuristic's algorithms for g's layouts i whose reduction scheme is
+// in `mask`, appended to found[*n].
+inline int lt_heuristic(cublasLtHandle_t lt, LtGemm* g, int i, Ctx* c, uint32_t mask,
+                        cublasLtMatmulHeuristicResult_t* found, int* n) {
   cublasLtMatmulPreference_t pref = nullptr;
   FT_TRY(cublasLtMatmulPreferenceCreate(&pref));
   uint64_t bytes = c->workspace_bytes;
@@ -44,26 +51,79 @@ inline int lt_best(cublasLtHandle_t lt, LtGemm* g, int i, Ctx* c, uint32_t mask,
   if (status == 0)
     status = (int)cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
+  int got = 0;
   if (status == 0)
     status = (int)cublasLtMatmulAlgoGetHeuristic(lt, g->op, g->a[i], g->b[i], g->c[i], g->c[i],
-                                                 pref, 1, best, n);
+                                                 pref, LT_CANDIDATES, found + *n, &got);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (status == 0) *n += got;
   return status;
 }
 
-inline int lt_choose(cublasLtHandle_t lt, LtGemm* g, int i, Ctx* c) {
-  cublasLtMatmulHeuristicResult_t best;
-  int n = 0;
-  // A heuristic that finds nothing under the mask may say so by an error status, not n = 0.
-  if (lt_best(lt, g, i, c, CUBLASLT_REDUCTION_SCHEME_NONE, &best, &n) == 0 && n > 0) {
-    g->algo[i] = best.algo;
-    g->split_k[i] = 1;
-    return 0;
+inline int lt_splits(const cublasLtMatmulAlgo_t& a) {
+  int32_t k = 1;
+  size_t written = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k, sizeof k,
+                                       &written);
+  return k;
+}
+
+// Mean µs a call of `algo` on scratch operands A, B, CD (contents irrelevant: zeros), or a
+// negative value where the algorithm fails to run.
+inline float lt_time(cublasLtHandle_t lt, LtGemm* g, int i, const cublasLtMatmulAlgo_t& algo,
+                     const float* A, const float* B, float* CD, Ctx* c, cudaStream_t s,
+                     cudaEvent_t start, cudaEvent_t stop) {
+  const float alpha = 1.f, beta = 1.f;
+  auto call = [&] {
+    return cublasLtMatmul(lt, g->op, &alpha, A, g->a[i], B, g->b[i], &beta, CD, g->c[i], CD,
+                          g->c[i], &algo, c->workspace, c->workspace_bytes, s);
+  };
+  for (int r = 0; r < LT_WARMUP; ++r)
+    if (call() != CUBLAS_STATUS_SUCCESS) return -1.f;
+  cudaEventRecord(start, s);
+  for (int r = 0; r < LT_TIMED; ++r)
+    if (call() != CUBLAS_STATUS_SUCCESS) return -1.f;
+  cudaEventRecord(stop, s);
+  float ms = -1.f;
+  if (cudaEventSynchronize(stop) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, start, stop) != cudaSuccess)
+    return -1.f;
+  return ms * 1000.f / LT_TIMED;
+}
+
+// The fastest of the heuristic's candidates for g's layouts i, an m×n output over k; scratch
+// holds at least m·k + k·n + m·n floats.
+inline int lt_choose(cublasLtHandle_t lt, LtGemm* g, int i, Ctx* c, int m, int n, int k,
+                     float* scratch, cudaStream_t s) {
+  cublasLtMatmulHeuristicResult_t found[2 * LT_CANDIDATES];
+  int count = 0;
+  // A heuristic that finds nothing under a mask may say so by an error status, not a count of 0.
+  lt_heuristic(lt, g, i, c, CUBLASLT_REDUCTION_SCHEME_NONE, found, &count);
+  FT_TRY(lt_heuristic(lt, g, i, c, CUBLASLT_REDUCTION_SCHEME_MASK, found, &count));
+  FT_TRY(cudaMemsetAsync(scratch, 0, sizeof(float) * ((size_t)m * k + (size_t)k * n + m * n), s));
+  const float *A = scratch, *B = scratch + (size_t)m * k;
+  float* CD = scratch + (size_t)m * k + (size_t)k * n;
+  cudaEvent_t start, stop;
+  FT_TRY(cudaEventCreate(&start));
+  FT_TRY(cudaEventCreate(&stop));
+  float best = -1.f;
+  for (int j = 0; j < count; ++j) {
+    bool seen = false;  // the two lists overlap
+    for (int q = 0; q < j && !seen; ++q)
+      seen = memcmp(&found[q].algo, &found[j].algo, sizeof(cublasLtMatmulAlgo_t)) == 0;
+    if (seen) continue;
+    const float us = lt_time(lt, g, i, found[j].algo, A, B, CD, c, s, start, stop);
+    if (us >= 0.f && (best < 0.f || us < best)) {
+      best = us;
+      g->algo[i] = found[j].algo;
+    }
   }
-  FT_TRY(lt_best(lt, g, i, c, CUBLASLT_REDUCTION_SCHEME_MASK, &best, &n));
-  if (n == 0) return (int)CUBLAS_STATUS_NOT_SUPPORTED;
-  g->algo[i] = best.algo;
-  g->split_k[i] = 0;
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  FT_TRY(cudaGetLastError());  // a failed candidate's launch error is not the chosen one's
+  if (best < 0.f) return (int)CUBLAS_STATUS_NOT_SUPPORTED;
+  g->us[i] = best;
+  g->split_k[i] = lt_splits(g->algo[i]);
   return 0;
 }
 
@@ -87,19 +147,27 @@ inline int cublas_gemms_create(CublasGemms* G, Ctx* c) {
   FT_TRY(lt_op(&G->forward, CUBLAS_OP_T, CUBLAS_OP_N));
   // Update: Wᵀ (784×10) ← Wᵀ - lr · xᵀ · g: m = 784, n = 10, k = B; A = xᵀ (N), B = gᵀ (T).
   FT_TRY(lt_op(&G->update, CUBLAS_OP_N, CUBLAS_OP_T));
-  for (int i = 0; i < 2; ++i) {
+  // Scratch operands for timing the candidates (the step's own buffers are not touched).
+  const int B0 = G->rows[0];
+  const size_t floats = (size_t)FT_IN * B0 + (size_t)B0 * FT_CLASSES + FT_IN * FT_CLASSES;
+  float* scratch = nullptr;
+  FT_TRY(cudaMalloc(&scratch, floats * sizeof(float)));
+  const cudaStream_t s = c->capture;
+  int status = 0;
+  for (int i = 0; i < 2 && status == 0; ++i) {
     const int B = G->rows[i];
     LtGemm *f = &G->forward, *u = &G->update;
-    FT_TRY(lt_layout(&f->a[i], FT_IN, FT_CLASSES, FT_IN));
-    FT_TRY(lt_layout(&f->b[i], FT_IN, B, FT_IN));
-    FT_TRY(lt_layout(&f->c[i], FT_CLASSES, B, FT_CLASSES));
-    FT_TRY(lt_layout(&u->a[i], FT_IN, B, FT_IN));
-    FT_TRY(lt_layout(&u->b[i], FT_CLASSES, B, FT_CLASSES));
-    FT_TRY(lt_layout(&u->c[i], FT_IN, FT_CLASSES, FT_IN));
-    FT_TRY(lt_choose(G->lt, f, i, c));
-    FT_TRY(lt_choose(G->lt, u, i, c));
+    status = lt_layout(&f->a[i], FT_IN, FT_CLASSES, FT_IN);
+    if (status == 0) status = lt_layout(&f->b[i], FT_IN, B, FT_IN);
+    if (status == 0) status = lt_layout(&f->c[i], FT_CLASSES, B, FT_CLASSES);
+    if (status == 0) status = lt_layout(&u->a[i], FT_IN, B, FT_IN);
+    if (status == 0) status = lt_layout(&u->b[i], FT_CLASSES, B, FT_CLASSES);
+    if (status == 0) status = lt_layout(&u->c[i], FT_IN, FT_CLASSES, FT_IN);
+    if (status == 0) status = lt_choose(G->lt, f, i, c, FT_CLASSES, B, FT_IN, scratch, s);
+    if (status == 0) status = lt_choose(G->lt, u, i, c, FT_IN, FT_CLASSES, B, scratch, s);
   }
-  return 0;
+  const int freed = (int)cudaFree(scratch);  // synchronizes: the timing is done with it
+  return status ? status : freed;
 }
 
 inline void lt_gemm_destroy(LtGemm* g) {
