@@ -12,9 +12,12 @@ reference step (a variant that fails is reported failed and never timed), then s
 the epoch captured as a CUDA graph), timed over every epoch with the device synchronized at each
 clock read, and evaluated on the test set. Each table's speed-up column is against that row's
 current variant (its module's `DEFAULT`); the fastest that passes becomes the next default.
+A variant that faults the device (a sticky CUDA error: the rest of the process cannot use CUDA)
+is reported failed, and the variants not yet finished are swept again in a fresh process
+(`--variant TAG`, repeatable, sweeps only those).
 
     FASTTRAIN_DATA=DIR PYTHONPATH=src python benchmarks/variant_sweep.py \\
-        [--rows triton-fused,torch-graphs] [--epochs 10] [--json PATH]
+        [--rows triton-fused,torch-graphs] [--variant TAG ...] [--epochs 10] [--json PATH]
 """
 
 from __future__ import annotations
@@ -58,6 +61,30 @@ def entries(rows=ROWS, tags=None) -> list[VariantEntry]:
     variant that faults the device cannot take the others down with it)."""
     return [VariantEntry(label(row, v), ladder.entry(row).target, variant=v)
             for row in rows for v in module(row).SWEEP if tags is None or v.tag in tags]
+
+
+def fresh_process(todo: list[VariantEntry], rows: list[str], args) -> list[dict]:
+    """`todo` swept again in a new process (after a variant left this one's CUDA unusable),
+    their rows read from its JSON; one that faults there too is handed on the same way."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    from fasttrain import bench
+
+    with tempfile.TemporaryDirectory(prefix="fasttrain-sweep-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        argv = [sys.executable, __file__, "--rows", ",".join(rows), "--data", args.data,
+                "--epochs", str(args.epochs), "--json", out,
+                *(a for e in todo for a in ("--variant", e.variant.tag))]
+        code = subprocess.run(argv, stdout=subprocess.DEVNULL).returncode
+        if not os.path.exists(out):
+            return [{**bench.base_row(e), "status": "failed",
+                     "reason": f"the fresh process that ran it again exited with {code}"}
+                    for e in todo]
+        with open(out) as f:
+            return json.load(f)["rows"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     dataset = load_dataset(args.data, None, seed=0)
     data = ladder.make_ladder_data(dataset, cfg)
     results = bench.run_rows(entries(rows, tags), data, cfg, env, repeats=1, console=console,
-                             quiet=True)
+                             quiet=True, rerun=lambda todo: fresh_process(todo, rows, args))
     defaults = {row: label(row, module(row).DEFAULT) for row in rows}
     result = {"schema": bench.SCHEMA, "env": env,
               "config": {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,

@@ -71,3 +71,50 @@ def test_an_unwritable_json_is_refused_before_any_gpu_time(sweep, tmp_path, caps
     with pytest.raises(SystemExit) as e:
         sweep.main(["--json", str(tmp_path / "no-such-folder" / "r.json")])
     assert e.value.code == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_variant_picks_only_the_tags_given(sweep):
+    tags = {"32, 8w, ieee", "cublas, Wᵀ storage"}
+    entries = sweep.entries(["triton-fused", "torch-graphs"], tags)
+    assert [e.name for e in entries] == ["triton-fused [32, 8w, ieee]",
+                                         "torch-graphs [cublas, Wᵀ storage]"]
+
+
+def test_an_unknown_variant_is_refused_naming_the_known_ones(sweep, capsys):
+    with pytest.raises(SystemExit) as e:
+        sweep.main(["--rows", "torch-graphs", "--variant", "64, 8w, ieee"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--variant 64, 8w, ieee" in err and "cublas, W storage" in err
+
+
+def test_after_a_device_fault_the_rest_run_in_a_fresh_process(sweep, monkeypatch):
+    """The rows the faulted process could not run are swept again by a child given their tags
+    (and this run's settings), read back from its JSON; a child that writes none fails them."""
+    import argparse
+    import json
+    import subprocess
+
+    todo = sweep.entries(["triton-fused"])[:2]
+    args = argparse.Namespace(data="synthetic", epochs=3)
+    seen = []
+
+    def child(argv, **kw):
+        seen.append(argv)
+        out = argv[argv.index("--json") + 1]
+        with open(out, "w") as f:
+            json.dump({"rows": [{"impl": e.name, "status": "ok"} for e in todo]}, f)
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(subprocess, "run", child)
+    rows = sweep.fresh_process(todo, ["triton-fused"], args)
+    assert [r["impl"] for r in rows] == [e.name for e in todo]
+    argv = seen[0]
+    assert argv[1].endswith("variant_sweep.py")
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--variant"] == \
+        [e.variant.tag for e in todo]
+    assert argv[argv.index("--epochs") + 1] == "3" and argv[argv.index("--data") + 1] == "synthetic"
+
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 1))
+    rows = sweep.fresh_process(todo, ["triton-fused"], args)
+    assert [r["status"] for r in rows] == ["failed"] * 2
+    assert all("exited with 1" in r["reason"] for r in rows)
