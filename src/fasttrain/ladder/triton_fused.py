@@ -110,7 +110,9 @@ if triton is not None:
         wt_ptr = w_ptr + cls[None, :] * K + ks[:, None]  # this program's columns, as Wᵀ
         wt_mask = kmask[:, None] & cmask[None, :]
         wt = tl.load(wt_ptr, mask=wt_mask, other=0.0)  # [BLOCK_K, BLOCK_C]
-        bmask = cmask & first
+        # pid == 0 as a [BLOCK_C] block, not a scalar and'ed into one: the same lanes, but
+        # Triton's interpreter types a splatted scalar comparison int32, a mask 3.9 rejects.
+        bmask = cmask & ((tl.zeros_like(cls) + pid) == 0)
         b = tl.load(b_ptr + cls, mask=bmask, other=0.0)  # program 0 only; 0 elsewhere
         # The next batch's pixels do not depend on this step: issue their loads first.
         nmask = rows < n_nxt
