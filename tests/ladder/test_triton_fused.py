@@ -44,6 +44,18 @@ class Counting:  # counts the kernel's launches, then launches it
         launches.append(grid)
         return kernel[grid]
 tf.sgd_step_kernel = Counting()
+masks = set()  # numpy dtypes of the masks the interpreter hands to masked loads and stores
+try:
+    from triton.runtime.interpreter import InterpreterBuilder as IB
+    def spy(method, at):  # at: the mask's place among the arguments after self
+        def wrapped(self, *args, **kwargs):
+            masks.add(str(args[at].data.dtype))
+            return method(self, *args, **kwargs)
+        return wrapped
+    IB.create_masked_load = spy(IB.create_masked_load, 1)
+    IB.create_masked_store = spy(IB.create_masked_store, 2)
+except (ImportError, AttributeError):  # another Triton's interpreter: nothing recorded
+    masks = None
 out = {}
 for name, (n, bs, epochs, lr, variant) in json.loads(sys.argv[1]).items():
     cfg = LadderConfig(epochs=epochs, batch_size=bs, lr=lr)
@@ -53,10 +65,13 @@ for name, (n, bs, epochs, lr, variant) in json.loads(sys.argv[1]).items():
     v = tf.Variant(*variant)
     z, stats = tf.partials(bs, "cpu", v), torch.zeros(2)
     launches.clear()
+    if masks is not None:
+        masks.clear()
     for e in range(epochs):
         tf.sgd_epoch(x, y, torch.from_numpy(data.orders[e]), w, b, z, stats, bs, lr, v)
     out[name] = {"w": w.tolist(), "b": b.tolist(), "stats": stats.tolist(),
-                 "launches": len(launches), "grids": sorted(set(launches))}
+                 "launches": len(launches), "grids": sorted(set(launches)),
+                 "masks": None if masks is None else sorted(masks)}
 json.dump(out, sys.stdout)
 """
 
@@ -68,7 +83,7 @@ def interpreted():
     r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASES)], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    return {k: {f: v if f in ("launches", "grids") else np.array(v, dtype=np.float32)
+    return {k: {f: v if f in ("launches", "grids", "masks") else np.array(v, dtype=np.float32)
                 for f, v in d.items()}
             for k, d in json.loads(r.stdout).items()}
 
@@ -114,6 +129,17 @@ def test_one_launch_per_step(interpreted):
         got = interpreted[name]
         assert got["launches"] == epochs * (-(-n // bs) + 1), name
         assert got["grids"] == [[Variant(*variant).splits]], name
+
+
+def test_masks_are_boolean(interpreted):
+    """Every mask the kernel gives a load or store is bool in the interpreter. Triton 3.9's
+    interpreter rejects any other ("mask has unsupported dtype"); 3.6 took the int32 mask that a
+    block and'ed with a scalar comparison (`cmask & (pid == 0)`) became there."""
+    for name in CASES:
+        got = interpreted[name]["masks"]
+        if got is None:
+            pytest.skip("this Triton's interpreter has no create_masked_load/store to watch")
+        assert got == ["bool"], name
 
 
 def test_the_sweep_holds_the_default_and_cuts_the_pixels_three_ways():
