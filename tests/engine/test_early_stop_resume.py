@@ -6,6 +6,7 @@ to train — unless --patience is raised, or --early-stop names another metric."
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -116,3 +117,71 @@ def test_old_checkpoints_load_and_a_damaged_early_stop_is_refused(tmp_path, whol
     assert resumed.step > whole.step
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     assert records[-1]["step"] == resumed.step
+
+
+# -- an EarlyStop passed to fit (not --early-stop's): checkpointed and restored the same way -----
+
+
+def train_yours(standard: bool, **kw):
+    """The same run as `train`, its early stop an EarlyStop callback passed to fit; without the
+    standard callbacks, the ones it needs passed too."""
+    from fasttrain.engine.callbacks import Checkpointer, EarlyStop, Evaluator
+
+    run = fasttrain.build(model=make(), data=data(), **{
+        **dict(val_fraction=0.25, epochs=40, batch_size=20, lr=0.05, log_every=100,
+               device="cpu", progress=False, verbose=False), **kw})
+    early = EarlyStop("val_loss", patience=2)
+    fasttrain.fit(run, callbacks=[early] if standard else [Evaluator(), early, Checkpointer()],
+                  standard=standard)
+    return run, early
+
+
+@pytest.mark.parametrize("standard", [False, True])
+def test_your_early_stop_callback_resumes_where_it_stood(tmp_path, whole, capsys, standard):
+    alone, _ = train_yours(standard)
+    assert alone.stop == whole.stop and alone.step == whole.step  # the same stop as --early-stop
+    at = whole.step - PER_EPOCH  # interrupted after one evaluation without improvement
+    train_yours(standard, out=str(tmp_path), max_steps=at)
+    saved = torch.load(sorted((tmp_path / "checkpoints").glob("step-*.pt"))[-1],
+                       weights_only=True)
+    (mine,) = saved["callback_early_stops"]
+    assert {**mine, "best": None} == {"metric": "val_loss", "best": None, "waited": 1,
+                                      "mode": "min"} and math.isfinite(mine["best"])
+    assert "early_stop" not in saved  # no --early-stop: the run's own slot stays empty
+    capsys.readouterr()
+    resumed, early = train_yours(standard, out=str(tmp_path), resume="auto")
+    assert "resumed your EarlyStop('val_loss'): val_loss has not improved for 1 of 2" in (
+        capsys.readouterr().out)
+    assert resumed.stop == whole.stop and early.waited == 2
+    assert evals(resumed) == [whole.step]  # not counted afresh: no later evaluation
+    for k, v in resumed.model.state_dict().items():
+        assert torch.equal(v, whole.model.state_dict()[k]), k
+    # Stopped early and resumed as it is: stays stopped, as --early-stop's does.
+    again, _ = train_yours(standard, out=str(tmp_path), resume="auto", epochs=80)
+    assert again.step == whole.step and again.history == []
+    assert "patience to your EarlyStop to go on" in capsys.readouterr().err
+
+
+def test_your_early_stop_without_a_saved_count_is_a_warning(tmp_path, whole, capsys):
+    from fasttrain.engine.callbacks import Checkpointer, Evaluator
+
+    # Checkpointed by a fit without the EarlyStop: nothing to restore it from.
+    run = fasttrain.build(model=make(), data=data(), val_fraction=0.25, epochs=40,
+                          batch_size=20, lr=0.05, log_every=100, device="cpu", progress=False,
+                          verbose=False, out=str(tmp_path), max_steps=PER_EPOCH)
+    fasttrain.fit(run, callbacks=[Evaluator(), Checkpointer()], standard=False)
+    capsys.readouterr()
+    train_yours(False, out=str(tmp_path), resume="auto")
+    err = capsys.readouterr().err
+    assert err.count("holds no count for your EarlyStop('val_loss')") == 1, err
+    assert "counted afresh" in err
+
+
+def test_a_damaged_count_of_your_early_stop_is_refused(tmp_path, whole):
+    train_yours(False, out=str(tmp_path), max_steps=whole.step - PER_EPOCH)
+    path = sorted((tmp_path / "checkpoints").glob("step-*.pt"))[-1]
+    saved = torch.load(path, weights_only=True)
+    mine = saved["callback_early_stops"][0]
+    torch.save({**saved, "callback_early_stops": [{**mine, "waited": -1}]}, path)
+    with pytest.raises(UserError, match=r"callback_early_stops\[0\]\.waited = -1"):
+        train_yours(False, out=str(tmp_path), resume=str(path))

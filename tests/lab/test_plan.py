@@ -167,6 +167,34 @@ def test_a_calibrated_plan_carries_the_efficiency_and_not_this_cpus_launch_cost(
     assert h["step_s"] == pytest.approx(compute + h["exposed_s"])
 
 
+def test_a_calibration_held_at_its_bound_says_so_with_the_unbounded_fit(tmp_path, capsys,
+                                                                          monkeypatch):
+    """Steps planted 1.25× faster than their per-op roofline: the fit holds the efficiency at 1,
+    and the table's footer and the JSON say so, with the 1.25 the measurements gave."""
+    from fasttrain.lab import classify, steptime
+
+    peaks = classify.Peaks(1e11, 2e10, "planted")
+
+    def planted_steps(run, steps, clock=None):
+        work = steptime.count_run(run)
+        return [steptime.roofline_s(work, peaks.flops, peaks.bandwidth) / 1.25
+                + work.ops * 2e-6] * steps
+
+    monkeypatch.setattr(steptime, "_measuring", lambda device, precision: (peaks, None, "planted"))
+    monkeypatch.setattr(steptime, "time_steps", planted_steps)
+    out = tmp_path / "held.json"
+    assert main(["plan", *FLAGS, "--calibrate", "--json", str(out)]) == 0
+    footer = " ".join(capsys.readouterr().out.split())
+    assert "÷ efficiency 1 (HELD AT ITS BOUND: the unbounded fit was 1.25)" in footer, footer
+    assert "BOUND HELD: efficiency held at its bound 1" in footer
+    assert "the unbounded fit was efficiency 1.25, 2 µs per call" in footer
+    eff = json.loads(out.read_text())["efficiency"]
+    assert eff["value"] == 1.0 and eff["held"] == ["efficiency"]
+    assert eff["unbounded"]["efficiency"] == pytest.approx(1.25)
+    assert eff["unbounded"]["launch_s"] == pytest.approx(2e-6)
+    assert "BOUND HELD" in eff["source"] and eff["basis"]["held"] == ["efficiency"]
+
+
 @pytest.mark.parametrize("error", [MemoryError(), RuntimeError(
     "[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory: you tried "
     "to allocate 1099511627776 bytes")])

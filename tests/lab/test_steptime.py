@@ -107,6 +107,24 @@ def test_the_fit_keeps_its_bounds():
         steptime.fit(points[:1])
 
 
+def test_the_fit_says_which_bound_held_and_what_the_unbounded_fit_was():
+    works = {b: steptime.StepWork({(2e6 * b, 4e4 * b): 20, (0.0, 1e3): 200}, 0)
+             for b in (32, 128)}
+    inside = _planted(0.37, 6e-6, works)
+    assert steptime.bounds_held(inside) == ((), None)
+    faster = _planted(1.1, 1e-4, works)  # faster than the roofline: efficiency stops at 1
+    held, free = steptime.bounds_held(faster)
+    assert held == ("efficiency",) and free == pytest.approx((1.1, 1e-4), rel=1e-9)
+    assert steptime.unbounded(faster) == free
+    shrinking = [dataclasses.replace(p, measured_s=p.roofline_s / 0.5 - p.ops * 1e-6)
+                 for p in _planted(0.5, 0.0, works)]  # would need a negative cost per call
+    held, free = steptime.bounds_held(shrinking)
+    assert held == ("launch_s",) and free == pytest.approx((0.5, -1e-6), rel=1e-9)
+    note = steptime.held_note(steptime.Fit(*steptime.fit(shrinking), "cpu", "", held, free))
+    assert "cost per call held at its bound 0" in note and "-1 µs per call" in note
+    assert steptime.held_note(steptime.Fit(0.37, 6e-6, "cpu", "")) == ""
+
+
 def test_data_parallel_step_by_hand():
     link = scaling.Link("test", bandwidth=1e9, latency=5e-6)
     work = steptime.StepWork({(1e12, 0.0): 1}, grad_bytes=2**20)  # 1 s at 1e12 FLOP/s

@@ -140,6 +140,14 @@ def _launches(rows: list[dict]) -> str:
     return "; ".join(f"{', '.join(g)}: {s * 1e6:.2g} µs, {src}" for (s, src), g in used.items())
 
 
+def _held(fit: steptime.Fit) -> str:
+    """The efficiency, where the calibration held it at its bound, marked where it is used
+    (the why and the whole unbounded fit follow in fit.source)."""
+    if "efficiency" not in fit.held:
+        return ""
+    return f" (HELD AT ITS BOUND: the unbounded fit was {fit.unbounded[0]:.3g})"
+
+
 def _option(row: dict, tier: str):
     return next((o for o in row["options"] if o.tier == tier), None)
 
@@ -299,7 +307,8 @@ def plan(args: argparse.Namespace) -> int:
         f"less {fitting.MARGIN:.0%}; switches verified by predicting with each (FSDP: sharding "
         f"formula). Largest batch: linear extrapolation from two predicted sizes (all: the "
         f"whole epoch). Step: Σ over the op calls of one counted step of max(FLOPs / "
-        f"{cfg.precision} peak, bytes / bandwidth) ÷ efficiency {fit.efficiency:.2g}, + calls × "
+        f"{cfg.precision} peak, bytes / bandwidth) ÷ efficiency {fit.efficiency:.2g}"
+        f"{_held(fit)}, + calls × "
         f"the cost to issue one ({_launches(rows)}) — {fit.source}"
         + (f"; {n} GPUs {'FSDP' if fsdp else 'data parallel'}, ring collectives over the "
            f"catalogue's link" if n > 1 else "")
@@ -328,7 +337,10 @@ def plan(args: argparse.Namespace) -> int:
                        "preemption_rate": args.preemption_rate,
                        "checkpoint_minutes": args.checkpoint_minutes,
                        "restart_minutes": args.restart_minutes, "catalog": args.catalog},
-            "efficiency": {"value": fit.efficiency, "source": fit.source, "basis": basis},
+            "efficiency": {"value": fit.efficiency, "source": fit.source, "basis": basis,
+                           "held": list(fit.held),  # bounds the fit was held at (steptime.fit)
+                           "unbounded": (dict(zip(("efficiency", "launch_s"), fit.unbounded,
+                                                  strict=True)) if fit.unbounded else None)},
             "launch": {"fitted_s": fit.launch_s if args.calibrate else None,
                        "fitted_on": fit.device, "default_s": steptime.DEFAULT_LAUNCH_S,
                        "default_source": steptime.DEFAULT_LAUNCH_SOURCE},

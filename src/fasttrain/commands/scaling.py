@@ -165,6 +165,22 @@ def _names(flag: str, spec: str, known) -> tuple[str, ...]:
     return names
 
 
+def _predicts_bundled_only(model: str) -> None:
+    """--predict-only counts the SPECS on the meta device (their builders, shapes and batches);
+    a model of yours (a flag or --config's) would be silently left out: refused, with what
+    predicts it instead."""
+    from fasttrain.models import MODELS
+
+    if model in MODELS:
+        return
+    raise UserError(f"--predict-only predicts the bundled models only (--predict-models "
+                    f"{','.join(s.label for s in SPECS)}), not --model {model}; for your model "
+                    f"use `fasttrain plan --model {model} --data ... --gpus N` (its "
+                    f"data-parallel step, time and cost per GPU) or `fasttrain memory --model "
+                    f"{model} --gpus W --tp N --pp M` (memory per rank), or drop --predict-only "
+                    f"to measure it here on --procs")
+
+
 def add_arguments(p: argparse.ArgumentParser):
     """The scaling experiment's own flags (none clash with the engine's or `experiment`'s); the
     argument group."""
@@ -232,6 +248,8 @@ def scaling(args: argparse.Namespace) -> int:
     procs = positive_ints("--procs", args.procs, "1,2")
     cfg = from_args(args)
     refuse_run_directory(cfg, "experiment scaling")
+    if args.predict_only:
+        _predicts_bundled_only(cfg.model)
     if not args.predict_only:
         cfg.validate(MODEL_KINDS)  # the base switches; each run re-checks with its --parallel
     err = Console(stderr=True)

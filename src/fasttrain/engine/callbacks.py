@@ -184,26 +184,32 @@ class EarlyStop:
     `patience` evaluations: losses, perplexities and errors (FALLING) must fall, anything else
     rise.
 
-    --early-stop's is built with the run (run.early_stop) and checkpointed: its best value and
-    the evaluations waited since (`state`), so that a resumed run stops where an uninterrupted
-    one does, and a run that stopped early, resumed as it is, stays stopped (`restore`)."""
+    Checkpointed: its best value and the evaluations waited since (`state`), so that a resumed
+    run stops where an uninterrupted one does, and a run that stopped early, resumed as it is,
+    stays stopped (`restore`). --early-stop's is built with the run (run.early_stop) and
+    restored with it; yours, passed to `fit` (with standard=True or False), are kept in the
+    checkpoint in their order and restored as `fit` starts (`restore_early_stops`)."""
 
     def __init__(self, metric: str, patience: int = 3, mode: str | None = None):
         self.metric, self.patience = metric, patience
         falls = bool(FALLING & set(metric.lower().split("_")))
-        self.sign = {"min": 1, "max": -1}.get(mode or ("min" if falls else "max"))
+        self.mode = mode or ("min" if falls else "max")
+        self.sign = {"min": 1, "max": -1}.get(self.mode)
         self.best, self.waited = math.inf, 0
 
     def state(self) -> dict:
-        """What a checkpoint keeps: the metric, its best value so far, evaluations waited."""
-        return {"metric": self.metric, "best": self.sign * self.best, "waited": self.waited}
+        """What a checkpoint keeps: the metric, its best value so far, evaluations waited, and
+        whether it falls or rises (min/max)."""
+        return {"metric": self.metric, "best": self.sign * self.best, "waited": self.waited,
+                "mode": self.mode}
 
     def restore(self, run, saved: dict | None) -> str:
         """Take up a checkpoint's `state()` (none from a run without --early-stop or from an
         older checkpoint: counted afresh, as is another metric). A run that has waited
         --patience evaluations is stopped (run.stop): a larger --patience lets it go on. Says,
         for the `resumed from` line, where the count stands."""
-        if not saved or saved["metric"] != self.metric:
+        if not saved or saved["metric"] != self.metric or saved.get("mode",
+                                                                     self.mode) != self.mode:
             return f"{self.metric} counted afresh"
         self.best, self.waited = self.sign * saved["best"], saved["waited"]
         if self.waited >= self.patience:
@@ -228,6 +234,32 @@ class EarlyStop:
         self.waited += 1
         if self.waited >= self.patience:
             run.stop = self.reason()
+
+
+def user_early_stops(run) -> list[EarlyStop]:
+    """The EarlyStop callbacks passed to `fit`, in order (not --early-stop's: run.early_stop)."""
+    return [c for c in run.callbacks if isinstance(c, EarlyStop) and c is not run.early_stop]
+
+
+def restore_early_stops(run) -> None:
+    """As `fit` starts on a resumed run: your EarlyStop callbacks take up the counts the
+    checkpoint kept for them (run.resumed_early_stops), the n-th the n-th, each said in one line
+    (rank 0). One the checkpoint has no count for (written by a fit without it, or before they
+    were checkpointed) counts afresh, with a warning: it stops later than an uninterrupted run."""
+    saved, run.resumed_early_stops = run.resumed_early_stops, None  # taken up once
+    if saved is None:  # not resumed
+        return
+    for i, early in enumerate(user_early_stops(run)):
+        said = early.restore(run, saved[i] if i < len(saved) else None)
+        if not run.main:
+            continue
+        if i < len(saved):
+            print(f"resumed your EarlyStop({early.metric!r}): {said}")
+        else:
+            print(f"warning: the checkpoint resumed holds no count for your EarlyStop("
+                  f"{early.metric!r}) (written by a fit without it): counted afresh, so it "
+                  f"may stop up to {early.patience} evaluations later than an uninterrupted "
+                  f"run would", file=sys.stderr)
 
 
 class Checkpointer:

@@ -61,6 +61,11 @@ def state(run) -> dict[str, Any]:
     }
     if run.early_stop is not None:  # best value, evaluations waited (callbacks.EarlyStop)
         out["early_stop"] = run.early_stop.state()
+    from fasttrain.engine.callbacks import user_early_stops
+
+    yours = user_early_stops(run)
+    if yours:  # EarlyStop callbacks passed to fit, in order: restored as fit starts
+        out["callback_early_stops"] = [e.state() for e in yours]
     if run.world.size > 1:
         out["ranks"] = ranks
     return out
@@ -211,6 +216,8 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
         at = [i for i, c in enumerate(changed) if c.startswith(("early_stop ", "patience "))]
         if at:  # what the changed --early-stop/--patience make of it
             changed[at[-1]] += f" ({said})"
+    # Your EarlyStop callbacks are fit's, not yet known: fit restores them (restore_early_stops).
+    run.resumed_early_stops = saved.get("callback_early_stops", [])
     run.skipped.copy_(saved["skipped"])
     try:
         set_rng_state(mine["rng"])

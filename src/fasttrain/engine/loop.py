@@ -149,6 +149,7 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
     from fasttrain.engine import callbacks as cb
 
     run.callbacks = [*(cb.standard(run) if standard else []), *callbacks]
+    cb.restore_early_stops(run)  # resumed: your EarlyStop callbacks' counts (may set run.stop)
     run.bar = bar = progress_bar(run.cfg.progress and run.main, run.total_steps, run.step)
     run.last_log = (time.perf_counter(), run.last_log[1])
     together = False  # did every rank get here the same way (the end, or an agreed stop)?
@@ -158,8 +159,10 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
             # nothing to train, so nothing is evaluated, logged or written again. One that
             # stopped early stays stopped (its early stop was restored: callbacks.EarlyStop).
             if run.main:
+                ours = run.early_stop is not None and run.stop == run.early_stop.reason()
                 how = ("give more --epochs or --max-steps to extend it" if run.stop is None
-                       else f"{run.stop}; give a larger --patience to go on")
+                       else f"{run.stop}; give a larger "
+                            f"{'--patience' if ours else 'patience to your EarlyStop'} to go on")
                 print(f"nothing to train: the run finished at step {run.step} (epoch "
                       f"{run.epoch}); {how}", file=sys.stderr)
             together = True

@@ -8,7 +8,8 @@ run), log and checkpoint cadence, --grad-clip, how many checkpoints to keep, ear
 --early-stop and --patience — is applied to the restored optimizer, scheduler and early stop,
 recorded in config.toml and reported in one line. Early stopping's count is restored with the
 run (callbacks.EarlyStop): a run that stopped early stays stopped unless --patience is raised
-(or --early-stop names another metric, counted afresh).
+(or --early-stop names another metric, counted afresh). So are the counts of EarlyStop callbacks
+passed to `fit` (`callback_early_stops`, restored as fit starts: callbacks.restore_early_stops).
 
 `validate_state` checks a loaded checkpoint's fields and their types, so that a crafted or
 damaged file with the right format tag is one clear error, not a KeyError deep in the restore.
@@ -83,7 +84,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
 }
 TENSORS = {"model": (dict,), "optimizer": (dict,)}
 # Fields that older checkpoints lack (or a run without --early-stop): checked when present.
-OPTIONAL = {"early_stop": (dict,)}
+OPTIONAL = {"early_stop": (dict,), "callback_early_stops": (list,)}
 EARLY_STOP = {"metric": (str,), "best": (float, int), "waited": _INT}
 RNG = {"torch_cpu": (torch.Tensor,), "torch_cuda": (list,), "numpy": (dict,), "python": (dict,)}
 
@@ -94,8 +95,11 @@ def validate_state(state: dict[str, Any], path) -> None:
     wanted = dict(FIELDS) if state.get("sharded") else {**FIELDS, **TENSORS}
     wanted.update({k: v for k, v in OPTIONAL.items() if k in state})
     early = state.get("early_stop")
+    yours = state.get("callback_early_stops") or []
     for where, fields, obj in (("", wanted, state), ("rng.", RNG, state.get("rng")),
-                               *((("early_stop.", EARLY_STOP, early),) if early else ())):
+                               *((("early_stop.", EARLY_STOP, early),) if early else ()),
+                               *((f"callback_early_stops[{i}].", EARLY_STOP, e)
+                                 for i, e in enumerate(yours))):
         for key, types in fields.items():
             v = obj.get(key) if isinstance(obj, dict) else None
             if not isinstance(v, types) or isinstance(v, bool):
@@ -107,6 +111,7 @@ def validate_state(state: dict[str, Any], path) -> None:
                                     "world_size")}
     if early:
         counts["early_stop.waited"] = early["waited"]
+    counts.update({f"callback_early_stops[{i}].waited": e["waited"] for i, e in enumerate(yours)})
     for key, value in counts.items():
         if value < 0 or (key == "world_size" and value < 1):
             raise UserError(f"checkpoint {path} is damaged: {key} = {value}; resume from "

@@ -93,6 +93,9 @@ class Run:
         self.history: list[dict] = []
         self.stop: str | None = None  # set (e.g. by early stopping) to end fit() cleanly
         self.early_stop = None  # --early-stop's callbacks.EarlyStop: built, checkpointed
+        # A resumed checkpoint's counts of the EarlyStop callbacks passed to fit (None: not
+        # resumed); fit hands them over as it starts (callbacks.restore_early_stops)
+        self.resumed_early_stops: list[dict] | None = None
         self.signals = StopSignals()  # SIGTERM/SIGUSR1/SIGINT received: stop (signals.py)
         self.callbacks: list = []  # fit()'s, while it runs
         self.step_inputs, self.train_step = step_batches, step  # graphed.attach replaces them

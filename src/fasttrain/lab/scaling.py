@@ -244,8 +244,8 @@ def measure(cfg: TrainConfig, mode: str, n: int, steps: int, workdir: Path) -> d
                "--nproc-per-node", str(n), *train]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return {**row, "status": "failed", "reason": f"exit {proc.returncode}: {tail[0]}"}
+        return {**row, "status": "failed",
+                "reason": f"exit {proc.returncode}: {failure(proc.stderr or proc.stdout)}"}
     logs = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     timed = [r for r in logs if r["kind"] == "train"][-1]
     peak = timed.get("peak_memory_gb", timed.get("peak_rss_gb"))
@@ -253,6 +253,14 @@ def measure(cfg: TrainConfig, mode: str, n: int, steps: int, workdir: Path) -> d
             "param_bytes": timed["param_bytes"], "grad_bytes": timed["grad_bytes"],
             "optimizer_bytes": timed["optimizer_bytes"],
             "peak_bytes": None if peak is None else int(peak * 2**30)}
+
+
+def failure(output: str) -> str:
+    """The line that says why a run failed: train's own `error: ...` line where it printed one
+    (torchrun ends its output with a banner of '=' after it), else the last line."""
+    lines = output.strip().splitlines()
+    said = [line for line in lines if line.startswith("error: ")]
+    return (said or lines or ["no output"])[-1]
 
 
 def measure_all(cfg: TrainConfig, modes: tuple[str, ...], procs: tuple[int, ...],

@@ -30,15 +30,18 @@ timed steps; on a CPU one thread timed by its CPU time, so that other tenants' l
 for inefficiency), and fits eff and t_launch by least squares on relative error, with eff ≤ 1 (a
 step does not beat its roofline at this device's own peaks: if the fit wants more, the counted
 bytes overstate what reached memory) and t_launch ≥ 0. Two points, two unknowns: an exact fit
-unless a bound holds. On another GPU the efficiency carries over as it is; t_launch does not (a
-CPU's per-op cost is not a GPU's): it comes from the catalogue (`launch_us`, with its source) or is
-DEFAULT_LAUNCH_S. On a GPU the host issues ahead of the device, so the sum is pessimistic where the
-two terms are close (at most 2×: the true step is at least their maximum). Data parallel: each GPU
-takes 1/n of the samples (`share`, the roofline term) but issues every call.
+unless a bound holds; where one does, the Fit says which (`held`) and what the unbounded fit was
+(`unbounded`), and `plan` prints both beside the figures that use the bound. On another GPU the
+efficiency carries over as it is; t_launch does not (a CPU's per-op cost is not a GPU's): it comes
+from the catalogue (`launch_us`, with its source) or is DEFAULT_LAUNCH_S. On a GPU the host issues
+ahead of the device, so the sum is pessimistic where the two terms are close (at most 2×: the true
+step is at least their maximum). Data parallel: each GPU takes 1/n of the samples (`share`, the
+roofline term) but issues every call.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import Counter
@@ -92,7 +95,10 @@ class Fit:
     efficiency: float  # achieved fraction of the per-op roofline, (0, 1]
     launch_s: float  # seconds per op call on the device fitted on (not carried to another)
     device: str  # what it was fitted on ("cpu", a GPU's name), "" for the defaults
-    source: str  # in words
+    source: str  # in words (with `held_note` where a bound held)
+    held: tuple[str, ...] = ()  # the constants `fit` held at a bound: "efficiency", "launch_s"
+    # (efficiency, launch_s) of the least squares without bounds, where a bound held
+    unbounded: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -191,14 +197,20 @@ def predict_s(work: StepWork, peak_flops: float, bandwidth: float, efficiency: f
     return share * roofline_s(work, peak_flops, bandwidth) / efficiency + work.ops * launch_s
 
 
-def fit(points: list[Point]) -> tuple[float, float]:
-    """(efficiency, launch_s) minimizing Σ ((R/eff + n·t) / T − 1)² over the points, eff ≤ 1,
-    t ≥ 0. Linear in (1/eff, t): the unconstrained least-squares solution when it is inside the
-    bounds, else the best of the bounds' edges (the minimum of a convex quadratic over a box)."""
+def _least_squares(points: list[Point]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, y, c): the relative-error system x @ (1/eff, t) ≈ y and its unbounded solution c."""
     if len(points) < 2:
         raise ValueError("fitting two constants needs at least two points")
     x = np.array([[p.roofline_s / p.measured_s, p.ops / p.measured_s] for p in points])
     y = np.ones(len(points))
+    return x, y, np.linalg.lstsq(x, y, rcond=None)[0]
+
+
+def fit(points: list[Point]) -> tuple[float, float]:
+    """(efficiency, launch_s) minimizing Σ ((R/eff + n·t) / T − 1)² over the points, eff ≤ 1,
+    t ≥ 0. Linear in (1/eff, t): the unconstrained least-squares solution when it is inside the
+    bounds, else the best of the bounds' edges (the minimum of a convex quadratic over a box)."""
+    x, y, inner = _least_squares(points)
 
     def residual(c) -> float:
         return float(np.sum((x @ c - y) ** 2))
@@ -209,12 +221,47 @@ def fit(points: list[Point]) -> tuple[float, float]:
         v = max(lo, float(x[:, col] @ rest / (x[:, col] @ x[:, col])))
         return np.array([v, fixed] if col == 0 else [fixed, v])
 
-    inner = np.linalg.lstsq(x, y, rcond=None)[0]
     tries = [edge(1, 1.0, 0.0), edge(0, 0.0, 1.0)]
     if inner[0] >= 1 and inner[1] >= 0:
         tries.append(inner)
     slowdown, launch = min(tries, key=residual)
     return float(1 / slowdown), float(launch)
+
+
+def unbounded(points: list[Point]) -> tuple[float, float]:
+    """(efficiency, launch_s) of the same least squares without `fit`'s bounds: what the
+    measurements alone say — an efficiency above 1 (or negative, or inf: no roofline term at
+    all), a negative cost per call."""
+    slowdown, launch = _least_squares(points)[2]
+    return (float(1 / slowdown) if slowdown else math.inf), float(launch)
+
+
+def bounds_held(points: list[Point]) -> tuple[tuple[str, ...], tuple[float, float] | None]:
+    """(the constants `fit` held at a bound — "efficiency" at 1, "launch_s" at 0 — and the
+    unbounded fit), or ((), None) where the least squares was inside the bounds."""
+    eff, launch = fit(points)
+    free = unbounded(points)
+    if (eff, launch) == free:  # fit took the unbounded solution itself
+        return (), None
+    held = (("efficiency",) if eff == 1.0 else ()) + (("launch_s",) if launch == 0.0 else ())
+    return held, free
+
+
+def held_note(fit: Fit) -> str:
+    """Where a bound held, in words, with the unbounded fit; "" where none did."""
+    if not fit.held:
+        return ""
+    eff, launch = fit.unbounded
+    why = []
+    if "efficiency" in fit.held:
+        why.append("efficiency held at its bound 1 (the measured steps beat their per-op "
+                   "roofline at these peaks: the counted bytes overstate what reached memory, or "
+                   "the peaks understate this device)")
+    if "launch_s" in fit.held:
+        why.append("cost per call held at its bound 0 (the step shrank faster than its roofline "
+                   "as the batch did)")
+    return (f"BOUND HELD: {' and '.join(why)}; the unbounded fit was efficiency {eff:.3g}, "
+            f"{launch * 1e6:.3g} µs per call, and the figures use the bound")
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -317,6 +364,7 @@ def calibrate(cfg: TrainConfig, model=None, data=None, *, loss=None,
     finally:
         torch.set_num_threads(threads)
     eff, launch = fit(points)
+    held, free = bounds_held(points)
     p, q = points
     source = (f"fitted on {device} to {cfg.model} at batch {p.batch_size} and {q.batch_size} "
               f"({cfg.precision}; median of {steps} steps, {how}: {p.measured_s * 1e3:.4g} and "
@@ -324,10 +372,15 @@ def calibrate(cfg: TrainConfig, model=None, data=None, *, loss=None,
               f"{q.roofline_s * 1e3:.3g} ms, {p.ops} and {q.ops} calls; peaks {peaks.source}: "
               f"{peaks.flops / 1e9:.0f} GFLOP/s, {peaks.bandwidth / 1e9:.0f} GB/s): efficiency "
               f"{eff:.2g} (carried over), {launch * 1e6:.2g} µs per call (this device's only)")
+    fitted = Fit(eff, launch, device, source, held, free)
+    if held:
+        fitted = dataclasses.replace(fitted, source=f"{source}. {held_note(fitted)}")
     basis = {"device": device, "points": [dataclasses.asdict(x) for x in points],
              "peak_flops": peaks.flops, "bandwidth": peaks.bandwidth, "peaks": peaks.source,
-             "clock": how, "steps": steps, "efficiency": eff, "launch_s": launch}
-    return Fit(eff, launch, device, source), basis
+             "clock": how, "steps": steps, "efficiency": eff, "launch_s": launch,
+             "held": list(held),
+             "unbounded": {"efficiency": free[0], "launch_s": free[1]} if free else None}
+    return fitted, basis
 
 
 def _device_name(device) -> str:
