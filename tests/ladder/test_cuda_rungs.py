@@ -167,3 +167,21 @@ def test_sources_name_every_file_the_library_is_built_from():
         src = build.CSRC / cls.source
         built = {src, *build._local_headers(src)}
         assert {(build.CSRC.parent / f).resolve() for f in cls.sources} == built, name
+
+
+def test_cublas_families_export_their_gemm_choice_and_it_reads_back():
+    """The row's details name each GEMM's timed algorithm: every family that links cublasLt
+    exports ft_gemm_choice, whose 16 floats read as (µs, k splits, algorithm, tile) per GEMM and
+    batch, in cublas_gemms_choice's order."""
+    from fasttrain.ladder import build
+    from fasttrain.ladder.cuda_rungs import gemm_choice
+
+    for name in ROWS:
+        cls = ladder.entry(name).load()
+        text = (build.CSRC / cls.source).read_text()
+        assert ("FT_EXPORT_GEMM_CHOICE" in text) == ("cublasLt" in cls.libs), name
+    got = gemm_choice([float(v) for v in range(16)])
+    assert list(got) == ["forward_full_batch", "forward_last_batch", "update_full_batch",
+                         "update_last_batch"]
+    assert got["forward_full_batch"] == {"us": 0.0, "split_k": 1, "algo_id": 2, "tile_id": 3}
+    assert got["update_last_batch"] == {"us": 12.0, "split_k": 13, "algo_id": 14, "tile_id": 15}

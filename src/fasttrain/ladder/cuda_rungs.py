@@ -13,7 +13,7 @@ torch's current stream.
 |                |          | after every step (a copy and a wait per step, as the report's)      |
 | +no-sync       | kernels  | loss and accuracy summed on the device; one read per epoch          |
 | +cublas        | cublas   | both GEMMs by cuBLAS (the update folded into the second: beta = 1;  |
-|                |          | algorithms chosen once through cublasLt, no split-K: see csrc)      |
+|                |          | algorithms chosen once through cublasLt by timing: see csrc)        |
 | +report-10     | cublas   | loss and accuracy computed only every 10 epochs (and the last)      |
 | +fused-loss    | cublas   | one kernel for loss and accuracy (the report's §5.2; no table row)  |
 | +cudnn-softmax | cudnn    | cuDNN's softmax                                                     |
@@ -23,9 +23,11 @@ Host syncs inside an epoch: the baseline's, one per step, deliberately; from `+n
 the only read being the epoch's loss after its last step, on the epochs that report it.
 
 Run alone:  python -m fasttrain bench --impl cuda-baseline,+no-sync,+cuda-graphs
-Measured (H100 80GB HBM3, 2026-11-26, ms/epoch): 22.7, 13.6, 20.3, 17.8, 17.4, 18.0, 12.5 for the
-rows above in order, against the report's 38, 27, 20.7, 19, -, 18, 17 (README, "The CUDA C++
-ladder"; benchmarks/cuda_step_profile.py says where each step goes).
+Measured (H100 80GB HBM3, ms/epoch, for the rows above in order): 2026-11-26 22.7, 13.6, 20.3,
+17.8, 17.4, 18.0, 12.5; 2026-11-27 22.2, 14.1, 22.9, 20.1, 19.9, 19.7, 16.5 (the cuBLAS rows
+slower: the no-split-K rule gave the update GEMM an 18.2 µs kernel; now chosen by timing, not yet
+run on a GPU); the report's 38, 27, 20.7, 19, -, 18, 17 (README, "The CUDA C++ ladder";
+benchmarks/cuda_step_profile.py says where each step goes).
 """
 
 from __future__ import annotations
@@ -54,6 +56,18 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_host_stats.restype = None
     lib.ft_destroy.argtypes = [_P]
     return lib
+
+
+def gemm_choice(values) -> dict:
+    """ft_gemm_choice's 16 floats (csrc/cublas_gemms.cuh) as the row's details: for each GEMM
+    and batch (full, last), the algorithm setup timed fastest, its µs a call there and k splits."""
+    out = {}
+    for g, gemm in enumerate(("forward", "update")):
+        for i, batch in enumerate(("full_batch", "last_batch")):
+            us, splits, algo, tile = values[8 * g + 4 * i: 8 * g + 4 * i + 4]
+            out[f"{gemm}_{batch}"] = {"us": round(float(us), 2), "split_k": int(splits),
+                                      "algo_id": int(algo), "tile_id": int(tile)}
+    return out
 
 
 def _check(status: int, what: str) -> None:
@@ -153,6 +167,16 @@ class CudaRung(Impl):
 
     def params(self):
         return self.w.cpu().numpy().copy(), self.b.cpu().numpy().copy()
+
+    def details(self) -> dict:
+        """The cuBLAS families: each GEMM's algorithm, chosen at setup by timing."""
+        if not self.libs:
+            return {}
+        choice = (ctypes.c_float * 16)()
+        self.lib.ft_gemm_choice.argtypes = [_P, ctypes.POINTER(ctypes.c_float)]
+        self.lib.ft_gemm_choice.restype = None
+        self.lib.ft_gemm_choice(self.ctx, choice)
+        return {"cublaslt": gemm_choice(list(choice))}
 
 
 class CudaBaseline(CudaRung):

@@ -27,6 +27,7 @@ struct LtGemm {
   cublasLtMatrixLayout_t a[2] = {}, b[2] = {}, c[2] = {};
   cublasLtMatmulAlgo_t algo[2];
   int split_k[2] = {0, 0};  // the chosen algorithms' k splits (1: none)
+  int algo_id[2] = {0, 0}, tile_id[2] = {0, 0};  // CUBLASLT_ALGO_CONFIG_ID and _TILE_ID
   float us[2] = {0.f, 0.f};  // their time a call at setup, µs
 };
 
@@ -60,12 +61,13 @@ inline int lt_heuristic(cublasLtHandle_t lt, LtGemm* g, int i, Ctx* c, uint32_t 
   return status;
 }
 
-inline int lt_splits(const cublasLtMatmulAlgo_t& a) {
-  int32_t k = 1;
+// One int attribute of an algorithm's configuration (`fallback` where it has none).
+inline int lt_config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t what,
+                     int fallback) {
+  int32_t v = fallback;
   size_t written = 0;
-  cublasLtMatmulAlgoConfigGetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &k, sizeof k,
-                                       &written);
-  return k;
+  cublasLtMatmulAlgoConfigGetAttribute(&a, what, &v, sizeof v, &written);
+  return v;
 }
 
 // Mean µs a call of `algo` on scratch operands A, B, CD (contents irrelevant: zeros), or a
@@ -123,7 +125,9 @@ inline int lt_choose(cublasLtHandle_t lt, LtGemm* g, int i, Ctx* c, int m, int n
   FT_TRY(cudaGetLastError());  // a failed candidate's launch error is not the chosen one's
   if (best < 0.f) return (int)CUBLAS_STATUS_NOT_SUPPORTED;
   g->us[i] = best;
-  g->split_k[i] = lt_splits(g->algo[i]);
+  g->split_k[i] = lt_config(g->algo[i], CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
+  g->algo_id[i] = lt_config(g->algo[i], CUBLASLT_ALGO_CONFIG_ID, -1);
+  g->tile_id[i] = lt_config(g->algo[i], CUBLASLT_ALGO_CONFIG_TILE_ID, -1);
   return 0;
 }
 
@@ -206,3 +210,21 @@ inline int cublas_update(CublasGemms* G, Ctx* c, int B, cudaStream_t s) {
   sgd_update_kernel<<<1, SGD_THREADS, 0, s>>>(c->W, nullptr, c->b, c->p, B, c->lr);
   return (int)cudaGetLastError();
 }
+
+// What setup chose, for the row's details: for the forward then the update GEMM, for the full
+// then the last batch, 4 values each: µs a call, k splits, algorithm id, tile id (16 in all).
+inline void cublas_gemms_choice(const CublasGemms* G, float* out) {
+  const LtGemm* gemms[2] = {&G->forward, &G->update};
+  for (int g = 0; g < 2; ++g)
+    for (int i = 0; i < 2; ++i) {
+      float* o = out + 8 * g + 4 * i;
+      o[0] = gemms[g]->us[i];
+      o[1] = (float)gemms[g]->split_k[i];
+      o[2] = (float)gemms[g]->algo_id[i];
+      o[3] = (float)gemms[g]->tile_id[i];
+    }
+}
+
+// The entry point for it, in a family whose Library holds `gemms`.
+#define FT_EXPORT_GEMM_CHOICE \
+  extern "C" void ft_gemm_choice(Ctx* c, float* out) { cublas_gemms_choice(&c->lib->gemms, out); }

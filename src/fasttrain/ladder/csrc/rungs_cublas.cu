@@ -32,3 +32,4 @@ struct CublasOps {
 };
 
 FT_EXPORT_ENTRY_POINTS(CublasOps)
+FT_EXPORT_GEMM_CHOICE

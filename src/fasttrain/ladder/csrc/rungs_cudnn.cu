@@ -50,3 +50,4 @@ struct CudnnOps {
 };
 
 FT_EXPORT_ENTRY_POINTS(CudnnOps)
+FT_EXPORT_GEMM_CHOICE
