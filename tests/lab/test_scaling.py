@@ -59,28 +59,6 @@ def test_prediction_mode_writes_json_for_the_bundled_models(tmp_path, capsys):
     assert "predicted" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("given", ["flag", "config"])
-def test_prediction_of_your_model_is_refused_naming_what_predicts_it(tmp_path, capsys, given):
-    """--predict-only counts the bundled models only: your --model (a flag or --config's) is
-    one line pointing to plan and memory, not silently left out of the tables."""
-    from tests.conftest import assert_one_line_error, run_cli
-
-    out = tmp_path / "s.json"
-    (tmp_path / "c.toml").write_text('model = "tests.engine.usermodel:make"\n')
-    model = (["--model", "tests.engine.usermodel:make"] if given == "flag"
-             else ["--config", str(tmp_path / "c.toml")])
-    code, _, err = run_cli(capsys, "experiment", "scaling", "--predict-only", *model,
-                           "--json", str(out))
-    assert_one_line_error(code, err, "--predict-only predicts the bundled models only",
-                          "not --model tests.engine.usermodel:make",
-                          "fasttrain plan --model tests.engine.usermodel:make",
-                          "fasttrain memory --model tests.engine.usermodel:make")
-    assert not out.exists()
-    # a bundled --model is among the predicted ones: not refused
-    assert main(["experiment", "scaling", "--predict-only", "--model", "mlp",
-                 "--predict-models", "mlp", "--json", str(out)]) == 0
-
-
 def test_a_failed_measured_run_says_trains_error_not_torchruns_banner(tmp_path):
     """A model of yours measured without the loss its float targets need: the row's reason is
     train's one line, which torchrun's failure report follows (its last line is '=====')."""

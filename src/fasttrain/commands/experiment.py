@@ -193,6 +193,7 @@ def experiment(args: argparse.Namespace) -> int:
 
     flags = args._flags_of
     mine = flags["scaling"] if args.name == "scaling" else flags["other"]
+    args._given = {dest for dest in mine if hasattr(args, dest)}  # before the defaults fill in
     for dest, (option, default) in {**flags["scaling"], **flags["other"]}.items():
         if not hasattr(args, dest):
             setattr(args, dest, default)

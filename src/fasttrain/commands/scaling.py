@@ -6,6 +6,12 @@ speed-up before renting them.
     fasttrain experiment scaling --predict-only          # the bundled models, 8 and 2×8 GPUs
     fasttrain experiment scaling --predict-only --intra pcie4 --gpus-per-node 4 --nodes 1
     fasttrain experiment scaling --predict-only --predict-models gpt-13b --gpu-memory-gb 80
+    fasttrain experiment scaling --predict-only --model mypkg.net:build --data mypkg.data:load
+
+--predict-only predicts the --model you give (a flag or --config's; yours or a bundled one, with
+your flags: --batch-size is the batch per GPU), counted in one real step here as `plan` counts
+it (fasttrain.lab.configured); without --model, the --predict-models list of bundled reference
+sizes, counted on the meta device. Both at once is refused: one of them would be ignored.
 
 Beside the DDP prediction, the layout each model should use on those GPUs (data → FSDP → TP
 inside a node → PP across nodes: fasttrain.lab.layout_choice) with its memory per GPU, pipeline
@@ -23,11 +29,19 @@ from dataclasses import asdict
 
 import torch
 
-from fasttrain.commands.common import positive_ints, refuse_run_directory
+from fasttrain.commands.common import lab_config, positive_ints, refuse_run_directory
 from fasttrain.commands.experiment import SCHEMA
 from fasttrain.errors import UserError
 from fasttrain.lab import layout_choice
-from fasttrain.lab.scaling import H100_BF16, LINKS, MODES, SPECS, link, measure_all, predict
+from fasttrain.lab.scaling import (
+    H100_BF16,
+    LINKS,
+    MODES,
+    SPECS,
+    link,
+    measure_all,
+    predict_counted,
+)
 
 # -- output -------------------------------------------------------------------------------------
 
@@ -69,6 +83,16 @@ def predicted_table(result: dict):
         label_columns=2)
 
 
+def _counted_note(o: dict) -> str:
+    """Where the figures of the configured model came from, or "" for the bundled specs."""
+    c = o.get("counted")
+    if not c:
+        return ""
+    data = c["data"] + (" (SYNTHETIC stand-in)" if c["synthetic"] else "")
+    return (f" {c['model']}: parameters, FLOPs and saved bytes counted in one real step of "
+            f"--batch-size {c['batch_size']} on {data} here, as `fasttrain plan` counts it.")
+
+
 def _predicted_columns():
     return [
         ("model", lambda r: r["model"]), ("GPUs", lambda r: _gpus(r)),
@@ -96,8 +120,9 @@ def _predicted_caption(o: dict) -> str:
     return (f"compute: FLOPs of forward + backward (torch's counter) ÷ ({o['mfu']:.0%} × "
             f"{o['peak_tflops']:g} TFLOP/s), at least {o['step_floor_ms']:g} ms; all-reduce: "
             f"ring over fp32 gradients, {o['latency_us']:g} µs per ring step; exposed: what "
-            f"outlasts backward with DDP's buckets (1 MiB, then 25 MiB). batch/GPU: images, or "
-            f"sequences of the model's block size for gpt.")
+            f"outlasts backward with DDP's buckets (1 MiB, then 25 MiB). batch/GPU: samples "
+            f"(images; sequences of the block size for gpt; --batch-size for your --model)."
+            + _counted_note(o))
 
 
 def layouts_table(result: dict):
@@ -121,6 +146,9 @@ def _layout_columns():
         ("bubble", p("bubble", lambda v: f"{v:.0%}")),
         ("TP all-reduced/step", p("tp_bytes", _b)),
         ("why", lambda r: r["reason"]),
+        ("left out", lambda r: "; ".join(
+            f"{k}: {'no plan' if ' has no ' in v else 'plan not modelled'}"
+            for k, v in r["left_out"].items()) or "-"),
     ]
 
 
@@ -133,14 +161,18 @@ def _layouts_caption(o: dict) -> str:
             f"(FSDP 1.5×), tensor parallel's 4 all-reduces per block of the tp group's "
             f"batch × seq × width in bf16 (not overlapped), ÷ (1 − bubble), bubble "
             f"(p−1)/(m+p−1). Candidates in the rule's order (ddp, fsdp, fsdp × tp, then pp "
-            f"across nodes); all of them in the JSON.")
+            f"across nodes); all of them in the JSON. left out: tensor (tp) and pipeline (pp) "
+            f"parallelism of a model with no plan for them (a parallelize(tp_mesh) or "
+            f"pipeline_split(n_stages) method: what --tp and --pp need), or with a plan whose "
+            f"traffic is modelled for gpt only; the JSON's left_out says which." + _counted_note(o))
 
 
 def layouts_markdown(result: dict) -> str:
     """The layout table as Markdown (docs/distributed.md)."""
     cols = _layout_columns()
     lines = ["| " + " | ".join(h for h, _ in cols) + " |",
-             "|" + "|".join("---" if i < 3 else "--:" for i in range(len(cols) - 1)) + "|---|"]
+             "|" + "|".join("---" if i < 3 else "--:" for i in range(len(cols) - 2))
+             + "|---|---|"]
     lines += ["| " + " | ".join(str(f(r)) for _, f in cols) + " |" for r in result["layouts"]]
     return "\n".join(lines) + "\n\n" + _layouts_caption(result["options"]) + "\n"
 
@@ -165,20 +197,30 @@ def _names(flag: str, spec: str, known) -> tuple[str, ...]:
     return names
 
 
-def _predicts_bundled_only(model: str) -> None:
-    """--predict-only counts the SPECS on the meta device (their builders, shapes and batches);
-    a model of yours (a flag or --config's) would be silently left out: refused, with what
-    predicts it instead."""
-    from fasttrain.models import MODELS
+def _model_given(args: argparse.Namespace) -> bool:
+    """Whether --model was given, as a flag or in --config (the engine's default is not)."""
+    from fasttrain.engine.configfile import load_toml
 
-    if model in MODELS:
-        return
-    raise UserError(f"--predict-only predicts the bundled models only (--predict-models "
-                    f"{','.join(s.label for s in SPECS)}), not --model {model}; for your model "
-                    f"use `fasttrain plan --model {model} --data ... --gpus N` (its "
-                    f"data-parallel step, time and cost per GPU) or `fasttrain memory --model "
-                    f"{model} --gpus W --tp N --pp M` (memory per rank), or drop --predict-only "
-                    f"to measure it here on --procs")
+    return "model" in vars(args) or bool(args.config and "model" in load_toml(args.config))
+
+
+def _configured(args: argparse.Namespace, cfg):
+    """--predict-only: with a --model, (its validated config, [(label, batch per GPU,
+    layout_choice.Model)] counted here, the JSON's note of how); without one, (cfg, None, None).
+    With --predict-models as well, one line: predicting either would silently drop the other."""
+    from fasttrain.lab.configured import describe
+
+    if not _model_given(args):
+        return cfg, None, None
+    if "predict_models" in getattr(args, "_given", ()):
+        raise UserError(f"--predict-only predicts either --model {cfg.model} (counted here) or "
+                        f"--predict-models {args.predict_models} (bundled reference sizes), not "
+                        f"both: drop one")
+    cfg, task = lab_config(args, "experiment scaling")
+    label, batch, m = describe(cfg, task)
+    note = {"model": label, "batch_size": batch, "data": task.name, "data_source": task.source,
+            "synthetic": task.synthetic}
+    return cfg, [(label, batch, m)], note
 
 
 def add_arguments(p: argparse.ArgumentParser):
@@ -248,8 +290,8 @@ def scaling(args: argparse.Namespace) -> int:
     procs = positive_ints("--procs", args.procs, "1,2")
     cfg = from_args(args)
     refuse_run_directory(cfg, "experiment scaling")
-    if args.predict_only:
-        _predicts_bundled_only(cfg.model)
+    cfg, configured, counted = (_configured(args, cfg) if args.predict_only
+                                else (cfg, None, None))
     if not args.predict_only:
         cfg.validate(MODEL_KINDS)  # the base switches; each run re-checks with its --parallel
     err = Console(stderr=True)
@@ -259,17 +301,18 @@ def scaling(args: argparse.Namespace) -> int:
                "peak_tflops": args.peak_tflops, "step_floor_ms": args.step_floor_ms,
                "latency_us": args.latency_us, "gpus_per_node": args.gpus_per_node,
                "nodes": nodes, "intra": asdict(intra), "inter": asdict(inter),
-               "gpu_memory_gb": args.gpu_memory_gb}
+               "gpu_memory_gb": args.gpu_memory_gb, "counted": counted}
     rows = [] if args.predict_only else measure_all(cfg, modes, procs, args.steps)
-    predicted = [predict(s, args.gpus_per_node, k, intra, inter, args.mfu,
-                         args.peak_tflops * 1e12, args.step_floor_ms / 1e3)
-                 for s in SPECS if s.label in labels for k in nodes]
-    chosen = [s for s in SPECS if s.label in labels]
-    counted = {s.label: layout_choice.model_of(s) for s in chosen}
-    choices = [layout_choice.choose(s, counted[s.label], args.gpus_per_node, k, intra, inter,
-                                    args.mfu, args.peak_tflops * 1e12, args.step_floor_ms / 1e3,
-                                    int(args.gpu_memory_gb * 2**30))
-               for s in chosen for k in nodes]
+    # (label, batch per GPU, layout_choice.Model): the configured model, or the bundled specs
+    models = configured or [(s.label, s.batch, layout_choice.model_of(s))
+                                              for s in SPECS if s.label in labels]
+    peak, floor_s = args.peak_tflops * 1e12, args.step_floor_ms / 1e3
+    predicted = [predict_counted(label, batch, m.params, m.flops_per_sample * batch,
+                                 args.gpus_per_node, k, intra, inter, args.mfu, peak, floor_s)
+                 for label, batch, m in models for k in nodes]
+    choices = [layout_choice.choose(label, batch, m, args.gpus_per_node, k, intra, inter,
+                                    args.mfu, peak, floor_s, int(args.gpu_memory_gb * 2**30))
+               for label, batch, m in models for k in nodes]
     result = {"schema": SCHEMA, "experiment": "scaling", "env": env, "config": cfg.to_dict(),
               "options": options, "rows": rows, "predicted": predicted, "layouts": choices}
     console = report.wide_console()

@@ -59,19 +59,20 @@ class Models:
         return self._work[key]
 
 
-def _on_this_host(cfg, count):
+def _on_this_host(cfg, count, command: str = "plan"):
     """`count()`, which runs one real step of the model on this machine's CPU: a model too big
-    for this machine's memory is one line, not the allocator's traceback."""
+    for this machine's memory is one line (naming `command`), not the allocator's traceback."""
     try:
         return count()
     except (MemoryError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and "allocate memory" not in str(e):
             raise
-        raise UserError(f"plan counts one real step of the model here, and a step of "
-                        f"{cfg.batch_size} samples does not fit in this machine's memory; plan "
-                        f"a smaller --batch-size (the memory per sample is linear: the 'largest "
-                        f"batch' column extrapolates it), or run plan on a machine with more "
-                        f"memory") from None
+        smaller = ("plan a smaller --batch-size (the memory per sample is linear: the 'largest "
+                   "batch' column extrapolates it)" if command == "plan" else
+                   "give a smaller --batch-size (the batch per GPU predicted for)")
+        raise UserError(f"{command} counts one real step of the model here, and a step of "
+                        f"{cfg.batch_size} samples does not fit in this machine's memory; "
+                        f"{smaller}, or run {command} on a machine with more memory") from None
 
 
 def need(b, n_dp: int) -> int:

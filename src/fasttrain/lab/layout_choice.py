@@ -6,7 +6,12 @@ lab/scaling.py's.
     m = model_of(SPECS[-1])               # gpt-13b: parameters, FLOPs, saved bytes (meta)
     ib = link("ib-ndr", 5)
     rows = candidates(m, 8, 2, 1, link("nvlink4", 5), ib, 0.4, 989e12, 3e-4, 80 * 2**30)
-    best, reason = pick(rows, 80 * 2**30, ib)  # or choose(spec, m, ...): a row of both
+    best, reason = pick(rows, 80 * 2**30, ib)  # or choose("gpt-13b", 1, m, ...): a row of both
+
+A model of yours (`--model pkg.module:factory`) is described by lab/configured.py from one real
+step counted here; it has no gpt fields, so only ddp and fsdp are its candidates, and `left_out`
+says why tensor and pipeline parallelism are not (no plan, or a plan whose traffic this model
+does not know).
 
 The rule is the one docs/distributed.md gives — data parallel while everything fits one GPU,
 FSDP when it does not, tensor parallel inside a node when even one sample per micro-batch does
@@ -17,7 +22,8 @@ tensor parallelism divides each rank's gradients, hence that traffic, by tp.
 
 Candidates (tp × pp × dp = N; tp ≤ GPUs per node and dividing the heads; pp = the number of
 nodes, stages across nodes, each node a tp × dp block): ddp, fsdp, fsdp × tp, and with 2+
-nodes pp × fsdp (× tp). TP and PP only for gpt (the bundled model with a plan and split points).
+nodes pp × fsdp (× tp). TP and PP only for gpt (the bundled model with a plan and split points,
+whose blocks the traffic below counts); every other model's row says why in `left_out`.
 Per candidate, with G = the spec's batch per GPU × N the global batch (as for the DDP rows):
   memory   16 B per parameter — fp32 weights and gradients, AdamW's two moments — ÷ tp·pp, and
            ÷ dp more under FSDP (embeddings counted as split: see `fasttrain memory` for exact
@@ -63,6 +69,37 @@ class Model:
     n_head: int = 0
     n_embd: int = 0
     seq: int = 0
+    # the layouts not among the candidates, and why: (("tp", "..."), ("pp", "...")); () for gpt
+    left_out: tuple[tuple[str, str], ...] = ()
+
+
+def left_out_of(module: torch.nn.Module) -> tuple[tuple[str, str], ...]:
+    """Why tensor and pipeline parallelism are not candidates for `module`: it has no plan (what
+    --tp and --pp need: engine/tensor_parallel.py, engine/pipeline.py), or its plan is its own,
+    whose traffic and stages the model here does not know (it counts gpt's blocks)."""
+    from fasttrain.models.gpt import GPT
+
+    if isinstance(module, GPT):
+        return ()
+    name, out = type(module).__name__, []
+    for layout, hook, flag in (("tp", "parallelize(tp_mesh)", "--tp"),
+                               ("pp", "pipeline_split(n_stages)", "--pp")):
+        if not callable(getattr(module, hook.split("(")[0], None)):
+            out.append((layout, f"{name} has no {hook}, which {flag} needs"))
+        else:
+            out.append((layout, f"{name}.{hook}'s traffic is not modelled (gpt's only); "
+                                f"`fasttrain memory --gpus W {flag} N` gives its memory per rank"))
+    return tuple(out)
+
+
+def gpt_shape(module: torch.nn.Module, seq: int) -> dict:
+    """The gpt fields of Model for a built gpt at sequence length `seq`; {} for any other."""
+    from fasttrain.models.gpt import GPT
+
+    if not isinstance(module, GPT):
+        return {}
+    return dict(n_layer=len(module.blocks), n_head=module.blocks[0].attn.n_head,
+                n_embd=module.wte.embedding_dim, seq=seq)
 
 
 def saved_bytes(spec: Spec) -> int:
@@ -90,13 +127,14 @@ def saved_bytes(spec: Spec) -> int:
 
 
 def model_of(spec: Spec) -> Model:
+    from fasttrain.models import build_model
+
     params, flops = count(spec)
-    gpt = {}
-    if spec.model == "gpt":
-        o = spec.options
-        gpt = dict(n_layer=o.get("n_layer", 4), n_head=o.get("n_head", 4),
-                   n_embd=o.get("n_embd", 128), seq=spec.in_shape[0])
-    return Model(params, flops / spec.batch, saved_bytes(spec) // spec.batch, **gpt)
+    with torch.device("meta"):
+        module = build_model(spec.model, in_shape=spec.in_shape, num_classes=spec.classes,
+                             **spec.options)
+    return Model(params, flops / spec.batch, saved_bytes(spec) // spec.batch,
+                 **gpt_shape(module, spec.in_shape[0]), left_out=left_out_of(module))
 
 
 @dataclass(frozen=True)
@@ -214,15 +252,15 @@ def pick(rows: list[Candidate], gpu_bytes: int, inter: Link) -> tuple[Candidate 
     return best, why
 
 
-def choose(spec: Spec, m: Model, per_node: int, nodes: int, intra: Link, inter: Link,
-           mfu: float, peak: float, floor_s: float, gpu_bytes: int) -> dict:
-    """One row of `experiment scaling`'s layout table: every candidate, the pick and why."""
-    rows = candidates(m, per_node, nodes, spec.batch, intra, inter, mfu, peak, floor_s,
-                      gpu_bytes)
+def choose(label: str, batch: int, m: Model, per_node: int, nodes: int, intra: Link,
+           inter: Link, mfu: float, peak: float, floor_s: float, gpu_bytes: int) -> dict:
+    """One row of `experiment scaling`'s layout table for the model `label` at `batch` samples
+    per GPU: every candidate, the pick and why, and the layouts left out and why."""
+    rows = candidates(m, per_node, nodes, batch, intra, inter, mfu, peak, floor_s, gpu_bytes)
     best, why = pick(rows, gpu_bytes, inter)
-    return {"model": spec.label, "params": m.params, "batch_per_gpu": spec.batch,
+    return {"model": label, "params": m.params, "batch_per_gpu": batch,
             "gpus": per_node * nodes, "nodes": nodes, "interconnect": (inter if nodes > 1
                                                                        else intra).name,
             "gpu_memory": gpu_bytes, "saved_per_sample": m.saved_per_sample,
             "pick": asdict(best) if best else None, "reason": why,
-            "candidates": [asdict(r) for r in rows]}
+            "candidates": [asdict(r) for r in rows], "left_out": dict(m.left_out)}

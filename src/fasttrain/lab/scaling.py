@@ -189,16 +189,25 @@ def step_time(compute_s: float, grad_bytes: int, n: int, via: Link) -> dict[str,
 
 def predict(spec: Spec, gpus_per_node: int, nodes: int, intra: Link, inter: Link, mfu: float,
             peak: float, floor_s: float) -> dict:
-    """One row of the prediction for `spec` on `nodes` × `gpus_per_node` GPUs: compute time from
-    its counted FLOPs at `mfu` of `peak` FLOP/s (at least `floor_s` seconds), the all-reduce over
+    """`predict_counted` for a bundled spec, counted on the meta device (`count`)."""
+    params, flops = count(spec)
+    return predict_counted(spec.label, spec.batch, params, flops, gpus_per_node, nodes, intra,
+                           inter, mfu, peak, floor_s)
+
+
+def predict_counted(label: str, batch: int, params: int, flops: float, gpus_per_node: int,
+                    nodes: int, intra: Link, inter: Link, mfu: float, peak: float,
+                    floor_s: float) -> dict:
+    """One row of the prediction for the model `label` — `params` parameters, `flops` FLOPs of
+    one forward + backward at `batch` samples per GPU — on `nodes` × `gpus_per_node` GPUs:
+    compute time at `mfu` of `peak` FLOP/s (at least `floor_s` seconds), the all-reduce over
     `intra` within one node or `inter` across nodes, and (`step_time`) what of it is exposed.
     Seconds, bytes and FLOPs; speed-up and efficiency against one GPU at the same batch per GPU."""
-    params, flops = count(spec)
     n = gpus_per_node * nodes
     via = inter if nodes > 1 else intra
     compute = max(flops / (peak * mfu), floor_s)
     t = step_time(compute, 4 * params, n, via)
-    return {"model": spec.label, "params": params, "batch_per_gpu": spec.batch,
+    return {"model": label, "params": params, "batch_per_gpu": batch,
             "flops_per_step": flops, "gpus": n, "nodes": nodes, "interconnect": via.name,
             **t, "speedup": n * compute / t["step_s"], "efficiency": compute / t["step_s"]}
 
