@@ -5,6 +5,7 @@ machine (fasttrain.lab.experiments), and data-parallel scaling (fasttrain.comman
     fasttrain experiment memory --model gpt --batches 16,32,64,128 --accum 4
     fasttrain experiment e2e                      # cnn on MNIST (synthetic when it is absent)
     fasttrain experiment scaling --predict-only   # DDP speed-up on 8 and 2×8 GPUs, predicted
+    fasttrain experiment scaling --predict-only --model mypkg.net:build --data mypkg.data:load
 """
 
 from __future__ import annotations

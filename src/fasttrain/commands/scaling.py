@@ -234,9 +234,12 @@ def add_arguments(p: argparse.ArgumentParser):
     g.add_argument("--modes", default="ddp,zero1,fsdp", metavar="LIST",
                    help=f"--parallel modes to measure, of {', '.join(MODES)} (default: "
                    "%(default)s)")
-    g.add_argument("--predict-only", action="store_true", help="skip the measured runs")
+    g.add_argument("--predict-only", action="store_true",
+                   help="skip the measured runs; predict the --model given (yours or bundled, "
+                   "counted in one step here), else the --predict-models")
     g.add_argument("--predict-models", default=",".join(s.label for s in SPECS), metavar="LIST",
-                   help="models to predict for (default: %(default)s)")
+                   help="bundled reference sizes to predict for; with --predict-only, not with "
+                   "--model (default: %(default)s)")
     g.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
                    help="GPUs per node of the prediction (default: 8)")
     g.add_argument("--nodes", default="1,2", metavar="LIST",
