@@ -94,6 +94,18 @@ def test_your_model_is_predicted_from_one_step_counted_here(yournet, tmp_path, c
     assert _keys(result) == _keys(bundled)
 
 
+def test_your_model_too_big_for_one_gpu_is_sharded(yournet, tmp_path, capsys):
+    """The layout choice takes your model's counted bytes: on a GPU smaller than its 16 B per
+    parameter (38,170 parameters: 611 kB), DDP does not fit and FSDP over 8 does."""
+    result, _ = _scaling(capsys, tmp_path, "--model", yournet, "--batch-size", "32",
+                         "--nodes", "1", "--gpu-memory-gb", "0.0005")
+    (row,) = result["layouts"]
+    ddp, fsdp = row["candidates"]
+    assert ddp["state"] == 16 * 38_170 and not ddp["fits"]
+    assert row["pick"]["layout"] == "fsdp" and fsdp["state"] == 16 * 38_170 // 8
+    assert row["reason"].startswith("DDP needs")
+
+
 def test_a_bundled_model_given_is_predicted_as_configured_not_the_list(tmp_path, capsys):
     """--model mlp --predict-only: mlp alone (not every bundled size), at the --batch-size given,
     with the figures the meta-device count of the same mlp and batch gives."""
