@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Dataset
 
 import fasttrain
-from fasttrain.engine import streamdata
+from fasttrain.engine import steps, streamdata
 from fasttrain.errors import UserError
 from tests.engine import userstep
 
@@ -156,3 +156,53 @@ def test_no_perplexity_where_the_loss_need_not_be_a_token_cross_entropy(case):
                           progress=False, verbose=False)
     record = last_eval(run)
     assert "val_loss" in record and not [k for k in record if "perplexity" in k], record
+
+
+class RaggedTokens(torch.utils.data.IterableDataset):
+    """Next-token pairs of 4 to 12 tokens (the same ones every pass), to be padded by a collate_fn
+    of the user's: what a language model's stream of documents looks like."""
+
+    def __init__(self, n: int = 96):
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(0, VOCAB, (int(torch.randint(5, 14, (), generator=g)),),
+                                generator=g)
+            yield ids[:-1], ids[1:]
+
+
+def pad(samples):
+    """Pads to the batch's longest; padded targets are -100 (cross-entropy's ignore_index)."""
+    longest = max(len(x) for x, _ in samples)
+    x = torch.zeros(len(samples), longest, dtype=torch.long)
+    y = torch.full((len(samples), longest), -100)
+    for k, (a, b) in enumerate(samples):
+        x[k, :len(a)], y[k, :len(b)] = a, b
+    return x, y
+
+
+def test_padded_token_batches_of_a_collate_fn_report_tokens_per_second_and_perplexity():
+    # A DataLoader with its own collate_fn had neither: the first batch's length says nothing
+    # of the next one's, so the engine said nothing at all. Tokens are counted batch by batch.
+    loader = torch.utils.data.DataLoader
+    data = {"train": loader(RaggedTokens(), batch_size=8, collate_fn=pad),
+            "test": loader(RaggedTokens(16), batch_size=8, collate_fn=pad)}
+    run = fasttrain.build(model=next_token_lm(), data=data, batch_size=8, max_steps=12,
+                          log_every=12, device="cpu", progress=False, verbose=False)
+    fasttrain.fit(run)
+    (train,) = [r for r in run.history if r["kind"] == "train"]
+    padded = sum(pad(list(RaggedTokens())[k:k + 8])[0].numel() for k in range(0, 96, 8))
+    assert train["tokens_per_s"] == pytest.approx(
+        train["samples_per_s"] * padded / 96), train
+    record = [r for r in run.history if r["kind"] == "eval"][-1]
+    assert record["test_perplexity"] == pytest.approx(math.exp(record["test_loss"])), record
+
+
+def test_accuracy_leaves_out_the_targets_the_cross_entropy_ignores():
+    # Padding (or a masked prompt) marked -100 is no prediction: counted, it made a model
+    # that is always right look as wrong as the padding is long.
+    output = torch.nn.functional.one_hot(torch.tensor([[1, 2, 3, 0]]), 4).float()
+    target = torch.tensor([[1, 2, -100, -100]])
+    assert steps.accuracy(output, target).item() == 1.0

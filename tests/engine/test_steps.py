@@ -267,3 +267,69 @@ def test_plain_log_lines_when_stderr_is_a_file(tmp_path):
     assert any(line.startswith("eval at step 4") and "test_hits" in line
                for line in text.splitlines()), text
     assert "\x1b[" not in text  # no terminal escapes in a file
+
+
+class CountingSGD(torch.optim.Optimizer):
+    """A hand-written SGD with momentum and state of its own (a step count, a norm average)."""
+
+    def __init__(self, params, lr=0.05):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                s = self.state[p]
+                if not s:
+                    s["n"], s["buf"], s["norm"] = 0, torch.zeros_like(p), torch.zeros(())
+                s["n"] += 1
+                s["norm"].mul_(0.9).add_(0.1 * p.grad.norm())
+                s["buf"].mul_(0.9).add_(p.grad)
+                p.add_(s["buf"], alpha=-group["lr"] / (1 + s["norm"]) * (1 + 0.01 * s["n"]))
+
+
+def two_optimizers(groups):
+    """AdamW for the embedding, a hand-written SGD for the rest (a model and its head)."""
+    params = [p for g in groups for p in g["params"]]
+    return [torch.optim.AdamW(params[:1], lr=1e-2), CountingSGD(params[1:])]
+
+
+def test_a_list_of_optimizers_steps_each_and_resumes_bit_for_bit(tmp_path):
+    # A factory could return one optimizer only: two (a head with its own) were refused, and one
+    # of the user's own wrapping both lost their learning rates on resume (load_state_dict makes
+    # new param_groups, which the scheduler no longer reached).
+    def train(steps, **kw):
+        run = fasttrain.build(model=userstep.make_lm(), data=text_task(), step=userstep.hf_step,
+                              optimizer=two_optimizers, accum_steps=2, grad_clip=0.5,
+                              scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 3, 0.5),
+                              max_steps=steps, verbose=False,
+                              **{k: v for k, v in LM.items() if k != "lr"}, **kw)
+        fasttrain.fit(run)
+        return run
+
+    whole = train(10)
+    first, second = whole.opt.optimizers
+    assert first.param_groups[0]["lr"] == 1e-2 * 0.5 ** 3 and len(second.state) == 4
+    assert all(s["n"] == 10 for s in second.state.values())
+    train(4, out=str(tmp_path), checkpoint_every=4)
+    resumed = train(10, out=str(tmp_path), resume="auto")
+    assert resumed.opt.optimizers[0].param_groups[0]["lr"] == 1e-2 * 0.5 ** 3
+    for k, v in weights(resumed).items():
+        assert torch.equal(v, weights(whole)[k]), k
+
+
+def test_optimizers_that_share_a_parameter_or_a_sharded_layout_are_one_line():
+    from types import SimpleNamespace
+
+    from fasttrain.engine import optim
+
+    cfg, model = fasttrain.TrainConfig(optimizer="mine:opt"), userstep.make_lm()
+
+    def twice(groups):
+        params = [p for g in groups for p in g["params"]]
+        return [torch.optim.SGD(params, lr=0.1), torch.optim.SGD(params[:1], lr=0.1)]
+
+    with pytest.raises(UserError, match="share parameters"):
+        optim.optimizer(cfg, model, SimpleNamespace(sharded=False), twice, "mine:opt")
+    with pytest.raises(UserError, match="returned 2 optimizers, which --parallel fsdp"):
+        optim.optimizer(cfg, model, SimpleNamespace(sharded=True), two_optimizers, "mine:opt")

@@ -84,6 +84,7 @@ class Batches:
         # Tokens a sample holds: the bundled stream's windows, or a user's token sequences.
         self.tokens_per_sample = (block_size if self.language
                                   else tokens_per_sample((task.train_x, task.train_y)))
+        self.sequences = bool(self.tokens_per_sample)  # token sequences: perplexity (run.py)
         self.scale = task.train_x.dtype == torch.uint8  # pixels; anything else is left alone
         self.memory_format = (torch.channels_last if channels_last and task.train_x.dim() == 4
                               else torch.contiguous_format)

@@ -81,6 +81,8 @@ def log(run, epoch: int) -> None:
               **_state_bytes(run)}
     if run.batches.tokens_per_sample:  # token sequences (the bundled text, or yours)
         record["tokens_per_s"] = samples * run.batches.tokens_per_sample
+    elif run.batches.sequences:  # padded per batch by your collate_fn: counted (stream.py)
+        record["tokens_per_s"] = run.batches.take_tokens() * run.batches.world / dt
     clash = set(run.extra_sums) & set(record)
     if clash:
         raise UserError(f"your step {run.step_name} returns {sorted(clash)}, which the train "

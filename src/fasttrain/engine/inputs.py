@@ -273,6 +273,14 @@ def tokens_per_sample(batch) -> int:
     return 0
 
 
+def tokens_in(batch) -> int:
+    """The token ids a batch of token sequences holds (n × T, padding included; read from
+    shapes: no sync); 0 for other batches."""
+    per_sample = tokens_per_sample(batch)
+    ids = batch["input_ids"] if isinstance(batch, dict) else batch[0]
+    return per_sample and ids.shape[0] * per_sample
+
+
 def check_fits(dataset, name: str) -> None:
     """--data-in-memory: refuse a Dataset without length, or one whose estimated size (length ×
     the first sample's bytes) exceeds the host memory available now."""

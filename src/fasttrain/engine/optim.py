@@ -2,6 +2,7 @@
 
     built-in   --optimizer adamw | sgd, --lr, --weight-decay, --schedule, --warmup-steps
     yours      optimizer=fn(param_groups) -> torch.optim.Optimizer    (--optimizer pkg.mod:fn)
+                 or a list of them (a head with its own), stepped as one (Optimizers)
                scheduler=fn(optimizer) -> LRScheduler, stepped once per optimizer step
                                                                        (--scheduler pkg.mod:fn)
 
@@ -16,7 +17,7 @@ the factory's own lr and weight_decay apply to the first).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -49,6 +50,14 @@ def optimizer(cfg, model: nn.Module, world, factory: Callable | None = None,
     groups = param_groups(model, cfg.decay_norm_and_bias)
     if factory is not None:
         opt = usercode.call(factory, f"your optimizer factory {name}", groups)
+        if isinstance(opt, list | tuple) and opt and all(
+                isinstance(o, torch.optim.Optimizer) for o in opt):
+            if world.sharded:  # DCP saves and reshards one optimizer's state dict
+                raise UserError(f"--optimizer {name} returned {len(opt)} optimizers, which "
+                                f"--parallel fsdp, --tp and --pp cannot checkpoint; return one "
+                                f"(param groups may differ in lr and weight decay), or use "
+                                f"--parallel ddp")
+            opt = Optimizers(opt, name)
         _check_optimizer(opt, model, name)
         return opt
     kw = {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
@@ -108,10 +117,72 @@ def check_length(sched, run, name: str, restored: bool = False) -> None:
                         f"more), or shorten the run with --max-steps {total}")
 
 
+class Optimizers(torch.optim.Optimizer):
+    """The optimizers a factory returned as a list, stepped, zeroed, saved and restored as one
+    (`.optimizers`); a scheduler sets the learning rates of all their groups."""
+
+    def __init__(self, optimizers: list | tuple, name: str):
+        self.optimizers = list(optimizers)
+        try:  # refuses a parameter held twice
+            super().__init__([{"params": g["params"]} for o in self.optimizers
+                              for g in o.param_groups], {})
+        except ValueError as e:
+            raise UserError(f"--optimizer {name} returned optimizers that share parameters "
+                            f"({e}); give each parameter to one optimizer") from None
+        self._share()
+
+    def _share(self) -> None:
+        # The inner optimizers' own group dicts, not copies, so that a scheduler's lr reaches
+        # them; load_state_dict replaces them (hence called again there).
+        self.param_groups = [g for o in self.optimizers for g in o.param_groups]
+        self.state = _States(self.optimizers)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for o in self.optimizers:
+            o.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [o.state_dict() for o in self.optimizers]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        saved = state_dict.get("optimizers", [])
+        if len(saved) != len(self.optimizers):
+            raise UserError(f"the checkpoint holds {len(saved)} optimizer(s) and the factory "
+                            f"returned {len(self.optimizers)}; resume with the same factory")
+        for o, s in zip(self.optimizers, saved, strict=True):
+            o.load_state_dict(s)
+        self._share()
+
+
+class _States(Mapping):
+    """Read-only view of the inner optimizers' per-parameter state (memory accounting)."""
+
+    def __init__(self, optimizers: list):
+        self.optimizers = optimizers
+
+    def __getitem__(self, p):
+        for o in self.optimizers:
+            if p in o.state:
+                return o.state[p]
+        raise KeyError(p)
+
+    def __iter__(self):
+        return (p for o in self.optimizers for p in o.state)
+
+    def __len__(self) -> int:
+        return sum(len(o.state) for o in self.optimizers)
+
+
 def _check_optimizer(opt, model: nn.Module, name: str) -> None:
     if not isinstance(opt, torch.optim.Optimizer):
         raise UserError(f"--optimizer {name} returned {type(opt).__name__}; return a "
-                        f"torch.optim.Optimizer built on the param_groups it is given")
+                        f"torch.optim.Optimizer built on the param_groups it is given (or a "
+                        f"list of them)")
     held = {id(p) for g in opt.param_groups for p in g["params"]}
     left = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in held]
     if left:

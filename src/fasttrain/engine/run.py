@@ -224,7 +224,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     # bundled text, or your token sequences (int64 [T] pairs) under the default step and the
     # built-in cross-entropy. Not a loss of yours, nor your step's: it may hold anything.
     run.perplexity = run.batches.language or bool(
-        run.batches.tokens_per_sample and user.get("step") is None
+        run.batches.sequences and user.get("step") is None
         and run.loss_fn is inputs.cross_entropy)
     run.metrics = {**default_metrics(task), **metrics}
     run.step_name = (usercode.name_of(user["step"], cfg.step) if "step" in user else "")

@@ -117,5 +117,10 @@ def default_metrics(task) -> dict[str, Metric]:
     return {"token_accuracy" if task.kind == "language" else "accuracy": accuracy}
 
 
+IGNORE_INDEX = -100  # cross-entropy's: padding or masked tokens, which are no prediction
+
+
 def accuracy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return (output.argmax(-1) == target).float().mean()
+    """Share of the targets predicted, those marked IGNORE_INDEX left out (as the loss does)."""
+    counted = target != IGNORE_INDEX
+    return ((output.argmax(-1) == target) & counted).sum() / counted.sum().clamp(min=1)

@@ -59,6 +59,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from fasttrain.engine import tree
+from fasttrain.engine.inputs import tokens_in
 from fasttrain.engine.sampling import (
     EvalSampler,
     OwnRandom,
@@ -94,6 +95,11 @@ class Stream:
         self.micro = cfg.batch_size // cfg.accum_steps // world
         self.splits, self.why = data.splits, data.why
         self.tokens_per_sample = data.tokens  # tokens/s in the log where samples are tokens
+        self.sequences = data.sequences  # token sequences: perplexity (run.py)
+        # Batches padded by a collate_fn of the user's differ in length: their tokens are
+        # counted as the loop takes them (take_tokens), for tokens/s.
+        self.counting = data.sequences and not data.tokens
+        self.tokens_taken = 0
         self.workers, self.pin, self.prefetch = cfg.workers, cfg.pin_memory, cfg.prefetch_factor
         self.generator = torch.Generator()  # worker seeds; never the global stream
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -210,7 +216,18 @@ class Stream:
         host = self._endless(epoch) if self.endless else self._read(self.loader, epoch)
         # A stream with length stops at the steps every rank is sure to have (a pass).
         end = self.steps_per_epoch * self.accum if self.steps_per_epoch is not None else None
-        yield from self._ahead(itertools.islice(host, skip, end), "train data")
+        batches = self._ahead(itertools.islice(host, skip, end), "train data")
+        yield from self._counted(batches) if self.counting else batches
+
+    def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:  # counted as the loop takes it (after the copy ahead)
+            self.tokens_taken += tokens_in(batch)
+            yield batch
+
+    def take_tokens(self) -> int:
+        """This rank's tokens trained on since the last call (counted batches only)."""
+        taken, self.tokens_taken = self.tokens_taken, 0
+        return taken
 
     def _endless(self, epoch: int) -> Iterator[Any]:
         """This rank's stream from pass `epoch` on, each pass restarted where it ends."""

@@ -35,6 +35,7 @@ class StreamData:
     in_dtype: torch.dtype | None = None  # the first input's, for a pair
     synthetic: bool = False
     tokens: int = 0  # tokens a sample holds (token sequences: tokens/s), else 0
+    sequences: bool = False  # batches of token sequences, of one length or padded per batch
 
 
 def load(splits: dict[str, Any], cfg, world: int, label: str, why: str) -> StreamData:
@@ -53,12 +54,15 @@ def load(splits: dict[str, Any], cfg, world: int, label: str, why: str) -> Strea
     classes = getattr(train.dataset, "classes", None)
     classes = len(classes) if classes is not None else getattr(train.dataset, "num_classes", 0)
     # Samples of one length only batch with the default collate: a DataLoader's own collate
-    # may pad to each batch's longest, where the first sample's length says nothing.
-    tokens = 0 if train.loader_kw else tokens_per_sample(batch)
+    # may pad to each batch's longest, where the first sample's length says nothing (its
+    # batches' tokens are counted as they come: stream.py).
+    sequence = tokens_per_sample(batch)
+    tokens = 0 if train.loader_kw else sequence
     return StreamData(name=label, kind=kind,
                       in_shape=tuple(x.shape[1:]) if x is not None else None,
                       num_classes=int(classes or 0), source=label, why=why, splits=parts,
-                      train_y=y, in_dtype=x.dtype if x is not None else None, tokens=tokens)
+                      train_y=y, in_dtype=x.dtype if x is not None else None, tokens=tokens,
+                      sequences=bool(sequence))
 
 
 def _first(split: Split, seed: int):
