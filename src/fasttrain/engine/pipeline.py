@@ -88,7 +88,34 @@ def _cut(model: nn.Module, n_stages: int) -> list[nn.Module]:
     if len(stages) != n_stages:
         raise UserError(f"--pp: {type(model).__name__}.pipeline_split({n_stages}) returned "
                         f"{len(stages)} stages; it must return exactly {n_stages}")
+    _check_names(model, stages)
     return stages
+
+
+def _check_names(model: nn.Module, stages: list[nn.Module]) -> None:
+    """Each stage must name its parameters as the model does: the rank's Held module, hence
+    its checkpoint keys, weights file and tied copies (found by name), take the stages' names.
+    A split into nn.Sequential slices names two stages' blocks alike ("1.up.weight"), which
+    would tie unrelated weights and make their shards overwrite each other in a checkpoint.
+    A parameter that is not the model's own (a tied weight's copy, as gpt's last stage holds)
+    must bear the name and shape of the model's parameter it copies."""
+    names: dict[int, set[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), set()).add(name)
+    shapes = {name: p.shape for name, p in model.named_parameters(remove_duplicate=False)}
+    for s, stage in enumerate(stages):
+        for name, p in stage.named_parameters():
+            own = names.get(id(p))
+            if own is None and shapes.get(name) == p.shape or own is not None and name in own:
+                continue
+            what = (f"the model's {min(own)!r}" if own is not None
+                    else "a parameter the model does not have")
+            raise UserError(f"--pp: stage {s} of {type(model).__name__}.pipeline_split("
+                            f"{len(stages)}) holds {what} as {name!r}; a stage must name each "
+                            f"parameter as the model does (checkpoints, weights and tied copies "
+                            f"go by these names): keep the model's attribute names in each "
+                            f"stage, e.g. blocks in an nn.ModuleDict keyed by their index in the "
+                            f"model (see fasttrain/models/gpt.py's _Stage)")
 
 
 def split(model: nn.Module, pp_rank: int, pp_size: int, virtual: int = 1) -> list[nn.Module]:

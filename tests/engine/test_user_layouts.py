@@ -1,0 +1,70 @@
+"""A user's own model (tests/engine/userblocks.py, not gpt) under --tp and --pp, brought as
+docs/distributed.md says: its parallelize(tp_mesh) and pipeline_split(n). Trained by 2 and 4
+gloo processes as one process trains it (tolerances as test_tensor_parallel.py's), and a split
+that renames the model's parameters refused in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fasttrain.engine import pipeline
+from fasttrain.errors import UserError
+from tests.engine import userblocks
+from tests.engine.test_tensor_parallel import assert_same_run, torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["--model", "tests.engine.userblocks:make", "--data", "tests.engine.userblocks:data",
+        "--batch-size", "32", "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9",
+        "--seed", "1", "--deterministic", "--device", "cpu", "--no-progress", "--log-every", "1"]
+
+
+def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
+    launcher = torchrun(procs) if procs > 1 else [sys.executable]
+    return subprocess.run([*launcher, "-m", "fasttrain", "train", *ARGS, "--out", str(out),
+                           *extra], capture_output=True, text=True, timeout=400, cwd=ROOT)
+
+
+def test_a_split_that_renames_the_models_parameters_is_one_line():
+    """nn.Sequential slices name both stages' blocks "1.up.weight": tied by name, their
+    gradients would be summed over the pipeline and their checkpoint shards overwrite each
+    other. Refused before any collective."""
+    with pytest.raises(UserError, match=r"stage 0 of SeqSplit.pipeline_split\(2\) holds the "
+                                        r"model's 'inp.weight' as '0.weight'"):
+        pipeline.split(userblocks.seq_split(), 0, 2)
+
+
+def test_a_split_that_keeps_the_models_names_holds_them_once():
+    model = userblocks.make()
+    held = [set(pipeline.Held(pipeline.split(model, r, 2)).state_dict()) for r in (0, 1)]
+    assert held[0] | held[1] == set(model.state_dict()) and not held[0] & held[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, procs, flags", [("tp2", 2, ["--tp", "2"]),
+                                                ("pp2", 2, ["--pp", "2"]),
+                                                ("pp2-tp2", 4, ["--pp", "2", "--tp", "2"])])
+def test_a_users_model_trains_under_tp_and_pp_as_one_process(tmp_path, name, procs, flags):
+    one = train(tmp_path / "one", "--max-steps", "6")
+    assert one.returncode == 0, one.stdout + one.stderr
+    many = train(tmp_path / name, "--max-steps", "6", *flags, procs=procs)
+    assert many.returncode == 0, many.stdout + many.stderr
+    assert_same_run(tmp_path / "one", tmp_path / name)
+
+
+@pytest.mark.slow
+def test_a_users_pp_checkpoint_resumes_under_tp(tmp_path):
+    """DCP reshards: the pipeline's stage shards, under the model's names, are read by a --tp 2
+    layout that continues as the uninterrupted one-process run."""
+    first = train(tmp_path / "run", "--max-steps", "3", "--checkpoint-every", "3", "--pp", "2",
+                  procs=2)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = train(tmp_path / "run", "--max-steps", "6", "--resume", "auto", "--tp", "2",
+                   procs=2)
+    assert second.returncode == 0 and "step-00000003" in second.stdout, second.stdout
+    one = train(tmp_path / "one", "--max-steps", "6")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert_same_run(tmp_path / "one", tmp_path / "run")
