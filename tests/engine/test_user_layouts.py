@@ -5,6 +5,7 @@ that renames the model's parameters refused in one line."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,42 @@ def test_a_users_pp_checkpoint_resumes_under_tp(tmp_path):
     one = train(tmp_path / "one", "--max-steps", "6")
     assert one.returncode == 0, one.stdout + one.stderr
     assert_same_run(tmp_path / "one", tmp_path / "run")
+
+
+def test_a_tp_plan_key_that_names_no_module_is_one_line():
+    """torch's parallelize_module only warns and skips such a key: the layer stayed whole on
+    every rank and the run trained, not split as asked."""
+    from fasttrain.engine.tensor_parallel import check_plan
+
+    model = userblocks.make()
+    check_plan(model, {"blocks.*.up": "col", "blocks.0.down": "row", "": "root"})
+    with pytest.raises(UserError, match=r"tp_plan key 'blocks.0.upp' names no submodule of "
+                                        r"ResMLP"):
+        check_plan(model, {"blocks.*.up": "col", "blocks.0.upp": "col"})
+
+
+PLAN_SCRIPT = """
+import sys
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+import fasttrain
+from tests.engine import userblocks
+
+plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.%s": RowwiseParallel()}
+run = fasttrain.build(model=userblocks.make(), data=userblocks.data(), tp=2, tp_plan=plan,
+                      batch_size=32, max_steps=2, device="cpu", progress=False)
+fasttrain.fit(run)
+print("trained", type(run.model.blocks[0].down.weight).__name__)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("down, says", [("down", "trained DTensor"),
+                                        ("dwn", "tp_plan key 'blocks.*.dwn' names no")])
+def test_build_tp_plan_splits_a_users_model_or_refuses_a_wrong_name(tmp_path, down, says):
+    script = tmp_path / "plan.py"
+    script.write_text(PLAN_SCRIPT % down)
+    proc = subprocess.run([*torchrun(2), str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(ROOT / "src"), str(ROOT)])})
+    assert says in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == (down == "down")

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from typing import Any
 
 import torch
@@ -193,13 +192,11 @@ def _plan_for(stage: nn.Module, plan: dict | None) -> dict | None:
     """The entries of a tensor-parallel plan dict (names relative to the whole model, `*`
     allowed per component, as parallelize_module matches them) that name a module of `stage`:
     the other stages' modules are not here, and parallelize_module would warn about each."""
+    from fasttrain.engine.tensor_parallel import resolves
+
     if plan is None:
         return None
-
-    def resolves(module: nn.Module, parts: list[str]) -> bool:
-        return not parts or any(resolves(child, parts[1:]) for name, child
-                                in module.named_children() if fnmatch(name, parts[0]))
-    return {k: v for k, v in plan.items() if resolves(stage, k.split(".") if k else [])}
+    return {k: v for k, v in plan.items() if resolves(stage, k)}
 
 
 def build(run, model: nn.Module, group, cfg,

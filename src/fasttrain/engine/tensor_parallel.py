@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from fnmatch import fnmatch
 
 import torch
 from torch import nn
@@ -67,6 +68,26 @@ def apply(model: nn.Module, tp_mesh, plan: dict | None = None,
         hook(tp_mesh, loss_parallel=True)
     else:  # a user's hook need not take the keyword
         hook(tp_mesh)
+
+
+def resolves(module: nn.Module, key: str) -> bool:
+    """Whether plan key `key` (a module name relative to `module`, `*` allowed per component,
+    "" for `module` itself) names a submodule, as parallelize_module matches it."""
+    def walk(m: nn.Module, parts: list[str]) -> bool:
+        return not parts or any(walk(child, parts[1:]) for name, child in m.named_children()
+                                if fnmatch(name, parts[0]))
+    return walk(module, key.split(".") if key else [])
+
+
+def check_plan(model: nn.Module, plan: dict | None) -> None:
+    """A tp_plan key that names no submodule of the whole model is refused: torch's
+    parallelize_module only warns and skips it (torch 2.13), leaving that layer whole on every
+    rank, which trains, but not split as asked."""
+    for key in plan or {}:
+        if not resolves(model, key):
+            raise UserError(f"--tp: tp_plan key {key!r} names no submodule of "
+                            f"{type(model).__name__}; name its submodules as "
+                            f"model.named_modules() does (`*` for any one name)")
 
 
 # -- loss parallel ---------------------------------------------------------------------------
