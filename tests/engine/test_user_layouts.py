@@ -108,3 +108,14 @@ def test_build_tp_plan_splits_a_users_model_or_refuses_a_wrong_name(tmp_path, do
                               [str(ROOT / "src"), str(ROOT)])})
     assert says in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     assert (proc.returncode == 0) == (down == "down")
+
+
+@pytest.mark.slow
+def test_a_linear_that_does_not_split_evenly_is_one_line_on_every_rank(tmp_path):
+    """Not a failure inside DTensor's sharding propagation at the first forward."""
+    proc = train(tmp_path / "run", "--max-steps", "1", "--tp", "2", "--model",
+                 "tests.engine.userblocks:uneven", procs=2)
+    says = ("error: --tp 2: blocks.0.up (nn.Linear, out_features 63) does not split evenly "
+            "over 2 ranks")
+    assert proc.stderr.count(says) == 2 and "Sharding propagation" not in proc.stderr, (
+        proc.stderr)

@@ -92,3 +92,8 @@ def data() -> dict:
     x = torch.randn(640, 16, generator=g)
     y = (x @ torch.randn(16, 10, generator=g)).argmax(1)
     return {"train": (x[:512], y[:512]), "test": (x[512:], y[512:])}
+
+
+def uneven() -> nn.Module:
+    """A 63-unit hidden layer: the plan's column/row split over 2 ranks would be 32 + 31."""
+    return ResMLP(h=63)
