@@ -119,3 +119,11 @@ def test_a_linear_that_does_not_split_evenly_is_one_line_on_every_rank(tmp_path)
             "over 2 ranks")
     assert proc.stderr.count(says) == 2 and "Sharding propagation" not in proc.stderr, (
         proc.stderr)
+
+
+def test_a_split_that_leaves_a_block_over_is_one_line():
+    """4 blocks dealt 1 a stage over 3 stages: block 3 ran nowhere, trained nothing and was
+    missing from the weights file, silently."""
+    with pytest.raises(UserError, match=r"no stage of ResMLP.pipeline_split\(3\) holds "
+                                        r"'blocks.3.norm.weight' \(and 5 more\)"):
+        pipeline.split(userblocks.make(), 0, 3)

@@ -97,7 +97,8 @@ def _check_names(model: nn.Module, stages: list[nn.Module]) -> None:
     A split into nn.Sequential slices names two stages' blocks alike ("1.up.weight"), which
     would tie unrelated weights and make their shards overwrite each other in a checkpoint.
     A parameter that is not the model's own (a tied weight's copy, as gpt's last stage holds)
-    must bear the name and shape of the model's parameter it copies."""
+    must bear the name and shape of the model's parameter it copies. Every parameter of the
+    model must be on some stage (a split that leaves blocks over would not train them)."""
     names: dict[int, set[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), set()).add(name)
@@ -115,6 +116,14 @@ def _check_names(model: nn.Module, stages: list[nn.Module]) -> None:
                             f"go by these names): keep the model's attribute names in each "
                             f"stage, e.g. blocks in an nn.ModuleDict keyed by their index in the "
                             f"model (see fasttrain/models/gpt.py's _Stage)")
+    held = {id(p) for stage in stages for p in stage.parameters()}
+    left = [name for name, p in model.named_parameters() if id(p) not in held]
+    if left:  # a layer no stage runs: untrained, and missing from the weights and checkpoints
+        raise UserError(f"--pp: no stage of {type(model).__name__}.pipeline_split("
+                        f"{len(stages)}) holds {left[0]!r}"
+                        f"{f' (and {len(left) - 1} more)' if len(left) > 1 else ''}; the stages "
+                        f"together must hold every parameter of the model (deal the blocks "
+                        f"out so that none is left over)")
 
 
 def split(model: nn.Module, pp_rank: int, pp_size: int, virtual: int = 1) -> list[nn.Module]:
