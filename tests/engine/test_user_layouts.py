@@ -15,7 +15,7 @@ import pytest
 from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
 from tests.engine import userblocks
-from tests.engine.test_tensor_parallel import assert_same_run, torchrun
+from tests.engine.test_tensor_parallel import assert_same_run, records, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--model", "tests.engine.userblocks:make", "--data", "tests.engine.userblocks:data",
@@ -26,7 +26,7 @@ ARGS = ["--model", "tests.engine.userblocks:make", "--data", "tests.engine.userb
 def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
     launcher = torchrun(procs) if procs > 1 else [sys.executable]
     return subprocess.run([*launcher, "-m", "fasttrain", "train", *ARGS, "--out", str(out),
-                           *extra], capture_output=True, text=True, timeout=400, cwd=ROOT)
+                           *extra], capture_output=True, text=True, timeout=200, cwd=ROOT)
 
 
 def test_a_split_that_renames_the_models_parameters_is_one_line():
@@ -127,3 +127,17 @@ def test_a_split_that_leaves_a_block_over_is_one_line():
     with pytest.raises(UserError, match=r"no stage of ResMLP.pipeline_split\(3\) holds "
                                         r"'blocks.3.norm.weight' \(and 5 more\)"):
         pipeline.split(userblocks.make(), 0, 3)
+
+
+@pytest.mark.slow
+def test_pipelines_over_fsdp_evaluate_shares_of_unequal_batch_shapes(tmp_path):
+    """A new batch shape makes a stage infer shapes with a forward, which FSDP all-gathers
+    over dp: a rank that met one shape more than its peer hung in evaluation. Now the same
+    evaluation as one process."""
+    data = ["--data", "tests.engine.userblocks:data_1025", "--max-steps", "2"]
+    one = train(tmp_path / "one", *data)
+    many = train(tmp_path / "pp2-fsdp2", *data, "--pp", "2", "--parallel", "fsdp", procs=4)
+    assert many.returncode == 0, many.stdout + many.stderr
+    evals = [[r["test_loss"] for r in records(d) if r["kind"] == "eval"]
+             for d in (tmp_path / "one", tmp_path / "pp2-fsdp2")]
+    assert one.returncode == 0 and evals[1] == pytest.approx(evals[0], rel=1e-5)

@@ -97,3 +97,12 @@ def data() -> dict:
 def uneven() -> nn.Module:
     """A 63-unit hidden layer: the plan's column/row split over 2 ranks would be 32 + 31."""
     return ResMLP(h=63)
+
+
+def data_1025() -> dict:
+    """1025 test samples: over 2 data-parallel ranks, shares of 513 and 512 in 3 evaluation
+    batches each, of 171 rows on one rank and 171, 171, 170 on the other."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512 + 1025, 16, generator=g)
+    y = (x @ torch.randn(16, 10, generator=g)).argmax(1)
+    return {"train": (x[:512], y[:512]), "test": (x[512:], y[512:])}

@@ -191,7 +191,8 @@ def attach(run, model: nn.Module, world, cfg, checkpoint: tuple[str, ...] = (),
             cuda_graphs=False, checkpoint=checkpoint, tp_plan=_plan_for(stage, tp_plan))
         return forward
 
-    pipe = build(run, model, world.mesh["pp"], cfg, wrap)
+    pipe = build(run, model, world.mesh["pp"], cfg, wrap,
+                 dp_group=world.mesh["dp"].get_group() if world.dp_size > 1 else None)
     run.forward_backward, run.evaluate_loss = pipe.forward_backward, pipe.evaluate_loss
     run.pipeline = pipe  # switches.clipper takes its counted parameters and group
     return pipe.model
@@ -209,7 +210,7 @@ def _plan_for(stage: nn.Module, plan: dict | None) -> dict | None:
 
 
 def build(run, model: nn.Module, group, cfg,
-          wrap: Callable[[nn.Module], nn.Module] | None = None) -> Pipeline:
+          wrap: Callable[[nn.Module], nn.Module] | None = None, dp_group=None) -> Pipeline:
     """Cut `model` (the whole model, the same initial weights on every rank) for this rank of
     `group` (a ProcessGroup, or a 1-D DeviceMesh: the pipeline dimension), and build the
     schedule. Reads cfg.pp, pp_schedule, pp_microbatches and precision, and the run's device,
@@ -289,7 +290,7 @@ def build(run, model: nn.Module, group, cfg,
             # Unscaled on the device (no sync): the scale is a power of two, so this is exact.
             run.loss_sum += loss / run.scaler._scale if run.scaler.is_enabled() else loss
 
-    evaluate_loss = _evaluator(run, mine, index, n, group, last_rank, last)
+    evaluate_loss = _evaluator(run, mine, index, n, group, last_rank, last, dp_group)
     return Pipeline(held, mine, forward_backward, evaluate_loss, counted, group, m, first, last)
 
 
@@ -372,14 +373,19 @@ def split_alike(name: str, seen: list[dict[str, tuple]]) -> tuple:
 
 
 def _evaluator(run, mine: list[nn.Module], index: list[int], n: int, group, last_rank: int,
-               last: bool) -> Callable:
+               last: bool, dp_group=None) -> Callable:
     """run.evaluate_loss under --pp: (forward, batch) -> (loss, metrics), forward-only through
     the stages (`schedule.eval`, one micro-batch: nothing to overlap without a backward), the
     loss and metrics computed on the last stage from its output and broadcast over the
     pipeline group, so every rank returns the same values (`forward` is unused: no rank holds
     the whole model). Evaluation batches may differ in size (the last one of a split): a stage
     learns its neighbours' activation shapes on its first pass, so each batch shape gets its
-    own stages and schedule, built on first use (the same modules, no copy)."""
+    own stages and schedule, built on first use (the same modules, no copy). With data-parallel
+    peers (`dp_group`), each batch is padded to the largest of the dp group's (an all-reduce of
+    its size; the padding's outputs dropped before the loss): the dp ranks' shares of a split
+    differ by a sample, and a new shape's stages run a forward to infer shapes, which under
+    FSDP all-gathers over dp: on a rank that met one shape more than its peer, evaluation hung
+    (gpt on tinyshakespeare, --pp 2 --parallel fsdp on 4 processes, torch 2.13)."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, ScheduleLoopedBFS
 
     names = list(run.metrics)
@@ -396,10 +402,16 @@ def _evaluator(run, mine: list[nn.Module], index: list[int], n: int, group, last
 
     def evaluate_loss(_forward, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x, y = batch
+        rows = len(x)
+        if dp_group is not None:
+            size = torch.tensor([rows], device=run.device)
+            dist.all_reduce(size, op=dist.ReduceOp.MAX, group=dp_group)
+            pad = int(size) - rows  # sync: evaluation only
+            x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])]) if pad else x
         with run.autocast:
             out = schedule(tuple(x.shape)).eval(*((x,) if first else ()))
         if last:
-            out = out.float()
+            out = out[:rows].float()
             values = torch.stack([run.loss_fn(out, y).float(),
                                   *(torch.as_tensor(run.metrics[k](out, y), device=out.device)
                                     .float() for k in names)])
