@@ -50,7 +50,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from typing import Any
 
 import torch
@@ -88,7 +87,43 @@ def _cut(model: nn.Module, n_stages: int) -> list[nn.Module]:
     if len(stages) != n_stages:
         raise UserError(f"--pp: {type(model).__name__}.pipeline_split({n_stages}) returned "
                         f"{len(stages)} stages; it must return exactly {n_stages}")
+    _check_names(model, stages)
     return stages
+
+
+def _check_names(model: nn.Module, stages: list[nn.Module]) -> None:
+    """Each stage must name its parameters as the model does: the rank's Held module, hence
+    its checkpoint keys, weights file and tied copies (found by name), take the stages' names.
+    A split into nn.Sequential slices names two stages' blocks alike ("1.up.weight"), which
+    would tie unrelated weights and make their shards overwrite each other in a checkpoint.
+    A parameter that is not the model's own (a tied weight's copy, as gpt's last stage holds)
+    must bear the name and shape of the model's parameter it copies. Every parameter of the
+    model must be on some stage (a split that leaves blocks over would not train them)."""
+    names: dict[int, set[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), set()).add(name)
+    shapes = {name: p.shape for name, p in model.named_parameters(remove_duplicate=False)}
+    for s, stage in enumerate(stages):
+        for name, p in stage.named_parameters():
+            own = names.get(id(p))
+            if own is None and shapes.get(name) == p.shape or own is not None and name in own:
+                continue
+            what = (f"the model's {min(own)!r}" if own is not None
+                    else "a parameter the model does not have")
+            raise UserError(f"--pp: stage {s} of {type(model).__name__}.pipeline_split("
+                            f"{len(stages)}) holds {what} as {name!r}; a stage must name each "
+                            f"parameter as the model does (checkpoints, weights and tied copies "
+                            f"go by these names): keep the model's attribute names in each "
+                            f"stage, e.g. blocks in an nn.ModuleDict keyed by their index in the "
+                            f"model (see fasttrain/models/gpt.py's _Stage)")
+    held = {id(p) for stage in stages for p in stage.parameters()}
+    left = [name for name, p in model.named_parameters() if id(p) not in held]
+    if left:  # a layer no stage runs: untrained, and missing from the weights and checkpoints
+        raise UserError(f"--pp: no stage of {type(model).__name__}.pipeline_split("
+                        f"{len(stages)}) holds {left[0]!r}"
+                        f"{f' (and {len(left) - 1} more)' if len(left) > 1 else ''}; the stages "
+                        f"together must hold every parameter of the model (deal the blocks "
+                        f"out so that none is left over)")
 
 
 def split(model: nn.Module, pp_rank: int, pp_size: int, virtual: int = 1) -> list[nn.Module]:
@@ -156,7 +191,8 @@ def attach(run, model: nn.Module, world, cfg, checkpoint: tuple[str, ...] = (),
             cuda_graphs=False, checkpoint=checkpoint, tp_plan=_plan_for(stage, tp_plan))
         return forward
 
-    pipe = build(run, model, world.mesh["pp"], cfg, wrap)
+    pipe = build(run, model, world.mesh["pp"], cfg, wrap,
+                 dp_group=world.mesh["dp"].get_group() if world.dp_size > 1 else None)
     run.forward_backward, run.evaluate_loss = pipe.forward_backward, pipe.evaluate_loss
     run.pipeline = pipe  # switches.clipper takes its counted parameters and group
     return pipe.model
@@ -166,17 +202,15 @@ def _plan_for(stage: nn.Module, plan: dict | None) -> dict | None:
     """The entries of a tensor-parallel plan dict (names relative to the whole model, `*`
     allowed per component, as parallelize_module matches them) that name a module of `stage`:
     the other stages' modules are not here, and parallelize_module would warn about each."""
+    from fasttrain.engine.tensor_parallel import resolves
+
     if plan is None:
         return None
-
-    def resolves(module: nn.Module, parts: list[str]) -> bool:
-        return not parts or any(resolves(child, parts[1:]) for name, child
-                                in module.named_children() if fnmatch(name, parts[0]))
-    return {k: v for k, v in plan.items() if resolves(stage, k.split(".") if k else [])}
+    return {k: v for k, v in plan.items() if resolves(stage, k)}
 
 
 def build(run, model: nn.Module, group, cfg,
-          wrap: Callable[[nn.Module], nn.Module] | None = None) -> Pipeline:
+          wrap: Callable[[nn.Module], nn.Module] | None = None, dp_group=None) -> Pipeline:
     """Cut `model` (the whole model, the same initial weights on every rank) for this rank of
     `group` (a ProcessGroup, or a 1-D DeviceMesh: the pipeline dimension), and build the
     schedule. Reads cfg.pp, pp_schedule, pp_microbatches and precision, and the run's device,
@@ -256,7 +290,7 @@ def build(run, model: nn.Module, group, cfg,
             # Unscaled on the device (no sync): the scale is a power of two, so this is exact.
             run.loss_sum += loss / run.scaler._scale if run.scaler.is_enabled() else loss
 
-    evaluate_loss = _evaluator(run, mine, index, n, group, last_rank, last)
+    evaluate_loss = _evaluator(run, mine, index, n, group, last_rank, last, dp_group)
     return Pipeline(held, mine, forward_backward, evaluate_loss, counted, group, m, first, last)
 
 
@@ -339,14 +373,19 @@ def split_alike(name: str, seen: list[dict[str, tuple]]) -> tuple:
 
 
 def _evaluator(run, mine: list[nn.Module], index: list[int], n: int, group, last_rank: int,
-               last: bool) -> Callable:
+               last: bool, dp_group=None) -> Callable:
     """run.evaluate_loss under --pp: (forward, batch) -> (loss, metrics), forward-only through
     the stages (`schedule.eval`, one micro-batch: nothing to overlap without a backward), the
     loss and metrics computed on the last stage from its output and broadcast over the
     pipeline group, so every rank returns the same values (`forward` is unused: no rank holds
     the whole model). Evaluation batches may differ in size (the last one of a split): a stage
     learns its neighbours' activation shapes on its first pass, so each batch shape gets its
-    own stages and schedule, built on first use (the same modules, no copy)."""
+    own stages and schedule, built on first use (the same modules, no copy). With data-parallel
+    peers (`dp_group`), each batch is padded to the largest of the dp group's (an all-reduce of
+    its size; the padding's outputs dropped before the loss): the dp ranks' shares of a split
+    differ by a sample, and a new shape's stages run a forward to infer shapes, which under
+    FSDP all-gathers over dp: on a rank that met one shape more than its peer, evaluation hung
+    (gpt on tinyshakespeare, --pp 2 --parallel fsdp on 4 processes, torch 2.13)."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, ScheduleLoopedBFS
 
     names = list(run.metrics)
@@ -363,10 +402,16 @@ def _evaluator(run, mine: list[nn.Module], index: list[int], n: int, group, last
 
     def evaluate_loss(_forward, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         x, y = batch
+        rows = len(x)
+        if dp_group is not None:
+            size = torch.tensor([rows], device=run.device)
+            dist.all_reduce(size, op=dist.ReduceOp.MAX, group=dp_group)
+            pad = int(size) - rows  # sync: evaluation only
+            x = torch.cat([x, x[:1].expand(pad, *x.shape[1:])]) if pad else x
         with run.autocast:
             out = schedule(tuple(x.shape)).eval(*((x,) if first else ()))
         if last:
-            out = out.float()
+            out = out[:rows].float()
             values = torch.stack([run.loss_fn(out, y).float(),
                                   *(torch.as_tensor(run.metrics[k](out, y), device=out.device)
                                     .float() for k in names)])

@@ -240,6 +240,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     module = module.to(dev)
     if cfg.channels_last:
         module = module.to(memory_format=torch.channels_last)
+    if world.tp > 1:  # a tp_plan key naming no module: refused on every rank alike
+        from fasttrain.engine.tensor_parallel import check_plan
+
+        check_plan(module, tp_plan)
     if world.pp > 1:  # pipeline.py: cut into stages; this rank's become the model
         from fasttrain.engine import pipeline
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from fnmatch import fnmatch
 
 import torch
 from torch import nn
@@ -56,6 +57,7 @@ def apply(model: nn.Module, tp_mesh, plan: dict | None = None,
             raise UserError(f"--tp: tp_plan does not fit {type(model).__name__} "
                             f"({first_line(e)}); name its "
                             f"nn.Linear submodules as model.named_modules() does") from None
+        _check_even(model, tp_mesh.size())
         return
     hook = getattr(model, "parallelize", None)
     if not callable(hook):
@@ -67,6 +69,47 @@ def apply(model: nn.Module, tp_mesh, plan: dict | None = None,
         hook(tp_mesh, loss_parallel=True)
     else:  # a user's hook need not take the keyword
         hook(tp_mesh)
+    _check_even(model, tp_mesh.size())
+
+
+def _check_even(model: nn.Module, tp: int) -> None:
+    """A linear layer split over tp ranks needs the split dimension to divide by tp: torch's
+    RowwiseParallel rebuilds its input from the local shards as if they were even (a 63-unit
+    hidden layer over 2 ranks failed inside DTensor, "a and b must have same reduction dim,
+    but got [B, 64] X [63, 32]", torch 2.13). Refused here, naming the layer, on every rank."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    for name, module in model.named_modules():
+        w = getattr(module, "weight", None)
+        if not isinstance(module, nn.Linear) or not isinstance(w, DTensor):
+            continue
+        for placement in w.placements:
+            if isinstance(placement, Shard) and w.shape[placement.dim] % tp:
+                side = "out_features" if placement.dim == 0 else "in_features"
+                raise UserError(f"--tp {tp}: {name or 'the model'} (nn.Linear, {side} "
+                                f"{w.shape[placement.dim]}) does not split evenly over {tp} "
+                                f"ranks; make its {side} a multiple of {tp}, or leave it out "
+                                f"of the tensor-parallel plan")
+
+
+def resolves(module: nn.Module, key: str) -> bool:
+    """Whether plan key `key` (a module name relative to `module`, `*` allowed per component,
+    "" for `module` itself) names a submodule, as parallelize_module matches it."""
+    def walk(m: nn.Module, parts: list[str]) -> bool:
+        return not parts or any(walk(child, parts[1:]) for name, child in m.named_children()
+                                if fnmatch(name, parts[0]))
+    return walk(module, key.split(".") if key else [])
+
+
+def check_plan(model: nn.Module, plan: dict | None) -> None:
+    """A tp_plan key that names no submodule of the whole model is refused: torch's
+    parallelize_module only warns and skips it (torch 2.13), leaving that layer whole on every
+    rank, which trains, but not split as asked."""
+    for key in plan or {}:
+        if not resolves(model, key):
+            raise UserError(f"--tp: tp_plan key {key!r} names no submodule of "
+                            f"{type(model).__name__}; name its submodules as "
+                            f"model.named_modules() does (`*` for any one name)")
 
 
 # -- loss parallel ---------------------------------------------------------------------------

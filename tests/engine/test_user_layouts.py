@@ -1,0 +1,143 @@
+"""A user's own model (tests/engine/userblocks.py, not gpt) under --tp and --pp, brought as
+docs/distributed.md says: its parallelize(tp_mesh) and pipeline_split(n). Trained by 2 and 4
+gloo processes as one process trains it (tolerances as test_tensor_parallel.py's), and a split
+that renames the model's parameters refused in one line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fasttrain.engine import pipeline
+from fasttrain.errors import UserError
+from tests.engine import userblocks
+from tests.engine.test_tensor_parallel import assert_same_run, records, torchrun
+
+ROOT = Path(__file__).resolve().parents[2]
+ARGS = ["--model", "tests.engine.userblocks:make", "--data", "tests.engine.userblocks:data",
+        "--batch-size", "32", "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9",
+        "--seed", "1", "--deterministic", "--device", "cpu", "--no-progress", "--log-every", "1"]
+
+
+def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
+    launcher = torchrun(procs) if procs > 1 else [sys.executable]
+    return subprocess.run([*launcher, "-m", "fasttrain", "train", *ARGS, "--out", str(out),
+                           *extra], capture_output=True, text=True, timeout=200, cwd=ROOT)
+
+
+def test_a_split_that_renames_the_models_parameters_is_one_line():
+    """nn.Sequential slices name both stages' blocks "1.up.weight": tied by name, their
+    gradients would be summed over the pipeline and their checkpoint shards overwrite each
+    other. Refused before any collective."""
+    with pytest.raises(UserError, match=r"stage 0 of SeqSplit.pipeline_split\(2\) holds the "
+                                        r"model's 'inp.weight' as '0.weight'"):
+        pipeline.split(userblocks.seq_split(), 0, 2)
+
+
+def test_a_split_that_keeps_the_models_names_holds_them_once():
+    model = userblocks.make()
+    held = [set(pipeline.Held(pipeline.split(model, r, 2)).state_dict()) for r in (0, 1)]
+    assert held[0] | held[1] == set(model.state_dict()) and not held[0] & held[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, procs, flags", [("tp2", 2, ["--tp", "2"]),
+                                                ("pp2", 2, ["--pp", "2"]),
+                                                ("pp2-tp2", 4, ["--pp", "2", "--tp", "2"])])
+def test_a_users_model_trains_under_tp_and_pp_as_one_process(tmp_path, name, procs, flags):
+    one = train(tmp_path / "one", "--max-steps", "6")
+    assert one.returncode == 0, one.stdout + one.stderr
+    many = train(tmp_path / name, "--max-steps", "6", *flags, procs=procs)
+    assert many.returncode == 0, many.stdout + many.stderr
+    assert_same_run(tmp_path / "one", tmp_path / name)
+
+
+@pytest.mark.slow
+def test_a_users_pp_checkpoint_resumes_under_tp(tmp_path):
+    """DCP reshards: the pipeline's stage shards, under the model's names, are read by a --tp 2
+    layout that continues as the uninterrupted one-process run."""
+    first = train(tmp_path / "run", "--max-steps", "3", "--checkpoint-every", "3", "--pp", "2",
+                  procs=2)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = train(tmp_path / "run", "--max-steps", "6", "--resume", "auto", "--tp", "2",
+                   procs=2)
+    assert second.returncode == 0 and "step-00000003" in second.stdout, second.stdout
+    one = train(tmp_path / "one", "--max-steps", "6")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert_same_run(tmp_path / "one", tmp_path / "run")
+
+
+def test_a_tp_plan_key_that_names_no_module_is_one_line():
+    """torch's parallelize_module only warns and skips such a key: the layer stayed whole on
+    every rank and the run trained, not split as asked."""
+    from fasttrain.engine.tensor_parallel import check_plan
+
+    model = userblocks.make()
+    check_plan(model, {"blocks.*.up": "col", "blocks.0.down": "row", "": "root"})
+    with pytest.raises(UserError, match=r"tp_plan key 'blocks.0.upp' names no submodule of "
+                                        r"ResMLP"):
+        check_plan(model, {"blocks.*.up": "col", "blocks.0.upp": "col"})
+
+
+PLAN_SCRIPT = """
+import sys
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+import fasttrain
+from tests.engine import userblocks
+
+plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.%s": RowwiseParallel()}
+run = fasttrain.build(model=userblocks.make(), data=userblocks.data(), tp=2, tp_plan=plan,
+                      batch_size=32, max_steps=2, device="cpu", progress=False)
+fasttrain.fit(run)
+print("trained", type(run.model.blocks[0].down.weight).__name__)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("down, says", [("down", "trained DTensor"),
+                                        ("dwn", "tp_plan key 'blocks.*.dwn' names no")])
+def test_build_tp_plan_splits_a_users_model_or_refuses_a_wrong_name(tmp_path, down, says):
+    script = tmp_path / "plan.py"
+    script.write_text(PLAN_SCRIPT % down)
+    proc = subprocess.run([*torchrun(2), str(script)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(ROOT / "src"), str(ROOT)])})
+    assert says in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert (proc.returncode == 0) == (down == "down")
+
+
+@pytest.mark.slow
+def test_a_linear_that_does_not_split_evenly_is_one_line_on_every_rank(tmp_path):
+    """Not a failure inside DTensor's sharding propagation at the first forward."""
+    proc = train(tmp_path / "run", "--max-steps", "1", "--tp", "2", "--model",
+                 "tests.engine.userblocks:uneven", procs=2)
+    says = ("error: --tp 2: blocks.0.up (nn.Linear, out_features 63) does not split evenly "
+            "over 2 ranks")
+    assert proc.stderr.count(says) == 2 and "Sharding propagation" not in proc.stderr, (
+        proc.stderr)
+
+
+def test_a_split_that_leaves_a_block_over_is_one_line():
+    """4 blocks dealt 1 a stage over 3 stages: block 3 ran nowhere, trained nothing and was
+    missing from the weights file, silently."""
+    with pytest.raises(UserError, match=r"no stage of ResMLP.pipeline_split\(3\) holds "
+                                        r"'blocks.3.norm.weight' \(and 5 more\)"):
+        pipeline.split(userblocks.make(), 0, 3)
+
+
+@pytest.mark.slow
+def test_pipelines_over_fsdp_evaluate_shares_of_unequal_batch_shapes(tmp_path):
+    """A new batch shape makes a stage infer shapes with a forward, which FSDP all-gathers
+    over dp: a rank that met one shape more than its peer hung in evaluation. Now the same
+    evaluation as one process."""
+    data = ["--data", "tests.engine.userblocks:data_1025", "--max-steps", "2"]
+    one = train(tmp_path / "one", *data)
+    many = train(tmp_path / "pp2-fsdp2", *data, "--pp", "2", "--parallel", "fsdp", procs=4)
+    assert many.returncode == 0, many.stdout + many.stderr
+    evals = [[r["test_loss"] for r in records(d) if r["kind"] == "eval"]
+             for d in (tmp_path / "one", tmp_path / "pp2-fsdp2")]
+    assert one.returncode == 0 and evals[1] == pytest.approx(evals[0], rel=1e-5)
