@@ -93,7 +93,8 @@ plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.%s": RowwiseParallel()}
 run = fasttrain.build(model=userblocks.make(), data=userblocks.data(), tp=2, tp_plan=plan,
                       batch_size=32, max_steps=2, device="cpu", progress=False)
 fasttrain.fit(run)
-print("trained", type(run.model.blocks[0].down.weight).__name__)
+if run.main:  # one line: two ranks' prints would interleave
+    print("trained", type(run.model.blocks[0].down.weight).__name__, flush=True)
 """
 
 
