@@ -66,25 +66,12 @@ def entries(rows=ROWS, tags=None) -> list[VariantEntry]:
 def fresh_process(todo: list[VariantEntry], rows: list[str], args) -> list[dict]:
     """`todo` swept again in a new process (after a variant left this one's CUDA unusable),
     their rows read from its JSON; one that faults there too is handed on the same way."""
-    import json
-    import os
-    import subprocess
-    import tempfile
-
     from fasttrain import bench
 
-    with tempfile.TemporaryDirectory(prefix="fasttrain-sweep-") as tmp:
-        out = os.path.join(tmp, "rows.json")
-        argv = [sys.executable, __file__, "--rows", ",".join(rows), "--data", args.data,
-                "--epochs", str(args.epochs), "--json", out,
-                *(a for e in todo for a in ("--variant", e.variant.tag))]
-        code = subprocess.run(argv, stdout=subprocess.DEVNULL).returncode
-        if not os.path.exists(out):
-            return [{**bench.base_row(e), "status": "failed",
-                     "reason": f"the fresh process that ran it again exited with {code}"}
-                    for e in todo]
-        with open(out) as f:
-            return json.load(f)["rows"]
+    argv = [sys.executable, __file__, "--rows", ",".join(rows), "--data", args.data,
+            "--epochs", str(args.epochs),
+            *(a for e in todo for a in ("--variant", e.variant.tag))]
+    return bench.child_rows(argv, todo)[0]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,14 +98,22 @@ def test_after_a_device_fault_the_rest_run_in_a_fresh_process(sweep, monkeypatch
     args = argparse.Namespace(data="synthetic", epochs=3)
     seen = []
 
-    def child(argv, **kw):
-        seen.append(argv)
-        out = argv[argv.index("--json") + 1]
-        with open(out, "w") as f:
-            json.dump({"rows": [{"impl": e.name, "status": "ok"} for e in todo]}, f)
-        return subprocess.CompletedProcess(argv, 0)
+    class Child:  # subprocess.Popen: writes the rows its --json names
+        def __init__(self, argv, **kw):
+            seen.append(argv)
+            self.returncode = 0
+            out = argv[argv.index("--json") + 1]
+            with open(out, "w") as f:
+                json.dump({"rows": [{"impl": e.name, "status": "ok"} for e in todo]}, f)
 
-    monkeypatch.setattr(subprocess, "run", child)
+        def wait(self):
+            return self.returncode
+
+    class Failing(Child):  # exits 1 and writes nothing
+        def __init__(self, argv, **kw):
+            self.returncode = 1
+
+    monkeypatch.setattr(subprocess, "Popen", Child)
     rows = sweep.fresh_process(todo, ["triton-fused"], args)
     assert [r["impl"] for r in rows] == [e.name for e in todo]
     argv = seen[0]
@@ -114,7 +122,7 @@ def test_after_a_device_fault_the_rest_run_in_a_fresh_process(sweep, monkeypatch
         [e.variant.tag for e in todo]
     assert argv[argv.index("--epochs") + 1] == "3" and argv[argv.index("--data") + 1] == "synthetic"
 
-    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: subprocess.CompletedProcess(argv, 1))
+    monkeypatch.setattr(subprocess, "Popen", Failing)
     rows = sweep.fresh_process(todo, ["triton-fused"], args)
     assert [r["status"] for r in rows] == ["failed"] * 2
     assert all("exited with 1" in r["reason"] for r in rows)

@@ -303,6 +303,22 @@ def fresh_process(entries, args: argparse.Namespace, cfg, repeats: int) -> list[
     """`entries` checked and timed by `fasttrain bench` in a new process (this one's settings;
     its table is not shown, its progress is), their rows read from its JSON. A row that faults
     there too is handed on the same way, one process further."""
+    argv = [sys.executable, "-m", "fasttrain", "bench", "--impl",
+            ",".join(e.name for e in entries), "--epochs", str(cfg.epochs), "--repeats",
+            str(repeats), "--batch-size", str(cfg.batch_size), "--lr", repr(cfg.lr),
+            "--seed", str(cfg.seed), "--data", args.data, "--device", cfg.device,
+            "--no-progress",
+            *(["--data-dir", args.data_dir] if args.data_dir else []),
+            *(["--repeat-limit", repr(args.repeat_limit)] if args.repeat_limit else [])]
+    rows, config = child_rows(argv, entries)
+    cut = config.get("interrupted", False)
+    return [{**r, "interrupted": True} if cut else r for r in rows]
+
+
+def child_rows(argv: list[str], entries) -> tuple[list[dict], dict]:
+    """(rows, config) of the bench-schema JSON that `argv + ["--json", PATH]` writes, run in a
+    new process (its stdout discarded); every entry failed with the exit status where it wrote
+    none. Ctrl-C reaches the child too: it is waited for, to write what it finished."""
     import json
     import os
     import subprocess
@@ -310,14 +326,7 @@ def fresh_process(entries, args: argparse.Namespace, cfg, repeats: int) -> list[
 
     with tempfile.TemporaryDirectory(prefix="fasttrain-bench-") as tmp:
         out = os.path.join(tmp, "rows.json")
-        argv = [sys.executable, "-m", "fasttrain", "bench", "--impl",
-                ",".join(e.name for e in entries), "--epochs", str(cfg.epochs), "--repeats",
-                str(repeats), "--batch-size", str(cfg.batch_size), "--lr", repr(cfg.lr),
-                "--seed", str(cfg.seed), "--data", args.data, "--device", cfg.device,
-                "--json", out, "--no-progress",
-                *(["--data-dir", args.data_dir] if args.data_dir else []),
-                *(["--repeat-limit", repr(args.repeat_limit)] if args.repeat_limit else [])]
-        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+        child = subprocess.Popen([*argv, "--json", out], stdout=subprocess.DEVNULL)
         try:
             code = child.wait()
         except KeyboardInterrupt:  # the child had the same SIGINT: it writes what it finished
@@ -325,11 +334,10 @@ def fresh_process(entries, args: argparse.Namespace, cfg, repeats: int) -> list[
         if not os.path.exists(out):
             return [{**base_row(e), "status": "failed",
                      "reason": f"the fresh process that ran it again exited with {code}"}
-                    for e in entries]
+                    for e in entries], {}
         with open(out) as f:
             result = json.load(f)
-    cut = result["config"].get("interrupted", False)
-    return [{**r, "interrupted": True} if cut else r for r in result["rows"]]
+    return result["rows"], result.get("config", {})
 
 
 def _say(console, label: str, row: dict, stage: str) -> None:
