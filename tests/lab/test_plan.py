@@ -205,10 +205,10 @@ def test_a_model_too_big_for_this_host_is_one_line(error):
         raise error
 
     with pytest.raises(UserError) as e:
-        fitting._on_this_host(SimpleNamespace(batch_size=512), count)
+        fitting.on_this_host(SimpleNamespace(batch_size=512), count)
     assert "a step of 512 samples does not fit in this machine's memory" in str(e.value)
     with pytest.raises(RuntimeError, match="another"):  # any other error is not ours to hide
-        fitting._on_this_host(SimpleNamespace(batch_size=512),
+        fitting.on_this_host(SimpleNamespace(batch_size=512),
                                lambda: (_ for _ in ()).throw(RuntimeError("another")))
 
 

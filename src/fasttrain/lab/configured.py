@@ -62,7 +62,7 @@ def describe(cfg: TrainConfig, task, command: str = "experiment scaling",
                             f"give the --data (and --loss) it trains on, as for `fasttrain "
                             f"train`") from None
 
-    b, work, shape, out = fitting._on_this_host(cfg, step, command)
+    b, work, shape, out = fitting.on_this_host(cfg, step, command)
     return cfg.model, cfg.batch_size, layout_choice.Model(
         params=b.params, flops_per_sample=work.flops / cfg.batch_size,
         saved_per_sample=b.activations_fp32 // b.micro_batch, **shape, left_out=out)

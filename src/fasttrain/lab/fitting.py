@@ -45,7 +45,7 @@ class Models:
         cfg = counted_here(cfg)
         key = repr(cfg)
         if key not in self._mem:
-            self._mem[key] = _on_this_host(cfg, lambda: memory.predict(
+            self._mem[key] = on_this_host(cfg, lambda: memory.predict(
                 cfg, data=self.task, device_type="cuda"))
         return self._mem[key]
 
@@ -54,12 +54,12 @@ class Models:
         key = repr(cfg)
         if key not in self._work:
             # counted as CUDA runs it: the optimizer's foreach path (steptime.count_run)
-            self._work[key] = _on_this_host(cfg, lambda: steptime.count(
+            self._work[key] = on_this_host(cfg, lambda: steptime.count(
                 cfg, data=self.task, foreach=True))
         return self._work[key]
 
 
-def _on_this_host(cfg, count, command: str = "plan"):
+def on_this_host(cfg, count, command: str = "plan"):
     """`count()`, which runs one real step of the model on this machine's CPU: a model too big
     for this machine's memory is one line (naming `command`), not the allocator's traceback."""
     try:
