@@ -62,6 +62,15 @@ def test_load_returns_the_trained_module(tmp_path):
         assert torch.equal(loaded(x), run.model.eval()(x))
 
 
+def test_load_without_the_module_of_a_run_built_from_python_names_the_way(tmp_path):
+    # The run's model.json held the module's class path, which load() then tried as --model:
+    # "--model 'tests.engine.usermodel.Net': give a bundled name or an import path ...".
+    train(2, out=str(tmp_path))
+    with pytest.raises(UserError) as e:
+        fasttrain.load(tmp_path)
+    assert "passed from Python" in str(e.value) and "model=" in str(e.value), e.value
+
+
 def test_activation_checkpointing_on_named_modules_gives_the_same_training():
     plain = weights(train(4, precision="fp32"))
     run = fasttrain.build(model=made(), data=usermodel.data(), loss=usermodel.huber,

@@ -304,7 +304,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     if cfg.cuda_graphs and run.graph_why is None:
         graphed.attach(run)  # after the restore: it sets the optimizer's flags the graph needs
     run.rundir.write_text("config.toml", to_toml(cfg))
-    run.rundir.write_json("model.json", {"model": label, "in_shape": list(task.in_shape or ()),
+    # A module passed from Python is recorded as cfg.model's "python:<class>": load() then asks
+    # for it rather than try its class path as an import path.
+    about = cfg.model if cfg.model.startswith("python:") else label
+    run.rundir.write_json("model.json", {"model": about, "in_shape": list(task.in_shape or ()),
                                          "num_classes": task.num_classes})
     if verbose and world.main:
         print(describe(run), file=sys.stderr)
