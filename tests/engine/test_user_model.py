@@ -218,3 +218,14 @@ def test_memory_takes_a_model_given_by_import_path(capsys, tmp_path):
     row = json.loads((tmp_path / "m.json").read_text())["rows"][0]
     params = sum(p.numel() for p in usermodel.make().parameters())
     assert row["params"] == params and row["weights"] == 4 * params
+
+
+def test_the_start_line_names_data_from_python_and_synthetic_data_plainly():
+    # Audit: "training ...Sequential on python on cpu" and "training cnn on synthetic (synthetic)".
+    from fasttrain.engine.run import describe
+
+    run = fasttrain.build(model=made(), data=usermodel.data(), loss=usermodel.huber, max_steps=1,
+                          verbose=False, **COMMON)
+    assert " on your data on " in describe(run), describe(run)
+    run = fasttrain.build(model="mlp", data="synthetic", max_steps=1, verbose=False)
+    assert " on synthetic on " in describe(run), describe(run)
