@@ -74,6 +74,18 @@
 //      less a step; how much of v4's 4.85 µs they are is what the phase profile measures.
 //      Its tile indexing is checked on the CPU against float64 (tests/ladder/
 //      test_cuda_epoch_v5_math.py, through a host stand-in of the WMMA API).
+//   v6 (StepV6, epoch_v6.cuh; written without a GPU and NOT yet run on one: the row stays on v4
+//      until a GPU measures it) v4's loop, signals, inbox formats and softmax, with W in
+//      REGISTERS for the whole epoch (35 a thread, replicated over L's row groups, every replica
+//      applying the same fp32 update) and both products register-tiled (epoch_v6_math.cuh): L is
+//      4 rows x 5 classes x 7 strided features a thread at 14 CTAs (140 FMA in 20 chains of 7,
+//      28 conflict-free LDS.32 of x, no W load; v4: 42 LDS.128 for the same 140 FMA), its
+//      feature lanes' sums combined by a 19-SHFL reduce-scatter after which each lane sends v4's
+//      float4 or float; G keeps v4's partials and sums the row groups over 280 threads (8 LDS.128
+//      and 2 SHFL each, v4: 140 threads x 16 serial LDS.128) into DW, which every thread reads
+//      (9 LDS.128) into its registers. SASS, 14 CTAs, whole kernel: LDS 273 (LDS.128 42) against
+//      v4's 484 (84); 128 registers (the 512-thread cap), no spill. Its tiles run on the CPU for
+//      whole cluster epochs against float64 (tests/ladder/test_cuda_epoch_v6_math.py).
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
 #include "epoch_v4.cuh"
