@@ -83,8 +83,9 @@
 //      feature lanes' sums combined by a 19-SHFL reduce-scatter after which each lane sends v4's
 //      float4 or float; G keeps v4's partials and sums the row groups over 280 threads (8 LDS.128
 //      and 2 SHFL each, v4: 140 threads x 16 serial LDS.128) into DW, which every thread reads
-//      (9 LDS.128) into its registers. SASS, 14 CTAs, whole kernel: LDS 273 (LDS.128 42) against
-//      v4's 484 (84); 128 registers (the 512-thread cap), no spill. Its tiles run on the CPU for
+//      (9 LDS.128) into its registers. SASS, 14 CTAs: L 140 FFMA, 28 LDS, 19 SHFL (v4's: 42
+//      LDS.128 and 5 SHFL for its 140 FMA); whole kernel, static: 261 shared loads (34 LDS.128)
+//      against v4's 484 (84); 128 registers (the 512-thread cap), no spill. Its tiles run on the CPU for
 //      whole cluster epochs against float64 (tests/ladder/test_cuda_epoch_v6_math.py).
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
