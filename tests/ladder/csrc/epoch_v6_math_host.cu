@@ -5,13 +5,14 @@
 // partial logits delivered into their owners' inboxes at the offsets StepV6 sends them to, the
 // owners' softmax (v4's softmax_rows, written out here: the GPU tests check the kernel's own), g
 // and the bias partials to every CTA, and G. Also the index bookkeeping: every product, sum,
-// register and write counted.
+// register and write counted, and the shared-memory layout.
 #define FT_HOST_MATH
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "epoch_v4.cuh"  // Shape4: v6 keeps its inboxes
 #include "epoch_v6_math.cuh"
 
 #if !defined(__CUDA_ARCH__)  // host code only: nvcc's device pass sees nothing here
@@ -34,6 +35,16 @@ struct Cta {  // one CTA's shared memory (the parts v6 uses) and its threads' W 
         gl(S::RPC * 16, 0.f) {}
 };
 
+// Step k of the reduce-scatter for a group's LJ lanes together: every send is taken before any
+// lane applies what it received, as one SHFL.
+template <class S>
+void lockstep(float (&acc)[S::LJ][S::NACC], const LTile (&t)[S::LJ], int k) {
+  const RsStep s = rs_step<S>(k);
+  float sent[S::LJ];
+  for (int j = 0; j < S::LJ; ++j) sent[j] = rs_send(acc[j], (t[j].j & s.d) != 0, s);
+  for (int j = 0; j < S::LJ; ++j) rs_apply(acc[j], (t[j].j & s.d) != 0, s, sent[j ^ s.d]);
+}
+
 // L of CTA r: every row group and class half, its LJ lanes in lockstep through the shuffles, then
 // each lane's result into its owner's inbox.
 template <int NC>
@@ -43,17 +54,13 @@ void logits(std::vector<Cta<NC>>& ctas, int r, int nb) {
   for (int g = 0; g < S::T / S::LJ; ++g) {
     float acc[S::LJ][S::NACC];
     LTile t[S::LJ];
-    for (int j = 0; j < S::LJ; ++j) {
-      t[j] = l_tile<S>(g * S::LJ + j);
-      for (int i = 0; i < S::RT; ++i)
-        logits_row<S>(me.xf.data(), &me.w[(g * S::LJ + j) * S::WN], t[j], i, acc[j]);
-    }
-    for (int k = 0; k < S::NSHFL; ++k) {
-      const RsStep s = rs_step<S>(k);
-      float sent[S::LJ];
-      for (int j = 0; j < S::LJ; ++j) sent[j] = rs_send(acc[j], (t[j].j & s.d) != 0, s);
-      for (int j = 0; j < S::LJ; ++j) rs_apply(acc[j], (t[j].j & s.d) != 0, s, sent[j ^ s.d]);
-    }
+    for (int j = 0; j < S::LJ; ++j) t[j] = l_tile<S>(g * S::LJ + j);
+    l_schedule<S>(
+        [&](int i) {  // every lane's row i
+          for (int j = 0; j < S::LJ; ++j)
+            logits_row<S>(me.xf.data(), &me.w[(g * S::LJ + j) * S::WN], t[j], i, acc[j]);
+        },
+        [&](int k) { lockstep<S>(acc, t, k); }, [] {});
     for (int j = 0; j < S::LJ; ++j) {
       if (l_out_row<S>(t[j]) >= nb) continue;
       float* dst = ctas[l_out_owner<S>(t[j])].part.data() + l_out_offset<S>(t[j], r);
@@ -221,12 +228,7 @@ int mapping_violations() {
       t[j] = l_tile<S>(j);
       acc[j][a] = static_cast<float>(1 << j);
     }
-    for (int k = 0; k < S::NSHFL; ++k) {
-      const RsStep s = rs_step<S>(k);
-      float sent[S::LJ];
-      for (int j = 0; j < S::LJ; ++j) sent[j] = rs_send(acc[j], (t[j].j & s.d) != 0, s);
-      for (int j = 0; j < S::LJ; ++j) rs_apply(acc[j], (t[j].j & s.d) != 0, s, sent[j ^ s.d]);
-    }
+    for (int k = 0; k < S::NSHFL; ++k) lockstep<S>(acc, t, k);
     const int i = a / 5, c = a % 5;
     for (int j = 0; j < S::LJ; ++j) {
       const bool mine = l_out_row<S>(t[j]) == i && l_out_part(t[j]) == (c == 4);
@@ -274,6 +276,26 @@ int mapping_violations() {
   return bad;
 }
 
+// Shared memory of shape S: the regions in order, none overlapping the next, each 16-byte aligned
+// (float4 and st.async.v4 targets; the mbarriers need 8), within a Hopper SM's 227 KiB.
+template <int NC>
+int layout_violations() {
+  using S = Shape6<NC>;
+  const int regions[][2] = {  // offset, floats
+      {S::BIAS_OFF, 16},          {S::XF_OFF, 2 * BMAX * S::FP}, {S::INBOX_OFF, S::INBOX},
+      {S::BAR_OFF, 8},            {S::RED_OFF, S::RG * C * S::F}, {S::DW_OFF, 2 * S::LJ * S::WB},
+      {S::GL_OFF, S::RPC * 16},   {S::IDX_OFF, 4 * BMAX},         {S::YS_OFF, 4 * BMAX},
+      {S::XB_OFF, 2 * BMAX * S::F / 4}};
+  int bad = 0, end = 0;
+  for (const auto& reg : regions) {
+    bad += reg[0] != end || reg[0] % 4 != 0;
+    end = reg[0] + reg[1];
+  }
+  bad += S::BYTES != 4 * end || S::BYTES > 227 * 1024 || (2 * BMAX * S::F) % 4 != 0;
+  bad += S::GB != Shape4<NC>::GB || S::PART != Shape4<NC>::PART;  // v4's inboxes
+  return bad;
+}
+
 }  // namespace
 
 extern "C" {
@@ -291,8 +313,8 @@ int v6_epoch(int ctas, const uint8_t* x, const int* y, const int* order, int n, 
 }
 
 int v6_mapping_violations(int ctas) {
-  if (ctas == 7) return mapping_violations<7>();
-  if (ctas == 14) return mapping_violations<14>();
+  if (ctas == 7) return mapping_violations<7>() + layout_violations<7>();
+  if (ctas == 14) return mapping_violations<14>() + layout_violations<14>();
   return -1;
 }
 

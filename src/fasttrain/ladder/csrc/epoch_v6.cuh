@@ -70,25 +70,17 @@ struct StepV6 {
   __device__ void send_partials(int p, int nb) {
     const LTile lt = tile();
     float acc[S::NACC];
-    auto shuffle = [&](int k) {
-      const RsStep s = rs_step<S>(k);
-      const bool up = (lt.j & s.d) != 0;
-      rs_apply(acc, up, s, __shfl_xor_sync(0xffffffffu, rs_send(acc, up, s), s.d));
-    };
-    // Rows i and i + RT/2, then the 5 steps of the first level that combine them (steps 5i..5i+4).
-#pragma unroll
-    for (int i = 0; i < S::RT / 2; ++i) {
-      logits_row<S>(x(p), w, lt, i, acc);
-      logits_row<S>(x(p), w, lt, i + S::RT / 2, acc);
-#pragma unroll
-      for (int c = 0; c < 5; ++c) shuffle(5 * i + c);
-      // The next pair's x loads stay below (a memory barrier to the compiler): hoisting every
-      // row's loads to the top would hold RT * 7 registers more and spill at the 128 that 512
-      // threads allow.
-      __syncwarp();
-    }
-#pragma unroll
-    for (int k = 5 * (S::RT / 2); k < S::NSHFL; ++k) shuffle(k);
+    const float* xp = x(p);
+    // The next pair's x loads stay below each pair's fence (a memory barrier to the compiler):
+    // hoisting every row's loads to the top would hold RT * 7 registers more and spill at the
+    // 128 that 512 threads allow.
+    l_schedule<S>([&](int i) { logits_row<S>(xp, w, lt, i, acc); },
+                  [&](int k) {
+                    const RsStep s = rs_step<S>(k);
+                    const bool up = (lt.j & s.d) != 0;
+                    rs_apply(acc, up, s, __shfl_xor_sync(0xffffffffu, rs_send(acc, up, s), s.d));
+                  },
+                  [] { __syncwarp(); });
     if (l_out_row<S>(lt) < nb) {
       const int q = l_out_owner<S>(lt);
       const uint32_t dst = mapa(part_u + 4 * (p * S::PART + l_out_offset<S>(lt, r)), q);

@@ -108,8 +108,7 @@ FT_V6 int l_out_row(LTile t) {
 FT_V6 int l_out_part(LTile t) { return t.j & 1; }
 
 // L's products of accumulator row i: acc[i * 5 + c] = sum over e of x[row i][feature e] *
-// w[c][e], 5 chains over e (the device interleaves rows i and i + RT/2 with the first shuffle
-// level that combines them, so that only half the rows' accumulators are live at once).
+// w[c][e], 5 chains over e (in l_schedule's order of rows).
 template <class S>
 FT_V6 void logits_row(const float* x, const float* w, LTile t, int i, float* acc) {
   const float* xr = x + l_row<S>(t, i) * S::FP;
@@ -158,6 +157,24 @@ FT_V6 void rs_apply(float* acc, bool up, RsStep s, float got) {
   }
   if (s.dest_lo >= 0) acc[s.dest_lo] = up ? acc[s.dest_lo] : acc[s.keep_lo] + got;
   if (s.dest_up >= 0) acc[s.dest_up] = up ? acc[s.keep_up] + got : acc[s.dest_up];
+}
+
+// L's order, the device's and the host test's: rows i and i + RT/2, then the 5 first-level steps
+// that combine them (5i..5i+4), so that only half the rows' accumulators are live at once; `fence`
+// after each pair (the device's __syncwarp: the next pair's x loads are not hoisted above it);
+// then the remaining steps.
+template <class S, class Row, class Step, class Fence>
+FT_V6 void l_schedule(Row row, Step step, Fence fence) {
+#pragma unroll
+  for (int i = 0; i < S::RT / 2; ++i) {
+    row(i);
+    row(i + S::RT / 2);
+#pragma unroll
+    for (int c = 0; c < 5; ++c) step(5 * i + c);
+    fence();
+  }
+#pragma unroll
+  for (int k = 5 * (S::RT / 2); k < S::NSHFL; ++k) step(k);
 }
 
 // Where lane t's result goes in its owner's partial-logit inbox (floats from the inbox's
