@@ -7,9 +7,13 @@ path is the same code for a CPU tensor up to the backend kernel, so it is measur
 tensors of the ops' smallest shapes (x [1, 1], W [1, 1]: the kernels do next to nothing, so what
 is left is host cost; an upper bound, since the tiny kernels still run) and, for scale, of the row's
 own shapes (B 128, 785 inputs, 10 classes: there the CPU kernels dominate). Meta tensors are
-measured once to show why they are NOT used: these ops' meta kernels are Python decompositions
-(~0.3 ms an op), nothing like a backend kernel. What a CUDA backend adds (device guard, stream,
-cuBLAS's host side, cudaLaunchKernel) cannot be measured without a GPU.
+measured once to show why they are NOT used: on the 2-core EPYC these ops took 18 µs (mm) to
+~0.5 ms (the other three) each on meta tensors, against ~1 µs on CPU ones (their meta path
+probably runs Python registrations): nothing like a backend kernel's host path. What a CUDA
+backend adds (device guard, stream, cuBLAS's host side, cudaLaunchKernel) cannot be measured
+without a GPU: `--device cuda` runs the same cases on CUDA tensors (at the smallest shapes the GPU
+idles between the host's launches, so the figure is the host path including the CUDA backend's
+part; the CPU run on the same host is the part before the backend).
 
 Variants (how the ops are called) × modes (the autograd state around the whole loop, entered once):
 - out: as torch_optimized v3 wrote them (`torch.mm(..., out=)`, ..., `w.addmm_(g.T, ...)`);
@@ -23,14 +27,14 @@ Variants (how the ops are called) × modes (the autograd state around the whole 
 Modes: grad (the default), no_grad, inference (`torch.inference_mode()`), below-autograd
 (`torch._C._AutoDispatchBelowAutograd`, private: skips the Autograd keys only).
 
-Every variant is first checked to compute bit-identical weights to `out` (row shapes, 5 steps).
+Every variant is first checked to compute bit-identical weights to `out` (row shapes, STEPS steps).
 Then rounds: each round times every (variant, mode) once, in a rotated order: the fastest of REPS
 calls of STEPS steps (a call at the smallest shapes is ~0.2 ms, short enough to escape most
 preemption on a shared machine); the figure is the median over rounds of µs per step, with the min
 and max. The 1-minute load average is read before each round: the machine is shared, and under load
 the figures rise (the spread says how much).
 
-    PYTHONPATH=src python benchmarks/dispatch_cost.py [--rounds 15] [--json PATH]
+    PYTHONPATH=src python benchmarks/dispatch_cost.py [--rounds 15] [--device cuda] [--json PATH]
 """
 
 from __future__ import annotations
@@ -171,24 +175,24 @@ VARIANTS = {"out": out_variant, "product": product_variant, "functional": functi
             "script": script_variant}
 
 
-def check_identical() -> dict:
+def check_identical(device: str) -> dict:
     """Every (variant, mode)'s weights after STEPS steps at the row's shapes against `out`'s in the
     grad mode: bit-equal?"""
-    ref = make_state(SHAPES["row"])
+    ref = make_state(SHAPES["row"], device)
     out_variant(ref)()
     same = {}
     for name, make in VARIANTS.items():
         for mode, ctx in MODES.items():
-            s = make_state(SHAPES["row"])
+            s = make_state(SHAPES["row"], device)
             with ctx():
                 make(s)()
             same[f"{name}, {mode}"] = bool(torch.equal(s.w, ref.w))
     return same
 
 
-def per_op(shape) -> dict:
+def per_op(shape, device: str) -> dict:
     """Each op alone over STEPS steps, in the grad and inference modes: µs per call."""
-    s = make_state(shape)
+    s = make_state(shape, device)
     wt = s.w.T
     x, n, z, g, lp, a = s.v3[0]
     gt = g.T
@@ -209,15 +213,17 @@ def per_op(shape) -> dict:
     return {name: loop(op) for name, op in ops.items()}
 
 
-def best_us(run, reps=REPS) -> float:
+def best_us(run, reps=REPS, sync=lambda: None) -> float:
     """µs per step of `run` (STEPS steps a call): one warm-up call, then the fastest of `reps`
     calls. Each call is short (~0.2 ms at the smallest shapes), so on a loaded machine most escape
     preemption and the fastest is the op path's own cost, not the other processes'."""
     run()
+    sync()
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter_ns()
         run()
+        sync()  # CUDA: the call's kernels done before the clock is read
         best = min(best, time.perf_counter_ns() - t0)
     return best / STEPS / 1e3
 
@@ -229,25 +235,35 @@ def load1() -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cuda: the same cases on CUDA tensors (host-bound at the smallest shapes, "
+                         "so the figure is the host path with the CUDA backend's part)")
     ap.add_argument("--json", metavar="PATH", help="write the figures here")
     args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("dispatch_cost: --device cuda needs a CUDA GPU; leave it out to measure on the CPU",
+              file=sys.stderr)
+        return 2
+    dev = args.device
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     torch.set_num_threads(1)  # the host path of one op is single-threaded; no pool wake-ups
     env = env_block()
-    print(f"dispatch_cost on {hardware_line(env)}, torch {torch.__version__}, 1 thread")
-    same = check_identical()
+    print(f"dispatch_cost on {hardware_line(env)}, {dev} tensors, 1 CPU thread")
+    same = check_identical(dev)
     print("bit-identical weights to `out` after", STEPS, "steps:", same)
 
     cases = {}  # (shape, variant, mode) → run
     for name, make in VARIANTS.items():
         for mode in MODES:
-            cases[("smallest", name, mode)] = (make(make_state(SHAPES["smallest"])), MODES[mode])
+            run = make(make_state(SHAPES["smallest"], dev))
+            cases[("smallest", name, mode)] = (run, MODES[mode])
     for name in ROW_VARIANTS:  # for scale: the CPU kernels' share at the row's shapes
         for mode in ("grad", "inference"):
-            cases[("row", name, mode)] = (VARIANTS[name](make_state(SHAPES["row"])), MODES[mode])
-    for shape in ("smallest",):
-        for op, run in per_op(SHAPES[shape]).items():
-            for mode in ("grad", "inference"):
-                cases[(shape, f"op {op}", mode)] = (run, MODES[mode])
+            run = VARIANTS[name](make_state(SHAPES["row"], dev))
+            cases[("row", name, mode)] = (run, MODES[mode])
+    for op, run in per_op(SHAPES["smallest"], dev).items():
+        for mode in ("grad", "inference"):
+            cases[("smallest", f"op {op}", mode)] = (run, MODES[mode])
     meta = out_variant(make_state(SHAPES["smallest"], device="meta"))
     with torch.inference_mode():
         meta_us = best_us(meta, reps=1)
@@ -263,7 +279,7 @@ def main() -> int:
             run, ctx = cases[k]
             reps = REPS if k[0] == "smallest" else 3  # row shapes: ~0.3 ms a step of kernels
             with ctx():
-                times[k].append(best_us(run, reps))
+                times[k].append(best_us(run, reps, sync))
         print(f"  round {r + 1}/{args.rounds}, load {loads[-1]:.2f}", flush=True)
     loads.append(load1())
 
@@ -284,7 +300,8 @@ def main() -> int:
                        "config": {"steps_per_call": STEPS, "calls_per_sample": REPS,
                                   "statistic": "fastest call of a sample; median/min/max of rounds",
                                   "calls_per_sample_row_shapes": 3, "rounds": args.rounds,
-                                  "threads": 1, "shapes": SHAPES, "torch": torch.__version__},
+                                  "threads": 1, "device": dev, "shapes": SHAPES,
+                                  "torch": torch.__version__},
                        "bit_identical_to_out": same, "meta_out_us_per_step": meta_us,
                        "load_1min": loads, "rows": rows}, f, indent=2)
         print(f"wrote {args.json}")
