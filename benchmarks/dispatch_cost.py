@@ -25,7 +25,8 @@ Variants (how the ops are called) × modes (the autograd state around the whole 
 - script: the whole loop compiled by `torch.jit.script` (deprecated in torch 2.13; no Python per
   op).
 Modes: grad (the default), no_grad, inference (`torch.inference_mode()`), below-autograd
-(`torch._C._AutoDispatchBelowAutograd`, private: skips the Autograd keys only).
+(`torch._C._AutoDispatchBelowAutograd`, private: skips the Autograd keys, as inference mode
+does for normal tensors).
 
 Every variant is first checked to compute bit-identical weights to `out` (row shapes, STEPS steps).
 Then rounds: each round times every (variant, mode) once, in a rotated order: the fastest of REPS

@@ -22,12 +22,13 @@ the GPU is starved by launches: few, fused, in-place eager ops on a preloaded de
   buffers never move; slicing them anew each step cost ~8 µs of Python a step on the 2-core EPYC,
   and even one `g.T` a step is a dispatch (aten::t, 0.6 µs there).
 - The 4 dispatches as cheap as PyTorch's supported eager API makes them: under
-  `torch.inference_mode()`, which skips the Autograd and ADInplaceOrView dispatch keys (`no_grad`
-  skips neither), with the ops bound to locals. `benchmarks/dispatch_cost.py` times every way to
-  issue them on CPU tensors of the smallest shapes (the host path up to the backend kernel):
-  `torch.ops.aten.*` costs twice as much (pybind, not the generated argument parser), new outputs
-  instead of out= cost more, functools.partial buys nothing over locals, and TorchScript
-  (deprecated in torch 2.13) would save another ~0.9 µs a step.
+  `torch.inference_mode()`, which takes the Autograd dispatch keys out of the path (`no_grad`
+  does not; on these normal tensors ADInplaceOrView still runs and bumps the version counters),
+  with the ops bound to locals. `benchmarks/dispatch_cost.py` times every way to issue them on
+  CPU tensors of the smallest shapes (the host path up to the backend kernel): `torch.ops.aten.*`
+  costs twice as much (pybind, not the generated argument parser), new outputs instead of out=
+  cost more, functools.partial buys ~0.1 µs a step over locals, and TorchScript (deprecated in
+  torch 2.13) would save another ~0.8 µs a step.
 - The loss costs nothing per step: the log-probs land in an epoch-long buffer, reduced once per
   epoch on the device (3 kernels) and read every 10 epochs (the one host sync).
 - fp32: at these sizes (B = 128, N = 10) every GEMM is latency-bound, so bf16 autocast would buy
@@ -48,8 +49,8 @@ Versions: v1 torch.compile of 4 unrolled autograd steps with bf16 autocast (H100
 34.0 ms/epoch, 72 µs/step, so ~18 µs of host time an op on that machine's Xeon, not the 5
 estimated); v3 v2 with each step's views made once at setup (H100, 2026-11-27: 26.2 ms/epoch,
 56 µs/step); v4 (this file) v3 under inference_mode, ops bound to locals, g.T and Wᵀ made at
-setup: the step's host path on the 2-core EPYC, CPU tensors of the smallest shapes, 5.02 → 3.26
-µs (-1.8 µs, -35%; dispatch_cost.py, 2026-11-27, load ~7 on 2 cores); on an H100 not yet
+setup: the step's host path on the 2-core EPYC, CPU tensors of the smallest shapes, 5.03 → 3.19
+µs (-1.8 µs, -37%; dispatch_cost.py, 2026-11-27, load ~8.5 on 2 cores); on an H100 not yet
 measured (if the saving carries over whole, ~54 µs/step, ~25 ms/epoch: the CUDA side dominates).
 
 Run alone:  python -m fasttrain bench --impl torch-optimized [--device cuda]
@@ -76,7 +77,7 @@ class Step(NamedTuple):
     neg_onehot: torch.Tensor  # [nb, 10]
     z: torch.Tensor  # [nb, 10] logits
     g: torch.Tensor  # [nb, 10] dL/dz · nb
-    gt: torch.Tensor  # [10, nb]: g.T, made once (a view made per step is a dispatch, ~1 µs)
+    gt: torch.Tensor  # [10, nb]: g.T, made once (a view made per step is a dispatch, ~0.6 µs)
     logp: torch.Tensor  # [nb, 10]: this step's slice of the epoch's log-probabilities
     alpha: float  # -lr / nb: the mean over the batch folded into the update
 
@@ -136,9 +137,9 @@ def train_steps(s: EpochState, steps: list[Step]) -> None:
     """SGD steps in place, OPS_PER_STEP ops each and nothing else: fixed views of static buffers
     and no host syncs, so CUDA graphs capture it as is.
 
-    Inference mode skips the Autograd and ADInplaceOrView dispatch keys (0.1-0.2 µs an op on the
-    2-core EPYC; no_grad skips neither); it creates no tensor here, so no inference tensor leaks
-    out. The ops are bound to locals and every view is made at setup: the loop only calls."""
+    Inference mode skips the Autograd dispatch keys (0.1-0.2 µs an op on the 2-core EPYC;
+    no_grad does not); it creates no tensor here, so no inference tensor leaks out. The ops are
+    bound to locals and every view is made at setup: the loop only calls."""
     mm, log_softmax, log_softmax_bw, update = (
         torch.mm, torch._log_softmax, torch._log_softmax_backward_data, s.w.addmm_)
     wt, f32 = s.wt, torch.float32
