@@ -11,9 +11,9 @@ measured once to show why they are NOT used: on the 2-core EPYC these ops took 1
 ~0.5 ms (the other three) each on meta tensors, against ~1 µs on CPU ones (their meta path
 probably runs Python registrations): nothing like a backend kernel's host path. What a CUDA
 backend adds (device guard, stream, cuBLAS's host side, cudaLaunchKernel) cannot be measured
-without a GPU: `--device cuda` runs the same cases on CUDA tensors (at the smallest shapes the GPU
-idles between the host's launches, so the figure is the host path including the CUDA backend's
-part; the CPU run on the same host is the part before the backend).
+without a GPU: `--device cuda` runs every case on CUDA tensors too, interleaved with the CPU ones
+(at the smallest shapes the GPU idles between the host's launches, so the CUDA figure is the host
+path including the CUDA backend's part, and the CPU figure of the same host the part before it).
 
 Variants (how the ops are called) × modes (the autograd state around the whole loop, entered once):
 - out: as torch_optimized v3 wrote them (`torch.mm(..., out=)`, ..., `w.addmm_(g.T, ...)`);
@@ -233,67 +233,84 @@ def load1() -> float:
     return os.getloadavg()[0]
 
 
-def main() -> int:
+def build_cases(dev: str) -> dict:
+    """(device, shape, variant, mode) → (run, its mode's context), each on its own buffers."""
+    cases = {}
+    for name, make in VARIANTS.items():
+        for mode in MODES:
+            run = make(make_state(SHAPES["smallest"], dev))
+            cases[(dev, "smallest", name, mode)] = (run, MODES[mode])
+    for name in ROW_VARIANTS:  # for scale: the kernels' share at the row's shapes
+        for mode in ("grad", "inference"):
+            run = VARIANTS[name](make_state(SHAPES["row"], dev))
+            cases[(dev, "row", name, mode)] = (run, MODES[mode])
+    for op, run in per_op(SHAPES["smallest"], dev).items():
+        for mode in ("grad", "inference"):
+            cases[(dev, "smallest", f"op {op}", mode)] = (run, MODES[mode])
+    return cases
+
+
+def measure(cases: dict, rounds: int) -> tuple[dict, list[float]]:
+    """Every case once a round, in a rotated order: its µs a step each round, and the load."""
+    keys = list(cases)
+    times = {k: [] for k in keys}
+    loads = []
+    for r in range(rounds):
+        loads.append(load1())
+        shift = r * len(keys) // rounds  # rotate the order: no case always runs first
+        for k in keys[shift:] + keys[:shift]:
+            run, ctx = cases[k]
+            reps = REPS if k[1] == "smallest" else 3  # row shapes: ~0.3 ms a step of CPU kernels
+            sync = torch.cuda.synchronize if k[0] == "cuda" else (lambda: None)
+            with ctx():
+                times[k].append(best_us(run, reps, sync))
+        print(f"  round {r + 1}/{rounds}, load {loads[-1]:.2f}", flush=True)
+    loads.append(load1())
+    return times, loads
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                    help="cuda: the same cases on CUDA tensors (host-bound at the smallest shapes, "
-                         "so the figure is the host path with the CUDA backend's part)")
+                    help="cuda: every case on CUDA tensors too, interleaved with the CPU ones "
+                         "(host-bound at the smallest shapes: CUDA minus CPU is the host work "
+                         "the CUDA backend adds)")
     ap.add_argument("--json", metavar="PATH", help="write the figures here")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> int:
+    args = parse()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("dispatch_cost: --device cuda needs a CUDA GPU; leave it out to measure on the CPU",
               file=sys.stderr)
         return 2
-    dev = args.device
-    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    devices = ["cpu"] + (["cuda"] if args.device == "cuda" else [])
     torch.set_num_threads(1)  # the host path of one op is single-threaded; no pool wake-ups
     env = env_block()
-    print(f"dispatch_cost on {hardware_line(env)}, {dev} tensors, 1 CPU thread")
-    same = check_identical(dev)
+    print(f"dispatch_cost on {hardware_line(env)}, {' and '.join(devices)} tensors, 1 CPU thread")
+    same = {dev: check_identical(dev) for dev in devices}
     print("bit-identical weights to `out` after", STEPS, "steps:", same)
-
-    cases = {}  # (shape, variant, mode) → run
-    for name, make in VARIANTS.items():
-        for mode in MODES:
-            run = make(make_state(SHAPES["smallest"], dev))
-            cases[("smallest", name, mode)] = (run, MODES[mode])
-    for name in ROW_VARIANTS:  # for scale: the CPU kernels' share at the row's shapes
-        for mode in ("grad", "inference"):
-            run = VARIANTS[name](make_state(SHAPES["row"], dev))
-            cases[("row", name, mode)] = (run, MODES[mode])
-    for op, run in per_op(SHAPES["smallest"], dev).items():
-        for mode in ("grad", "inference"):
-            cases[("smallest", f"op {op}", mode)] = (run, MODES[mode])
     meta = out_variant(make_state(SHAPES["smallest"], device="meta"))
     with torch.inference_mode():
         meta_us = best_us(meta, reps=1)
     print(f"meta tensors, `out` variant, smallest shapes: {meta_us:.0f} µs/step (not used)")
 
-    keys = list(cases)
-    times = {k: [] for k in keys}
-    loads = []
-    for r in range(args.rounds):
-        loads.append(load1())
-        shift = r * len(keys) // args.rounds  # rotate the order: no case always runs first
-        for k in keys[shift:] + keys[:shift]:
-            run, ctx = cases[k]
-            reps = REPS if k[0] == "smallest" else 3  # row shapes: ~0.3 ms a step of kernels
-            with ctx():
-                times[k].append(best_us(run, reps, sync))
-        print(f"  round {r + 1}/{args.rounds}, load {loads[-1]:.2f}", flush=True)
-    loads.append(load1())
-
-    rows = [{"shape": k[0], "variant": k[1], "mode": k[2],
+    times, loads = measure({k: v for dev in devices for k, v in build_cases(dev).items()},
+                           args.rounds)
+    rows = [{"device": k[0], "shape": k[1], "variant": k[2], "mode": k[3],
              "us_per_step_median": statistics.median(v), "us_per_step_min": min(v),
              "us_per_step_max": max(v), "us_per_step_rounds": v} for k, v in times.items()]
-    base = {r["shape"]: r for r in rows if r["variant"] == "out" and r["mode"] == "grad"}
-    print(f"\n{'shape':9} {'variant':34} {'mode':15} {'median µs':>9} {'min µs':>7} {'max µs':>7} "
-          f"{'vs out':>7}")
+    base = {(r["device"], r["shape"]): r["us_per_step_median"] for r in rows
+            if r["variant"] == "out" and r["mode"] == "grad"}
+    print(f"\n{'device':6} {'shape':9} {'variant':34} {'mode':15} {'median µs':>9} {'min µs':>7} "
+          f"{'max µs':>7} {'vs out':>7}")
     for r in rows:
-        ratio = r["us_per_step_median"] / base[r["shape"]]["us_per_step_median"]
-        print(f"{r['shape']:9} {r['variant']:34} {r['mode']:15} {r['us_per_step_median']:9.2f} "
-              f"{r['us_per_step_min']:7.2f} {r['us_per_step_max']:7.2f} {ratio:7.2f}")
+        ratio = r["us_per_step_median"] / base[(r["device"], r["shape"])]
+        print(f"{r['device']:6} {r['shape']:9} {r['variant']:34} {r['mode']:15} "
+              f"{r['us_per_step_median']:9.2f} {r['us_per_step_min']:7.2f} "
+              f"{r['us_per_step_max']:7.2f} {ratio:7.2f}")
     print(f"load (1 min) before each round and after: {loads}")
     if args.json:
         with open(args.json, "w") as f:
@@ -301,7 +318,7 @@ def main() -> int:
                        "config": {"steps_per_call": STEPS, "calls_per_sample": REPS,
                                   "statistic": "fastest call of a sample; median/min/max of rounds",
                                   "calls_per_sample_row_shapes": 3, "rounds": args.rounds,
-                                  "threads": 1, "device": dev, "shapes": SHAPES,
+                                  "threads": 1, "devices": devices, "shapes": SHAPES,
                                   "torch": torch.__version__},
                        "bit_identical_to_out": same, "meta_out_us_per_step": meta_us,
                        "load_1min": loads, "rows": rows}, f, indent=2)

@@ -55,3 +55,21 @@ def test_cuda_without_a_gpu_is_refused_in_one_line(bench, monkeypatch, capsys):
     assert bench.main() == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--device cuda needs a CUDA GPU" in err
+
+
+def test_the_gpu_check_step_measures_cuda_and_its_summary_reads_the_result(bench, tmp_path):
+    from tests.test_gpu_check import ROOT, load_script
+
+    step = {s.name: s for s in load_script().plan(tmp_path, "2026-01-01-some-gpu")}[
+        "dispatch-cost"]
+    args = bench.parse(step.argv[2:])  # a SystemExit here: a flag that is gone
+    assert args.device == "cuda" and args.json == str(tmp_path / step.outputs[0])
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_check_figures
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    cpu = ROOT / "benchmarks/results/2026-11-27-cpu-amd-epyc-2core-dispatch-cost.json"
+    assert gpu_check_figures.FIGURES["dispatch-cost"](cpu) == [
+        "cpu: v3's step 5.03 µs, train_steps 3.19 µs, torch.jit.script 2.40 µs "
+        "(host path, smallest shapes)"]
