@@ -15,7 +15,17 @@ did not see it:
 - other models: fitted to the nine points of the three other models — a calibration carried
   to a model it never saw;
 - one efficiency: the previous model (roofline of the step's totals over one efficiency, no
-  per-op term), fitted to the model's two other batch sizes, for comparison.
+  per-op term), fitted to the model's two other batch sizes, for comparison;
+- overlapped (fasttrain.lab.overlap, what `plan` predicts a GPU's step with): step = max(R/eff,
+  calls × t_issue), the host issuing while the device computes, ONE efficiency and ONE issue
+  cost for the machine — fitted to the eleven other points ("overlapped, other points": leave
+  one point out), or to the three other models' nine ("overlapped, other models"). Two fitted
+  constants per machine, where the schemes above fit two per model. On a CPU the same thread
+  computes and issues: there the sum, per model, is the model, and these two schemes are shown
+  to say so.
+
+`--from-json FILE` re-fits and re-scores a committed result's points (their counts and median
+steps) without measuring anything: the same points, the present schemes.
 
 Target: within ±30% of the measured step.
 
@@ -71,7 +81,8 @@ import torch
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.run import build
 from fasttrain.env import env_block, hardware_line
-from fasttrain.lab import classify, steptime
+from fasttrain.errors import UserError
+from fasttrain.lab import classify, overlap, steptime
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -87,7 +98,8 @@ POINTS = {
 # The CPU's settings (module docstring) and their defaults; a GPU takes none of them.
 CPU_ONLY = {"clock": "cpu", "threads": 1, "malloc": "hold", "quiet": 2, "patience": 30.0}
 TARGET = 0.3
-SCHEMES = ("other batch sizes", "other models", "one efficiency")
+SCHEMES = ("other batch sizes", "other models", "one efficiency", "overlapped, other points",
+           "overlapped, other models")
 
 
 def one_efficiency(points: list[steptime.Point], totals: list[float]) -> float:
@@ -117,6 +129,15 @@ def predict(rows: list[dict]) -> None:
             "fitted_on": [f"{rows[j]['model']}@{rows[j]['batch_size']}" for j in same],
             "efficiency": eff, "launch_s": 0.0, "predicted_s": pred,
             "error": pred / r["measured_s"] - 1}
+        rest = [j for j in range(len(rows)) if j != i]
+        for scheme, idx in (("overlapped, other points", rest),
+                            ("overlapped, other models", other)):
+            eff, issue = overlap.fit([pts[j] for j in idx])
+            pred = overlap.step_s(r["roofline_s"], r["ops"], eff, issue)
+            r["predictions"][scheme] = {
+                "fitted_on": [f"{rows[j]['model']}@{rows[j]['batch_size']}" for j in idx],
+                "efficiency": eff, "launch_s": issue, "predicted_s": pred,
+                "error": pred / r["measured_s"] - 1}
 
 
 def runnable() -> int:
@@ -165,26 +186,31 @@ def build_runs(points: dict, device: str) -> dict:
     return runs
 
 
-def time_rounds(runs: dict, rounds: int, steps: int, clock, gate) -> tuple[dict, list[dict]]:
+def time_rounds(runs: dict, rounds: int, steps: int, clock,
+                gate) -> tuple[dict, dict, list[dict]]:
     """Every point's step times over `rounds` interleaved rounds of `steps` steps (warm-up 2 in
-    the first round, 1 after); `gate()` before each round, recorded with the load average."""
-    times, log = {k: [] for k in runs}, []
+    the first round, 1 after), and each step's issue time (the host's, until it returned from
+    the step: steptime.time_steps); `gate()` before each round, recorded with the load average."""
+    times, issued, log = {k: [] for k in runs}, {k: [] for k in runs}, []
     for i in range(rounds):
         seen = gate()
         log.append({"round": i, **seen, "loadavg": list(os.getloadavg()), "median_s": {}})
         for (m, b), run in runs.items():
-            t = steptime.time_steps(run, steps, warmup=2 if i == 0 else 1, clock=clock)
+            t = steptime.time_steps(run, steps, warmup=2 if i == 0 else 1, clock=clock,
+                                    issued=issued[m, b])
             times[m, b] += t
             log[-1]["median_s"][f"{m}@{b}"] = statistics.median(t)
         state = (f" ({'quiet' if seen['quiet'] else 'NOT quiet'} after {seen['waited_s']:.0f} s)"
                  if "quiet" in seen else "")
         print(f"round {i + 1}/{rounds} done{state}, load {os.getloadavg()[0]:.2f}", flush=True)
-    return times, log
+    return times, issued, log
 
 
-def point_rows(runs: dict, times: dict, peaks: classify.Peaks, points: dict) -> list[dict]:
-    """One row per point: its count (one real step), roofline, median step and every scheme's
-    prediction (`predict`)."""
+def point_rows(runs: dict, times: dict, peaks: classify.Peaks, points: dict,
+               issued: dict | None = None) -> list[dict]:
+    """One row per point: its count (one real step; every call's FLOPs and bytes kept, so that a
+    per-call model can be re-fitted offline), roofline, median step, the host's issue times
+    (`issued`) and every scheme's prediction (`predict`)."""
     rows = []
     for (m, b), run in runs.items():
         work = steptime.count_run(run)  # the optimizer's path as timed (foreach on CUDA)
@@ -193,6 +219,8 @@ def point_rows(runs: dict, times: dict, peaks: classify.Peaks, points: dict) -> 
         rows.append({"model": m, "data": points[m][0], "batch_size": b, "point": point,
                      "measured_s": point.measured_s, "step_times_s": times[m, b],
                      "spread_s": [min(times[m, b]), max(times[m, b])],
+                     "issue_times_s": (issued or {}).get((m, b), []),
+                     "calls": [[f, n_bytes, n] for (f, n_bytes), n in sorted(work.calls.items())],
                      "flops": work.flops, "bytes": work.bytes, "ops": work.ops,
                      "roofline_s": roof, "totals_roofline_s": max(work.flops / peaks.flops,
                                                                   work.bytes / peaks.bandwidth)})
@@ -216,6 +244,42 @@ def within_target(rows: list[dict], points: dict) -> dict:
     return within
 
 
+def show(rows: list[dict], within: dict) -> None:
+    """Every point's errors, then each scheme's count within the target and its worst error."""
+    for r in rows:
+        e = {s: r["predictions"][s]["error"] for s in SCHEMES}
+        print(f"{r['model']:>6} batch {r['batch_size']:>5}: measured {r['measured_s'] * 1e3:8.3f}"
+              f" ms, roofline {r['roofline_s'] * 1e3:8.3f} ms, {r['ops']:4d} calls; errors: "
+              + ", ".join(f"{s} {v:+.0%}" for s, v in e.items()), flush=True)
+    for scheme, w in within.items():
+        print(f"{scheme:>24}: {w['all']}/{w['of']} within ±{TARGET:.0%} ({w['target_batches']}/"
+              f"{w['of_target']} at the target batch sizes), worst {w['worst']:+.0%}")
+
+
+def refit(path: str) -> dict:
+    """A committed result's points re-fitted and re-scored by the present schemes, nothing
+    measured: its rows with their predictions replaced, and the counts within the target."""
+    try:
+        with open(path) as f:
+            old = json.load(f)
+        rows, config = old["rows"], old["config"]
+        points = {m: (c["data"], tuple(c["batch_sizes"])) for m, c in config["points"].items()}
+        for r in rows:
+            r["point"] = steptime.Point(r["batch_size"], r["roofline_s"], r["ops"],
+                                        r["measured_s"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"--from-json {path}: not a plan-accuracy result this script wrote "
+                        f"({type(e).__name__}: {e}); give one of benchmarks/results/*plan-"
+                        f"accuracy*.json") from None
+    predict(rows)
+    for r in rows:
+        del r["point"]
+    return {"schema": "fasttrain.plan-accuracy-refit/1", "refit_of": str(path),
+            "note": "a re-fit of the measurements in refit_of (its counts and median steps), "
+                    "not a new measurement", "env": old.get("env", {}), "config": config,
+            "peaks": old.get("peaks"), "rows": rows, "within_target": within_target(rows, points)}
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -237,6 +301,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     "peaks (module docstring)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per point per round")
+    ap.add_argument("--from-json", metavar="FILE",
+                    help="measure nothing: re-fit and re-score FILE's points (a committed result) "
+                    "by the present schemes; with --json, write the re-scored result there")
     ap.add_argument("--json", help="default: benchmarks/results/DATE-cpu-NAME-Ncore-plan-"
                     "accuracy.json, or DATE-GPU-plan-accuracy.json with --device cuda")
     cpu = ap.add_argument_group("CPU only (a GPU takes none of these but --clock wall)")
@@ -275,6 +342,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.from_json:
+        try:
+            result = refit(args.from_json)
+        except UserError as e:
+            print(f"plan_accuracy: {e}", file=sys.stderr)
+            return 2
+        print(f"re-fit of {args.from_json} (its measurements; nothing measured now)")
+        show(result["rows"], result["within_target"])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+            print(f"wrote {args.json}")
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         why = (f"built with CUDA {torch.version.cuda}, but no GPU is visible"
                if torch.version.cuda else "a CPU-only build")
@@ -292,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     peaks, clock = measuring(args.device, args.clock)
     runs = build_runs(points, args.device)
     gate = (lambda: wait_quiet(args.quiet, args.patience)) if cpu else lambda: {}
-    times, rounds = time_rounds(runs, args.rounds, args.steps, clock, gate)
+    times, issued, rounds = time_rounds(runs, args.rounds, args.steps, clock, gate)
     load_after = os.getloadavg()
-    rows = point_rows(runs, times, peaks, points)
+    rows = point_rows(runs, times, peaks, points, issued)
     within = within_target(rows, points)
     device_name = torch.cuda.get_device_name() if not cpu else env.get("cpu")
     print(hardware_line(env))
@@ -303,14 +383,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{peaks.bandwidth / 1e9:.0f} GB/s; load average per round {loads}, after "
           f"{load_after[0]:.2f}" + (f"; {sum(r['quiet'] for r in rounds)}/{len(rounds)} rounds "
                                     f"started quiet; freed memory held: {held}" if cpu else ""))
-    for r in rows:
-        e = {s: r["predictions"][s]["error"] for s in SCHEMES}
-        print(f"{r['model']:>6} batch {r['batch_size']:>5}: measured {r['measured_s'] * 1e3:8.3f}"
-              f" ms, roofline {r['roofline_s'] * 1e3:8.3f} ms, {r['ops']:4d} calls; errors: "
-              + ", ".join(f"{s} {v:+.0%}" for s, v in e.items()), flush=True)
-    for scheme, w in within.items():
-        print(f"{scheme:>17}: {w['all']}/{w['of']} within ±{TARGET:.0%} ({w['target_batches']}/"
-              f"{w['of_target']} at the target batch sizes), worst {w['worst']:+.0%}")
+    show(rows, within)
     result = {"schema": "fasttrain.plan-accuracy/2", "env": env,
               "config": {"points": {m: {"data": d, "batch_sizes": list(b),
                                         "target_batch_sizes": [b[0], b[2]]}
