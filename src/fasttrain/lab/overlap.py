@@ -18,9 +18,10 @@ roofline growth, ×8 when extrapolated in batch size.
 `fit` is the least squares on relative error of the max, exact: a point is host-bound iff its
 roofline per call R/calls is below t_issue/eff, so the regimes split the points at one place in
 their order by R/calls; each split is two one-constant least squares, and a minimum that falls
-outside its split lies on a border between two (t_issue = eff·(R/calls) of a point), one
+outside its split lies on a border between two (t_issue = R/calls of a point over eff), one
 constant again. Bounds as steptime.fit: eff ≤ 1, t_issue ≥ 0. A constant no point informs (no
-device-bound point: eff; no host-bound point: t_issue) is held at its bound (1, 0).
+device-bound point: eff; no host-bound point: t_issue) is held at its bound (1, 0): of fits
+equally good, the one nearest the bounds.
 """
 
 from __future__ import annotations
@@ -62,5 +63,8 @@ def fit(points: list[Point]) -> tuple[float, float]:
         ratio = p.roofline_s / p.ops
         slowdown = _one(np.maximum(r, ratio * n), 1.0)
         tries.append((slowdown, slowdown * ratio))
-    slowdown, issue = min(tries, key=loss)
+    # Fits equally good (a constant no point informs is free over a range): the one nearest the
+    # bounds, the highest efficiency and then the least issue cost — what the points demand.
+    best = min(loss(c) for c in tries)
+    slowdown, issue = min((c for c in tries if loss(c) <= best + 1e-12), key=lambda c: c)
     return float(1 / slowdown), float(issue)
