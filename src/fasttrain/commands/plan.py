@@ -60,6 +60,14 @@ def launch(gpu: cost.GPU, cfg, fit: steptime.Fit) -> tuple[float, str]:
     return steptime.DEFAULT_LAUNCH_S, steptime.DEFAULT_LAUNCH_SOURCE
 
 
+def overlapped(gpu: cost.GPU, fit: steptime.Fit) -> bool:
+    """Whether `gpu`'s step is predicted as the slower of its two terms (the host issues while
+    the device computes: lab/overlap.py) — everywhere but where the constants were fitted on
+    this very GPU by --calibrate, whose two-point fit is the sum's (steptime.fit: two points
+    cannot tell the max's regimes apart) and is applied as it was fitted."""
+    return not (fit.device and same_gpu(fit.device, gpu.name))
+
+
 def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
             steps_epoch: int | None, total_steps: int, spot: tuple[float, float, float],
             samples: int | None, fsdp: bool = False) -> dict:
@@ -83,9 +91,9 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
     launch_s, launch_source = launch(gpu, variant, fit)
     # Each of the `used` GPUs computes 1/used of the samples (the optimizer's bytes are not
     # shared under DDP: optimistic for tiny batches) and issues every op call, while its device
-    # computes: the slower of the two (lab/overlap.py).
+    # computes: the slower of the two (`overlapped`).
     compute = steptime.predict_s(work, peak, gpu.bandwidth, fit.efficiency, launch_s,
-                                 share=1 / used, overlapped=True)
+                                 share=1 / used, overlapped=overlapped(gpu, fit))
     link = scaling.Link(gpu.interconnect, gpu.link_bandwidth)
     grad = int(work.grad_bytes * (FSDP_TRAFFIC if fsdp or used != n else 1))
     t = scaling.step_time(compute, grad, used, link)
