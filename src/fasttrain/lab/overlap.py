@@ -9,11 +9,12 @@ and takes about the larger of the two times. The sum (steptime.predict_s) counts
 part twice; on a CPU, where one thread computes and issues, the sum is right and stays.
 
 What the three H100 loans' points say (docs/measurements/plan-accuracy.md, re-fit offline by
-`benchmarks/plan_accuracy.py --from-json`): ~36 µs to issue a call on their host, for every
-model (logreg's and mlp's steps are flat from batch 512 to 32,768: all issuing), and one
-efficiency, ~0.4, for the device-bound steps of mlp, cnn and gpt alike. The sum's two constants
-fitted per model chase the host's jitter instead: ±20% between two host-bound medians read as
-roofline growth, ×8 when extrapolated in batch size.
+`benchmarks/plan_accuracy.py --from-json`): 31–45 µs to issue a call on their host, whatever
+the model (logreg's steps are flat from batch 512 to 32,768: all issuing), and one efficiency,
+~0.4, for the device-bound steps of cnn and gpt alike; one efficiency and one issue cost per
+loan predict each of its twelve points from the eleven others within ±30%. The sum's two
+constants fitted per model chase the host's jitter instead: a 19% rise between two host-bound
+medians read as roofline, ×8 when extrapolated in batch size (mlp at 32,768: +124%).
 
 `fit` is the least squares on relative error of the max, exact: a point is host-bound iff its
 roofline per call R/calls is below t_issue/eff, so the regimes split the points at one place in
