@@ -242,7 +242,12 @@ def predict_layout(cfg: TrainConfig, lay: Layout, model: nn.Module | str | None 
         if lay.pp > 1:  # the same count, stage by stage
             micro_batch = next(endless_batches(run))[0]
             act = layouts.stage_activations(run, micro_batch, lay.pp * lay.virtual)
-        rows = layouts.per_rank(run.model, run.opt, act, lay, cfg.accum_steps, tp_plan)
+        share = None
+        if lay.tp > 1:  # what a tp rank keeps of it, counted on the model split over tp
+            from fasttrain.lab.tp_saved import tp_share
+
+            share = tp_share(run, next(endless_batches(run))[0], lay.tp, tp_plan)
+        rows = layouts.per_rank(run.model, run.opt, act, lay, cfg.accum_steps, tp_plan, share)
         (one,) = layouts.per_rank(run.model, run.opt, [b.activations + b.weight_copies],
                                   Layout(), cfg.accum_steps)
         # not the global batch: one process at the batch one data-parallel rank takes
