@@ -34,8 +34,8 @@ run stage after stage; gpt's last stage holds the logits and the loss's), scaled
 accumulation micro-batch to the pipeline's (the rank's batch ÷ m), times the chunks the schedule
 keeps in flight on pipeline rank r: gpipe m; 1f1b min(m, pp − r) (the first stage pp);
 interleaved-1f1b min(m·v, (v − 1)·pp + 2(pp − 1 − r) + 1) (torch's warm-up forwards, then one more
-before the first backward), of the mean of r's v stages; under pp × tp each stage × the whole
-model's tp share (an estimate: a stage's own share is not counted).
+before the first backward), of the mean of r's v stages; under pp × tp each stage's count is
+its tp rank's (lab/tp_saved.tp_stage_saved: the stages split over a fake group).
 
 Costs: the bubble, (p − 1)/(m + p − 1) of a pipeline step idle (gpipe and 1f1b alike;
 interleaving v chunks per rank: (p − 1)/(v·m + p − 1)); tensor parallel: per block, 2
@@ -302,14 +302,15 @@ def _role(r: int, pp: int) -> str:
 
 def per_rank(model: nn.Module, opt: torch.optim.Optimizer, activations: list[int], lay: Layout,
              accum: int = 1, tp_plan: dict | None = None,
-             tp_share: float | None = None) -> list[RankMemory]:
+             tp_share: list[float] | None = None) -> list[RankMemory]:
     """One row per pipeline rank (one row without a pipeline): the bytes a rank of that role
     holds. `model` and `opt`: a one-process Run's, after a step; `activations`: what that Run
     saves for backward on one micro-batch of a data-parallel rank (`accum` of them per step),
     per stage of the lay.pp × lay.virtual the pipeline cuts (`stage_activations`), or one
-    figure without a pipeline; `tp_share`: the fraction of them a tp rank keeps
-    (lab/tp_saved.tp_share; default 1 / tp, which no plan reaches)."""
-    share = tp_share if tp_share is not None else 1 / lay.tp
+    figure without a pipeline; `tp_share`: the fraction of each that a tp rank keeps
+    (lab/tp_saved; default 1 / tp, which no plan reaches)."""
+    shares = tp_share if tp_share is not None else [1 / lay.tp] * len(activations)
+    activations = [a * s for a, s in zip(activations, shares, strict=True)]
     shapes = tp_shapes(model, lay.tp, tp_plan)
     state = optimizer_state(model, opt)
     plain = plain_name(model)
@@ -327,10 +328,10 @@ def per_rank(model: nn.Module, opt: torch.optim.Optimizer, activations: list[int
         else:
             optimizer = sum(state[n].per_element * k + state[n].fixed for n, k in stepped.items())
         if lay.pp == 1:
-            act = round(activations[0] * share)
+            act = round(activations[0])
         else:  # a chunk: one pipeline micro-batch (rank batch / m) through one of r's stages
             mine = activations[r::lay.pp]
-            chunk = sum(mine) / len(mine) * accum / lay.microbatches * share
+            chunk = sum(mine) / len(mine) * accum / lay.microbatches
             act = int(chunk * _in_flight(lay, r))
         rows.append(RankMemory(_role(r, lay.pp), lay.tp * lay.dp, params, grads, optimizer, act))
     return rows

@@ -238,16 +238,21 @@ def predict_layout(cfg: TrainConfig, lay: Layout, model: nn.Module | str | None 
     the same parts for that one process (the layout's point of comparison)."""
     def both(run: Run) -> tuple[Breakdown, list[RankMemory], RankMemory]:
         b = measure(run)
-        act = [b.activations + b.weight_copies]
-        if lay.pp > 1:  # the same count, stage by stage
-            micro_batch = next(endless_batches(run))[0]
-            act = layouts.stage_activations(run, micro_batch, lay.pp * lay.virtual)
-        share = None
-        if lay.tp > 1:  # what a tp rank keeps of it, counted on the model split over tp
-            from fasttrain.lab.tp_saved import tp_share
+        from fasttrain.lab import tp_saved
 
-            share = tp_share(run, next(endless_batches(run))[0], lay.tp, tp_plan)
-        rows = layouts.per_rank(run.model, run.opt, act, lay, cfg.accum_steps, tp_plan, share)
+        act = [b.activations + b.weight_copies]
+        micro_batch = next(endless_batches(run))[0]
+        n_stages = lay.pp * lay.virtual
+        if lay.pp > 1:  # the same count, stage by stage
+            act = layouts.stage_activations(run, micro_batch, n_stages)
+        # What a tp rank keeps of each, counted on the model split over tp (lab/tp_saved).
+        shares = None
+        if lay.tp > 1 and lay.pp > 1:
+            mine = tp_saved.tp_stage_saved(run, micro_batch, lay.tp, n_stages, tp_plan)
+            shares = [m / a if a else 1 / lay.tp for m, a in zip(mine, act, strict=True)]
+        elif lay.tp > 1:
+            shares = [tp_saved.tp_share(run, micro_batch, lay.tp, tp_plan)]
+        rows = layouts.per_rank(run.model, run.opt, act, lay, cfg.accum_steps, tp_plan, shares)
         (one,) = layouts.per_rank(run.model, run.opt, [b.activations + b.weight_copies],
                                   Layout(), cfg.accum_steps)
         # not the global batch: one process at the batch one data-parallel rank takes

@@ -3,6 +3,7 @@ splits it, in this one process: the share of the one-process activations a tp ra
 
     share = tp_share(run, micro_batch, tp=2)       # 0.69 for tests/engine/userblocks.py
     per_rank_activations = round(one_process_activations * share)
+    tp_stage_saved(run, micro_batch, tp=2, n_stages=2)   # under a pipeline: per stage
 
 A plan does not divide every saved tensor by tp. A column-wise layer saves its whole input (its
 all-gathered sequence under sequence parallelism, the replicated activation without it); what
@@ -74,3 +75,34 @@ def tp_share(run: Run, micro_batch, tp: int, plan: dict | None = None) -> float:
     """The fraction of one process's saved bytes that one rank of `tp` keeps (1 at tp 1)."""
     mine, whole = tp_saved(run, micro_batch, tp, plan)
     return mine / whole if whole else 1 / tp
+
+
+def tp_stage_saved(run: Run, micro_batch, tp: int, n_stages: int,
+                   plan: dict | None = None) -> list[int]:
+    """Bytes each of `n_stages` pipeline stages saves for backward on tp rank 0, `micro_batch`
+    run stage after stage (the last also the loss's), each stage split over tp as the engine
+    splits it (cut first, then each stage's plan: its own `parallelize`, or the plan's entries
+    that name its modules): layouts.stage_activations on a copy split over a fake group. The
+    default (input, target) step, as under --pp; no loss parallel there."""
+    from fasttrain.engine import tensor_parallel
+    from fasttrain.engine.pipeline import _plan_for
+    from fasttrain.lab.layouts import fake_mesh, meta_copy
+
+    model = meta_copy(run.model, meta=False)
+    stages = model.pipeline_split(n_stages)
+    running = [0]  # the stage whose forward is running: its part of the count
+
+    def forward():
+        x, y = micro_batch
+        with run.autocast:
+            for running[0], stage in enumerate(stages):
+                x = stage(x)
+            return run.loss_fn(x, y)
+
+    with fake_mesh(tp, run.device.type) as mesh:
+        for stage in stages:
+            tensor_parallel.apply(stage, mesh, _plan_for(stage, plan))
+        owned = [t for m in (model, *stages) for t in (*m.parameters(), *m.buffers())]
+        with left_as_found(model, run.device):
+            _, saved = saved_bytes(forward, owned, part=lambda t: running[0])
+    return [saved.parts.get(i, 0) for i in range(n_stages)]
