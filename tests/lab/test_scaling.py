@@ -67,9 +67,13 @@ def test_a_failed_measured_run_says_trains_error_not_torchruns_banner(tmp_path):
     assert main(["experiment", "scaling", "--model", "tests.engine.usermodel:make", "--data",
                  "tests.engine.usermodel:data", "--device", "cpu", "--modes", "ddp", "--procs",
                  "1", "--steps", "2", "--json", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["rows"]
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
     assert row["status"] == "failed"
     assert row["reason"].startswith("exit 1: error: float targets need a loss"), row["reason"]
+    # Its one step fails here as well: measured without a prediction, which says why.
+    assert result["predicted"] == [] and "predicted_state_bytes" not in row
+    assert "float targets need a loss" in result["options"]["counted"]["error"]
 
 
 def test_measured_rows_of_one_and_two_processes(tmp_path, capsys):
