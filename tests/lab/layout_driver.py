@@ -1,9 +1,11 @@
-"""Builds gpt through the engine under torchrun (--tp or --pp from the flags), takes one AdamW
-step, then runs one more forward and backward so that gradients exist beside the optimizer
-state, and writes what this rank holds to DIR/rank<r>.json, for tests/lab/test_layout_memory.py:
+"""Builds gpt (with --user, tests/engine/userblocks.py's residual MLP) through the engine under
+torchrun (--tp or --pp from the flags), takes one optimizer step, then runs one more forward
+and backward so that gradients exist beside the optimizer state, and writes what this rank
+holds to DIR/rank<r>.json, for tests/lab/test_layout_memory.py:
 
     torchrun --standalone --nproc-per-node 2 tests/lab/layout_driver.py DIR --tp 2
     torchrun --standalone --nproc-per-node 4 tests/lab/layout_driver.py DIR --tp 2 --parallel fsdp
+    torchrun --standalone --nproc-per-node 2 tests/lab/layout_driver.py DIR --tp 2 --user
 
 Bytes are the storages of this rank's local tensors (a DTensor's shard, not its global shape),
 each storage counted once: parameters, gradients, and every tensor of the optimizer state
@@ -24,6 +26,9 @@ from fasttrain.engine.loop import endless_batches, step
 
 CONFIG = dict(model="gpt", data="synthetic-text", block_size=32, batch_size=8,
               optimizer="adamw", seed=0, device="cpu", deterministic=True)
+# `--user`: a model of a user's with a plain parallelize (no sequence parallelism)
+USER = dict(model="tests.engine.userblocks:make", data="tests.engine.userblocks:data",
+            batch_size=32, optimizer="sgd", seed=0, device="cpu", deterministic=True)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -44,10 +49,11 @@ def main() -> None:
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--parallel", default="none")
     ap.add_argument("--pp-schedule", default="1f1b")
+    ap.add_argument("--user", action="store_true", help="tests/engine/userblocks.py, not gpt")
     args = ap.parse_args()
     torch.set_num_threads(1)  # two processes on a shared 2-core machine
     run = build(tp=args.tp, pp=args.pp, parallel=args.parallel, pp_schedule=args.pp_schedule,
-                verbose=False, **CONFIG)
+                verbose=False, **(USER if args.user else CONFIG))
     batches = endless_batches(run)
     step(run, next(batches))  # the optimizer state exists after a real step
     owned = {local(t).untyped_storage().data_ptr()

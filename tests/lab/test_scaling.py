@@ -10,6 +10,7 @@ import pytest
 from fasttrain.cli import main
 from fasttrain.errors import UserError
 from fasttrain.lab import scaling
+from tests.conftest import assert_one_line_error, run_cli
 
 
 def test_ring_allreduce_time_is_two_n_minus_one_over_n_of_the_bytes():
@@ -65,20 +66,42 @@ def test_a_failed_measured_run_says_trains_error_not_torchruns_banner(tmp_path):
     out = tmp_path / "s.json"
     assert main(["experiment", "scaling", "--model", "tests.engine.usermodel:make", "--data",
                  "tests.engine.usermodel:data", "--device", "cpu", "--modes", "ddp", "--procs",
-                 "1", "--steps", "2", "--predict-models", "logreg", "--json", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["rows"]
+                 "1", "--steps", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    (row,) = result["rows"]
     assert row["status"] == "failed"
     assert row["reason"].startswith("exit 1: error: float targets need a loss"), row["reason"]
+    # Its one step fails here as well: measured without a prediction, which says why.
+    assert result["predicted"] == [] and "predicted_state_bytes" not in row
+    assert "float targets need a loss" in result["options"]["counted"]["error"]
 
 
-def test_measured_rows_of_one_and_two_processes(tmp_path):
-    """One real sweep: ddp on 1 and 2 CPU processes, a few steps each."""
+def test_measured_rows_of_one_and_two_processes(tmp_path, capsys):
+    """One real sweep: ddp and fsdp on 1 and 2 CPU processes, a few steps each, each row beside
+    the prediction for the model measured (not the bundled reference sizes)."""
     out = tmp_path / "s.json"
     assert main(["experiment", "scaling", "--model", "logreg", "--data", "synthetic",
-                 "--device", "cpu", "--modes", "ddp,dp", "--procs", "1,2", "--steps", "5",
-                 "--predict-models", "logreg", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
-    ddp = [r for r in rows if r["mode"] == "ddp"]
-    assert [r["status"] for r in ddp] == ["ok", "ok"], rows
-    assert ddp[0]["param_bytes"] == ddp[1]["param_bytes"] == 7850 * 4
+                 "--device", "cpu", "--modes", "ddp,fsdp,dp", "--procs", "1,2", "--steps", "5",
+                 "--optimizer", "adamw", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    ok = [r for r in rows if r["mode"] != "dp"]
+    assert [r["status"] for r in ok] == ["ok"] * 4, rows
+    assert ok[0]["param_bytes"] == ok[1]["param_bytes"] == 7850 * 4
+    for r in ok:  # AdamW: weights, grads and two moments (FSDP: halves), 2 step counters
+        held = 7850 * 4 * 4 // (2 if r["mode"] == "fsdp" and r["procs"] == 2 else 1)
+        assert r["predicted_state_bytes"] == held + 2 * 4, r
+        assert r["state_ratio"] == pytest.approx(1, rel=0.01), r
     assert all(r["status"] == "unavailable" for r in rows if r["mode"] == "dp")
+    assert {p["model"] for p in result["predicted"]} == {"logreg"}
+    assert result["options"]["counted"]["model"] == "logreg"
+    assert "measured ÷ predicted" in capsys.readouterr().out
+
+
+def test_predict_models_in_the_measured_mode_is_one_line(capsys):
+    """It would be ignored: the measured mode predicts the model it measures."""
+    code, _, err = run_cli(capsys, "experiment", "scaling", "--model", "mlp", "--data",
+                           "synthetic", "--device", "cpu", "--procs", "1", "--predict-models",
+                           "gpt")
+    assert_one_line_error(code, err, "--predict-models gpt is for --predict-only",
+                          "drop --predict-models, or add --predict-only")

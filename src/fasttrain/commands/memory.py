@@ -105,10 +105,10 @@ def layout_table(rows: list[RankMemory], one: RankMemory, lay: Layout, b: Breakd
                f"micro-batch {b.micro_batch}, {b.precision}, {b.optimizer_name}. Parameters, "
                f"gradients and optimizer state: exact bytes of the shards each rank holds "
                f"(the model's own tensor-parallel plan and pipeline cut, applied to a meta "
-               f"copy); the heaviest rank where a role's ranks differ. Activations: an "
-               f"estimate, the one-process count ÷ tp (~12% low for gpt at tp 2), under a pipeline "
-               f"taken stage by stage, × the schedule's in-flight micro-batches "
-               f"(fasttrain.lab.layouts)."
+               f"copy); the heaviest rank where a role's ranks differ. Activations: the "
+               f"one-process count × the share a tp rank keeps, counted on the model split by "
+               f"its plan (fasttrain.lab.tp_saved); under a pipeline an estimate, taken stage "
+               f"by stage, × the schedule's in-flight micro-batches (fasttrain.lab.layouts)."
                + (f" Pipeline bubble (p−1)/(v·m+p−1): {bubble:.0%} of the step idle."
                   if lay.pp > 1 else ""))
     return report.rows_table(title, [

@@ -13,6 +13,13 @@ your flags: --batch-size is the batch per GPU), counted in one real step here as
 it (fasttrain.lab.configured); without --model, the --predict-models list of bundled reference
 sizes, counted on the meta device. Both at once is refused: one of them would be ignored.
 
+The measured mode predicts the model it measures (the --model, default or given), counted the
+same way: each measured row shows beside rank 0's bytes the training state one rank of that
+mode and process count holds by the lab's count (lab/layouts: exact shards, ZeRO-1's
+partition, FSDP's dim-0 chunks) and their ratio, and the GPU tables below are for that model
+at its --batch-size per process. --predict-models there is refused (it would be ignored). A
+model whose one step fails here is measured without a prediction, saying why.
+
 Beside the DDP prediction, the layout each model should use on those GPUs (data → FSDP → TP
 inside a node → PP across nodes: fasttrain.lab.layout_choice) with its memory per GPU, pipeline
 bubble and tensor-parallel traffic, and the reason.
@@ -66,11 +73,17 @@ def measured_table(result: dict):
         ("weights/rank", lambda r: _b(r["param_bytes"])),
         ("grads/rank", lambda r: _b(r["grad_bytes"])),
         ("optimizer/rank", lambda r: _b(r["optimizer_bytes"])),
+        ("state predicted", lambda r: _b(r.get("predicted_state_bytes"))),
+        ("measured ÷ predicted", lambda r: "-" if r.get("state_ratio") is None
+         else f"{r['state_ratio']:.3f}"),
         ("peak rank 0", lambda r: _b(r["peak_bytes"])),
     ], result["rows"], caption="speed-up: samples/s against the same mode on the fewest "
         "processes, × their count (weak scaling). Bytes: rank 0's training state; its peak: "
-        "the allocator's on CUDA, the process's resident memory (RSS) on a CPU.",
-        label_columns=2)
+        "the allocator's on CUDA, the process's resident memory (RSS) on a CPU. State "
+        "predicted: weights + grads + optimizer of one rank of that mode and process count, "
+        "counted for this --model in one real step here and divided as the layout divides it "
+        "(fasttrain.lab.layouts; ZeRO-1: its heaviest rank); the ratio is rank 0's measured "
+        "state over it." + _counted_note(result["options"]), label_columns=2)
 
 
 def predicted_table(result: dict):
@@ -86,7 +99,7 @@ def predicted_table(result: dict):
 def _counted_note(o: dict) -> str:
     """Where the figures of the configured model came from, or "" for the bundled specs."""
     c = o.get("counted")
-    if not c:
+    if not c or "error" in c:
         return ""
     data = c["data"] + (" (SYNTHETIC stand-in)" if c["synthetic"] else "")
     return (f" {c['model']}: parameters, FLOPs and saved bytes counted in one real step of "
@@ -223,6 +236,43 @@ def _configured(args: argparse.Namespace, cfg):
     return cfg, [(label, batch, m)], note
 
 
+def _measured_model(args: argparse.Namespace, modes, procs):
+    """The measured mode: the model it measures, counted here as --predict-only --model counts
+    it — ([(label, batch per process, layout_choice.Model)], the JSON's note of how,
+    {(mode, processes): layouts.RankMemory}) — or, where its one step fails here, (None,
+    {"error": the line}, {}): the measured rows still run, and say train's own error."""
+    from fasttrain.lab import layouts
+    from fasttrain.lab.configured import describe_ranks
+
+    if "predict_models" in getattr(args, "_given", ()):
+        raise UserError(f"--predict-models {args.predict_models} is for --predict-only; the "
+                        f"measured mode predicts the --model it measures: drop "
+                        f"--predict-models, or add --predict-only")
+    lays = {(mode, n): (layouts.layout(n, parallel=mode) if mode != "dp" and n > 1
+                        else layouts.Layout()) for mode in modes for n in procs}
+    try:
+        cfg, task = lab_config(args, "experiment scaling")
+        label, batch, m, ranks = describe_ranks(cfg, task, lays)
+    except UserError as e:
+        return None, {"error": str(e)}, {}
+    note = {"model": label, "batch_size": batch, "data": task.name, "data_source": task.source,
+            "synthetic": task.synthetic}
+    return [(label, batch, m)], note, ranks
+
+
+def _beside(rows: list[dict], ranks: dict) -> None:
+    """Each measured row gets its prediction (`_measured_model`) and the ratio."""
+    for r in rows:
+        held = ranks.get((r["mode"], r["procs"]))
+        if r["status"] != "ok" or held is None:
+            continue
+        r["predicted_param_bytes"], r["predicted_grad_bytes"] = held.params, held.grads
+        r["predicted_optimizer_bytes"] = held.optimizer
+        r["predicted_state_bytes"] = predicted = held.params + held.grads + held.optimizer
+        state = r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"]
+        r["state_ratio"] = state / predicted if predicted else None
+
+
 def add_arguments(p: argparse.ArgumentParser):
     """The scaling experiment's own flags (none clash with the engine's or `experiment`'s); the
     argument group."""
@@ -239,7 +289,8 @@ def add_arguments(p: argparse.ArgumentParser):
                    "counted in one step here), else the --predict-models")
     g.add_argument("--predict-models", default=",".join(s.label for s in SPECS), metavar="LIST",
                    help="bundled reference sizes to predict for; with --predict-only, not with "
-                   "--model (default: %(default)s)")
+                   "--model (default: %(default)s); the measured mode predicts the model it "
+                   "measures")
     g.add_argument("--gpus-per-node", type=int, default=8, metavar="G",
                    help="GPUs per node of the prediction (default: 8)")
     g.add_argument("--nodes", default="1,2", metavar="LIST",
@@ -293,10 +344,12 @@ def scaling(args: argparse.Namespace) -> int:
     procs = positive_ints("--procs", args.procs, "1,2")
     cfg = from_args(args)
     refuse_run_directory(cfg, "experiment scaling")
-    cfg, configured, counted = (_configured(args, cfg) if args.predict_only
-                                else (cfg, None, None))
-    if not args.predict_only:
+    ranks: dict = {}
+    if args.predict_only:
+        cfg, configured, counted = _configured(args, cfg)
+    else:
         cfg.validate(MODEL_KINDS)  # the base switches; each run re-checks with its --parallel
+        configured, counted, ranks = _measured_model(args, modes, procs)
     err = Console(stderr=True)
     env = env_block()
     err.print(f"[bold]fasttrain experiment scaling[/bold] on {hardware_line(env)}")
@@ -305,10 +358,14 @@ def scaling(args: argparse.Namespace) -> int:
                "latency_us": args.latency_us, "gpus_per_node": args.gpus_per_node,
                "nodes": nodes, "intra": asdict(intra), "inter": asdict(inter),
                "gpu_memory_gb": args.gpu_memory_gb, "counted": counted}
+    if counted and "error" in counted:
+        err.print(f"no prediction for the measured model: {counted['error']}")
     rows = [] if args.predict_only else measure_all(cfg, modes, procs, args.steps)
-    # (label, batch per GPU, layout_choice.Model): the configured model, or the bundled specs
-    models = configured or [(s.label, s.batch, layout_choice.model_of(s))
-                                              for s in SPECS if s.label in labels]
+    _beside(rows, ranks)
+    # (label, batch per GPU, layout_choice.Model): the configured or measured model, or (with
+    # --predict-only alone) the bundled specs
+    models = configured or ([] if rows else [(s.label, s.batch, layout_choice.model_of(s))
+                                             for s in SPECS if s.label in labels])
     peak, floor_s = args.peak_tflops * 1e12, args.step_floor_ms / 1e3
     predicted = [predict_counted(label, batch, m.params, m.flops_per_sample * batch,
                                  args.gpus_per_node, k, intra, inter, args.mfu, peak, floor_s)
@@ -321,8 +378,9 @@ def scaling(args: argparse.Namespace) -> int:
     console = report.wide_console()
     if rows:
         console.print(measured_table(result))
-    console.print(predicted_table(result))
-    console.print(layouts_table(result))
+    if models:
+        console.print(predicted_table(result))
+        console.print(layouts_table(result))
     if args.json:
         report.write_json(args.json, result)
         err.print(f"wrote {args.json}")

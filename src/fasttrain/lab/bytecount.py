@@ -35,9 +35,13 @@ def alloc(nbytes: int, cuda: bool) -> int:
 def storage_key(t: torch.Tensor) -> int:
     """The identity of `t`'s storage (views share their base's): its address. On the meta device
     every storage's address is 0, so there it is the storage object itself (`_cdata`: torch has
-    no public handle for it)."""
-    s = t.untyped_storage()
+    no public handle for it). A DTensor's is its local shard's (lab/tp_saved counts a tp rank's)."""
+    s = getattr(t, "_local_tensor", t).untyped_storage()
     return s._cdata if s.device.type == "meta" else s.data_ptr()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return getattr(t, "_local_tensor", t).untyped_storage().nbytes()
 
 
 def storages(tensors) -> dict[int, int]:
@@ -45,7 +49,7 @@ def storages(tensors) -> dict[int, int]:
     out: dict[int, int] = {}
     for t in tensors:
         if torch.is_tensor(t):
-            out.setdefault(storage_key(t), t.untyped_storage().nbytes())
+            out.setdefault(storage_key(t), _nbytes(t))
     return out
 
 
@@ -80,7 +84,7 @@ def saved_bytes(run_forward: Callable[[], object], owned: Iterable[torch.Tensor]
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = storage_key(t)
         if key not in skip:
-            seen.setdefault((part(t), key), t.untyped_storage().nbytes())
+            seen.setdefault((part(t), key), _nbytes(t))
         return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

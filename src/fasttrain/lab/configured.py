@@ -3,6 +3,7 @@ described for the scaling and layout models (lab/scaling.py, lab/layout_choice.p
 step counted here, as `fasttrain plan` counts it (lab/fitting.py):
 
     label, batch, m = describe(cfg, task)     # m: a layout_choice.Model
+    *_, ranks = describe_ranks(cfg, task, {("fsdp", 2): layouts.layout(2, parallel="fsdp")})
     row = scaling.predict_counted(label, batch, m.params, m.flops_per_sample * batch, ...)
 
   params            distinct parameters of the built module (a tied weight once)
@@ -43,13 +44,27 @@ def describe(cfg: TrainConfig, task, command: str = "experiment scaling",
     """(label, batch per GPU, layout_choice.Model) of `cfg` on `task`: one Run built here, one
     step measured for its memory (`memory.measure`, as CUDA holds it) and one counted
     (`steptime.count_run`), then let go."""
+    label, batch, m, _ = describe_ranks(cfg, task, {}, command)
+    return label, batch, m
+
+
+def describe_ranks(cfg: TrainConfig, task, lays: dict, command: str = "experiment scaling",
+                   ) -> tuple[str, int, Model, dict]:
+    """`describe`, and for each `lays` key → layouts.Layout the training state one rank of it
+    holds (a layouts.RankMemory: parameters, gradients and optimizer state, exact; activations
+    not counted), from the same Run after its step (`experiment scaling` puts it beside each
+    measured row: key (mode, processes))."""
+    from fasttrain.lab import layouts
+
     cfg = fitting.counted_here(cfg)
 
     def both(run):
         b = memory.measure(run, device_type="cuda")
         work = steptime.count_run(run, foreach=True)
         shape = layout_choice.gpt_shape(run.model, cfg.block_size)
-        return b, work, shape, layout_choice.left_out_of(run.model)
+        ranks = {key: layouts.per_rank(run.model, run.opt, [0], lay)[0]
+                 for key, lay in lays.items()}
+        return b, work, shape, layout_choice.left_out_of(run.model), ranks
 
     def step():
         try:
@@ -62,7 +77,7 @@ def describe(cfg: TrainConfig, task, command: str = "experiment scaling",
                             f"give the --data (and --loss) it trains on, as for `fasttrain "
                             f"train`") from None
 
-    b, work, shape, out = fitting.on_this_host(cfg, step, command)
+    b, work, shape, out, ranks = fitting.on_this_host(cfg, step, command)
     return cfg.model, cfg.batch_size, layout_choice.Model(
         params=b.params, flops_per_sample=work.flops / cfg.batch_size,
-        saved_per_sample=b.activations_fp32 // b.micro_batch, **shape, left_out=out)
+        saved_per_sample=b.activations_fp32 // b.micro_batch, **shape, left_out=out), ranks

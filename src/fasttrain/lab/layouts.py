@@ -24,16 +24,18 @@ Gradients: one per trainable parameter, in its local shape and dtype. Optimizer 
 on the one-process Run after a real step, per parameter: tensors of the parameter's shape
 (AdamW's two moments) scale with its local shard, the others (the 0-dim step counter) stay whole.
 
-Activations are an estimate: the one-process count for one micro-batch of a data-parallel rank
-(lab/memory: tensors saved for backward, weight copies included) ÷ tp — optimistic (12% low for gpt
-under --tp 2, measured): sequence parallelism splits the LayerNorms and the residual stream, but
-each column-wise linear saves its all-gathered, whole [B, T, C] input for backward. Under a pipeline
+Activations: the one-process count for one micro-batch of a data-parallel rank (lab/memory:
+tensors saved for backward, weight copies included) × the share of it a tp rank keeps
+(lab/tp_saved: counted on a copy of the model split by its plan over a fake group; not 1 / tp,
+since each column-wise linear saves its whole input and what the plan leaves alone is whole on
+every rank). Equal to each gloo rank's count for gpt and a user's plain plan. Under a pipeline
 the same count is taken stage by stage (`stage_activations`: the model cut as the pipeline cuts it,
 run stage after stage; gpt's last stage holds the logits and the loss's), scaled from the
 accumulation micro-batch to the pipeline's (the rank's batch ÷ m), times the chunks the schedule
 keeps in flight on pipeline rank r: gpipe m; 1f1b min(m, pp − r) (the first stage pp);
 interleaved-1f1b min(m·v, (v − 1)·pp + 2(pp − 1 − r) + 1) (torch's warm-up forwards, then one more
-before the first backward), of the mean of r's v stages.
+before the first backward), of the mean of r's v stages; under pp × tp each stage's count is
+its tp rank's (lab/tp_saved.tp_stage_saved: the stages split over a fake group).
 
 Costs: the bubble, (p − 1)/(m + p − 1) of a pipeline step idle (gpipe and 1f1b alike;
 interleaving v chunks per rank: (p − 1)/(v·m + p − 1)); tensor parallel: per block, 2
@@ -136,15 +138,16 @@ class RankMemory:
 # -- what one rank holds -------------------------------------------------------------------------
 
 
-def meta_copy(model: nn.Module) -> nn.Module:
+def meta_copy(model: nn.Module, meta: bool = True) -> nn.Module:
     """`model` with every parameter and buffer on the meta device (shapes, dtypes, ties and
     requires_grad kept; no bytes copied), activation checkpointing's wrappers taken off: the
-    plans and cuts below address the model as built (the engine splits it before wrapping)."""
+    plans and cuts below address the model as built (the engine splits it before wrapping).
+    `meta=False`: the same copy with its tensors copied where they are (lab/tp_saved runs it)."""
     from fasttrain.models import Checkpointed
 
     memo: dict[int, torch.Tensor] = {}
     for t in [*model.parameters(), *model.buffers()]:
-        if id(t) not in memo:
+        if meta and id(t) not in memo:
             m = t.detach().to("meta")
             memo[id(t)] = nn.Parameter(m, t.requires_grad) if isinstance(t, nn.Parameter) else m
     meta = copy.deepcopy(model, memo)
@@ -167,7 +170,7 @@ def plain_name(model: nn.Module):
 
 
 @contextlib.contextmanager
-def _fake_mesh(size: int):
+def fake_mesh(size: int, device_type: str = "cpu"):
     """A 1-D DeviceMesh of `size` ranks in this one process (torch's fake backend), rank 0."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -183,7 +186,7 @@ def _fake_mesh(size: int):
         raise UserError("the layout prediction runs in one process: run it without torchrun")
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
     try:
-        yield init_device_mesh("cpu", (size,), mesh_dim_names=("tp",))
+        yield init_device_mesh(device_type, (size,), mesh_dim_names=("tp",))
     finally:
         dist.destroy_process_group()
 
@@ -195,7 +198,7 @@ def tp_shapes(model: nn.Module, tp: int, plan: dict | None = None) -> dict[str, 
     if tp > 1:
         from fasttrain.engine import tensor_parallel
 
-        with _fake_mesh(tp) as mesh:
+        with fake_mesh(tp) as mesh:
             tensor_parallel.apply(model, mesh, plan)
     return {n: p.to_local().shape if hasattr(p, "to_local") else p.shape
             for n, p in model.named_parameters()}
@@ -298,12 +301,16 @@ def _role(r: int, pp: int) -> str:
 
 
 def per_rank(model: nn.Module, opt: torch.optim.Optimizer, activations: list[int], lay: Layout,
-             accum: int = 1, tp_plan: dict | None = None) -> list[RankMemory]:
+             accum: int = 1, tp_plan: dict | None = None,
+             tp_share: list[float] | None = None) -> list[RankMemory]:
     """One row per pipeline rank (one row without a pipeline): the bytes a rank of that role
     holds. `model` and `opt`: a one-process Run's, after a step; `activations`: what that Run
     saves for backward on one micro-batch of a data-parallel rank (`accum` of them per step),
     per stage of the lay.pp × lay.virtual the pipeline cuts (`stage_activations`), or one
-    figure without a pipeline."""
+    figure without a pipeline; `tp_share`: the fraction of each that a tp rank keeps
+    (lab/tp_saved; default 1 / tp, which no plan reaches)."""
+    shares = tp_share if tp_share is not None else [1 / lay.tp] * len(activations)
+    activations = [a * s for a, s in zip(activations, shares, strict=True)]
     shapes = tp_shapes(model, lay.tp, tp_plan)
     state = optimizer_state(model, opt)
     plain = plain_name(model)
@@ -321,10 +328,10 @@ def per_rank(model: nn.Module, opt: torch.optim.Optimizer, activations: list[int
         else:
             optimizer = sum(state[n].per_element * k + state[n].fixed for n, k in stepped.items())
         if lay.pp == 1:
-            act = activations[0] // lay.tp
+            act = round(activations[0])
         else:  # a chunk: one pipeline micro-batch (rank batch / m) through one of r's stages
             mine = activations[r::lay.pp]
-            chunk = sum(mine) / len(mine) * accum / lay.microbatches / lay.tp
+            chunk = sum(mine) / len(mine) * accum / lay.microbatches
             act = int(chunk * _in_flight(lay, r))
         rows.append(RankMemory(_role(r, lay.pp), lay.tp * lay.dp, params, grads, optimizer, act))
     return rows

@@ -57,7 +57,7 @@ import torch
 
 from fasttrain.engine.loop import endless_batches, step
 from fasttrain.engine.tree import leaves
-from fasttrain.lab import layouts
+from fasttrain.lab import layouts, tp_saved
 from fasttrain.lab.bytecount import (
     alloc,
     count_saved,
@@ -234,15 +234,25 @@ def predict_layout(cfg: TrainConfig, lay: Layout, model: nn.Module | str | None 
                    ) -> tuple[Breakdown, list[RankMemory], RankMemory]:
     """`predict` for one process of `cfg` — whose batch is ONE data-parallel rank's — and, from
     that Run after its step, the bytes each rank role of `lay` holds (lab/layouts.per_rank):
-    parameters, gradients and optimizer state exactly, activations as estimated there; last,
+    parameters, gradients and optimizer state exactly, activations as a tp rank saves them
+    (lab/tp_saved) and as the pipeline schedule keeps them (estimated there); last,
     the same parts for that one process (the layout's point of comparison)."""
     def both(run: Run) -> tuple[Breakdown, list[RankMemory], RankMemory]:
         b = measure(run)
         act = [b.activations + b.weight_copies]
-        if lay.pp > 1:  # the same count, stage by stage
+        n_stages = lay.pp * lay.virtual
+        if lay.pp > 1 or lay.tp > 1:
             micro_batch = next(endless_batches(run))[0]
-            act = layouts.stage_activations(run, micro_batch, lay.pp * lay.virtual)
-        rows = layouts.per_rank(run.model, run.opt, act, lay, cfg.accum_steps, tp_plan)
+        if lay.pp > 1:  # the same count, stage by stage
+            act = layouts.stage_activations(run, micro_batch, n_stages)
+        # What a tp rank keeps of each, counted on the model split over tp (lab/tp_saved).
+        shares = None
+        if lay.tp > 1 and lay.pp > 1:
+            mine = tp_saved.tp_stage_saved(run, micro_batch, lay.tp, n_stages, tp_plan)
+            shares = [m / a if a else 1 / lay.tp for m, a in zip(mine, act, strict=True)]
+        elif lay.tp > 1:
+            shares = [tp_saved.tp_share(run, micro_batch, lay.tp, tp_plan)]
+        rows = layouts.per_rank(run.model, run.opt, act, lay, cfg.accum_steps, tp_plan, shares)
         (one,) = layouts.per_rank(run.model, run.opt, [b.activations + b.weight_copies],
                                   Layout(), cfg.accum_steps)
         # not the global batch: one process at the batch one data-parallel rank takes
