@@ -147,6 +147,6 @@ def test_a_tp_plan_dict_is_applied_to_the_stages_that_hold_its_modules():
     torch.manual_seed(0)
     first, last = GPT((8,), 11, n_layer=4, n_head=2, n_embd=16).pipeline_split(2)
     plan = {"blocks.*.attn.qkv": "col", "blocks.3.mlp.fc": "col", "wte": "row", "": "root"}
-    assert pipeline._plan_for(first, plan) == {"blocks.*.attn.qkv": "col", "wte": "row",
+    assert pipeline.stage_plan(first, plan) == {"blocks.*.attn.qkv": "col", "wte": "row",
                                                "": "root"}
-    assert pipeline._plan_for(last, plan) == plan
+    assert pipeline.stage_plan(last, plan) == plan

@@ -188,7 +188,7 @@ def attach(run, model: nn.Module, world, cfg, checkpoint: tuple[str, ...] = (),
         # DDP and FSDP from reducing before a step's last backward.
         forward, _ = distributed.parallelize(
             stage, world, activation_checkpointing=cfg.activation_checkpointing, compile=False,
-            cuda_graphs=False, checkpoint=checkpoint, tp_plan=_plan_for(stage, tp_plan))
+            cuda_graphs=False, checkpoint=checkpoint, tp_plan=stage_plan(stage, tp_plan))
         return forward
 
     pipe = build(run, model, world.mesh["pp"], cfg, wrap,
@@ -198,7 +198,7 @@ def attach(run, model: nn.Module, world, cfg, checkpoint: tuple[str, ...] = (),
     return pipe.model
 
 
-def _plan_for(stage: nn.Module, plan: dict | None) -> dict | None:
+def stage_plan(stage: nn.Module, plan: dict | None) -> dict | None:
     """The entries of a tensor-parallel plan dict (names relative to the whole model, `*`
     allowed per component, as parallelize_module matches them) that name a module of `stage`:
     the other stages' modules are not here, and parallelize_module would warn about each."""

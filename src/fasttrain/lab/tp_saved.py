@@ -85,7 +85,7 @@ def tp_stage_saved(run: Run, micro_batch, tp: int, n_stages: int,
     that name its modules): layouts.stage_activations on a copy split over a fake group. The
     default (input, target) step, as under --pp; no loss parallel there."""
     from fasttrain.engine import tensor_parallel
-    from fasttrain.engine.pipeline import _plan_for
+    from fasttrain.engine.pipeline import stage_plan
     from fasttrain.lab.layouts import fake_mesh, meta_copy
 
     model = meta_copy(run.model, meta=False)
@@ -101,7 +101,7 @@ def tp_stage_saved(run: Run, micro_batch, tp: int, n_stages: int,
 
     with fake_mesh(tp, run.device.type) as mesh:
         for stage in stages:
-            tensor_parallel.apply(stage, mesh, _plan_for(stage, plan))
+            tensor_parallel.apply(stage, mesh, stage_plan(stage, plan))
         owned = [t for m in (model, *stages) for t in (*m.parameters(), *m.buffers())]
         with left_as_found(model, run.device):
             _, saved = saved_bytes(forward, owned, part=lambda t: running[0])
