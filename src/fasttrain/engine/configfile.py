@@ -63,6 +63,9 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(**values)
 
 
+USER_CODE = ("model", "data", "loss", "step", "optimizer", "scheduler")  # import paths
+
+
 def _refuse_python_objects(values: dict[str, Any], out: str | None) -> None:
     """A run built from Python objects (fasttrain.build(model=net, ...)) records them as
     'python:<name>': nothing the command line can import. Say how to resume it, rather than
@@ -73,9 +76,6 @@ def _refuse_python_objects(values: dict[str, Any], out: str | None) -> None:
         raise UserError(f"--out {out}: this run was built in Python ({', '.join(objects)}), "
                         f"which the command line cannot import; resume it from Python with the "
                         f"same objects: fasttrain.build(..., out={str(out)!r}, resume='auto')")
-
-
-USER_CODE = ("model", "data", "loss", "step", "optimizer", "scheduler")
 
 
 def _run_config(args: argparse.Namespace) -> dict[str, Any]:
