@@ -209,7 +209,7 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
 
 
 def _steps_left(run) -> bool:
-    return run.epoch < run.cfg.epochs and run.step < run.total_steps
+    return run.epoch < run.epochs and run.step < run.total_steps
 
 
 class _Bar:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -83,6 +84,7 @@ class Run:
     metrics: dict[str, Metric]
     perplexity: bool  # evaluations report exp(loss) as {split}_perplexity (token cross-entropy)
     total_steps: int
+    epochs: float  # the passes the run may make (cfg.epoch_limit): inf for a stream without length
     flops_per_step: float | None  # for MFU: counted only where a peak FLOP/s is known
     rundir: RunDir
     checkpoints: Path | None
@@ -278,12 +280,17 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.opt = optim.optimizer(cfg, module, world, user.get("optimizer"),
                               usercode.name_of(user.get("optimizer"), cfg.optimizer))
     per_epoch = run.batches.steps_per_epoch  # None: a stream without length (then max_steps)
-    run.total_steps = cfg.epochs * per_epoch if per_epoch is not None else cfg.max_steps
+    # A stream without length: --max-steps is the run's length, its passes (epochs) restarted
+    # as often as that takes; --epochs, given, ends it sooner in one process only (under
+    # torchrun each rank's passes are its own, inside one endless pass: stream.py).
+    endless = per_epoch is None and run.batches.endless
+    run.epochs = math.inf if endless else cfg.epoch_limit(sized=per_epoch is not None)
+    run.total_steps = run.epochs * per_epoch if per_epoch is not None else cfg.max_steps
     if cfg.max_steps:
         run.total_steps = min(run.total_steps, cfg.max_steps)
         if cfg.max_steps > run.total_steps and world.main:  # a limit, not a length
             print(f"warning: --max-steps {cfg.max_steps} is never reached: --epochs "
-                  f"{cfg.epochs} of {per_epoch} steps end the run at step {run.total_steps}; "
+                  f"{run.epochs} of {per_epoch} steps end the run at step {run.total_steps}; "
                   f"raise --epochs to train longer", file=sys.stderr)
     run.sched_name = usercode.name_of(user.get("scheduler"), cfg.scheduler)
     run.sched = optim.scheduler(cfg, run, run.opt, user.get("scheduler"), run.sched_name)
@@ -317,11 +324,22 @@ def describe(run: Run) -> str:
     used = {"fp16": "fp16 autocast + GradScaler", "bf16": "bf16 autocast",
             "tf32": "TF32 matmuls"}.get(cfg.precision, "fp32")
     return (f"training {run.label} on {task.name}{' (synthetic)' if task.synthetic else ''} on "
-            f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}: "
+            f"{run.device}, {cfg.precision}, {run.total_steps} steps{_passes(run)} of "
+            f"{cfg.batch_size}: "
             f"micro-batch {b.micro} per rank × {cfg.accum_steps} accumulation × "
             f"{run.world.size} process(es){_layout(run.world)}; data {b.path} ({b.why}), "
             f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}"
             f"{graphed.describe(run)}")
+
+
+def _passes(run: Run) -> str:
+    """How a stream without length fills the steps: restarted as often as it takes (ended
+    sooner by --epochs where given); '' for data with length (its epochs make the steps)."""
+    if run.batches.steps_per_epoch is not None:
+        return ""
+    if run.epochs == math.inf:
+        return " (a stream without length: restarted as often as it takes)"
+    return f" at most (a stream without length: or {run.epochs} pass(es), whichever ends first)"
 
 
 def _layout(world) -> str:
