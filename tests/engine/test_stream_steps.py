@@ -42,7 +42,7 @@ def test_a_stream_without_length_trains_max_steps_in_one_process_each_pass_an_ep
     data = Drawn()
     run = fasttrain.build(model=dropped(), data=data, batch_size=8, max_steps=20,
                           **{**FAST, "verbose": True})
-    assert "20 steps (a stream without length: restarted as often as it takes)" in (
+    assert "20 steps of 8 (a stream without length, restarted as often as it takes)" in (
         capsys.readouterr().err)
     fasttrain.fit(run)
     assert (run.step, run.epoch, run.step_in_epoch) == (20, 2, 4)
@@ -54,7 +54,8 @@ def test_a_stream_without_length_trains_max_steps_in_one_process_each_pass_an_ep
 def test_given_epochs_end_a_stream_without_length_sooner_and_the_start_line_says_so(capsys):
     run = fasttrain.build(model=tiny(), data=Numbers(64), batch_size=8, max_steps=100,
                           epochs=2, **{**FAST, "verbose": True})
-    assert "100 steps at most (a stream without length: or 2 pass(es)" in capsys.readouterr().err
+    assert "100 steps of 8 (or 2 pass(es) of a stream without length, if they end first)" in (
+        capsys.readouterr().err)
     fasttrain.fit(run)
     assert (run.step, run.epoch) == (16, 2)
 
@@ -90,6 +91,15 @@ def test_a_stream_without_length_resumed_mid_pass_is_bit_identical(tmp_path, cut
         assert torch.equal(weights(resumed)[k], v), k
     epochs = [r["epoch"] for r in resumed.history if r["kind"] == "train"]
     assert epochs[-1] == 2  # the epoch counter went on from the checkpoint's
+
+
+def test_a_finished_stream_run_resumed_says_that_max_steps_extends_it(tmp_path, capsys):
+    common = dict(model=tiny(), batch_size=8, max_steps=4, out=str(tmp_path), **FAST)
+    fasttrain.fit(fasttrain.build(data=Numbers(64), **common))
+    run = fasttrain.build(data=Numbers(64), resume="auto", **common)
+    assert fasttrain.fit(run) == {} and run.step == 4
+    err = capsys.readouterr().err
+    assert "nothing to train" in err and "give a larger --max-steps to extend it" in err
 
 
 class Once(IterableDataset):

@@ -160,7 +160,10 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
             # stopped early stays stopped (its early stop was restored: callbacks.EarlyStop).
             if run.main:
                 ours = run.early_stop is not None and run.stop == run.early_stop.reason()
-                how = ("give more --epochs or --max-steps to extend it" if run.stop is None
+                # A stream without length is as long as --max-steps (unless --epochs ends it)
+                more = ("a larger --max-steps" if run.epochs == math.inf
+                        else "more --epochs or --max-steps")
+                how = (f"give {more} to extend it" if run.stop is None
                        else f"{run.stop}; give a larger "
                             f"{'--patience' if ours else 'patience to your EarlyStop'} to go on")
                 print(f"nothing to train: the run finished at step {run.step} (epoch "

@@ -324,8 +324,8 @@ def describe(run: Run) -> str:
     used = {"fp16": "fp16 autocast + GradScaler", "bf16": "bf16 autocast",
             "tf32": "TF32 matmuls"}.get(cfg.precision, "fp32")
     return (f"training {run.label} on {task.name}{' (synthetic)' if task.synthetic else ''} on "
-            f"{run.device}, {cfg.precision}, {run.total_steps} steps{_passes(run)} of "
-            f"{cfg.batch_size}: "
+            f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}"
+            f"{_passes(run)}: "
             f"micro-batch {b.micro} per rank × {cfg.accum_steps} accumulation × "
             f"{run.world.size} process(es){_layout(run.world)}; data {b.path} ({b.why}), "
             f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}"
@@ -338,8 +338,8 @@ def _passes(run: Run) -> str:
     if run.batches.steps_per_epoch is not None:
         return ""
     if run.epochs == math.inf:
-        return " (a stream without length: restarted as often as it takes)"
-    return f" at most (a stream without length: or {run.epochs} pass(es), whichever ends first)"
+        return " (a stream without length, restarted as often as it takes)"
+    return f" (or {run.epochs} pass(es) of a stream without length, if they end first)"
 
 
 def _layout(world) -> str:
