@@ -69,8 +69,8 @@ class TrainConfig:
                              "flip,crop:4", group="model and data")
     # -- how long and how much ----------------------------------------------------------------
     epochs: int | None = _f(None, "passes over the training set (default: 1; for a stream "
-                            "without length, as many as --max-steps takes, and, given, a "
-                            "bound besides: whichever ends first)")
+                            "without length, as many as --max-steps takes, and if given, in "
+                            "one process, whichever ends first)")
     max_steps: int = _f(0, "stop after this many optimizer steps (0: no limit); for a stream "
                         "without length, the run's length (it restarts as often as it takes)")
     batch_size: int = _f(64, "samples per optimizer step, across all accumulation micro-steps "
