@@ -43,7 +43,7 @@ from fasttrain.engine import (
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.configfile import to_toml
-from fasttrain.engine.loop import accumulate, step, step_batches
+from fasttrain.engine.loop import accumulate, accumulate_tokens, step, step_batches
 from fasttrain.engine.output import RunDir
 from fasttrain.engine.signals import StopSignals
 from fasttrain.engine.steps import Metric, default_metrics
@@ -233,6 +233,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.compute_loss = steps.compute_loss(run, user.get("step"), run.step_name)
     run.evaluate_loss = steps.evaluate_loss(run)
     run.forward_backward = accumulate  # under --pp, pipeline.attach puts its schedule here
+    if steps.weighs_tokens(run, user.get("step")):  # padded token sequences: by their tokens
+        run.compute_loss, run.forward_backward = steps.token_sums(run), accumulate_tokens
     # --cuda-graphs: the whole step in one graph where it can be (graphed.py), else the model's
     # forward and backward only (compile's reduce-overhead mode), with the reason on the start line.
     run.graph_why = graphed.why_not(run) if cfg.cuda_graphs else None
