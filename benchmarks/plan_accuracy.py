@@ -15,7 +15,17 @@ did not see it:
 - other models: fitted to the nine points of the three other models — a calibration carried
   to a model it never saw;
 - one efficiency: the previous model (roofline of the step's totals over one efficiency, no
-  per-op term), fitted to the model's two other batch sizes, for comparison.
+  per-op term), fitted to the model's two other batch sizes, for comparison;
+- overlapped (fasttrain.lab.overlap, what `plan` predicts a GPU's step with): step = max(R/eff,
+  calls × t_issue), the host issuing while the device computes, ONE efficiency and ONE issue
+  cost for the machine — fitted to the eleven other points ("overlapped, other points": leave
+  one point out), or to the three other models' nine ("overlapped, other models"). Two fitted
+  constants per machine, where the schemes above fit two per model. On a CPU the same thread
+  computes and issues: there the sum, per model, is the model, and these two schemes are shown
+  to say so.
+
+`--from-json FILE` re-fits and re-scores a committed result's points (their counts and median
+steps) without measuring anything: the same points, the present schemes.
 
 Target: within ±30% of the measured step.
 
@@ -48,7 +58,10 @@ towards roofline-bound (×8 apart for logreg and mlp, up to 32768 of the stand-i
 images, where logreg's 0.25 GB is still only ~1/3 of its step; ×4 for cnn and gpt, cnn at 2048
 0.23 TFLOP and gpt at 256 of its 1406 windows 0.16 TFLOP, several ms at fp32's 67 TFLOP/s), so
 both terms are tested, and where their sum overstates a step whose host issues ahead of the
-device (steptime: at most 2×). Run time on an H100: 33 steps a point (25 timed, 6 warm-up, 2 in
+device (the overlapped schemes). Each step's issue time (the host's, until it returns from the
+step, before the closing sync) and every call's FLOPs and bytes are kept per point, so that the
+cost to issue a call can be measured rather than fitted, and a per-call model re-fitted offline
+(`--from-json`). Run time on an H100: 33 steps a point (25 timed, 6 warm-up, 2 in
 the count), ≤ ~20 ms each: under 10 s of steps for all twelve; building the runs (synthetic
 data on the host) and CUDA's start dominate, ~30 s in all.
 """
@@ -65,12 +78,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
+from plan_scoring import SCHEMES, TARGET, predict, refit, show, within_target
 
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.run import build
 from fasttrain.env import env_block, hardware_line
+from fasttrain.errors import UserError
 from fasttrain.lab import classify, steptime
 
 if TYPE_CHECKING:
@@ -86,39 +100,6 @@ POINTS = {
 }
 # The CPU's settings (module docstring) and their defaults; a GPU takes none of them.
 CPU_ONLY = {"clock": "cpu", "threads": 1, "malloc": "hold", "quiet": 2, "patience": 30.0}
-TARGET = 0.3
-SCHEMES = ("other batch sizes", "other models", "one efficiency")
-
-
-def one_efficiency(points: list[steptime.Point], totals: list[float]) -> float:
-    """The previous model's constant: eff minimizing Σ ((R/eff)/T − 1)², R the roofline of the
-    step's totals (max(FLOPs/peak, bytes/bandwidth) of the whole step)."""
-    x = np.array([r / p.measured_s for p, r in zip(points, totals, strict=True)])
-    return float(x @ x / x.sum())
-
-
-def predict(rows: list[dict]) -> None:
-    """Adds each scheme's fit, predicted step and error to every row."""
-    pts = [r["point"] for r in rows]
-    for i, r in enumerate(rows):
-        same = [j for j, o in enumerate(rows) if o["model"] == r["model"] and j != i]
-        other = [j for j, o in enumerate(rows) if o["model"] != r["model"]]
-        r["predictions"] = {}
-        for scheme, idx in (("other batch sizes", same), ("other models", other)):
-            eff, launch = steptime.fit([pts[j] for j in idx])
-            pred = r["roofline_s"] / eff + r["ops"] * launch
-            r["predictions"][scheme] = {
-                "fitted_on": [f"{rows[j]['model']}@{rows[j]['batch_size']}" for j in idx],
-                "efficiency": eff, "launch_s": launch, "predicted_s": pred,
-                "error": pred / r["measured_s"] - 1}
-        eff = one_efficiency([pts[j] for j in same], [rows[j]["totals_roofline_s"] for j in same])
-        pred = r["totals_roofline_s"] / eff
-        r["predictions"]["one efficiency"] = {
-            "fitted_on": [f"{rows[j]['model']}@{rows[j]['batch_size']}" for j in same],
-            "efficiency": eff, "launch_s": 0.0, "predicted_s": pred,
-            "error": pred / r["measured_s"] - 1}
-
-
 def runnable() -> int:
     """Tasks runnable on this machine now, this one included (/proc/loadavg's fourth field)."""
     with open("/proc/loadavg") as f:
@@ -165,26 +146,31 @@ def build_runs(points: dict, device: str) -> dict:
     return runs
 
 
-def time_rounds(runs: dict, rounds: int, steps: int, clock, gate) -> tuple[dict, list[dict]]:
+def time_rounds(runs: dict, rounds: int, steps: int, clock,
+                gate) -> tuple[dict, dict, list[dict]]:
     """Every point's step times over `rounds` interleaved rounds of `steps` steps (warm-up 2 in
-    the first round, 1 after); `gate()` before each round, recorded with the load average."""
-    times, log = {k: [] for k in runs}, []
+    the first round, 1 after), and each step's issue time (the host's, until it returned from
+    the step: steptime.time_steps); `gate()` before each round, recorded with the load average."""
+    times, issued, log = {k: [] for k in runs}, {k: [] for k in runs}, []
     for i in range(rounds):
         seen = gate()
         log.append({"round": i, **seen, "loadavg": list(os.getloadavg()), "median_s": {}})
         for (m, b), run in runs.items():
-            t = steptime.time_steps(run, steps, warmup=2 if i == 0 else 1, clock=clock)
+            t = steptime.time_steps(run, steps, warmup=2 if i == 0 else 1, clock=clock,
+                                    issued=issued[m, b])
             times[m, b] += t
             log[-1]["median_s"][f"{m}@{b}"] = statistics.median(t)
         state = (f" ({'quiet' if seen['quiet'] else 'NOT quiet'} after {seen['waited_s']:.0f} s)"
                  if "quiet" in seen else "")
         print(f"round {i + 1}/{rounds} done{state}, load {os.getloadavg()[0]:.2f}", flush=True)
-    return times, log
+    return times, issued, log
 
 
-def point_rows(runs: dict, times: dict, peaks: classify.Peaks, points: dict) -> list[dict]:
-    """One row per point: its count (one real step), roofline, median step and every scheme's
-    prediction (`predict`)."""
+def point_rows(runs: dict, times: dict, peaks: classify.Peaks, points: dict,
+               issued: dict | None = None) -> list[dict]:
+    """One row per point: its count (one real step; every call's FLOPs and bytes kept, so that a
+    per-call model can be re-fitted offline), roofline, median step, the host's issue times
+    (`issued`) and every scheme's prediction (`predict`)."""
     rows = []
     for (m, b), run in runs.items():
         work = steptime.count_run(run)  # the optimizer's path as timed (foreach on CUDA)
@@ -193,6 +179,8 @@ def point_rows(runs: dict, times: dict, peaks: classify.Peaks, points: dict) -> 
         rows.append({"model": m, "data": points[m][0], "batch_size": b, "point": point,
                      "measured_s": point.measured_s, "step_times_s": times[m, b],
                      "spread_s": [min(times[m, b]), max(times[m, b])],
+                     "issue_times_s": (issued or {}).get((m, b), []),
+                     "calls": [[f, n_bytes, n] for (f, n_bytes), n in sorted(work.calls.items())],
                      "flops": work.flops, "bytes": work.bytes, "ops": work.ops,
                      "roofline_s": roof, "totals_roofline_s": max(work.flops / peaks.flops,
                                                                   work.bytes / peaks.bandwidth)})
@@ -200,20 +188,6 @@ def point_rows(runs: dict, times: dict, peaks: classify.Peaks, points: dict) -> 
     for r in rows:
         del r["point"]
     return rows
-
-
-def within_target(rows: list[dict], points: dict) -> dict:
-    """Per scheme: how many points are predicted within ±TARGET, all and at the target's two
-    batch sizes (each model's ends), and the worst error."""
-    within = {}
-    for scheme in SCHEMES:
-        errs = [r["predictions"][scheme]["error"] for r in rows]
-        outer = [r["predictions"][scheme]["error"] for r in rows
-                 if r["batch_size"] != points[r["model"]][1][1]]
-        within[scheme] = {"all": sum(abs(e) <= TARGET for e in errs), "of": len(errs),
-                          "target_batches": sum(abs(e) <= TARGET for e in outer),
-                          "of_target": len(outer), "worst": max(errs, key=abs)}
-    return within
 
 
 def slug(text: str) -> str:
@@ -237,6 +211,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     "peaks (module docstring)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per point per round")
+    ap.add_argument("--from-json", metavar="FILE",
+                    help="measure nothing: re-fit and re-score FILE's points (a committed result) "
+                    "by the present schemes; with --json, write the re-scored result there")
     ap.add_argument("--json", help="default: benchmarks/results/DATE-cpu-NAME-Ncore-plan-"
                     "accuracy.json, or DATE-GPU-plan-accuracy.json with --device cuda")
     cpu = ap.add_argument_group("CPU only (a GPU takes none of these but --clock wall)")
@@ -275,6 +252,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.from_json:
+        try:
+            result = refit(args.from_json)
+        except UserError as e:
+            print(f"plan_accuracy: {e}", file=sys.stderr)
+            return 2
+        print(f"re-fit of {args.from_json} (its measurements; nothing measured now)")
+        show(result["rows"], result["within_target"])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=2)
+            print(f"wrote {args.json}")
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         why = (f"built with CUDA {torch.version.cuda}, but no GPU is visible"
                if torch.version.cuda else "a CPU-only build")
@@ -292,9 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     peaks, clock = measuring(args.device, args.clock)
     runs = build_runs(points, args.device)
     gate = (lambda: wait_quiet(args.quiet, args.patience)) if cpu else lambda: {}
-    times, rounds = time_rounds(runs, args.rounds, args.steps, clock, gate)
+    times, issued, rounds = time_rounds(runs, args.rounds, args.steps, clock, gate)
     load_after = os.getloadavg()
-    rows = point_rows(runs, times, peaks, points)
+    rows = point_rows(runs, times, peaks, points, issued)
     within = within_target(rows, points)
     device_name = torch.cuda.get_device_name() if not cpu else env.get("cpu")
     print(hardware_line(env))
@@ -303,14 +293,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{peaks.bandwidth / 1e9:.0f} GB/s; load average per round {loads}, after "
           f"{load_after[0]:.2f}" + (f"; {sum(r['quiet'] for r in rounds)}/{len(rounds)} rounds "
                                     f"started quiet; freed memory held: {held}" if cpu else ""))
-    for r in rows:
-        e = {s: r["predictions"][s]["error"] for s in SCHEMES}
-        print(f"{r['model']:>6} batch {r['batch_size']:>5}: measured {r['measured_s'] * 1e3:8.3f}"
-              f" ms, roofline {r['roofline_s'] * 1e3:8.3f} ms, {r['ops']:4d} calls; errors: "
-              + ", ".join(f"{s} {v:+.0%}" for s, v in e.items()), flush=True)
-    for scheme, w in within.items():
-        print(f"{scheme:>17}: {w['all']}/{w['of']} within ±{TARGET:.0%} ({w['target_batches']}/"
-              f"{w['of_target']} at the target batch sizes), worst {w['worst']:+.0%}")
+    show(rows, within)
     result = {"schema": "fasttrain.plan-accuracy/2", "env": env,
               "config": {"points": {m: {"data": d, "batch_sizes": list(b),
                                         "target_batch_sizes": [b[0], b[2]]}

@@ -8,14 +8,16 @@ costs, measured, and how the `cuda-epoch` variants compare.
   least): µs per node, a graph of 469 one-element kernels replayed;
 - `cuda-epoch` itself, every variant (`cuda_epoch.variants()`: kernel version 2 or 3 × cluster or
   cooperative grid × 7 or 14 CTAs, and versions 4 — point-to-point mbarrier signals, clusters
-  only — and 5 — v4 with both GEMMs on tensor cores at fp32 accuracy — on 7 or 14 CTAs): ms per
-  epoch (CUDA events, median of the epochs after a
+  only —, 5 — v4 with both GEMMs on tensor cores at fp32 accuracy — and 6 — v4 with W in
+  registers and the partial logits and update register-tiled, not yet run on a GPU — on 7 or 14
+  CTAs): ms per epoch (CUDA events, median of the epochs after a
   warm-up one), and its weights after those epochs against version 2's on the same cluster/CTAs
-  (max |Δw|: v2 is the kernel the float64 check passed), to pick the variant the row uses. v4's and
-  v5's bounded waits are checked once after their timed epochs (a timeout is printed, not a hang);
-- v4's and v5's phases: one epoch by their phase-profiling build (`EpochKernel.phase_profile`),
-  the µs a step each CTA's thread 0 spends in each phase (mean over CTAs and the slowest CTA), to
-  show what the next version must shorten.
+  (max |Δw|: v2 is the kernel the float64 check passed), to pick the variant the row uses. The
+  signalled versions' (4-6) bounded waits are checked once after their timed epochs (a timeout is
+  printed, not a hang);
+- v4's, v5's and v6's phases: one epoch by their phase-profiling build
+  (`EpochKernel.phase_profile`), the µs a step each CTA's thread 0 spends in each phase (mean
+  over CTAs and the slowest CTA), to show what the next version must shorten.
 
     PYTHONPATH=src python benchmarks/sync_cost.py [--data mnist] [--epochs 10] [--json PATH]
 """
@@ -116,7 +118,7 @@ def main() -> int:
         k = EpochKernel(data, cfg, ctas=ctas, cluster=cluster, version=version)
         threads, smem = launch_config(lib, ctas, version, cluster)
         epoch = iter(range(10**9))
-        try:  # v4's and v5's signal check syncs: once after the timed epochs, not inside them
+        try:  # v4-v6's signal check syncs: once after the timed epochs, not inside them
             ms = epoch_ms(lambda k=k, e=epoch: k.run(next(e) % cfg.epochs, check_signals=False),
                           args.epochs)
             k.check_signals()

@@ -188,10 +188,25 @@ def _cuda_profile_figures(path: Path) -> list[str]:
     return lines
 
 
+def _dispatch_cost_figures(path: Path) -> list[str]:
+    """torch-optimized's step at the smallest shapes, µs: v3's ops and the product's, per device."""
+    rows = {(r.get("device", "cpu"), r["variant"], r["mode"]): r["us_per_step_median"]
+            for r in json.loads(path.read_text())["rows"] if r["shape"] == "smallest"}
+    lines = [f"{dev}: v3's step {rows[(dev, 'out', 'grad')]:.2f} µs, train_steps "
+             f"{rows[(dev, 'product', 'grad')]:.2f} µs, torch.jit.script "
+             f"{rows[(dev, 'script', 'inference')]:.2f} µs (host path, smallest shapes)"
+             for dev in ("cpu", "cuda") if (dev, "out", "grad") in rows]
+    if ("cuda", "out", "grad") in rows:
+        lines.append("the CUDA backend's host work: "
+                     f"{rows[('cuda', 'out', 'grad')] - rows[('cpu', 'out', 'grad')]:.2f} µs "
+                     "of v3's step")
+    return lines
+
+
 FIGURES = {"gpu-tests": _pytest_figures, "env": _env_figures, "doctor": _doctor_figures,
            "engine-speedup": _speedup_figures, "memory-prediction": _memory_prediction_figures,
            "plan-accuracy": _plan_accuracy_figures, "bench": _bench_figures,
            "profile": _profile_figures, "stream-vs-memory": _stream_vs_memory_figures,
            "peers-in-memory": _peers_figures, "sync-cost": _sync_cost_figures,
-           "cuda-step-profile": _cuda_profile_figures,
+           "cuda-step-profile": _cuda_profile_figures, "dispatch-cost": _dispatch_cost_figures,
            "variant-sweep": _bench_figures}  # the bench's schema, one row a variant

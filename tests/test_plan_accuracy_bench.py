@@ -166,3 +166,73 @@ def test_the_script_itself_exits_2_without_cuda(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "CUDA is not available" in done.stderr and not out.exists()
+
+
+def _result_file(path, rows: list[dict]) -> None:
+    """A small plan-accuracy result as the script writes it (the fields --from-json reads)."""
+    models = sorted({r["model"] for r in rows})
+    config = {"points": {m: {"data": "synthetic", "batch_sizes": [8, 16, 32]} for m in models}}
+    path.write_text(json.dumps({"schema": "fasttrain.plan-accuracy/2", "env": {}, "config": config,
+                                "peaks": None, "rows": rows}))
+
+
+def overlapped_rows(constants: dict, slower: tuple = ()) -> list[dict]:
+    """Rows whose steps follow max(R/eff, n·issue) exactly, the (model, batch) in `slower`
+    measured 1.5× slower: model → (eff, issue_s)."""
+    rows = []
+    for model, (eff, issue) in constants.items():
+        for b in (8, 16, 32):
+            roof, ops = b * 1e-4, 40
+            t = max(roof / eff, ops * issue) * (1.5 if (model, b) in slower else 1)
+            rows.append({"model": model, "batch_size": b, "roofline_s": roof, "ops": ops,
+                         "totals_roofline_s": roof, "measured_s": t})
+    return rows
+
+
+def test_from_json_refits_and_rescores_without_measuring(bench, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "build_runs", lambda *a: pytest.fail("measured"))
+    src, out = tmp_path / "in.json", tmp_path / "out.json"
+    same = {"a": (0.4, 8e-5), "b": (0.4, 8e-5)}  # one machine: one efficiency, one issue cost
+    _result_file(src, overlapped_rows(same))
+    assert bench.main(["--from-json", str(src), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["refit_of"] == str(src) and "not a new measurement" in result["note"]
+    for scheme in ("overlapped, other points", "overlapped, other models"):
+        w = result["within_target"][scheme]
+        assert (w["all"], w["of"]) == (6, 6) and w["worst"] == pytest.approx(0, abs=1e-9)
+    # The sum per model reads the host-bound point's flat step as roofline it does not have.
+    assert result["within_target"]["other batch sizes"]["all"] < 6
+    assert "overlapped, other points: 6/6 within ±30%" in capsys.readouterr().out
+
+    # One point 1.5× slower than the machine's model: predicted from the five others (exact,
+    # so their fit is the planted one) it is off by 1/1.5 − 1 = −33%, and counted a miss.
+    _result_file(src, overlapped_rows(same, slower={("b", 16)}))
+    assert bench.main(["--from-json", str(src), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    slow = next(r for r in result["rows"] if (r["model"], r["batch_size"]) == ("b", 16))
+    assert slow["predictions"]["overlapped, other points"]["error"] == pytest.approx(-1 / 3)
+    assert "b@16" not in slow["predictions"]["overlapped, other points"]["fitted_on"]
+    w = result["within_target"]["overlapped, other points"]
+    errors = [r["predictions"]["overlapped, other points"]["error"] for r in result["rows"]]
+    assert w["all"] == sum(abs(e) <= 0.3 for e in errors) <= 5
+    assert abs(w["worst"]) == max(abs(e) for e in errors) >= 1 / 3 - 1e-9
+
+
+def test_from_json_reproduces_a_committed_results_own_scores(bench, tmp_path):
+    path = BENCHMARKS / "results" / "2026-11-27-nvidia-h100-80gb-hbm3-plan-accuracy.json"
+    committed = json.loads(path.read_text())
+    result = bench.refit(str(path))
+    for old, new in zip(committed["rows"], result["rows"], strict=True):
+        for scheme in ("other batch sizes", "other models", "one efficiency"):
+            assert new["predictions"][scheme]["error"] == pytest.approx(
+                old["predictions"][scheme]["error"], rel=1e-9)
+    for scheme, w in committed["within_target"].items():
+        assert result["within_target"][scheme]["all"] == w["all"]
+
+
+def test_from_json_of_a_file_it_did_not_write_is_one_line_and_exit_2(bench, tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"rows": []}))
+    assert bench.main(["--from-json", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--from-json" in err and "plan-accuracy" in err

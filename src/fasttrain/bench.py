@@ -275,6 +275,17 @@ def bench(args: argparse.Namespace) -> int:
     return 130 if interrupted else 0
 
 
+def load_warning(env: dict) -> str | None:
+    """One line when other processes already keep the CPU's cores busy: every row's time (the
+    CPU rows', and the GPU rows' host side) then includes their share."""
+    load, cores = env.get("load_1min"), env.get("cores")
+    if load is None or not cores or load <= cores:
+        return None
+    return (f"warning: load average {load:.1f} on {cores} cores before any row ran: other "
+            f"processes share the CPU and the times below include their share (kept in the "
+            f"JSON as env.load_1min); compare rows of one run, or bench on a quiet machine")
+
+
 def _prepare(args: argparse.Namespace, cfg, entries, console):
     """The data, its ladder form, and the env block (with the measured peaks where the roofline
     row needs them), said on the console: what the bench does before any row runs."""
@@ -288,6 +299,8 @@ def _prepare(args: argparse.Namespace, cfg, entries, console):
     console.print(f"data: {dataset.name} from {dataset.source}: {data.n_train} train / "
                   f"{len(data.test_y)} test" + (" [bold red](synthetic)[/bold red]"
                                                  if dataset.synthetic else ""))
+    if load_warning(env):
+        console.print(f"[yellow]{load_warning(env)}[/yellow]")
     if "roofline" in [e.name for e in entries]:
         from fasttrain.peaks import machine_peaks
 

@@ -82,3 +82,15 @@ def test_each_flag_states_its_default_once():
             assert action.help.count("(default") == 1, action.help
     data_dir = next(a for a in p._actions if a.dest == "data_dir")
     assert "$FASTTRAIN_DATA" in data_dir.help and "None" not in data_dir.help
+
+
+def test_resuming_a_run_built_in_python_from_the_command_line_names_the_way(tmp_path):
+    # fasttrain.build(model=net, data=(x, y), out=DIR) records its objects as "python:..."; the
+    # README's `fasttrain train --out DIR --resume auto --epochs 40` on that run failed with
+    # "cannot import python (No module named 'python')".
+    (tmp_path / "config.toml").write_text('model = "python:Sequential"\ndata = "python:data"\n'
+                                          'loss = "python:mse_loss"\n')
+    with pytest.raises(UserError) as e:
+        parse("--out", str(tmp_path), "--resume", "auto", "--epochs", "40")
+    text = str(e.value)
+    assert "built in Python" in text and "resume='auto'" in text and "model=python:" in text

@@ -62,6 +62,15 @@ def test_load_returns_the_trained_module(tmp_path):
         assert torch.equal(loaded(x), run.model.eval()(x))
 
 
+def test_load_without_the_module_of_a_run_built_from_python_names_the_way(tmp_path):
+    # The run's model.json held the module's class path, which load() then tried as --model:
+    # "--model 'tests.engine.usermodel.Net': give a bundled name or an import path ...".
+    train(2, out=str(tmp_path))
+    with pytest.raises(UserError) as e:
+        fasttrain.load(tmp_path)
+    assert "passed from Python" in str(e.value) and "model=" in str(e.value), e.value
+
+
 def test_activation_checkpointing_on_named_modules_gives_the_same_training():
     plain = weights(train(4, precision="fp32"))
     run = fasttrain.build(model=made(), data=usermodel.data(), loss=usermodel.huber,
@@ -209,3 +218,14 @@ def test_memory_takes_a_model_given_by_import_path(capsys, tmp_path):
     row = json.loads((tmp_path / "m.json").read_text())["rows"][0]
     params = sum(p.numel() for p in usermodel.make().parameters())
     assert row["params"] == params and row["weights"] == 4 * params
+
+
+def test_the_start_line_names_data_from_python_and_synthetic_data_plainly():
+    # Audit: "training ...Sequential on python on cpu" and "training cnn on synthetic (synthetic)".
+    from fasttrain.engine.run import describe
+
+    run = fasttrain.build(model=made(), data=usermodel.data(), loss=usermodel.huber, max_steps=1,
+                          verbose=False, **COMMON)
+    assert " on your data on " in describe(run), describe(run)
+    run = fasttrain.build(model="mlp", data="synthetic", max_steps=1, verbose=False)
+    assert " on synthetic on " in describe(run), describe(run)

@@ -29,8 +29,11 @@ class CountOps(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops, self.views = Counter(), Counter()
+        self.grad_modes = set()  # "inference", "grad" or "no_grad": what each op ran under
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.grad_modes.add("inference" if torch.is_inference_mode_enabled()
+                            else "grad" if torch.is_grad_enabled() else "no_grad")
         out = func(*args, **(kwargs or {}))
         kind = self.views if func._schema.name in VIEWS else self.ops
         kind[func._schema.name.removeprefix("aten::")] += 1
@@ -81,6 +84,7 @@ def test_a_step_is_four_ops_and_an_epoch_adds_four():
     assert step.ops == Counter({"mm": 1, "_log_softmax": 1, "_log_softmax_backward_data": 1,
                                 "addmm_": 1})
     assert sum(step.ops.values()) == OPS_PER_STEP
+    assert not step.views  # v4: g.T and Wᵀ made at setup; a view is a dispatch too (~1 µs)
     with CountOps() as epoch:
         train_steps(s, s.steps)
     assert sum(epoch.ops.values()) == OPS_PER_STEP * len(s.steps)
@@ -132,3 +136,24 @@ def test_the_blas_library_is_restored_after_the_capture(monkeypatch):
         raise RuntimeError("capture failed")
     assert state["now"] == "cublas"
     assert DEFAULT.blas == "cublas" and {v.blas for v in SWEEP} == {"cublas", "cublaslt"}
+
+
+def test_the_steps_run_in_inference_mode_and_leave_no_inference_tensor():
+    """v4: train_steps runs under torch.inference_mode (the autograd dispatch keys skipped), but
+    creates no tensor, so every buffer stays a normal tensor: the epoch's loss sum, params(),
+    evaluate() and a CUDA graph's next capture or replay use them as before, autograd included."""
+    cfg = LadderConfig(epochs=1, batch_size=64)
+    data = make_ladder_data(tiny_images(n_train=150), cfg)
+    s = EpochState(data, cfg, torch.device("cpu"))
+    shuffle(s, torch.from_numpy(data.orders[0]))  # the steps read the shuffled rows
+    with CountOps() as step:
+        train_steps(s, s.steps)
+    assert step.grad_modes == {"inference"}
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()  # restored
+    buffers = [s.w, s.wt, s.z, s.g, s.logp, s.shuffled, s.loss_sum] + [
+        t for st in s.steps for t in st if isinstance(t, torch.Tensor)]
+    assert not any(t.is_inference() for t in buffers)
+    sum_loss(s)  # outside inference mode, on the buffers the steps wrote
+    w = s.w.clone().requires_grad_(True)
+    (w ** 2).sum().backward()  # a normal tensor: autograd can still use what the steps wrote
+    torch.testing.assert_close(w.grad, 2 * s.w)

@@ -16,7 +16,8 @@ ESTIMATE; the footer gives its basis:
 - largest batch: the peak is linear in the micro-batch; predicted at two sizes and extrapolated.
 - step time: fasttrain.lab.steptime — every op call of one real step at the slower of the GPU's
   peak for the precision and its bandwidth, over an efficiency (default, or fitted by
-  --calibrate here), plus a cost per op issued (the catalogue's, or steptime's default).
+  --calibrate here), or a cost per op issued (the catalogue's, or steptime's default) times
+  the calls, whichever is slower: the host issues while the GPU computes (lab/overlap.py).
 - cost: fasttrain.lab.cost — example list prices of the catalogue; spot with expected restarts.
 """
 
@@ -59,6 +60,14 @@ def launch(gpu: cost.GPU, cfg, fit: steptime.Fit) -> tuple[float, str]:
     return steptime.DEFAULT_LAUNCH_S, steptime.DEFAULT_LAUNCH_SOURCE
 
 
+def overlapped(gpu: cost.GPU, fit: steptime.Fit) -> bool:
+    """Whether `gpu`'s step is predicted as the slower of its two terms (the host issues while
+    the device computes: lab/overlap.py) — everywhere but where the constants were fitted on
+    this very GPU by --calibrate, whose two-point fit is the sum's (steptime.fit: two points
+    cannot tell the max's regimes apart) and is applied as it was fitted."""
+    return not (fit.device and same_gpu(fit.device, gpu.name))
+
+
 def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
             steps_epoch: int | None, total_steps: int, spot: tuple[float, float, float],
             samples: int | None, fsdp: bool = False) -> dict:
@@ -81,9 +90,10 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
     peak = gpu.peaks[variant.precision]
     launch_s, launch_source = launch(gpu, variant, fit)
     # Each of the `used` GPUs computes 1/used of the samples (the optimizer's bytes are not
-    # shared under DDP: optimistic for tiny batches) and issues every op call.
+    # shared under DDP: optimistic for tiny batches) and issues every op call, while its device
+    # computes: the slower of the two (`overlapped`).
     compute = steptime.predict_s(work, peak, gpu.bandwidth, fit.efficiency, launch_s,
-                                 share=1 / used)
+                                 share=1 / used, overlapped=overlapped(gpu, fit))
     link = scaling.Link(gpu.interconnect, gpu.link_bandwidth)
     grad = int(work.grad_bytes * (FSDP_TRAFFIC if fsdp or used != n else 1))
     t = scaling.step_time(compute, grad, used, link)
@@ -308,8 +318,8 @@ def plan(args: argparse.Namespace) -> int:
         f"formula). Largest batch: linear extrapolation from two predicted sizes (all: the "
         f"whole epoch). Step: Σ over the op calls of one counted step of max(FLOPs / "
         f"{cfg.precision} peak, bytes / bandwidth) ÷ efficiency {fit.efficiency:.2g}"
-        f"{_held(fit)}, + calls × "
-        f"the cost to issue one ({_launches(rows)}) — {fit.source}"
+        f"{_held(fit)}, or calls × "
+        f"the cost to issue one ({_launches(rows)}), the slower — {fit.source}"
         + (f"; {n} GPUs {'FSDP' if fsdp else 'data parallel'}, ring collectives over the "
            f"catalogue's link" if n > 1 else "")
         + (f". {steps_epoch:,} steps/epoch, {total:,} steps" if steps_epoch else

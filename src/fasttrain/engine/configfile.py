@@ -59,7 +59,23 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
         values.update(_run_config(args))
     names = {f.name for f in fields(TrainConfig)}
     values.update({k: v for k, v in vars(args).items() if k in names})
+    _refuse_python_objects(values, getattr(args, "out", None))
     return TrainConfig(**values)
+
+
+def _refuse_python_objects(values: dict[str, Any], out: str | None) -> None:
+    """A run built from Python objects (fasttrain.build(model=net, ...)) records them as
+    'python:<name>': nothing the command line can import. Say how to resume it, rather than
+    fail to import a module named 'python'."""
+    objects = [f"{k}={v}" for k, v in values.items()
+               if k in USER_CODE and isinstance(v, str) and v.startswith("python:")]
+    if objects:
+        raise UserError(f"--out {out}: this run was built in Python ({', '.join(objects)}), "
+                        f"which the command line cannot import; resume it from Python with the "
+                        f"same objects: fasttrain.build(..., out={str(out)!r}, resume='auto')")
+
+
+USER_CODE = ("model", "data", "loss", "step", "optimizer", "scheduler")
 
 
 def _run_config(args: argparse.Namespace) -> dict[str, Any]:

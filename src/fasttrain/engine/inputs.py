@@ -166,7 +166,7 @@ def load_data(data, cfg, world: int = 1):
             return split_validation(task, cfg.val_fraction, cfg.seed), "a bundled dataset"
         data, label = call_factory(data, "--data"), data
     else:
-        label = "python"
+        label = "your data"  # objects passed from Python: named so in the start line
     if isinstance(data, TaskData):
         return split_validation(data, cfg.val_fraction, cfg.seed), "tensors"
     from fasttrain.engine.streamdata import StreamData, load

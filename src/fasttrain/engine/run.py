@@ -218,7 +218,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
                               channels_last=cfg.channels_last, block_size=cfg.block_size,
                               rank=world.dp_rank, world=world.dp_size, augment=flip_crop, why=why)
     if user.get("step") is None and task.kind == "other":
-        raise UserError(f"the {task.name} batches are not (input, target) pairs, which the "
+        raise UserError(f"the batches of {task.name} are not (input, target) pairs, which the "
                         f"default step needs: give step=fn(model, batch) returning the loss "
                         f"(--step pkg.module:fn)")
     run.loss_fn = inputs.resolve_loss(loss, task, user_step=user.get("step") is not None)
@@ -313,7 +313,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     if cfg.cuda_graphs and run.graph_why is None:
         graphed.attach(run)  # after the restore: it sets the optimizer's flags the graph needs
     run.rundir.write_text("config.toml", to_toml(cfg))
-    run.rundir.write_json("model.json", {"model": label, "in_shape": list(task.in_shape or ()),
+    # A module passed from Python is recorded as cfg.model's "python:<class>": load() then asks
+    # for it rather than try its class path as an import path.
+    about = cfg.model if cfg.model.startswith("python:") else label
+    run.rundir.write_json("model.json", {"model": about, "in_shape": list(task.in_shape or ()),
                                          "num_classes": task.num_classes})
     if verbose and world.main:
         print(describe(run), file=sys.stderr)
@@ -325,7 +328,8 @@ def describe(run: Run) -> str:
     cfg, b, task = run.cfg, run.batches, run.data
     used = {"fp16": "fp16 autocast + GradScaler", "bf16": "bf16 autocast",
             "tf32": "TF32 matmuls"}.get(cfg.precision, "fp32")
-    return (f"training {run.label} on {task.name}{' (synthetic)' if task.synthetic else ''} on "
+    synthetic = task.synthetic and "synthetic" not in task.name  # not "synthetic (synthetic)"
+    return (f"training {run.label} on {task.name}{' (synthetic)' if synthetic else ''} on "
             f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}"
             f"{_passes(run)}: "
             f"micro-batch {b.micro} per rank × {cfg.accum_steps} accumulation × "

@@ -34,9 +34,9 @@ unless a bound holds; where one does, the Fit says which (`held`) and what the u
 (`unbounded`), and `plan` prints both beside the figures that use the bound. On another GPU the
 efficiency carries over as it is; t_launch does not (a CPU's per-op cost is not a GPU's): it comes
 from the catalogue (`launch_us`, with its source) or is DEFAULT_LAUNCH_S. On a GPU the host issues
-ahead of the device, so the sum is pessimistic where the two terms are close (at most 2×: the true
-step is at least their maximum). Data parallel: each GPU takes 1/n of the samples (`share`, the
-roofline term) but issues every call.
+ahead of the device: a GPU's step is the slower of the two terms, not their sum (`overlapped`;
+fasttrain.lab.overlap, checked on three H100 loans). Data parallel: each GPU takes 1/n of the
+samples (`share`, the roofline term) but issues every call.
 """
 
 from __future__ import annotations
@@ -190,11 +190,13 @@ def roofline_s(work: StepWork, peak_flops: float, bandwidth: float) -> float:
 
 
 def predict_s(work: StepWork, peak_flops: float, bandwidth: float, efficiency: float,
-              launch_s: float, share: float = 1.0) -> float:
-    """The step: its roofline over the efficiency, plus issuing every call at `launch_s`.
-    `share`: the fraction of the step's samples this device computes (1/n of data parallel: the
-    FLOPs and activation bytes shrink, the calls issued do not)."""
-    return share * roofline_s(work, peak_flops, bandwidth) / efficiency + work.ops * launch_s
+              launch_s: float, share: float = 1.0, overlapped: bool = False) -> float:
+    """The step: its roofline over the efficiency, plus issuing every call at `launch_s`; with
+    `overlapped` (a GPU: the host issues while the device computes) the slower of the two
+    (fasttrain.lab.overlap). `share`: the fraction of the step's samples this device computes
+    (1/n of data parallel: the FLOPs and activation bytes shrink, the calls issued do not)."""
+    device = share * roofline_s(work, peak_flops, bandwidth) / efficiency
+    return max(device, work.ops * launch_s) if overlapped else device + work.ops * launch_s
 
 
 def _least_squares(points: list[Point]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -267,9 +269,12 @@ def held_note(fit: Fit) -> str:
 # -- measuring ---------------------------------------------------------------------------------
 
 
-def time_steps(run, steps: int, warmup: int = WARMUP, clock=time.perf_counter) -> list[float]:
+def time_steps(run, steps: int, warmup: int = WARMUP, clock=time.perf_counter,
+               issued: list | None = None) -> list[float]:
     """Seconds of each of `steps` optimizer steps after `warmup`, each timed to the device's end
-    (`clock` may be time.process_time for a one-thread CPU run on a shared machine)."""
+    (`clock` may be time.process_time for a one-thread CPU run on a shared machine). `issued`:
+    appended, each step's seconds until the host returned from it (before the closing sync: on a
+    GPU the host's issue time, on a CPU the step)."""
     from fasttrain.engine.loop import endless_steps, warm_up
     from fasttrain.timing import synchronizer
 
@@ -282,6 +287,8 @@ def time_steps(run, steps: int, warmup: int = WARMUP, clock=time.perf_counter) -
         sync()
         t0 = clock()
         run.train_step(run, step_input)
+        if issued is not None:
+            issued.append(clock() - t0)
         sync()
         times.append(clock() - t0)
     return times

@@ -14,9 +14,13 @@ and orders are on the device as uint8 / int32.
 Variants `benchmarks/sync_cost.py` compares (the winner is wired in): kernel version 2 or 3 ×
 cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each), version 4 (v3 with point-to-
 point mbarrier signals instead of the two cluster barriers a step; clusters only, so no cooperative-
-grid v4) and version 5 (v4's signals with both GEMMs on tensor cores: W and g split into three bf16
+grid v4), version 5 (v4's signals with both GEMMs on tensor cores: W and g split into three bf16
 parts against the exact bf16 pixels, fp32 accumulation, so fp32-accurate: on an H100, 2026-11-27,
-2.45 ms/epoch on 14 CTAs against v4's 2.30, so not the row's) on 7 or 14 CTAs. The signalled
+2.45 ms/epoch on 14 CTAs against v4's 2.30, so not the row's) and version 6 (v4's signals with W
+in registers for the whole epoch and the partial logits and update register-tiled: no W loads,
+a shuffle reduce-scatter instead of shared-memory round trips; written without a GPU, its tiles
+checked on the CPU against float64, NOT yet run on a GPU, so not the row's until one measures it)
+on 7 or 14 CTAs. The signalled
 versions' waits are bounded: a protocol fault ends the launch and shows as a RuntimeError at the
 next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
@@ -41,12 +45,13 @@ from fasttrain.ladder.common import Impl, LadderConfig, LadderData
 
 SOURCE = "cuda_epoch.cu"
 CTAS = 14  # 56 features a CTA: 8.3 µs/step against 9.8 with 7 CTAs (H100, v2)
-VERSION = 4  # the row's kernel version on clusters (cross-checked against FALLBACK)
+VERSION = 4  # the row's kernel version on clusters (cross-checked against FALLBACK); v5 measured
+# slower, v6 not yet run: a GPU must time it (benchmarks/sync_cost.py) before it may be the row's
 GRID_VERSION = 3  # the row's version without clusters (v4 is cluster-only)
 FALLBACK = 2
-VERSIONS = (2, 3, 4, 5)  # csrc/cuda_epoch.cu's changelog
-CLUSTER_ONLY = (4, 5)  # versions with no cooperative-grid kernel (mbarrier signals in a cluster)
-SIGNALLED = (4, 5)  # versions whose bounded waits report a timeout via cuda_epoch_signal_status
+VERSIONS = (2, 3, 4, 5, 6)  # csrc/cuda_epoch.cu's changelog
+CLUSTER_ONLY = (4, 5, 6)  # versions with no cooperative-grid kernel (mbarrier signals in a cluster)
+SIGNALLED = (4, 5, 6)  # versions whose bounded waits report a timeout via cuda_epoch_signal_status
 CTA_COUNTS = (7, 14)
 CROSS_CHECK_ATOL = 1e-3
 """v3 or v4 against v2 after one epoch from the same weights: fp32 summation orders differ (a few
@@ -56,9 +61,9 @@ MAX_BATCH = 128  # one CTA thread pair per row of the batch
 READ_LOSS_EVERY = 10
 SIGNAL_TIMEOUT = 20001  # cuda_epoch_signal_status: a v4 wait timed out (not a cudaError_t)
 PHASES = ("partials", "widen", "wait partials", "softmax, send g", "wait g", "update")
-"""A v4 or v5 step's phases, in order (epoch_v4.cuh's Phase): the partial logits and their sends;
-the next batch's widening; the wait for my rows' partials; their softmax and the g sends; the wait
-for every row's g; the weight gradient and update."""
+"""A v4, v5 or v6 step's phases, in order (epoch_v4.cuh's Phase): the partial logits and their
+sends; the next batch's widening; the wait for my rows' partials; their softmax and the g sends; the
+wait for every row's g; the weight gradient and update."""
 
 
 def load_library() -> ctypes.CDLL:
@@ -153,7 +158,7 @@ class EpochKernel:
     def run(self, epoch: int, w=None, b=None, stats=None, check_signals: bool = True) -> None:
         """One epoch in `orders[epoch]` order on (w, b, stats), by default the run's own.
 
-        check_signals: for v4 and v5, wait for the epoch and raise if a signal wait timed out (a
+        check_signals: for v4 to v6, wait for the epoch and raise if a signal wait timed out (a
         host sync; timed loops pass False and call check_signals() after)."""
         w, b, stats = (self.w, self.b, self.stats) if w is None else (w, b, stats)
         p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
@@ -166,8 +171,8 @@ class EpochKernel:
             self.check_signals()
 
     def check_signals(self) -> None:
-        """v4, v5: raise if a bounded wait of any launch since the last check timed out (the kernel
-        then gave up instead of hanging, and the launches after it did nothing). Syncs."""
+        """v4 to v6: raise if a bounded wait of any launch since the last check timed out (the
+        kernel then gave up instead of hanging, and the launches after it did nothing). Syncs."""
         if self.version not in SIGNALLED:
             return
         detail = ctypes.c_int()
@@ -183,12 +188,13 @@ class EpochKernel:
         check(self.lib, code, f"cuda_epoch_signal_status ({self.variant})")
 
     def phase_profile(self, epoch: int) -> dict:
-        """v4 or v5 on a cluster: one epoch in `orders[epoch]` order by the phase-profiling build of
-        the kernel, from copies of this kernel's weights (they stay as they are), and the µs a
-        step spent in each of PHASES: the mean over CTAs and the largest. Clocks become time by
-        CTA 0's loop, timed both ways. Syncs."""
+        """v4, v5 or v6 on a cluster: one epoch in `orders[epoch]` order by the phase-profiling
+        build of the kernel, from copies of this kernel's weights (they stay as they are), and the
+        µs a step spent in each of PHASES: the mean over CTAs and the largest. Clocks become time
+        by CTA 0's loop, timed both ways. Syncs."""
         if self.version not in SIGNALLED or not self.cluster:
-            raise ValueError(f"the phase profile is of v4 or v5 on a cluster, not {self.variant}")
+            raise ValueError(
+                f"the phase profile is of v4, v5 or v6 on a cluster, not {self.variant}")
         w, b, stats = self.w.clone(), self.b.clone(), torch.zeros_like(self.stats)
         p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
         clocks = (ctypes.c_ulonglong * (self.ctas * len(PHASES)))()
@@ -215,7 +221,8 @@ class CudaEpoch(Impl):
     name = "cuda-epoch"
     sources = ("csrc/cuda_epoch.cu", "csrc/epoch_shared.cuh", "csrc/epoch_v2.cuh",
                "csrc/epoch_v3.cuh", "csrc/epoch_v4.cuh", "csrc/epoch_v5.cuh",
-               "csrc/epoch_v5_math.cuh")  # the kernel its figures come from
+               "csrc/epoch_v5_math.cuh", "csrc/epoch_v6.cuh",
+               "csrc/epoch_v6_math.cuh")  # the kernel its figures come from
     device = "cuda"
 
     @classmethod

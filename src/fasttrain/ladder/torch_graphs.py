@@ -7,6 +7,10 @@ once as ONE CUDA graph and replayed each epoch with no host involvement.
 - Each epoch copies its order into the graph's static order buffer (device to device,
   stream-ordered, no host sync) and replays the graph: one host call an epoch.
 - The loss is read every 10 epochs, the only host sync.
+- torch-optimized's v4 (its steps under inference mode, ops bound to locals) is captured as is:
+  inference mode is host-side dispatch state, so the graph's kernels are the same, and no tensor
+  the capture makes is an inference tensor; its host savings buy nothing here (no dispatch at
+  replay), only a shorter capture.
 
 What limits it: ~4-6 dependent kernels a step (cuBLAS may split a GEMM's K into a GEMM and a
 reduction kernel), each ≥ ~1 µs even inside a graph (graph_node_us, measured 1.00 µs on the H100,

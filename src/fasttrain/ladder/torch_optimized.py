@@ -17,26 +17,41 @@ the GPU is starved by launches: few, fused, in-place eager ops on a preloaded de
   The gradient of the mean cross-entropy is written out (dL/dz = (softmax - onehot) / B), not
   taken by autograd: autograd + optimizer + zero_grad launch ~15 kernels a step.
 - No host work but the 4 dispatches: every step's views (its slice of the shuffled rows, its
-  logits and gradient buffers, its slice of the log-prob buffer) and its learning rate over the
-  batch are made once at setup, since the buffers never move; slicing them anew each step cost
-  ~8 µs of Python a step on the 2-core EPYC.
+  logits and gradient buffers and the gradient's transpose, its slice of the log-prob buffer, the
+  weight's transpose) and its learning rate over the batch are made once at setup, since the
+  buffers never move; slicing them anew each step cost ~8 µs of Python a step on the 2-core EPYC,
+  and even one `g.T` a step is a dispatch (aten::t, 0.6 µs there).
+- The 4 dispatches as cheap as PyTorch's supported eager API makes them: under
+  `torch.inference_mode()`, which takes the Autograd dispatch keys out of the path (`no_grad`
+  does not; on these normal tensors ADInplaceOrView still runs and bumps the version counters),
+  with the ops bound to locals. `benchmarks/dispatch_cost.py` times every way to issue them on
+  CPU tensors of the smallest shapes (the host path up to the backend kernel): `torch.ops.aten.*`
+  costs twice as much (pybind, not the generated argument parser), new outputs instead of out=
+  cost more, functools.partial buys ~0.1 µs a step over locals, and TorchScript (deprecated in
+  torch 2.13) would save another ~0.8 µs a step.
 - The loss costs nothing per step: the log-probs land in an epoch-long buffer, reduced once per
   epoch on the device (3 kernels) and read every 10 epochs (the one host sync).
 - fp32: at these sizes (B = 128, N = 10) every GEMM is latency-bound, so bf16 autocast would buy
   nothing and add cast kernels. No torch.compile either: on the H100 (2026-11-26) v1's compiled
   bf16 autograd step took 114 µs, against ~25-30 µs of GPU work in ~10 kernels: host-bound on
-  Inductor's per-kernel launches and guards; 4 eager dispatches are ~4 × 5 µs of host time
-  (an estimate, not yet measured).
+  Inductor's per-kernel launches and guards; 4 eager dispatches cost less (v2, v3 below).
 
-What limits it: host dispatch (~5 µs an op, 4 a step) against GPU time per step (~15-20 µs, two
-cuBLAS GEMMs, one of which cuBLAS may run split-K); `torch-graphs` replays this
-same step from a CUDA graph.
+What limits it: the host's work per op (~14 µs an op on the H100's Xeon in v3, 4 a step) against
+GPU time per step (~15-20 µs, two cuBLAS GEMMs, one of which cuBLAS may run split-K). Of that,
+Python and the dispatcher up to the kernel are a small part: v3's whole step cost 5.0 µs on CPU
+tensors of the smallest shapes on the 2-core EPYC (1.3 µs an op, tiny kernels included); the
+rest is what the CUDA backend does on the host (device guard, stream, cuBLAS's host side, kernel
+launches), not yet measured apart (`dispatch_cost.py --device cuda` does, on a GPU).
+`torch-graphs` replays this same step from a CUDA graph, with none of it.
 
 Versions: v1 torch.compile of 4 unrolled autograd steps with bf16 autocast (H100: 53.4 ms/epoch,
 114 µs/step; 2-core Zen 4 EPYC: 61.3 ms/epoch); v2 4 eager ops a step, epoch-wise shuffle (H100:
 34.0 ms/epoch, 72 µs/step, so ~18 µs of host time an op on that machine's Xeon, not the 5
-estimated); v3 (this file) v2 with each step's views made once at setup (H100, 2026-11-27: 26.2
-ms/epoch, 56 µs/step).
+estimated); v3 v2 with each step's views made once at setup (H100, 2026-11-27: 26.2 ms/epoch,
+56 µs/step); v4 (this file) v3 under inference_mode, ops bound to locals, g.T and Wᵀ made at
+setup: the step's host path on the 2-core EPYC, CPU tensors of the smallest shapes, 5.03 → 3.19
+µs (-1.8 µs, -37%; dispatch_cost.py, 2026-11-27, load ~8.5 on 2 cores); on an H100 not yet
+measured (if the saving carries over whole, ~54 µs/step, ~25 ms/epoch: the CUDA side dominates).
 
 Run alone:  python -m fasttrain bench --impl torch-optimized [--device cuda]
 """
@@ -62,6 +77,7 @@ class Step(NamedTuple):
     neg_onehot: torch.Tensor  # [nb, 10]
     z: torch.Tensor  # [nb, 10] logits
     g: torch.Tensor  # [nb, 10] dL/dz · nb
+    gt: torch.Tensor  # [10, nb]: g.T, made once (a view made per step is a dispatch, ~0.6 µs)
     logp: torch.Tensor  # [nb, 10]: this step's slice of the epoch's log-probabilities
     alpha: float  # -lr / nb: the mean over the batch folded into the update
 
@@ -92,6 +108,7 @@ class EpochState:
         # other kernels; the ops and the results are the same.
         w = w.to(device)
         self.w = w.T.contiguous().T if transposed else w.contiguous()
+        self.wt = self.w.T  # [785, 10] view, made once: the weight is updated in place, never moved
         self.z = torch.empty(cfg.batch_size, CLASSES, device=device)  # one step's logits
         self.g = torch.empty(cfg.batch_size, CLASSES, device=device)  # one step's dL/dz · B
         self.logp = torch.empty(n, CLASSES, device=device)  # the epoch's log-probabilities
@@ -101,8 +118,8 @@ class EpochState:
 
     def _step(self, start: int, stop: int) -> Step:
         nb = stop - start
-        batch = self.shuffled[start:stop]
-        return Step(batch[:, :X], batch[:, X : X + CLASSES], self.z[:nb], self.g[:nb],
+        batch, g = self.shuffled[start:stop], self.g[:nb]
+        return Step(batch[:, :X], batch[:, X : X + CLASSES], self.z[:nb], g, g.T,
                     self.logp[start:stop], -self.lr / nb)
 
     def params(self):
@@ -115,16 +132,23 @@ def shuffle(s: EpochState, order: torch.Tensor) -> None:
     torch.index_select(s.rows, 0, order, out=s.shuffled)
 
 
+@torch.inference_mode()
 def train_steps(s: EpochState, steps: list[Step]) -> None:
     """SGD steps in place, OPS_PER_STEP ops each and nothing else: fixed views of static buffers
-    and no host syncs, so CUDA graphs capture it as is."""
-    wt = s.w.T
-    for x, neg_onehot, z, g, logp, alpha in steps:
-        torch.mm(x, wt, out=z)
-        torch._log_softmax(z, 1, False, out=logp)
+    and no host syncs, so CUDA graphs capture it as is.
+
+    Inference mode skips the Autograd dispatch keys (0.1-0.2 µs an op on the 2-core EPYC;
+    no_grad does not); it creates no tensor here, so no inference tensor leaks out. The ops are
+    bound to locals and every view is made at setup: the loop only calls."""
+    mm, log_softmax, log_softmax_bw, update = (
+        torch.mm, torch._log_softmax, torch._log_softmax_backward_data, s.w.addmm_)
+    wt, f32 = s.wt, torch.float32
+    for x, neg_onehot, z, g, gt, logp, alpha in steps:
+        mm(x, wt, out=z)
+        log_softmax(z, 1, False, out=logp)
         # log_softmax's own backward with upstream gradient -onehot: -onehot + softmax · 1.
-        torch._log_softmax_backward_data(neg_onehot, logp, 1, torch.float32, out=g)
-        s.w.addmm_(g.T, x, alpha=alpha)
+        log_softmax_bw(neg_onehot, logp, 1, f32, out=g)
+        update(gt, x, alpha=alpha)
 
 
 def sum_loss(s: EpochState) -> None:

@@ -74,10 +74,24 @@
 //      less a step; how much of v4's 4.85 µs they are is what the phase profile measures.
 //      Its tile indexing is checked on the CPU against float64 (tests/ladder/
 //      test_cuda_epoch_v5_math.py, through a host stand-in of the WMMA API).
+//   v6 (StepV6, epoch_v6.cuh; written without a GPU and NOT yet run on one: the row stays on v4
+//      until a GPU measures it) v4's loop, signals, inbox formats and softmax, with W in
+//      REGISTERS for the whole epoch (35 a thread, replicated over L's row groups, every replica
+//      applying the same fp32 update) and both products register-tiled (epoch_v6_math.cuh): L is
+//      4 rows x 5 classes x 7 strided features a thread at 14 CTAs (140 FMA in 20 chains of 7,
+//      28 conflict-free LDS.32 of x, no W load; v4: 42 LDS.128 for the same 140 FMA), its
+//      feature lanes' sums combined by a 19-SHFL reduce-scatter after which each lane sends v4's
+//      float4 or float; G keeps v4's partials and sums the row groups over 280 threads (8 LDS.128
+//      and 2 SHFL each, v4: 140 threads x 16 serial LDS.128) into DW, which every thread reads
+//      (9 LDS.128) into its registers. SASS, 14 CTAs: L 140 FFMA, 28 LDS, 19 SHFL (v4's: 42
+//      LDS.128 and 5 SHFL for its 140 FMA); whole kernel, static: 261 shared loads (34 LDS.128)
+//      against v4's 484 (84); 128 registers (the 512-thread cap), no spill. Its tiles run on the CPU for
+//      whole cluster epochs against float64 (tests/ladder/test_cuda_epoch_v6_math.py).
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
 #include "epoch_v4.cuh"
 #include "epoch_v5.cuh"
+#include "epoch_v6.cuh"
 
 namespace {
 
@@ -112,7 +126,15 @@ struct Version<5> {  // cluster only, as v4
   template <int NC>
   using Step = StepV5<NC>;
 };
-// v4, v5: point-to-point mbarrier signals, clusters only.
+template <>
+struct Version<6> {  // cluster only, as v4
+  static constexpr int threads = THREADS4;
+  template <int NC>
+  using Shape = Shape6<NC>;
+  template <int NC>
+  using Step = StepV6<NC>;
+};
+// v4, v5, v6: point-to-point mbarrier signals, clusters only.
 __host__ __device__ constexpr bool signalled(int v) { return v >= 4; }
 
 template <int V, int NC, class Ex>
@@ -123,7 +145,7 @@ __device__ void train_epoch(Ex& ex, const Args& a, float* sm) {
     train_epoch_v3<NC>(ex, a, sm);
 }
 
-// TIMED: v4's or v5's phase-profiling build (cuda_epoch_phase_profile), never the timed row's.
+// TIMED: v4's, v5's or v6's phase-profiling build (cuda_epoch_phase_profile), never the timed row's.
 template <int V, int NC, bool TIMED = false>
 __global__ void __launch_bounds__(Version<V>::threads, 1) epoch_cluster_kernel(Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -228,9 +250,10 @@ const char* cuda_epoch_error_name(int code) {
 // 3.89 ms/epoch with 14 CTAs), 3 (512 threads, barrier A split around the next batch's widening,
 // vector pushes, register-blocked gradient, no serial bias loop), 4 (v3 with point-to-point
 // mbarrier signals instead of the barriers; cluster only), 5 (v4 with its GEMMs on tensor cores
-// at fp32 accuracy; cluster only). ctas: 7 or 14.
+// at fp32 accuracy; cluster only), 6 (v4 with W in registers, L and G register-tiled; cluster
+// only). ctas: 7 or 14.
 int cuda_epoch_variant(int ctas, int version, int cluster, int* threads, int* smem_bytes) {
-  if (version >= 4 && !cluster) return 0;  // no cooperative-grid v4 or v5
+  if (version >= 4 && !cluster) return 0;  // no cooperative-grid v4, v5 or v6
 #define FT_VARIANT(V, NC)                                                  \
   if (ctas == NC && version == V) {                                        \
     *threads = Version<V>::threads;                                        \
@@ -245,6 +268,8 @@ int cuda_epoch_variant(int ctas, int version, int cluster, int* threads, int* sm
   FT_VARIANT(4, 14)
   FT_VARIANT(5, 7)
   FT_VARIANT(5, 14)
+  FT_VARIANT(6, 7)
+  FT_VARIANT(6, 14)
 #undef FT_VARIANT
   return 0;
 }
@@ -262,7 +287,7 @@ long long cuda_epoch_scratch_bytes(int ctas) {
 // [10][784] and b fp32 [10] updated in place, stats fp32 [2] += (sum of losses, correct count).
 // ctas: 7 or 14 (features split 112 or 56 each); cluster: 1 = thread-block cluster (sm_90+),
 // 0 = cooperative grid with `scratch` (cuda_epoch_scratch_bytes) for the inboxes; version: 2 to
-// 5 (cuda_epoch_variant; 4 and 5 need cluster = 1). Returns 0 or a cudaError_t (of the launch: a
+// 6 (cuda_epoch_variant; 4 to 6 need cluster = 1). Returns 0 or a cudaError_t (of the launch: a
 // v4 protocol timeout shows in cuda_epoch_signal_status).
 int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int bs, float lr,
                      void* w, void* b, void* stats, void* scratch, int ctas, int cluster,
@@ -281,6 +306,8 @@ int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int
   if (version == 4 && ctas == 14) return train<4, 14>(a, cl, stream);
   if (version == 5 && ctas == 7) return train<5, 7>(a, cl, stream);
   if (version == 5 && ctas == 14) return train<5, 14>(a, cl, stream);
+  if (version == 6 && ctas == 7) return train<6, 7>(a, cl, stream);
+  if (version == 6 && ctas == 14) return train<6, 14>(a, cl, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -288,7 +315,7 @@ int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int
 // sticky flag its bounded waits set on a timeout. Returns 0, a cudaError_t, or SIGNAL_TIMEOUT
 // (20001) with *detail = kind (1 partials, 2 g) | CTA rank << 4 | step << 12 of the first wait
 // that timed out. A launch that finds the flag set does nothing, so the first failure is kept.
-// One epoch of v4 or v5 (`version`) on a cluster by its phase-profiling build (the same
+// One epoch of v4, v5 or v6 (`version`) on a cluster by its phase-profiling build (the same
 // arithmetic: it trains), then, per CTA, the clocks its thread 0 spent in each phase (out: ctas x
 // PHASES, row-major) and CTA 0's loop span in ns and step count (span: 2). Syncs the stream.
 int cuda_epoch_phase_profile(const void* x, const void* y, const void* order, int n, int bs,
@@ -307,6 +334,8 @@ int cuda_epoch_phase_profile(const void* x, const void* y, const void* order, in
   FT_PROFILE(4, 14)
   FT_PROFILE(5, 7)
   FT_PROFILE(5, 14)
+  FT_PROFILE(6, 7)
+  FT_PROFILE(6, 14)
 #undef FT_PROFILE
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
   if (err == cudaSuccess)

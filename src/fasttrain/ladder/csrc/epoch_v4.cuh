@@ -206,6 +206,29 @@ struct PhaseClock<true> {
   }
 };
 
+// Send my rows of g (gl [RPC][16]) and their sum to every CTA's GB[p] (gb_u: my g inboxes, S::GB
+// floats each; gbar_u: my GBAR[2]), completing on its GBAR[p]. v4's and v6's.
+template <int NC, class S>
+__device__ __forceinline__ void send_g_rows(const float* gl, uint32_t gb_u, uint32_t gbar_u, int r,
+                                            int tid, int T, int p, int nb) {
+  constexpr int RPC = S::RPC;
+  for (int it = tid; it < NC * (RPC + 1) * 4; it += T) {
+    const int v = it & 3, i = (it >> 2) % (RPC + 1), q = (it >> 2) / (RPC + 1);
+    float4 val;
+    int off;
+    if (i < RPC) {
+      const int row = r * RPC + i;
+      if (row >= nb) continue;
+      val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * v);
+      off = row * 16 + 4 * v;
+    } else {
+      val = g_rows_sum<S>(gl, v);
+      off = Shape3<NC>::GIN + r * 16 + 4 * v;
+    }
+    st_async4(mapa(gb_u + 4 * (p * S::GB + off), q), val, mapa(gbar_u + 8 * p, q));
+  }
+}
+
 // v4's step: v3's fp32 arithmetic on the CUDA cores, its data moved by the signals. A step
 // policy of train_epoch_signalled (below), which v5 (epoch_v5.cuh) shares with another.
 template <int NC>
@@ -257,24 +280,7 @@ struct StepV4 {
     }
   }
 
-  // Send my rows of g and their sum to every CTA's GB[p], completing on its GBAR[p].
-  __device__ void send_g(int p, int nb) {
-    for (int it = tid; it < NC * (RPC + 1) * 4; it += T) {
-      const int v = it & 3, i = (it >> 2) % (RPC + 1), q = (it >> 2) / (RPC + 1);
-      float4 val;
-      int off;
-      if (i < RPC) {
-        const int row = r * RPC + i;
-        if (row >= nb) continue;
-        val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * v);
-        off = row * 16 + 4 * v;
-      } else {
-        val = g_rows_sum<S>(gl, v);
-        off = Shape3<NC>::GIN + r * 16 + 4 * v;
-      }
-      st_async4(mapa(gb_u + 4 * (p * S::GB + off), q), val, mapa(gbar_u + 8 * p, q));
-    }
-  }
+  __device__ void send_g(int p, int nb) { send_g_rows<NC, S>(gl, gb_u, gbar_u, r, tid, T, p, nb); }
 
   // G: the weight-gradient partials (before the CTA barrier), then the update (after it).
   __device__ void gradient(int p, int nb) {
@@ -288,8 +294,8 @@ struct StepV4 {
   }
 };
 
-// The loop of v4 and v5: the signals' protocol (see the top) around a step policy St (StepV4,
-// or StepV5: the same data movement with the arithmetic on tensor cores).
+// The loop of v4, v5 and v6: the signals' protocol (see the top) around a step policy St (StepV4;
+// StepV5: the same data movement with the arithmetic on tensor cores; StepV6: register-tiled).
 template <int NC, class St, bool TIMED = false>
 __device__ void train_epoch_signalled(int r, const Args& a, float* sm) {
   constexpr int RPC = St::RPC, T = St::T;
@@ -298,7 +304,6 @@ __device__ void train_epoch_signalled(int r, const Args& a, float* sm) {
   // Stale failure of an earlier launch not yet read by the host: every CTA reads the same value
   // (nothing writes it before the first barrier below), so all of them leave here together.
   if (*static_cast<volatile int*>(&g_signal_error) != 0) return;
-  const int extra = g_signal_fault == 1 && r == 0 ? 16 : 0;  // the test hook, step 2 only
   int* idx = st.idx;
   const uint32_t pbar_u = st.pbar_u, gbar_u = st.gbar_u;
   const int steps = (a.n + a.bs - 1) / a.bs;
@@ -364,7 +369,9 @@ __device__ void train_epoch_signalled(int r, const Args& a, float* sm) {
       break;
     }
     if (tid == 0 && s + 2 < steps)  // PART[p] read: re-arm for step s + 2
-      mbar_arm(pbar_u + 8 * p, part_bytes(s + 2) + (s == 0 ? extra : 0));
+      // The test hook (step 2 only), read where it is used: no register held over the loop.
+      mbar_arm(pbar_u + 8 * p,
+               part_bytes(s + 2) + (s == 0 && r == 0 && g_signal_fault == 1 ? 16 : 0));
     st.send_g(p, nb);
     clock.mark(PH_SOFTMAX);
 
