@@ -353,22 +353,35 @@ def test_two_gloo_ranks_train_on_disjoint_complete_shares(tmp_path, data):
 
 
 @pytest.mark.slow
-def test_an_iterable_stream_trains_and_evaluates_under_torchrun(tmp_path):
+def test_an_iterable_stream_trains_evaluates_and_resumes_under_torchrun(tmp_path):
     import json
     import subprocess
 
+    from safetensors.torch import load_file
+
     from tests.engine.test_distributed import TORCHRUN
 
-    proc = subprocess.run([*TORCHRUN, "-m", "fasttrain", "train", "--model",
-                           "tests.engine.streamdata:tiny", "--data",
-                           "tests.engine.streamdata:numbers", "--batch-size", "16",
-                           "--max-steps", "40", "--parallel", "ddp", "--device", "cpu",
-                           "--no-progress", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    def train(out: str, steps: int, *extra: str) -> None:
+        proc = subprocess.run([*TORCHRUN, "-m", "fasttrain", "train", "--model",
+                               "tests.engine.streamdata:tiny", "--data",
+                               "tests.engine.streamdata:numbers", "--batch-size", "16",
+                               "--max-steps", str(steps), "--parallel", "ddp", "--device", "cpu",
+                               "--no-progress", "--out", str(tmp_path / out), *extra],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    # A rank's share: 128 items, 16 steps a pass; 40 steps restart it twice.
+    train("whole", 40)
+    records = [json.loads(line)
+               for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["kind"] == "eval" and "test_loss" in records[-1]
     assert max(r["step"] for r in records) == 40
+    # Cut in the middle of the second pass, resumed: the same weights, bit for bit.
+    train("cut", 21)
+    train("cut", 40, "--resume", "auto")
+    whole, resumed = (load_file(tmp_path / d / "weights.safetensors") for d in ("whole", "cut"))
+    for k, v in whole.items():
+        assert torch.equal(resumed[k], v), k
 
 
 def test_plain_is_importable():

@@ -275,7 +275,7 @@ def _length(task, cfg, train_samples) -> tuple[int | None, int | None, int]:
     steps_epoch = samples // cfg.batch_size
     if steps_epoch == 0:
         raise UserError(f"--batch-size {cfg.batch_size} is more than one epoch of {task.name}")
-    total = cfg.epochs * steps_epoch
+    total = cfg.epoch_limit() * steps_epoch
     return samples, steps_epoch, min(total, cfg.max_steps) if cfg.max_steps else total
 
 

@@ -68,8 +68,11 @@ class TrainConfig:
                              "(random translation by up to P pixels, zero padding); e.g. "
                              "flip,crop:4", group="model and data")
     # -- how long and how much ----------------------------------------------------------------
-    epochs: int = _f(1, "passes over the training set")
-    max_steps: int = _f(0, "stop after this many optimizer steps (0: no limit)")
+    epochs: int | None = _f(None, "passes over the training set (default: 1; for a stream "
+                            "without length, as many as --max-steps takes, and if given, in "
+                            "one process, whichever ends first)")
+    max_steps: int = _f(0, "stop after this many optimizer steps (0: no limit); for a stream "
+                        "without length, the run's length (it restarts as often as it takes)")
     batch_size: int = _f(64, "samples per optimizer step, across all accumulation micro-steps "
                          "and all processes (the GLOBAL batch)")
     accum_steps: int = _f(1, "micro-batches per optimizer step (each batch_size/accum_steps "
@@ -171,6 +174,15 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def epoch_limit(self, sized: bool = True) -> float:
+        """The passes the run may make: --epochs; not given, 1, or for a stream without length
+        (`sized` False) none — its run is --max-steps long, the stream restarting as often as
+        it takes, as Lightning's max_steps with max_epochs unset and Hugging Face's max_steps do
+        (given, --epochs also bounds it, whichever ends first, as in Lightning)."""
+        if self.epochs is not None:
+            return self.epochs
+        return 1 if sized else math.inf
+
     def validate(self, kinds: dict[str, str] | None = None) -> TrainConfig:
         """Reject bad values and incompatible switches. `kinds` maps model → "classification" |
         "language" (default: the bundled models' registry)."""
@@ -182,7 +194,7 @@ class TrainConfig:
                                 f"{', '.join(choices)}")
         for name in ("epochs", "batch_size", "accum_steps", "log_every", "keep_checkpoints",
                      "block_size", "patience"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UserError(f"--{flag(name)} must be ≥ 1, got {getattr(self, name)}")
         for name in ("max_steps", "warmup_steps", "checkpoint_every", "workers"):
             if getattr(self, name) < 0:
@@ -205,7 +217,7 @@ class TrainConfig:
             raise UserError(f"--seed must be in 0…{SEED_MAX} (2³²−1), got {self.seed}")
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name != "seed" and field_type(f) is int and v > INT_MAX:
+            if f.name != "seed" and field_type(f) is int and v is not None and v > INT_MAX:
                 raise UserError(f"--{flag(f.name)} {v} is out of range; give at most {INT_MAX}")
         if self.batch_size % self.accum_steps:
             raise UserError(f"--batch-size {self.batch_size} is not divisible by --accum-steps "
@@ -333,5 +345,7 @@ def flag(name: str) -> str:
 
 
 def field_type(f: dataclasses.Field) -> type:
-    """The value type of a field (annotations are strings under `from __future__`)."""
-    return {"int": int, "float": float, "bool": bool}.get(str(f.type), str)
+    """The value type of a field (annotations are strings under `from __future__`; `int | None`
+    is an int that may be left unset)."""
+    return {"int": int, "float": float, "bool": bool}.get(str(f.type).removesuffix(" | None"),
+                                                          str)

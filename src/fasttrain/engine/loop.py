@@ -6,6 +6,11 @@ function that may do nothing); the step's one branch is whether fp16's scaler co
 checkpoints, preemption, early stopping and the run directory's files are callbacks, in that
 order.
 
+Accumulation divides each micro-batch's mean loss by --accum-steps (DDP/FSDP then average over
+ranks): the big batch's mean where micro-batches hold as many targets. Token sequences your
+collate_fn pads per batch do not (targets -100 where padded): for them the default step's
+cross-entropy is weighed by the tokens each micro-batch holds (accumulate_tokens, chosen at build).
+
 Host–device syncs happen only at log steps (the loss is summed on the device in between, and
 all-reduced over ranks at the log), at evaluation, and at checkpoints.
 
@@ -31,7 +36,7 @@ import torch
 
 from fasttrain.engine import usercode
 from fasttrain.engine.signals import EXIT_PREEMPTED
-from fasttrain.engine.steps import accumulate_extras
+from fasttrain.engine.steps import IGNORE_INDEX, accumulate_extras
 from fasttrain.errors import UserError
 
 EXIT_DIVERGED = 3
@@ -70,12 +75,34 @@ def accumulate(run, micro_batches: list, forward=None) -> None:
         accumulate_extras(run.extra_sums, extras, accum)  # nothing for the default step
 
 
+def accumulate_tokens(run, micro_batches: list, forward=None) -> None:
+    """`accumulate` for the default step's cross-entropy over token sequences that your
+    collate_fn pads per batch (targets IGNORE_INDEX where padded; steps.weighs_tokens): each
+    micro-batch's summed token loss over the tokens counted in the whole step on every rank, so
+    the update is the big batch's mean over its tokens. A mean per micro-batch, divided by
+    --accum-steps (and averaged over ranks), would weigh a token of a short micro-batch more
+    than one of a long one: accumulation and processes would change the update."""
+    forward = run.forward if forward is None else forward
+    last = len(micro_batches) - 1
+    counted = torch.stack([(y != IGNORE_INDEX).sum() for _, y in micro_batches]).sum()
+    counted = run.world.all_sum(counted.float())  # every rank's: one tiny collective, no sync
+    scale = run.world.dp_size / counted.clamp(min=1)  # DDP/FSDP average gradients over ranks
+    for i, micro_batch in enumerate(micro_batches):
+        with run.no_sync() if i < last else _NO_CONTEXT:
+            with run.autocast:  # run.compute_loss is steps.token_sums: the summed loss
+                loss = run.compute_loss(forward, micro_batch)[0] * scale
+            run.scaler.scale(loss).backward()
+        run.loss_sum += loss.detach()
+
+
 def step(run, micro_batches: list, forward=None) -> None:
     """One optimizer step on `micro_batches`: a list of `accum_steps` micro-batches (trees).
     `forward` replaces run.forward for this step (the lab counts on the eager module)."""
     if forward is None:
         run.forward_backward(run, micro_batches)
-    else:
+    elif run.forward_backward is accumulate_tokens:
+        accumulate_tokens(run, micro_batches, forward)
+    else:  # the default, or (under --pp) the schedule's: the lab's eager module accumulates
         accumulate(run, micro_batches, forward)
     run.scaler.unscale_(run.opt)  # so that clipping sees true gradients (no-op unless fp16)
     run.clip()
@@ -160,7 +187,10 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
             # stopped early stays stopped (its early stop was restored: callbacks.EarlyStop).
             if run.main:
                 ours = run.early_stop is not None and run.stop == run.early_stop.reason()
-                how = ("give more --epochs or --max-steps to extend it" if run.stop is None
+                # A stream without length is as long as --max-steps (unless --epochs ends it)
+                more = ("a larger --max-steps" if run.epochs == math.inf
+                        else "more --epochs or --max-steps")
+                how = (f"give {more} to extend it" if run.stop is None
                        else f"{run.stop}; give a larger "
                             f"{'--patience' if ours else 'patience to your EarlyStop'} to go on")
                 print(f"nothing to train: the run finished at step {run.step} (epoch "
@@ -209,7 +239,7 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
 
 
 def _steps_left(run) -> bool:
-    return run.epoch < run.cfg.epochs and run.step < run.total_steps
+    return run.epoch < run.epochs and run.step < run.total_steps
 
 
 class _Bar:

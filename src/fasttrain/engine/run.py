@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -42,7 +43,7 @@ from fasttrain.engine import (
 from fasttrain.engine.batches import Batches
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.configfile import to_toml
-from fasttrain.engine.loop import accumulate, step, step_batches
+from fasttrain.engine.loop import accumulate, accumulate_tokens, step, step_batches
 from fasttrain.engine.output import RunDir
 from fasttrain.engine.signals import StopSignals
 from fasttrain.engine.steps import Metric, default_metrics
@@ -83,6 +84,7 @@ class Run:
     metrics: dict[str, Metric]
     perplexity: bool  # evaluations report exp(loss) as {split}_perplexity (token cross-entropy)
     total_steps: int
+    epochs: float  # the passes the run may make (cfg.epoch_limit): inf for a stream without length
     flops_per_step: float | None  # for MFU: counted only where a peak FLOP/s is known
     rundir: RunDir
     checkpoints: Path | None
@@ -231,6 +233,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.compute_loss = steps.compute_loss(run, user.get("step"), run.step_name)
     run.evaluate_loss = steps.evaluate_loss(run)
     run.forward_backward = accumulate  # under --pp, pipeline.attach puts its schedule here
+    if steps.weighs_tokens(run, user.get("step")):  # padded token sequences: by their tokens
+        run.compute_loss, run.forward_backward = steps.token_sums(run), accumulate_tokens
     # --cuda-graphs: the whole step in one graph where it can be (graphed.py), else the model's
     # forward and backward only (compile's reduce-overhead mode), with the reason on the start line.
     run.graph_why = graphed.why_not(run) if cfg.cuda_graphs else None
@@ -278,12 +282,17 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.opt = optim.optimizer(cfg, module, world, user.get("optimizer"),
                               usercode.name_of(user.get("optimizer"), cfg.optimizer))
     per_epoch = run.batches.steps_per_epoch  # None: a stream without length (then max_steps)
-    run.total_steps = cfg.epochs * per_epoch if per_epoch is not None else cfg.max_steps
+    # A stream without length: --max-steps is the run's length, its passes (epochs) restarted
+    # as often as that takes; --epochs, given, ends it sooner in one process only (under
+    # torchrun each rank's passes are its own, inside one endless pass: stream.py).
+    endless = per_epoch is None and run.batches.endless
+    run.epochs = math.inf if endless else cfg.epoch_limit(sized=per_epoch is not None)
+    run.total_steps = run.epochs * per_epoch if per_epoch is not None else cfg.max_steps
     if cfg.max_steps:
         run.total_steps = min(run.total_steps, cfg.max_steps)
         if cfg.max_steps > run.total_steps and world.main:  # a limit, not a length
             print(f"warning: --max-steps {cfg.max_steps} is never reached: --epochs "
-                  f"{cfg.epochs} of {per_epoch} steps end the run at step {run.total_steps}; "
+                  f"{run.epochs} of {per_epoch} steps end the run at step {run.total_steps}; "
                   f"raise --epochs to train longer", file=sys.stderr)
     run.sched_name = usercode.name_of(user.get("scheduler"), cfg.scheduler)
     run.sched = optim.scheduler(cfg, run, run.opt, user.get("scheduler"), run.sched_name)
@@ -321,11 +330,22 @@ def describe(run: Run) -> str:
             "tf32": "TF32 matmuls"}.get(cfg.precision, "fp32")
     synthetic = task.synthetic and "synthetic" not in task.name  # not "synthetic (synthetic)"
     return (f"training {run.label} on {task.name}{' (synthetic)' if synthetic else ''} on "
-            f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}: "
+            f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}"
+            f"{_passes(run)}: "
             f"micro-batch {b.micro} per rank × {cfg.accum_steps} accumulation × "
             f"{run.world.size} process(es){_layout(run.world)}; data {b.path} ({b.why}), "
             f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}"
             f"{graphed.describe(run)}")
+
+
+def _passes(run: Run) -> str:
+    """How a stream without length fills the steps: restarted as often as it takes (ended
+    sooner by --epochs where given); '' for data with length (its epochs make the steps)."""
+    if run.batches.steps_per_epoch is not None:
+        return ""
+    if run.epochs == math.inf:
+        return " (a stream without length, restarted as often as it takes)"
+    return f" (or {run.epochs} pass(es) of a stream without length, if they end first)"
 
 
 def _layout(world) -> str:

@@ -62,6 +62,33 @@ def evaluate_loss(run) -> ComputeLoss:
     return yours if user else default
 
 
+def weighs_tokens(run, user_step) -> bool:
+    """Whether each step's loss must be weighed by tokens (loop.accumulate_tokens): the default
+    step's built-in cross-entropy on token sequences your collate_fn pads per batch (their
+    tokens per micro-batch differ), split over micro-batches or data-parallel processes (tensor
+    and pipeline parallel compute the loss their own way)."""
+    from fasttrain.engine.inputs import cross_entropy
+
+    return (user_step is None and run.loss_fn is cross_entropy
+            and getattr(run.batches, "counting", False)
+            and (run.cfg.accum_steps > 1 or run.world.dp_size > 1)
+            and run.world.tp * run.world.pp == 1)
+
+
+def token_sums(run) -> ComputeLoss:
+    """The default step's loss where it is weighed by tokens (weighs_tokens): the cross-entropy
+    summed over the micro-batch's counted tokens (a micro-batch of padding alone adds 0, where
+    its mean would be nan); loop.accumulate_tokens divides it by the step's tokens."""
+    import torch.nn.functional as F
+
+    def summed(forward, batch):
+        x, y = batch
+        out = forward(x)
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1),
+                               ignore_index=IGNORE_INDEX, reduction="sum"), NO_EXTRAS
+    return summed
+
+
 def marking_steps(fn: ComputeLoss) -> ComputeLoss:
     """`fn`, each call (one micro-batch) begun as a new step of torch.compile's CUDA graphs
     (reduce-overhead), so that they never take two micro-batches (accumulation) or an evaluation

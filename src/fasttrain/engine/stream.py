@@ -31,6 +31,14 @@ Order and randomness (what makes resume exact and N processes equal one):
   together, and shares a stream makes itself may differ): with length, every rank's pass is
   the same steps; without, a pass never ends and a resume reads again all trained on since the
   start.
+- A stream without length is --max-steps long, in one process as under torchrun. In one
+  process fit starts pass after pass, each a new epoch (set_epoch, the seeds, the epoch of the
+  logs and checkpoints), and a resumed pass skips only its own steps; --epochs, given, ends the
+  run sooner (whichever first, as Lightning's max_epochs and max_steps). Under torchrun a rank's
+  passes are its own (restarted inside its one endless pass: each still calls set_epoch and
+  reseeds; the run's epoch stays 0), so --epochs cannot end it there (a warning says so). A
+  pass read from its start that holds no whole step is one line (a stream read once: fit would
+  start empty passes without end).
 - With no workers the data's random draws run on their own saved streams, apart from the model's
   dropout stream: neither moves the other.
 
@@ -127,8 +135,16 @@ class Stream:
         self.endless = train.iterable and (world > 1 or uneven)
         self._short_warned = False
         if self.steps_per_epoch is None and not cfg.max_steps:
-            raise UserError("the training data is a stream without length: give --max-steps N "
-                            "(epochs then count passes, where the stream ends)")
+            raise UserError("the training data is a stream without length: give --max-steps N, "
+                            "the run's length in optimizer steps (the stream restarts as often "
+                            "as it takes, each pass an epoch)")
+        if (self.endless and self.steps_per_epoch is None and cfg.epochs is not None
+                and rank == 0):
+            # Not refused: a command written for one process (or a run's config.toml) still runs.
+            print(f"warning: --epochs {cfg.epochs} cannot end a stream without length under "
+                  f"torchrun (each process's share ends at its own step, so their passes do not "
+                  f"end together): the run is --max-steps {cfg.max_steps} long; drop --epochs, "
+                  f"or give the dataset a __len__", file=sys.stderr)
         if self.steps_per_epoch == 0:
             raise UserError(f"--batch-size {cfg.batch_size} is larger than the {len(train)} "
                             f"training samples; use a smaller batch")
@@ -216,8 +232,26 @@ class Stream:
         host = self._endless(epoch) if self.endless else self._read(self.loader, epoch)
         # A stream with length stops at the steps every rank is sure to have (a pass).
         end = self.steps_per_epoch * self.accum if self.steps_per_epoch is not None else None
-        batches = self._ahead(itertools.islice(host, skip, end), "train data")
+        host = itertools.islice(host, skip, end)
+        if not (self.endless or start_step):  # a pass read from its start: not empty
+            host = self._whole_step(host, epoch)
+        batches = self._ahead(host, "train data")
         yield from self._counted(batches) if self.counting else batches
+
+    def _whole_step(self, host: Iterator[Any], epoch: int) -> Iterator[Any]:
+        """The pass's micro-batches; one line where it holds no whole step: fit would start the
+        next pass, and the next, without end (a stream without length is restarted until
+        --max-steps) — a stream read once (its __iter__ handing back a generator made once) or
+        smaller than a step."""
+        got = 0
+        for got, batch in enumerate(host, 1):  # noqa: B007 - counted for after the loop
+            yield batch
+        if got < self.accum:
+            raise UserError(f"pass {epoch} of the training stream gave {got} micro-batch(es) of "
+                            f"{self.micro}, less than the {self.accum} of one step: its "
+                            f"__iter__ must start it afresh on every call (not hand back a "
+                            f"generator made once) and it must hold at least --batch-size "
+                            f"{self.batch_size} samples (or give a smaller --batch-size)")
 
     def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:  # counted as the loop takes it (after the copy ahead)
@@ -237,6 +271,11 @@ class Stream:
             for batch in self._read(self.loader, epoch + p):
                 empty = False
                 yield batch
+            if empty and p:  # it gave items on its pass before
+                raise UserError(f"rank {self.rank}'s share of the training stream gave nothing "
+                                f"on pass {epoch + p}, after items on the one before: its "
+                                f"__iter__ must start it afresh on every call (not hand back a "
+                                f"generator made once)")
             if empty and getattr(self.loader.dataset.dataset, "splits_itself", False):
                 raise UserError(f"rank {self.rank}'s share of the training stream is empty: a "
                                 f"stream with splits_itself = True must give every reader "

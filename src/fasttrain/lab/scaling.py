@@ -243,7 +243,7 @@ def measure(cfg: TrainConfig, mode: str, n: int, steps: int, workdir: Path) -> d
     train = ["-m", "fasttrain", "train", "--config", str(config), "--parallel", mode,
              "--batch-size", str(cfg.batch_size * n), "--max-steps", str(2 * steps),
              "--log-every", str(steps), "--checkpoint-every", "0", "--out", str(out),
-             "--no-progress", "--epochs", str(max(cfg.epochs, 10**6))]
+             "--no-progress", "--epochs", str(max(cfg.epoch_limit(), 10**6))]
     env = dict(os.environ)
     if mode == "dp":
         cmd = [sys.executable, *train]
