@@ -72,6 +72,14 @@ def test_an_out_holding_a_run_is_refused_without_resume(capsys, run8):
     assert snapshot(run8) == before
 
 
+def test_an_out_holding_a_run_tells_a_python_caller_its_keyword(tmp_path):
+    from fasttrain.errors import UserError
+
+    (tmp_path / "config.toml").write_text("")  # a run's file: the folder holds a run
+    with pytest.raises(UserError, match=r"resume='auto' from Python"):
+        rundir.claim(tmp_path, resume=False)
+
+
 @pytest.mark.parametrize("make, words", [
     (lambda out: out.write_text("x"), ["is a file"]),
     (lambda out: (out.mkdir(), (out / "checkpoints").write_text("x")), ["checkpoints"]),

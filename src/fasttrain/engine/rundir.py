@@ -76,8 +76,9 @@ def claim(path: str | os.PathLike, resume: bool) -> Claim:
     try:
         # After the lock: a folder in use says so, rather than "holds a run".
         if not resume and holds_run(out):
-            raise UserError(f"--out {out} already holds a run; continue it with --resume auto, "
-                            f"or choose a new --out (fasttrain never mixes two runs in a folder)")
+            raise UserError(f"--out {out} already holds a run; continue it with --resume auto "
+                            f"(resume='auto' from Python), or choose a new --out (fasttrain "
+                            f"never mixes two runs in a folder)")
         remove_stale_temps(out)
         records = metrics_log.prepare(out / "metrics.jsonl") if resume else 0
     except BaseException:
