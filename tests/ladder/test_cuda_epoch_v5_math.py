@@ -7,12 +7,11 @@ next step's logits from the re-split weights. What it cannot check (the fragment
 the GPU's MMA, the signals) the GPU tests of test_cuda_epoch.py do."""
 
 import ctypes
-import subprocess
 
 import numpy as np
 import pytest
 
-from fasttrain.ladder import build
+from tests.ladder.host_harness import compile_harness
 
 HARNESS = "tests/ladder/csrc/epoch_v5_math_host.cu"
 C, K = 10, 784
@@ -21,18 +20,7 @@ SLOT = np.array([c + 3 * (c >= 5) for c in range(C)])  # v3's record layout: cla
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    from pathlib import Path
-
-    nvcc = build.find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found on PATH")
-    root = Path(__file__).resolve().parents[2]
-    so = tmp_path_factory.mktemp("v5") / "v5_math.so"
-    cmd = [nvcc, "-std=c++17", "-O2", "-shared", "-Xcompiler", "-fPIC", f"-I{build.CSRC}",
-           str(root / HARNESS), "-o", str(so)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lib = ctypes.CDLL(str(so))
+    lib = compile_harness(HARNESS, tmp_path_factory.mktemp("v5"))
     p = ctypes.c_void_p
     lib.v5_step.argtypes = [ctypes.c_int, ctypes.c_int, p, ctypes.c_int, p, p, p, p, p, p, p, p]
     lib.v5_split.argtypes = [p, ctypes.c_int, p]

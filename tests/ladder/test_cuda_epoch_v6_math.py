@@ -7,14 +7,13 @@ counted. What it cannot check (the signals, the real SHFL and st.async, the kern
 softmax) the GPU tests of test_cuda_epoch.py do."""
 
 import ctypes
-import subprocess
 
 import numpy as np
 import pytest
 
-from fasttrain.ladder import build
 from fasttrain.ladder.common import LadderConfig, make_ladder_data
 from tests.conftest import tiny_images
+from tests.ladder.host_harness import compile_harness
 from tests.ladder.test_ladder import ATOL
 
 HARNESS = "tests/ladder/csrc/epoch_v6_math_host.cu"
@@ -23,18 +22,7 @@ C, K = 10, 784
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    from pathlib import Path
-
-    nvcc = build.find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found on PATH")
-    root = Path(__file__).resolve().parents[2]
-    so = tmp_path_factory.mktemp("v6") / "v6_math.so"
-    cmd = [nvcc, "-std=c++17", "-O2", "-shared", "-Xcompiler", "-fPIC", f"-I{build.CSRC}",
-           str(root / HARNESS), "-o", str(so)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lib = ctypes.CDLL(str(so))
+    lib = compile_harness(HARNESS, tmp_path_factory.mktemp("v6"))
     p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.v6_epoch.argtypes = [i32, p, p, p, i32, i32, ctypes.c_float, p, p, p]
     lib.v6_mapping_violations.argtypes = [i32]
