@@ -60,19 +60,7 @@ def accumulate(run, micro_batches: list, forward=None) -> None:
     the detached loss (and a user step's extras) added to run.loss_sum on the device. The
     default `run.forward_backward`. `forward` replaces run.forward (the lab counts on the eager
     module)."""
-    forward = run.forward if forward is None else forward
-    accum, last = run.cfg.accum_steps, len(micro_batches) - 1
-    for i, micro_batch in enumerate(micro_batches):
-        # Gradients are averaged over ranks once per step: the micro-steps before the last
-        # only accumulate locally (DDP/FSDP no_sync; nothing to skip for one process).
-        with run.no_sync() if i < last else _NO_CONTEXT:
-            with run.autocast:
-                loss, extras = run.compute_loss(forward, micro_batch)
-                if accum > 1:  # dividing by 1 would be two more kernels (and their launches)
-                    loss = loss / accum
-            run.scaler.scale(loss).backward()
-        run.loss_sum += loss.detach()
-        accumulate_extras(run.extra_sums, extras, accum)  # nothing for the default step
+    accumulate_micro_batches(run, micro_batches, forward, None)
 
 
 def accumulate_tokens(run, micro_batches: list, forward=None) -> None:
@@ -82,17 +70,32 @@ def accumulate_tokens(run, micro_batches: list, forward=None) -> None:
     the update is the big batch's mean over its tokens. A mean per micro-batch, divided by
     --accum-steps (and averaged over ranks), would weigh a token of a short micro-batch more
     than one of a long one: accumulation and processes would change the update."""
-    forward = run.forward if forward is None else forward
-    last = len(micro_batches) - 1
     counted = torch.stack([(y != IGNORE_INDEX).sum() for _, y in micro_batches]).sum()
     counted = run.world.all_sum(counted.float())  # every rank's: one tiny collective, no sync
-    scale = run.world.dp_size / counted.clamp(min=1)  # DDP/FSDP average gradients over ranks
+    # run.compute_loss is steps.token_sums (the summed loss); DDP/FSDP average over ranks.
+    scale = run.world.dp_size / counted.clamp(min=1)
+    accumulate_micro_batches(run, micro_batches, forward, scale)
+
+
+def accumulate_micro_batches(run, micro_batches: list, forward,
+                             scale: torch.Tensor | None) -> None:
+    """The micro-steps of `accumulate` and `accumulate_tokens`: each loss times `scale`, or
+    (None) divided by --accum-steps."""
+    forward = run.forward if forward is None else forward
+    accum, last = run.cfg.accum_steps, len(micro_batches) - 1
     for i, micro_batch in enumerate(micro_batches):
+        # Gradients are averaged over ranks once per step: the micro-steps before the last
+        # only accumulate locally (DDP/FSDP no_sync; nothing to skip for one process).
         with run.no_sync() if i < last else _NO_CONTEXT:
-            with run.autocast:  # run.compute_loss is steps.token_sums: the summed loss
-                loss = run.compute_loss(forward, micro_batch)[0] * scale
+            with run.autocast:
+                loss, extras = run.compute_loss(forward, micro_batch)
+                if scale is not None:
+                    loss = loss * scale
+                elif accum > 1:  # dividing by 1 would be two more kernels (and their launches)
+                    loss = loss / accum
             run.scaler.scale(loss).backward()
         run.loss_sum += loss.detach()
+        accumulate_extras(run.extra_sums, extras, accum)  # nothing for the default step
 
 
 def step(run, micro_batches: list, forward=None) -> None:

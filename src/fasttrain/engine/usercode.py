@@ -166,11 +166,12 @@ def _chain(frames: list[types.TracebackType]) -> types.TracebackType | None:
 
 
 def _failing_micro_batch(tb, micro_batches: list | None):
-    """The micro-batch being processed when it failed: accumulate's local, else the first."""
-    from fasttrain.engine.loop import accumulate
+    """The micro-batch being processed when it failed: the accumulation loop's local, else the
+    first."""
+    from fasttrain.engine.loop import accumulate_micro_batches
 
     for t in _walk(tb):
-        if t.tb_frame.f_code is accumulate.__code__:
+        if t.tb_frame.f_code is accumulate_micro_batches.__code__:
             return t.tb_frame.f_locals.get("micro_batch")
     return micro_batches[0] if micro_batches else None
 
