@@ -9,7 +9,7 @@ costs, measured, and how the `cuda-epoch` variants compare.
 - `cuda-epoch` itself, every variant (`cuda_epoch.variants()`: kernel version 2 or 3 × cluster or
   cooperative grid × 7 or 14 CTAs, and versions 4 — point-to-point mbarrier signals, clusters
   only —, 5 — v4 with both GEMMs on tensor cores at fp32 accuracy — and 6 — v4 with W in
-  registers and the partial logits and update register-tiled, not yet run on a GPU — on 7 or 14
+  registers and the partial logits and update register-tiled, the row's since the H200 — on 7 or 14
   CTAs): ms per epoch (CUDA events, median of the epochs after a
   warm-up one), and its weights after those epochs against version 2's on the same cluster/CTAs
   (max |Δw|: v2 is the kernel the float64 check passed), to pick the variant the row uses. The
