@@ -60,7 +60,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def gemm_choice(values) -> dict:
     """ft_gemm_choice's 16 floats (csrc/cublas_gemms.cuh) as the row's details: for each GEMM
-    and batch (full, last), the algorithm setup timed fastest, its µs a call there and k splits."""
+    and batch (full, last), the algorithm setup timed fastest, its GPU µs a call there (timed in
+    a CUDA graph) and k splits."""
     out = {}
     for g, gemm in enumerate(("forward", "update")):
         for i, batch in enumerate(("full_batch", "last_batch")):

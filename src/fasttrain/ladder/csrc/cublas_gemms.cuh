@@ -13,7 +13,12 @@
 // - for the weight-gradient update, the first of the heuristic's 16 that splits no k was a
 //   cutlass simt sgemm 32x128 at 4.01 µs; its best without a reduction scheme an sm80_xmma_gemm
 //   32x32 at 18.2 µs, which made `+cublas` 2.6 ms/epoch slower on the third loan.
-// Setup runs each candidate 3 times untimed, then 20 times between two events.
+// Setup runs each candidate 3 times untimed, then times it on the GPU alone: 20 calls captured as
+// one CUDA graph on the private stream, replayed once to warm and then 5 times between two events
+// (in a graph the GEMMs follow each other as in `+cuda-graphs`, with no host in between). The
+// H200 loan (2026-11-27) timed 20 back-to-back calls on a stream instead, where the host's cost of
+// issuing each call can hide the GPU's: the forward's pick measured 14.2 µs a call there ran
+// 18.1 µs a step in the loop, and the rows' picks differed from process to process.
 #pragma once
 #include <cublasLt.h>
 #include <string.h>
@@ -28,7 +33,7 @@ struct LtGemm {
   cublasLtMatmulAlgo_t algo[2];
   int split_k[2] = {0, 0};  // the chosen algorithms' k splits (1: none)
   int algo_id[2] = {0, 0}, tile_id[2] = {0, 0};  // CUBLASLT_ALGO_CONFIG_ID and _TILE_ID
-  float us[2] = {0.f, 0.f};  // their time a call at setup, µs
+  float us[2] = {0.f, 0.f};  // their GPU time a call at setup (in a graph), µs
 };
 
 struct CublasGemms {
@@ -38,7 +43,7 @@ struct CublasGemms {
 };
 
 constexpr int LT_CANDIDATES = 16;  // asked of the heuristic, twice: unrestricted, and no split
-constexpr int LT_WARMUP = 3, LT_TIMED = 20;
+constexpr int LT_WARMUP = 3, LT_TIMED = 20, LT_REPLAYS = 5;
 
 // Up to LT_CANDIDATES of the heuristic's algorithms for g's layouts i whose reduction scheme is
 // in `mask`, appended to found[*n].
@@ -70,8 +75,9 @@ inline int lt_config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttr
   return v;
 }
 
-// Mean µs a call of `algo` on scratch operands A, B, CD (contents irrelevant: zeros), or a
-// negative value where the algorithm fails to run.
+// GPU µs a call of `algo` on scratch operands A, B, CD (contents irrelevant: zeros), timed in a
+// CUDA graph on the private stream s; a negative value where the algorithm fails to run or to be
+// captured (its error is cleared: it is not the chosen algorithm's).
 inline float lt_time(cublasLtHandle_t lt, LtGemm* g, int i, const cublasLtMatmulAlgo_t& algo,
                      const float* A, const float* B, float* CD, Ctx* c, cudaStream_t s,
                      cudaEvent_t start, cudaEvent_t stop) {
@@ -80,17 +86,29 @@ inline float lt_time(cublasLtHandle_t lt, LtGemm* g, int i, const cublasLtMatmul
     return cublasLtMatmul(lt, g->op, &alpha, A, g->a[i], B, g->b[i], &beta, CD, g->c[i], CD,
                           g->c[i], &algo, c->workspace, c->workspace_bytes, s);
   };
-  for (int r = 0; r < LT_WARMUP; ++r)
-    if (call() != CUBLAS_STATUS_SUCCESS) return -1.f;
-  cudaEventRecord(start, s);
-  for (int r = 0; r < LT_TIMED; ++r)
-    if (call() != CUBLAS_STATUS_SUCCESS) return -1.f;
-  cudaEventRecord(stop, s);
+  bool ok = true;
+  for (int r = 0; r < LT_WARMUP && ok; ++r) ok = call() == CUBLAS_STATUS_SUCCESS;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  if (ok) ok = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    for (int r = 0; r < LT_TIMED && ok; ++r) ok = call() == CUBLAS_STATUS_SUCCESS;
+    ok = cudaStreamEndCapture(s, &graph) == cudaSuccess && ok;  // ends the capture even on error
+  }
+  ok = ok && graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+  ok = ok && cudaGraphLaunch(exec, s) == cudaSuccess && cudaEventRecord(start, s) == cudaSuccess;
+  for (int r = 0; r < LT_REPLAYS && ok; ++r) ok = cudaGraphLaunch(exec, s) == cudaSuccess;
   float ms = -1.f;
-  if (cudaEventSynchronize(stop) != cudaSuccess ||
-      cudaEventElapsedTime(&ms, start, stop) != cudaSuccess)
+  ok = ok && cudaEventRecord(stop, s) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess &&
+       cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  if (!ok) {
+    cudaStreamSynchronize(s);
+    (void)cudaGetLastError();
     return -1.f;
-  return ms * 1000.f / LT_TIMED;
+  }
+  return ms * 1000.f / (LT_TIMED * LT_REPLAYS);
 }
 
 // The fastest of the heuristic's candidates for g's layouts i, an m×n output over k; scratch
@@ -122,7 +140,7 @@ inline int lt_choose(cublasLtHandle_t lt, LtGemm* g, int i, Ctx* c, int m, int n
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  FT_TRY(cudaGetLastError());  // a failed candidate's launch error is not the chosen one's
+  FT_TRY(cudaStreamSynchronize(s));
   if (best < 0.f) return (int)CUBLAS_STATUS_NOT_SUPPORTED;
   g->us[i] = best;
   g->split_k[i] = lt_config(g->algo[i], CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1);
