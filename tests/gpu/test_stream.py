@@ -28,9 +28,10 @@ the batch path (or a blocking copy) drains the GPU before each copy is queued; c
 step's stream run between its kernels, never beside them.
 
 Why only the latter half. On the H200 (2026-11-27) the first 3 batches' copies (6 of 40) overlapped
-nothing and all 34 after them did: when the profiler starts tracing, the host falls behind the
-GPU for a few steps, and a copy queued while the GPU waits for the host has nothing to overlap.
-The former criterion (90% of all copies) failed on that and measured the host's speed again.
+nothing and all 34 after them did, on a stream without kernels. The likeliest reading (the trace
+was not kept): when the profiler starts tracing, the host falls behind the GPU for a few steps,
+and a copy queued while the GPU waits for the host has nothing to overlap. The former criterion
+(90% of all copies) failed on that: it measured the host's speed again, not the pipeline.
 
 Neither assertion depends on speed; the data are random, so nothing is learnt.
 """
