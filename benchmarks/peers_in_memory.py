@@ -3,7 +3,7 @@ loops training on the same tensors, each the way its documentation shows.
 
     FASTTRAIN_DATA=DIR PYTHONPATH=src python benchmarks/peers_in_memory.py [--rounds 7]
         [--models mlp cnn] [--batch-size 128] [--warmup 20] [--steps N] [--device cuda]
-        [--json PATH]
+        [--max-seconds S] [--json PATH]
 
 The data: Fashion-MNIST's 60,000 training images as float32 tensors in [0, 1] ([N, 1, 28, 28])
 and int64 labels, made once per process before the clock (from $FASTTRAIN_DATA or --data-dir).
@@ -31,6 +31,14 @@ interleaved, the order rotated; the clock runs from the end of step --warmup to 
 last step; the main process's CPU time over the same window. Per contender: the median over
 rounds, min, max, spread, the ratio of medians to hand-indexed and the median of the per-round
 ratios (paired). JSON: benchmarks/results/DATE-HARDWARE-peers-in-memory.json by default.
+
+Its time, by construction: rounds × models × contenders runs (gpu-check's: 2 × 1 × 5), each a
+fresh process that imports torch (and Lightning or Accelerate), loads the 60,000 images, starts
+CUDA, and trains --warmup + the model's steps: on the H200 (2026-11-27) 8 runs ended within the
+126 s gpu-check gave the step, and the 9th was cut off with no JSON written. `--max-seconds`
+starts no run that would end after it (the longest run so far as the guess), and the JSON is
+rewritten after every run, so a run stopped early, or killed, still leaves the rounds it
+finished (`runs_done`, `stopped_early`).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import math
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -193,9 +202,11 @@ def table(result: dict):
 
     cfg, load = result["config"], result["load"]
     steps = ", ".join(f"{m} {n}" for m, n in cfg["steps"].items())
+    done = ("" if not result.get("stopped_early") else
+            f" (stopped after {result['runs_done']} of {result['runs_planned']} runs)")
     caption = (f"Fashion-MNIST train set as tensors, {cfg['device']}, batch {cfg['batch_size']}, "
                f"{cfg['rounds']} "
-               f"interleaved rounds of {steps} steps after {cfg['warmup']}, a fresh "
+               f"interleaved rounds{done} of {steps} steps after {cfg['warmup']}, a fresh "
                f"process each; load {load['before'][0]:.2f} → {load['after'][0]:.2f} on "
                f"{load['cpu_count']} CPUs")
     return rows_table("data in memory: samples/s (median over rounds)", [
@@ -209,34 +220,62 @@ def table(result: dict):
 
 
 def run_all(s: Settings, rounds: int, models, data_dir, limit: int, contenders=CONTENDERS,
-            measure_one=measure_in_child, echo=print, steps: dict | None = None) -> dict:
-    """Every (model, round, contender); `steps` per model (default: s.steps for each)."""
+            measure_one=measure_in_child, echo=print, steps: dict | None = None,
+            max_seconds: float | None = None, save=None, clock=time.monotonic) -> dict:
+    """Every (model, round, contender); `steps` per model (default: s.steps for each). With
+    `max_seconds`, no run starts that would end after it, judged by the longest run so far (the
+    first always runs); `save(result)` gets the result so far after every run, so that a run
+    killed from outside leaves its figures."""
     from fasttrain.env import env_block
 
-    load_before = os.getloadavg()
-    runs = []
-    for model in models:
+    env, load_before, start = env_block(), os.getloadavg(), clock()
+    plan = [(model, r, name) for model in models for r in range(rounds)
+            for name in contenders[r % len(contenders):] + contenders[:r % len(contenders)]]
+    # (the order rotated by round: no contender always runs first)
+    runs, longest, stopped = [], 0.0, None
+
+    def result() -> dict:
+        rows = summarize(runs, models, contenders)
+        for row in rows:
+            if row["status"] == "not run" and stopped:
+                row["reason"] = f"--max-seconds {max_seconds:g} reached first"
+        return {"schema": SCHEMA, "env": env,
+                "config": {**dataclasses.asdict(s), "rounds": rounds, "models": list(models),
+                           "steps": {m: (steps or {}).get(m, s.steps) for m in models},
+                           "images": limit, "data": "fashion-mnist train, float32 tensors",
+                           "optimizer": "adamw", "precision": "fp32", "shuffle": True,
+                           "max_seconds": max_seconds,
+                           "isolation": "a fresh process per run" if measure_one is
+                           measure_in_child else "in process"},
+                "load": {"before": list(load_before), "after": list(os.getloadavg()),
+                         "cpu_count": os.cpu_count()},
+                "runs_planned": len(plan), "runs_done": len(runs), "stopped_early": stopped,
+                "seconds": clock() - start,
+                "rows": rows, "runs": runs}
+
+    for model, r, name in plan:
+        elapsed = clock() - start
+        if max_seconds is not None and runs and elapsed + longest > max_seconds:
+            stopped = (f"after {len(runs)} of {len(plan)} runs: another (~{longest:.0f} s, the "
+                       f"longest so far) would end after --max-seconds {max_seconds:g} "
+                       f"({elapsed:.0f} s spent)")
+            echo(f"stopped {stopped}")
+            break
         sm = dataclasses.replace(s, steps=(steps or {}).get(model, s.steps))
-        for r in range(rounds):
-            k = r % len(contenders)  # rotate the order: no contender always runs first
-            for name in contenders[k:] + contenders[:k]:
-                load = os.getloadavg()[0]
-                got = attempt(measure_one, name, model, sm, data_dir, limit)
-                runs.append({"model": model, "round": r, "contender": name, "steps": sm.steps,
-                             "load_1min_before": load, **got})
-                said = (f"{got['samples_per_s']:,.0f} samples/s" if got["status"] == "ok"
-                        else f"{got['status']}: {got['reason']}")
-                echo(f"{model:>4} round {r + 1}/{rounds} {name:>12}: {said}")
-    return {"schema": SCHEMA, "env": env_block(),
-            "config": {**dataclasses.asdict(s), "rounds": rounds, "models": list(models),
-                       "steps": {m: (steps or {}).get(m, s.steps) for m in models},
-                       "images": limit, "data": "fashion-mnist train, float32 tensors",
-                       "optimizer": "adamw", "precision": "fp32", "shuffle": True,
-                       "isolation": "a fresh process per run" if measure_one is
-                       measure_in_child else "in process"},
-            "load": {"before": list(load_before), "after": list(os.getloadavg()),
-                     "cpu_count": os.cpu_count()},
-            "rows": summarize(runs, models, contenders), "runs": runs}
+        load, t0 = os.getloadavg()[0], clock()
+        got = attempt(measure_one, name, model, sm, data_dir, limit)
+        longest = max(longest, clock() - t0)
+        runs.append({"model": model, "round": r, "contender": name, "steps": sm.steps,
+                     "load_1min_before": load, **got})
+        said = (f"{got['samples_per_s']:,.0f} samples/s" if got["status"] == "ok"
+                else f"{got['status']}: {got['reason']}")
+        echo(f"{model:>4} round {r + 1}/{rounds} {name:>12}: {said}")
+        if save:
+            save(result())
+    done = result()
+    if save:
+        save(done)
+    return done
 
 
 def parser() -> argparse.ArgumentParser:
@@ -250,6 +289,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=int, default=20, help="steps before the clock starts")
     ap.add_argument("--steps", type=int, help=f"steps timed per run (default: {STEPS})")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--max-seconds", type=float,
+                    help="start no run that would end after S seconds (the longest run so far "
+                         "as the guess; the result says where it stopped); default: no limit")
     ap.add_argument("--json", help=f"result file (default: {RESULTS}/DATE-HW-peers-in-memory.json)")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # one run, in a fresh process
     return ap
@@ -281,13 +323,16 @@ def main(argv=None) -> int:
     s = Settings(images_dir="", batch_size=args.batch_size, workers=0, warmup=args.warmup,
                  device=args.device)
     steps = dict.fromkeys(MODELS, args.steps) if args.steps else STEPS
+    def path(result: dict) -> Path:
+        return Path(args.json) if args.json else RESULTS / default_name(result["env"]).replace(
+            "input-pipeline", "peers-in-memory")
+
     result = run_all(s, args.rounds, tuple(args.models), args.data_dir, args.limit, contenders,
-                     steps=steps)
-    path = Path(args.json) if args.json else RESULTS / default_name(result["env"]).replace(
-        "input-pipeline", "peers-in-memory")
-    write_json(path, result)
+                     steps=steps, max_seconds=args.max_seconds,
+                     save=lambda r: write_json(path(r), r))  # after every run
     wide_console().print(table(result))
-    print(f"wrote {path}")
+    print(f"wrote {path(result)}" + (f"; stopped {result['stopped_early']}"
+                                     if result["stopped_early"] else ""))
     return 0
 
 

@@ -151,11 +151,18 @@ def _stream_vs_memory_figures(path: Path) -> list[str]:
 
 
 def _peers_figures(path: Path) -> list[str]:
-    rows = json.loads(path.read_text())["rows"]
-    return [f"{r['model']} {r['contender']:<12} " + (
-        f"{r['samples_per_s_median']:,.0f} samples/s, × hand-indexed {r['vs_reference']:.3f} "
-        f"(paired {r['vs_reference_paired']:.3f})" if r["status"] == "ok"
-        else f"{r['status']}: {r.get('reason')}") for r in rows]
+    result = json.loads(path.read_text())
+
+    def ratio(x):  # None where hand-indexed has no run yet (a run stopped early)
+        return "-" if x is None else f"{x:.3f}"
+
+    lines = [f"{r['model']} {r['contender']:<12} " + (
+        f"{r['samples_per_s_median']:,.0f} samples/s, × hand-indexed {ratio(r['vs_reference'])} "
+        f"(paired {ratio(r['vs_reference_paired'])})" if r["status"] == "ok"
+        else f"{r['status']}: {r.get('reason')}") for r in result["rows"]]
+    if result.get("stopped_early"):
+        lines.append(f"stopped {result['stopped_early']}")
+    return lines
 
 
 def _sync_cost_figures(path: Path) -> list[str]:

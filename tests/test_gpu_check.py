@@ -153,6 +153,31 @@ def test_the_peers_step_runs_the_mlp_on_cuda_and_its_figures_read_a_real_result(
     assert len(lines) == 10 and "mlp fasttrain" in lines[0] and "samples/s" in lines[0]
 
 
+def test_the_peers_step_is_given_the_seconds_it_has_and_its_partial_result_reads(tmp_path):
+    """peers-in-memory timed out on the H200 (126 s): it now gets --max-seconds, the seconds
+    the step is given less a margin, and a result stopped early still gives figures."""
+    script = load_script()
+    peers = import_benchmark("peers_in_memory")
+    step = {s.name: s for s in script.plan(tmp_path, "2026-01-01-some-gpu")}["peers-in-memory"]
+    for limit in (step.limit_s, 126.0):  # its own limit; what a spent budget left on the H200
+        args = peers.parser().parse_args(script.step_argv(step, limit)[2:])
+        assert args.max_seconds == limit - script.FLAG_MARGIN_S
+    other = {s.name: s for s in script.plan(tmp_path, "2026-01-01-some-gpu")}["bench"]
+    assert script.step_argv(other, 100.0) == other.argv  # a step without the flag: as planned
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check_figures
+
+    partial = tmp_path / "peers.json"
+    partial.write_text(json.dumps({"stopped_early": "after 3 of 10 runs: ...", "rows": [
+        {"model": "mlp", "contender": "fasttrain", "status": "ok", "samples_per_s_median": 5e4,
+         "vs_reference": None, "vs_reference_paired": None},
+        {"model": "mlp", "contender": "hand-indexed", "status": "not run", "reason": None}]}))
+    lines = gpu_check_figures.FIGURES["peers-in-memory"](partial)
+    assert lines == ["mlp fasttrain    50,000 samples/s, × hand-indexed - (paired -)",
+                     "mlp hand-indexed not run: None", "stopped after 3 of 10 runs: ..."]
+
+
 def test_the_sync_cost_figures_read_a_real_result_a_failed_variant_and_the_phases(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_check_figures

@@ -52,3 +52,40 @@ def test_ratios_to_the_careful_hand_loop_of_medians_and_paired(bench):
     assert rows["fasttrain"]["vs_reference"] == pytest.approx(125.0 / 150.0)
     assert rows["fasttrain"]["vs_reference_paired"] == pytest.approx(0.85)  # median(0.9, 0.8)
     assert rows["hand-indexed"]["vs_reference_paired"] == 1.0
+
+
+def test_max_seconds_starts_no_run_that_would_end_after_it_and_each_run_is_saved(bench):
+    """Runs of 10 s on a fake clock, at most 35 s: runs end at 10, 20, 30; a fourth would end at
+    40. The result so far is saved after every run (a step killed from outside keeps it)."""
+    now = [0.0]
+
+    def measure_one(name, model, s, data_dir, limit):
+        now[0] += 10.0
+        return {"samples_per_s": 100.0, "main_cpu_ms_per_step": 1.0}
+
+    saved = []
+    s = bench.Settings(images_dir="", batch_size=16, workers=0, warmup=1, steps=2)
+    contenders = ("fasttrain", "hand-indexed")
+    result = bench.run_all(s, 2, ("mlp",), None, 64, contenders, measure_one=measure_one,
+                           echo=lambda _: None, max_seconds=35, save=saved.append,
+                           clock=lambda: now[0])
+    assert [(r["round"], r["contender"]) for r in result["runs"]] == [
+        (0, "fasttrain"), (0, "hand-indexed"), (1, "hand-indexed")]  # round 2 rotated
+    assert (result["runs_done"], result["runs_planned"]) == (3, 4)
+    assert result["stopped_early"] == ("after 3 of 4 runs: another (~10 s, the longest so far) "
+                                       "would end after --max-seconds 35 (30 s spent)")
+    assert [r["runs_done"] for r in saved] == [1, 2, 3, 3]  # after each run, then the end
+    assert saved[0]["stopped_early"] is None and saved[-1] == result
+    rows = {r["contender"]: r for r in result["rows"]}
+    assert rows["fasttrain"]["samples_per_s_rounds"] == [100.0]
+    assert rows["hand-indexed"]["samples_per_s_rounds"] == [100.0, 100.0]
+
+    now[0] = 0.0  # stopped in the first round: a contender not run says why
+    first = bench.run_all(s, 2, ("mlp",), None, 64, contenders, measure_one=measure_one,
+                          echo=lambda _: None, max_seconds=15, clock=lambda: now[0])
+    assert [(r["contender"], r["status"], r["reason"]) for r in first["rows"]] == [
+        ("fasttrain", "ok", None), ("hand-indexed", "not run", "--max-seconds 15 reached first")]
+
+    now[0] = 0.0  # without a limit every run runs
+    assert bench.run_all(s, 2, ("mlp",), None, 64, contenders, measure_one=measure_one,
+                         echo=lambda _: None, clock=lambda: now[0])["runs_done"] == 4

@@ -103,9 +103,11 @@ def test_the_gpu_check_step_runs_it_on_cuda_into_its_result_file_near_the_end(be
     steps = load_script().plan(tmp_path, "2026-01-01-some-gpu")
     step = steps[-2]  # before the peers, the last step
     assert step.name == "stream-vs-memory" and step.limit_s <= 60
-    args = bench.parse(step.argv[2:])  # a SystemExit here: a flag that is gone
+    gpu_check = load_script()
+    args = bench.parse(gpu_check.step_argv(step, step.limit_s)[2:])  # SystemExit: a flag gone
     assert args.device == "cuda" and args.json == str(tmp_path / step.outputs[0])
-    assert args.max_seconds < step.limit_s
+    assert args.max_seconds == step.limit_s - gpu_check.FLAG_MARGIN_S == 40
+    assert bench.parse(gpu_check.step_argv(step, 30)[2:]).max_seconds == 10  # a spent budget
     assert step.outputs == ["results/2026-01-01-some-gpu-stream-vs-memory.json"]
 
 

@@ -6,8 +6,10 @@ on the CPU), the step's stream waiting for it with an event, and adds no host sy
 
 1. Under torch.profiler (CUDA activity), ACTIVE steps after a warm-up: every host→device copy
    ran on a stream where no compute kernel ran, was from pinned memory, the step's stream was
-   told to wait for the copies (cudaStreamWaitEvent), and at least OVERLAPPING of them overlap
-   in time a compute kernel on the step's stream (fasttrain.lab.trace.copy_overlap reads it).
+   told to wait for the copies (cudaStreamWaitEvent), and every copy of the trace's latter half
+   (its steady state) overlaps in time a compute kernel on another stream
+   (fasttrain.lab.trace.copy_overlap reads the trace, prefetch_faults judges it; both are tested
+   on the CPU with synthetic traces in tests/lab/test_trace_prefetch.py).
 2. Sync count (tests/gpu/common.counting_syncs, as in test_train.py): after a warm-up run, a run
    of 2·LOG steps logging once makes exactly as many syncs as a run of LOG steps logging once.
 
@@ -21,9 +23,15 @@ or wrong, could have made them overlap, so that test measured the host's speed, 
 Here every forward starts with a kernel that keeps the GPU busy SPIN_MS (torch.cuda._sleep,
 calibrated with CUDA events), several times the host's time per step, and the test first checks
 that premise (compute kernels ran over ≥ 90% of the traced span). Then a working pipeline
-overlaps nearly every copy, and each way of breaking it overlaps none: a host sync on the batch
-path (or a blocking copy) drains the GPU before each copy is queued; copies on the step's stream
-run between its kernels, never beside them.
+overlaps every copy once it has filled, and each way of breaking it overlaps none: a host sync on
+the batch path (or a blocking copy) drains the GPU before each copy is queued; copies on the
+step's stream run between its kernels, never beside them.
+
+Why only the latter half. On the H200 (2026-11-27) the first 3 batches' copies (6 of 40) overlapped
+nothing and all 34 after them did, on a stream without kernels. The likeliest reading (the trace
+was not kept): when the profiler starts tracing, the host falls behind the GPU for a few steps,
+and a copy queued while the GPU waits for the host has nothing to overlap. The former criterion
+(90% of all copies) failed on that: it measured the host's speed again, not the pipeline.
 
 Neither assertion depends on speed; the data are random, so nothing is learnt.
 """
@@ -36,7 +44,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.data import DataLoader, TensorDataset
 
 import fasttrain
-from fasttrain.lab.trace import copy_overlap
+from fasttrain.lab.trace import copy_overlap, prefetch_faults
 from fasttrain.models import build_model
 from tests.gpu.common import GPU, counting_syncs
 
@@ -48,10 +56,7 @@ WAIT, WARMUP, ACTIVE = 2, 3, 20  # profiler schedule, in steps
 LOG = 8
 SPIN_MS = 20  # GPU time planted in each step: the host takes a few ms per step
 BUSY = 0.9  # the premise: compute kernels ran over ≥ 90% of the traced span
-# Nearly every copy overlaps a compute kernel in a GPU-bound step; the misses allowed: copies
-# queued in a gap between two kernels (the spin kernel and the cnn's are back to back on the
-# step's stream, so few).
-OVERLAPPING = 0.9
+STEADY = ACTIVE // 2  # the fewest copies in the trace's latter half that make a verdict
 
 
 def streamed_loader() -> DataLoader:
@@ -135,17 +140,13 @@ def test_batch_copies_run_on_a_side_stream_and_overlap_the_step():
     # The step's stream waited for the copies on the device, one wait a batch at least.
     assert waits >= ACTIVE - 1, described
 
-    # (a) No copy ran on a stream that ran compute kernels: the copies are on the side stream.
-    shared = {c["stream"] for c in copies} & set(kernel_streams)
-    assert not shared, f"copies on the compute stream(s) {shared}: {described}"
-
-    # (b) Most copies ran while a compute kernel ran on the step's stream.
-    overlapped = [c for c in copies if c["overlap"] > 0]
-    share = len(overlapped) / len(copies)
-    assert share >= OVERLAPPING, (
-        f"only {len(overlapped)} of {len(copies)} copies ({share:.0%}) overlap a compute "
-        f"kernel (need {OVERLAPPING:.0%}): {described}; copies (µs, share overlapped): "
-        f"{[(round(c['us'], 1), round(c['overlap'], 2)) for c in copies]}")
+    # The copies ran on a stream without compute kernels, and in steady state each beside one.
+    faults = prefetch_faults(found, STEADY)
+    timeline = [(round(c["start"] - found["steady_from"]), round(c["us"], 1),
+                 round(c["overlap"], 2)) for c in copies]
+    assert not faults, (
+        f"{'; '.join(faults)}: {described}; copies (start µs from the steady state's, µs, "
+        f"share overlapped): {timeline}")
 
 
 def test_streamed_path_adds_no_sync_between_logs():

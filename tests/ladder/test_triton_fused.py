@@ -29,6 +29,8 @@ CASES = {
     "memorize": (16, 16, 10, 0.5, DEFAULT),  # one small batch, ten steps
     # Another cut of the pixels (25 programs, the last one partial: 784 = 24 × 32 + 16).
     "partial-32": (40, 16, 2, 0.1, (32, 4, "ieee")),
+    # The variant whose update is computed as (gᵀ x)ᵀ (Variant.dw_by_class).
+    "dw-by-class": (40, 16, 2, 0.1, (64, 8, "tf32x3")),
 }
 
 CHILD = """
@@ -94,7 +96,7 @@ def case(name):
     return make_ladder_data(tiny_images(n_train=n), cfg), cfg
 
 
-@pytest.mark.parametrize("name", ["one-step", "partial", "partial-32"])
+@pytest.mark.parametrize("name", ["one-step", "partial", "partial-32", "dw-by-class"])
 def test_steps_match_float64_reference(interpreted, name):
     data, cfg = case(name)
     w_ref, b_ref = reference_sgd(data, cfg, cfg.epochs)
@@ -165,7 +167,8 @@ for update in (True, False):  # a step; the epoch's first forward
                nxt="i32", n_nxt="i32", lr="fp32")
     v = tf.DEFAULT
     consts = dict(K=784, C=10, SPLITS=v.splits, BLOCK_B=128, BLOCK_K=v.block_k,
-                  BLOCK_C=tf.BLOCK_C, UPDATE=update, PREC=v.precision)
+                  BLOCK_C=tf.BLOCK_C, UPDATE=update, PREC=v.precision,
+                  DW_BY_CLASS=v.dw_by_class)
     src = ASTSource(fn=tf.sgd_step_kernel, constexprs=consts,
                     signature={**sig, **{k: "constexpr" for k in consts}})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -142,12 +142,13 @@ def copy_overlap(events) -> dict:
     kernels that are neither memcpy nor memset). An event's stream is its `device_resource_id`
     (Kineto's resource of a GPU activity is its CUDA stream).
 
-    Returns {"copies": [{"name", "stream", "us", "overlap"}], "kernel_streams": {stream: kernels},
-    "kernel_busy": share} where `overlap` is the share (0..1) of the copy's time during which a
-    compute kernel ran on another stream (a stream runs its work in order, so only another
-    stream's kernel can run during a copy) and `kernel_busy` the share of the time from the first
-    compute kernel's start to the last one's end during which one ran: near 1 where the GPU, not
-    the host, set the pace (0 without kernels)."""
+    Returns {"copies": [{"name", "stream", "start", "us", "overlap"}], "kernel_streams": {stream:
+    kernels}, "kernel_busy": share, "steady_from": µs} where `overlap` is the share (0..1) of the
+    copy's time during which a compute kernel ran on another stream (a stream runs its work in
+    order, so only another stream's kernel can run during a copy), `kernel_busy` the share of the
+    time from the first compute kernel's start to the last one's end during which one ran: near 1
+    where the GPU, not the host, set the pace (0 without kernels), and `steady_from` the middle
+    of that span: the trace's latter half is its steady state, as an epoch's is (timing.py)."""
     ops = [e for e in events if _is_device_op(e, "cuda")]
     kernels = [e for e in ops if not e.name.startswith(("Memcpy", "Memset"))]
     copies = sorted((e for e in ops if e.name.startswith(HTOD)), key=lambda e: e.time_range.start)
@@ -164,9 +165,35 @@ def copy_overlap(events) -> dict:
             share = _covered(merged, starts, lo, hi) / (hi - lo)
         else:  # a copy shorter than the clock's tick: a point, inside a kernel or not
             share = float(any(a <= lo <= b for a, b in merged))
-        rows.append({"name": e.name, "stream": e.device_resource_id, "us": hi - lo,
+        rows.append({"name": e.name, "stream": e.device_resource_id, "start": lo, "us": hi - lo,
                      "overlap": share})
     busy = _union([(k.time_range.start, k.time_range.end) for k in kernels])
     span = busy[-1][1] - busy[0][0] if busy else 0.0
     return {"copies": rows, "kernel_streams": dict(Counter(k.device_resource_id for k in kernels)),
-            "kernel_busy": sum(e - s for s, e in busy) / span if span > 0 else 0.0}
+            "kernel_busy": sum(e - s for s, e in busy) / span if span > 0 else 0.0,
+            "steady_from": busy[0][0] + span / 2 if busy else 0.0}
+
+
+def prefetch_faults(found: dict, min_steady: int) -> list[str]:
+    """What in `copy_overlap(events)` contradicts the streamed path's promise: the batches are
+    copied on a stream that runs no compute kernel, and in steady state (the trace's latter half)
+    every copy runs while a compute kernel does. The first half is the pipeline filling: after
+    the profiler starts tracing, the host may fall behind the GPU for a few steps, and a copy
+    queued while the GPU waits for the host overlaps nothing, however it is issued. A copy on
+    the step's stream, or one issued after the host drained the GPU (a sync, a blocking copy),
+    overlaps nothing in any half. `min_steady`: the fewest steady copies that make a verdict.
+    Empty where the promise held."""
+    copies, kernel_streams = found["copies"], found["kernel_streams"]
+    faults = []
+    shared = sorted({c["stream"] for c in copies} & set(kernel_streams))
+    if shared:
+        faults.append(f"copies ran on stream(s) {shared}, which ran compute kernels too")
+    steady = [c for c in copies if c["start"] >= found["steady_from"]]
+    if len(steady) < min_steady:
+        faults.append(f"{len(steady)} copies in the trace's latter half, fewer than the "
+                      f"{min_steady} a verdict needs")
+    missed = [c for c in steady if c["overlap"] == 0]
+    if missed:
+        faults.append(f"{len(missed)} of the {len(steady)} copies in the trace's latter half "
+                      f"overlap no compute kernel")
+    return faults

@@ -74,6 +74,15 @@ class Variant:
         return -(-IN_FEATURES // self.block_k)
 
     @property
+    def dw_by_class(self) -> bool:
+        """Compute the weight gradient as (gᵀ x)ᵀ, M = 16 classes, instead of xᵀ g, M = block_k
+        pixels. Only where xᵀ g would go to wgmma (tensor cores, block_k ≥ 64) with more warps
+        than its rows fill (16 rows a warp): ptxas 12.8 miscompiles that chain (the note
+        under SWEEP). The same products and sums: bit-identical under the interpreter on the
+        tests' data."""
+        return self.precision != "ieee" and 64 <= self.block_k < 16 * self.num_warps
+
+    @property
     def tag(self) -> str:
         return f"{self.block_k}, {self.num_warps}w, {self.precision}"
 
@@ -84,13 +93,18 @@ class Variant:
 # The row's: the fastest of SWEEP on an H100 (2026-11-27: 3.81 ms/epoch, 64 pixels 4.72).
 DEFAULT = Variant(block_k=32)
 SWEEP = tuple(Variant(k, w, p) for k in (32, 64, 128) for w in (4, 8) for p in ("ieee", "tf32x3"))
-# [64, 8w, tf32x3] raised "illegal memory access" on the H100 (2026-11-27; Triton 3.6), the other
-# 11 passed. Cause not found. The kernel's indexing does not depend on warps or precision. In
-# its sm_90 PTX, simulated for all 13 programs, every explicit global and shared address stays
-# in bounds. What is unique to this variant is how Triton lowers it: the update dot feeds the
-# forward dot (a chained dot), so Triton gives it warpsPerCTA [8, 1] with m64n8k8 wgmma. That is
-# two warpgroups along M over only 64 rows, so the second warpgroup holds copies; no other
-# variant has that. A suspected compiler issue, not proven: kept in the sweep.
+# [64, 8w, tf32x3] raised "illegal memory access" on the H100 and H200 loans (2026-11-27, Triton
+# 3.6.0). compute-sanitizer: a 512-byte __shared__ read at sgd_step_kernel+0x7cc0, out of bounds.
+# Compiled here ahead of time for sm_90a with the launch's specialization, +0x7cc0 is the second
+# HGMMA.64x16x8 of the forward dot (B = 8 × 16 fp32 = 512 bytes), and ptxas 12.8 (Triton 3.6's
+# own) builds its shared-memory descriptor from R1, the stack pointer, not from the shared base
+# the PTX gives (`bfe.u32 …, global_smem, 4, 14`); ptxas 13.0 compiles the same PTX correctly.
+# A ptxas fault, triggered by what only this variant has: the update dot xᵀg on 64 rows with 8
+# warps, lowered as two warpgroups of m64n8 wgmma that hold copies, chained into the forward
+# dot. Not a shared-memory overrun: the kernel plans 16 KB (Triton's metadata `shared`).
+# Variant.dw_by_class computes that update the other way round for such variants; the
+# other 11 compile to the same SASS as before (tests/ladder/test_triton_fused_sass.py checks
+# that no variant's SASS reads a descriptor from R1).
 
 if triton is not None:
 
@@ -99,7 +113,8 @@ if triton is not None:
                         cur, n_cur, nxt, n_nxt, lr,
                         K: tl.constexpr, C: tl.constexpr, SPLITS: tl.constexpr,
                         BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
-                        UPDATE: tl.constexpr, PREC: tl.constexpr):
+                        UPDATE: tl.constexpr, PREC: tl.constexpr,
+                        DW_BY_CLASS: tl.constexpr):
         """Program j of one step. With UPDATE: the SGD step on batch `order[cur : cur + n_cur]`
         from the partial logits z_in [SPLITS, BLOCK_B, BLOCK_C], in place on columns j of
         w [C, K] (and, program 0, on b [C] and stats fp32 [2] += (loss sum, correct)). Always:
@@ -152,7 +167,11 @@ if triton is not None:
             g = e / se[:, None] - tl.where(onehot, 1.0, 0.0)
             g = tl.where(rmask[:, None] & cmask[None, :], g, 0.0) * (lr / n_cur)
             # Wᵀ[cols_j] -= x[:, cols_j]ᵀ g / 255, b -= Σ_rows g: no other program touches them.
-            wt = wt - tl.dot(tl.trans(xb), g, input_precision=PREC) * inv255
+            if DW_BY_CLASS:  # the same sums as (gᵀ x)ᵀ: see Variant.dw_by_class
+                dwt = tl.trans(tl.dot(tl.trans(g), xb, input_precision=PREC))
+            else:
+                dwt = tl.dot(tl.trans(xb), g, input_precision=PREC)
+            wt = wt - dwt * inv255
             tl.store(wt_ptr, wt, mask=wt_mask)
             b = tl.where(bmask, b - tl.sum(g, axis=0), 0.0)
             tl.store(b_ptr + cls, b, mask=bmask)
@@ -173,7 +192,8 @@ def launch(x, y, order, w, b, z_in, z_out, stats, cur, n_cur, nxt, n_nxt, lr, up
     sgd_step_kernel[(v.splits,)](x, y, order, w, b, z_in, z_out, stats, cur, n_cur, nxt, n_nxt,
                                  lr, K=IN_FEATURES, C=CLASSES, SPLITS=v.splits,
                                  BLOCK_B=z_in.shape[1], BLOCK_K=v.block_k, BLOCK_C=BLOCK_C,
-                                 UPDATE=update, PREC=v.precision, num_warps=v.num_warps)
+                                 UPDATE=update, PREC=v.precision,
+                                 DW_BY_CLASS=v.dw_by_class, num_warps=v.num_warps)
 
 
 def partials(batch: int, device, v: Variant = DEFAULT) -> torch.Tensor:
@@ -252,7 +272,8 @@ class TritonFused(Impl):
     def details(self) -> dict:
         v = self.variant
         return {"programs_per_step": v.splits, "block_k": v.block_k, "num_warps": v.num_warps,
-                "dot_precision": v.precision, "launches_per_epoch": self.launches,
+                "dot_precision": v.precision, "dw_by_class": v.dw_by_class,
+                "launches_per_epoch": self.launches,
                 "cuda_graph": True}
 
     def params(self):

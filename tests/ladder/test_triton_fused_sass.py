@@ -1,0 +1,90 @@
+"""triton-fused's step kernel as the GPU will run it, checked on the CPU: compiled ahead of time
+for sm_90a through Triton's own ptxas and read back with its nvdisasm (no GPU needed).
+
+[64, 8w, tf32x3] faulted on the H100 and H200 loans (compute-sanitizer: an out-of-bounds 512-byte
+__shared__ read at +0x7cc0). That offset is an HGMMA whose shared-memory descriptor ptxas 12.8
+built from R1, the stack pointer, instead of the shared base in the PTX. A kernel reads R1 only
+to load it, to move it by its frame and as a local-memory address; anything else is that fault."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is in the test extra: pip install -e .[test]")
+ROOT = Path(__file__).resolve().parents[2]
+
+# Prints, for each variant tag given, the SASS lines of its step kernel that read R1 as data.
+COMPILE = r"""
+import json, os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from fasttrain.ladder import triton_fused as tf
+nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+if not os.path.exists(nvdisasm):
+    print(json.dumps({"skip": f"this Triton has no {nvdisasm}"}))
+    sys.exit()
+sig = dict(x_ptr="*u8", y_ptr="*i64", order_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32",
+           z_in_ptr="*fp32", z_out_ptr="*fp32", stats_ptr="*fp32", cur="i32", n_cur="i32",
+           nxt="i32", n_nxt="i32", lr="fp32")
+# As a launch specializes them: torch's pointers and a full batch's offsets are multiples of 16.
+attrs = {(i,): [["tt.divisibility", 16]] for i in range(12)}
+out = {}
+for v in tf.SWEEP:
+    if v.tag not in sys.argv[1:]:
+        continue
+    consts = dict(K=784, C=10, SPLITS=v.splits, BLOCK_B=128, BLOCK_K=v.block_k,
+                  BLOCK_C=tf.BLOCK_C, UPDATE=True, PREC=v.precision, DW_BY_CLASS=v.dw_by_class)
+    src = ASTSource(fn=tf.sgd_step_kernel, constexprs=consts, attrs=attrs,
+                    signature={**sig, **{k: "constexpr" for k in consts}})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": v.num_warps})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    bad = [line.strip() for line in sass.splitlines()
+           if re.search(r"\bR1\b", re.sub(r"\[[^]]*\]", "", line))  # R1 outside an address
+           and "c[0x0][0x28]" not in line  # its load
+           and not re.search(r"(IADD3|VIADD) R1, R1, ", line)]  # its frame
+    out[v.tag] = {"r1_data_reads": bad, "hgmma": sorted(set(re.findall(r"HGMMA\.\w+", sass))),
+                  "shared": kernel.metadata.shared}
+print(json.dumps(out))
+"""
+
+
+def compile_steps(tags):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    r = subprocess.run([sys.executable, "-c", COMPILE, *tags], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert sorted(got) == sorted(tags)
+    return got
+
+
+def test_the_variant_that_faulted_reads_no_descriptor_from_the_stack_pointer():
+    from fasttrain.ladder.triton_fused import Variant
+
+    v = Variant(64, 8, "tf32x3")
+    got = compile_steps([v.tag])[v.tag]
+    assert got["hgmma"], "the forward dot must still run on tensor cores (wgmma)"
+    assert got["r1_data_reads"] == [], got
+
+
+@pytest.mark.slow
+def test_no_variant_reads_a_descriptor_from_the_stack_pointer():
+    from fasttrain.ladder.triton_fused import SWEEP
+
+    got = compile_steps([v.tag for v in SWEEP])
+    assert {tag: g["r1_data_reads"] for tag, g in got.items() if g["r1_data_reads"]} == {}
+    # Only the variant that needs it computes the update the other way round.
+    assert [v.tag for v in SWEEP if v.dw_by_class] == ["64, 8w, tf32x3"]
