@@ -368,3 +368,12 @@ def test_tf32_and_cuda_graphs_are_planned_without_a_gpu_here(tmp_path):
     assert a100["tf32"]["roofline_s"] < a100["fp32"]["roofline_s"]  # at the TF32 peak
     assert a100["graphs"]["launch_s"] == 0 < a100["fp32"]["launch_s"]
     assert rows["tf32"]["T4"]["status"] == "unsupported"  # no TF32 units
+
+
+def test_an_efficiency_the_calibration_could_not_identify_is_marked_where_it_is_used():
+    from fasttrain.lab import steptime
+
+    flat = steptime.Fit(0.3, 3e-5, "NVIDIA H100 80GB HBM3", "fitted there",
+                        unidentified=("efficiency",), model="max")
+    assert "NOT IDENTIFIED" in plan_cmd._held(flat)
+    assert plan_cmd._held(steptime.Fit(0.4, 3e-5, "NVIDIA H100 80GB HBM3", "fitted")) == ""
