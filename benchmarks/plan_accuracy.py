@@ -175,7 +175,8 @@ def point_rows(runs: dict, times: dict, peaks: classify.Peaks, points: dict,
     for (m, b), run in runs.items():
         work = steptime.count_run(run)  # the optimizer's path as timed (foreach on CUDA)
         roof = steptime.roofline_s(work, peaks.flops, peaks.bandwidth)
-        point = steptime.Point(b, roof, work.ops, statistics.median(times[m, b]))
+        point = steptime.Point(b, roof, work.ops, statistics.median(times[m, b]),
+                               tuple(times[m, b]))
         rows.append({"model": m, "data": points[m][0], "batch_size": b, "point": point,
                      "measured_s": point.measured_s, "step_times_s": times[m, b],
                      "spread_s": [min(times[m, b]), max(times[m, b])],

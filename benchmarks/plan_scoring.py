@@ -10,11 +10,11 @@ import json
 import numpy as np
 
 from fasttrain.errors import UserError
-from fasttrain.lab import overlap, steptime
+from fasttrain.lab import calibration, overlap, steptime
 
 TARGET = 0.3
 SCHEMES = ("other batch sizes", "other models", "one efficiency", "overlapped, other points",
-           "overlapped, other models")
+           "overlapped, other models", "calibrated, other batch sizes")
 
 
 def one_efficiency(points: list[steptime.Point], totals: list[float]) -> float:
@@ -53,6 +53,15 @@ def predict(rows: list[dict]) -> None:
                 "fitted_on": [f"{rows[j]['model']}@{rows[j]['batch_size']}" for j in idx],
                 "efficiency": eff, "launch_s": issue, "predicted_s": pred,
                 "error": pred / r["measured_s"] - 1}
+        # what `plan --calibrate` now does on a GPU: the same model's two other batch sizes,
+        # each constant from the point on its side (lab/calibration.read_max; on a CPU it reads
+        # the sum: "other batch sizes")
+        eff, issue, _, _, unknown, _ = calibration.read_max([pts[j] for j in same])
+        pred = overlap.step_s(r["roofline_s"], r["ops"], eff, issue)
+        r["predictions"]["calibrated, other batch sizes"] = {
+            "fitted_on": [f"{rows[j]['model']}@{rows[j]['batch_size']}" for j in same],
+            "efficiency": eff, "launch_s": issue, "unidentified": list(unknown),
+            "predicted_s": pred, "error": pred / r["measured_s"] - 1}
 
 
 def within_target(rows: list[dict], points: dict) -> dict:
@@ -96,7 +105,7 @@ def refit(path: str) -> dict:
         points = {m: (c["data"], tuple(c["batch_sizes"])) for m, c in config["points"].items()}
         for r in rows:
             r["point"] = steptime.Point(r["batch_size"], r["roofline_s"], r["ops"],
-                                        r["measured_s"])
+                                        r["measured_s"], tuple(r.get("step_times_s", ())))
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"--from-json {path}: not a plan-accuracy result this script wrote "
                         f"({type(e).__name__}: {e}); give one of benchmarks/results/*plan-"

@@ -203,6 +203,16 @@ def test_from_json_refits_and_rescores_without_measuring(bench, tmp_path, monkey
     # The sum per model reads the host-bound point's flat step as roofline it does not have.
     assert result["within_target"]["other batch sizes"]["all"] < 6
     assert "overlapped, other points: 6/6 within ±30%" in capsys.readouterr().out
+    # What `plan --calibrate` does on a GPU, per model from its two other batch sizes: exact
+    # where they straddle the regimes (16 from 8 and 32; 32 from 8 and 16); batch 8 (host-bound,
+    # 3.2 ms) from 16 and 32, both device-bound, finds no cost per call: the default 5 µs, within
+    # the 100 µs they allow, predicts the device's 2 ms: −37.5%, and says it was unidentified.
+    for r in result["rows"]:
+        c = r["predictions"]["calibrated, other batch sizes"]
+        if r["batch_size"] == 8:
+            assert c["unidentified"] == ["launch_s"] and c["error"] == pytest.approx(-0.375)
+        else:
+            assert c["unidentified"] == [] and c["error"] == pytest.approx(0, abs=1e-9)
 
     # One point 1.5× slower than the machine's model: predicted from the five others (exact,
     # so their fit is the planted one) it is off by 1/1.5 − 1 = −33%, and counted a miss.

@@ -110,3 +110,29 @@ class Recording(nn.Linear):
 def recording() -> nn.Module:
     torch.manual_seed(0)
     return Recording(1, 4)
+
+
+class Uneven(IterableDataset):
+    """No length, split by itself into uneven shares, as files of different sizes make them:
+    reader 0 of 2 gets 40 items a pass, reader 1 gets 24 (5 and 3 steps of 8); alone, 64.
+    Appends each epoch it is given to $FT_SEEN/epochs-rank<RANK>.txt."""
+
+    splits_itself = True
+
+    def set_epoch(self, epoch: int) -> None:
+        import os
+
+        with open(f"{os.environ['FT_SEEN']}/epochs-rank{os.environ.get('RANK', '0')}.txt",
+                  "a") as f:
+            f.write(f"{epoch}\n")
+
+    def __iter__(self):
+        from fasttrain.engine.sampling import shard
+
+        k, n = shard()
+        count = 64 if n == 1 else (40 if k == 0 else 24)
+        return ((torch.tensor([float(i)]), i % 4) for i in range(count))
+
+
+def uneven():
+    return Uneven()

@@ -421,15 +421,29 @@ class OneFile(Few):
         return super().__iter__() if shard()[0] == 0 else iter(())
 
 
-def test_an_empty_share_of_an_endless_stream_names_its_cause():
-    # Under torchrun a rank's stream restarts where it ends: an empty share must stop with one
-    # line (it looped over empty passes), naming what made it empty for this stream.
+def test_a_share_without_a_step_names_its_rank_and_cause():
+    # Under torchrun a pass of a stream without length ends where the shortest share does
+    # (agree.steps_together): a share that cannot start one must stop every rank with one line,
+    # naming what made it short for this stream.
     with pytest.raises(UserError) as e:
         next(stream_of(Few(), rank=1, world=2).micro_batches(0))
-    one_line(e, "rank 1", "micro-batch of 4", "--batch-size")
+    one_line(e, "rank 1", "micro-batch(es) of 4", "--batch-size", "fewer --workers")
     assert "splits_itself" not in str(e.value)  # it deals items by skipping
     with pytest.raises(UserError) as e:
         next(stream_of(OneFile(), rank=1, world=2).micro_batches(0))
+    one_line(e, "rank 1", "splits_itself", "shards")
+
+
+class SizedFile(OneFile):
+    def __len__(self) -> int:
+        return 16
+
+
+def test_an_empty_share_of_an_endless_stream_names_its_cause():
+    # With length, a rank's share restarts where it ends: an empty one must stop with one line
+    # (it looped over empty passes).
+    with pytest.raises(UserError) as e:
+        next(stream_of(SizedFile(), rank=1, world=2).micro_batches(0))
     one_line(e, "rank 1", "splits_itself", "shards")
 
 

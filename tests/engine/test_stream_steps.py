@@ -1,7 +1,8 @@
 """A stream without length is --max-steps long in one process, as under torchrun: passes restart
-as often as it takes, each a new epoch; --epochs, given, ends it sooner; a resume mid-pass (the
-first or a later one) is bit-identical; a pass that holds no step is one line, not an endless
-loop of empty passes (engine/stream.py)."""
+as often as it takes, each a new epoch (under torchrun ending on every rank where the shortest
+share does); --epochs, given, ends it sooner; a resume mid-pass (the first or a later one) is
+bit-identical; a pass that holds no step is one line, not an endless loop of empty passes
+(engine/stream.py)."""
 
 from __future__ import annotations
 
@@ -60,11 +61,52 @@ def test_given_epochs_end_a_stream_without_length_sooner_and_the_start_line_says
     assert (run.step, run.epoch) == (16, 2)
 
 
-def test_epochs_cannot_end_a_stream_without_length_under_torchrun_and_it_is_said(capsys):
+def test_under_torchrun_a_pass_without_length_ends_where_the_shortest_share_does():
+    from fasttrain.engine.agree import steps_together
+
+    # Rank 0's share: 5 steps of 2 micro-batches; the other rank's counts say it has 3.
+    other = iter([2, 2, 2, 1, 0])
+    got = list(steps_together(iter(range(10)), 2, lambda n: [n, next(other)]))
+    assert got == [0, 1, 2, 3, 4, 5]  # 3 steps, then the pass ends on both ranks
+    # A pass some rank cannot start: every rank raises the same error, from the counts.
+    with pytest.raises(UserError, match=r"\[2, 0\]"):
+        list(steps_together(iter(range(10)), 2, lambda n: [n, 0],
+                            lambda counts: UserError(f"counts {counts}")))
+    # A resumed pass (no `short`) that holds no more steps simply ends.
+    assert list(steps_together(iter(range(1)), 2, lambda n: [n, 2])) == []
     s = stream_of(Numbers(64), rank=0, world=2, epochs=3)
-    assert s.endless and "--epochs 3 cannot end a stream" in capsys.readouterr().err
-    stream_of(Numbers(64), rank=0, world=2)  # not given: nothing to say
-    assert "--epochs" not in capsys.readouterr().err
+    assert not s.endless and s.counts is not None  # a pass ends, and the ranks agree where
+
+
+@pytest.mark.slow
+def test_a_stream_without_length_under_torchrun_restarts_passes_as_one_process_does(tmp_path):
+    """Two gloo ranks with uneven shares (5 and 3 steps a pass): every pass ends on both at
+    step 3, each a new epoch (set_epoch, the logs), and --epochs ends the run."""
+    import json
+    import os
+    import subprocess
+
+    from tests.engine.test_distributed import TORCHRUN
+
+    def train(out: str, *extra: str) -> list[dict]:
+        proc = subprocess.run([*TORCHRUN, "-m", "fasttrain", "train", "--model",
+                               "tests.engine.streamdata:tiny", "--data",
+                               "tests.engine.streamdata:uneven", "--batch-size", "16",
+                               "--log-every", "1", "--parallel", "ddp", "--device", "cpu",
+                               "--no-progress", "--out", str(tmp_path / out), *extra],
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "FT_SEEN": str(tmp_path)})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "cannot end a stream" not in proc.stderr
+        lines = (tmp_path / out / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["kind"] == "train"]
+
+    logged = [(r["step"], r["epoch"]) for r in train("steps", "--max-steps", "8")]
+    assert logged == [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (6, 1), (7, 2), (8, 2)]
+    for rank in (0, 1):  # each pass a new epoch on every rank, whatever its share
+        assert (tmp_path / f"epochs-rank{rank}.txt").read_text().split() == ["0", "1", "2"]
+    logged = train("epochs", "--max-steps", "100", "--epochs", "2")
+    assert logged[-1]["step"] == 6 and logged[-1]["epoch"] == 1  # two passes of 3 steps
 
 
 @pytest.mark.parametrize(("cut", "workers", "where"), [

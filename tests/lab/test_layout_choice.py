@@ -89,3 +89,29 @@ def test_experiment_scaling_prints_and_writes_the_pick(tmp_path, capsys):
     assert one["pick"]["layout"] == "fsdp × tp 2"  # 12.9 B parameters: FSDP alone does not fit
     assert one["pick"]["tp_bytes"] == 4 * 40 * 2 * 2048 * 5120 * 2
     assert "which layout" in capsys.readouterr().out
+
+
+def test_a_gpt_counted_on_the_meta_device_saves_what_a_built_one_does_split_or_not():
+    # tests/lab/layout_driver.py measured these on gloo ranks and lab/tp_saved counts them on a
+    # built Run (gpt, block 32, batch 8, vocabulary 30): the meta count, which sizes no CPU can
+    # build also take, must agree to the byte — split by gpt's plan at tp 2, and with attention
+    # saved as its fused kernel saves it (the meta device's math path keeps [B, h, T, T]).
+    spec = Spec("gpt", "gpt", (32,), 30, 8)
+    assert lc.saved_bytes(spec) == 8_720_644
+    assert lc.saved_bytes(spec, tp=2) == 4_952_324
+
+
+def test_the_reference_gpt_rows_keep_what_a_tp_rank_saves_not_a_tp_th():
+    spec = Spec("gpt-124m", "gpt", (1024,), 50257, 8,
+                {"n_layer": 12, "n_head": 12, "n_embd": 768})
+    m = lc.model_of(spec)
+    counted = dict(m.saved_tp)
+    assert set(counted) == {2, 4}  # the degrees dividing its 12 heads (candidates: ≤ 8 a node)
+    for tp, saved in counted.items():
+        assert saved == lc.saved_bytes(spec, tp) // spec.batch
+        assert saved > 1.05 * m.saved_per_sample / tp  # no plan reaches 1/tp
+    r = rows(m, batch=8, gpu=16 * GIB)
+    tp2 = r["fsdp × tp 2"]
+    assert tp2.memory == int(tp2.state + counted[2] * tp2.micro_batch)
+    # a model without a count (a user's: no tp candidates) keeps 1/tp as its floor
+    assert BIG.saved_on_rank(4) == BIG.saved_per_sample / 4

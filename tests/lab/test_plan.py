@@ -142,15 +142,32 @@ def test_the_cost_per_op_issued_comes_from_the_fit_only_on_the_gpu_it_was_fitted
     assert plan_cmd.launch(mine, graphs, on_h100)[0] == 0.0
 
 
-def test_a_gpu_step_overlaps_its_two_terms_unless_the_sum_was_fitted_on_that_gpu():
-    from fasttrain.lab import steptime
+def test_a_calibration_on_a_gpu_is_applied_on_it_as_the_max_it_was_read_by(tmp_path,
+                                                                           monkeypatch):
+    """A calibration planted as made on an H100 (its steps read by the max: lab/calibration):
+    the H100 SXM row uses its cost per call, and its step is the slower of the two terms, not
+    their sum (which the sum's constants were applied as before)."""
+    from fasttrain.lab import calibration, classify, steptime
 
-    h100, pcie = cost.load()["H100 SXM"], cost.load()["H100 PCIe"]
-    on_h100 = steptime.Fit(0.3, 7e-6, "NVIDIA H100 80GB HBM3", "fitted there")
-    assert plan_cmd.overlapped(h100, steptime.default())  # the default: carried, overlapped
-    assert plan_cmd.overlapped(h100, steptime.Fit(0.3, 9e-6, "cpu", "fitted here"))
-    assert not plan_cmd.overlapped(h100, on_h100)  # its sum's constants, applied as the sum
-    assert plan_cmd.overlapped(pcie, on_h100)
+    peaks = classify.Peaks(1e11, 2e10, "planted")
+
+    def planted_steps(run, steps, clock=None):
+        work = steptime.count_run(run)
+        return [max(steptime.roofline_s(work, peaks.flops, peaks.bandwidth) / 0.4,
+                    work.ops * 2e-6)] * steps
+
+    monkeypatch.setattr(calibration, "_measuring",
+                        lambda device, precision: (peaks, None, "planted", True))
+    monkeypatch.setattr(calibration, "_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(steptime, "time_steps", planted_steps)
+    out = tmp_path / "gpu.json"
+    assert main(["plan", *FLAGS, "--calibrate", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["efficiency"]["model"] == "max"
+    h = next(r for r in result["rows"] if r["gpu"] == "H100 SXM")
+    eff = result["efficiency"]["value"]
+    assert h["launch_s"] == result["launch"]["fitted_s"]
+    assert h["step_s"] == pytest.approx(max(h["roofline_s"] / eff, h["ops"] * h["launch_s"]))
 
 
 def test_gpu_names_match_the_catalogue_as_torch_reports_them():
@@ -183,7 +200,7 @@ def test_a_calibration_held_at_its_bound_says_so_with_the_unbounded_fit(tmp_path
                                                                           monkeypatch):
     """Steps planted 1.25× faster than their per-op roofline: the fit holds the efficiency at 1,
     and the table's footer and the JSON say so, with the 1.25 the measurements gave."""
-    from fasttrain.lab import classify, steptime
+    from fasttrain.lab import calibration, classify, steptime
 
     peaks = classify.Peaks(1e11, 2e10, "planted")
 
@@ -192,7 +209,8 @@ def test_a_calibration_held_at_its_bound_says_so_with_the_unbounded_fit(tmp_path
         return [steptime.roofline_s(work, peaks.flops, peaks.bandwidth) / 1.25
                 + work.ops * 2e-6] * steps
 
-    monkeypatch.setattr(steptime, "_measuring", lambda device, precision: (peaks, None, "planted"))
+    monkeypatch.setattr(calibration, "_measuring",
+                        lambda device, precision: (peaks, None, "planted", False))
     monkeypatch.setattr(steptime, "time_steps", planted_steps)
     out = tmp_path / "held.json"
     assert main(["plan", *FLAGS, "--calibrate", "--json", str(out)]) == 0
@@ -350,3 +368,12 @@ def test_tf32_and_cuda_graphs_are_planned_without_a_gpu_here(tmp_path):
     assert a100["tf32"]["roofline_s"] < a100["fp32"]["roofline_s"]  # at the TF32 peak
     assert a100["graphs"]["launch_s"] == 0 < a100["fp32"]["launch_s"]
     assert rows["tf32"]["T4"]["status"] == "unsupported"  # no TF32 units
+
+
+def test_an_efficiency_the_calibration_could_not_identify_is_marked_where_it_is_used():
+    from fasttrain.lab import steptime
+
+    flat = steptime.Fit(0.3, 3e-5, "NVIDIA H100 80GB HBM3", "fitted there",
+                        unidentified=("efficiency",), model="max")
+    assert "NOT IDENTIFIED" in plan_cmd._held(flat)
+    assert plan_cmd._held(steptime.Fit(0.4, 3e-5, "NVIDIA H100 80GB HBM3", "fitted")) == ""

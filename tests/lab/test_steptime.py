@@ -139,29 +139,6 @@ def test_data_parallel_step_by_hand():
     assert two["step_s"] == pytest.approx(0.5 + t)
 
 
-def test_the_second_calibration_batch_splits_into_accumulation_steps():
-    cfg = TrainConfig(model="logreg", data="synthetic", batch_size=64, device="cpu")
-    assert steptime.second_batch(cfg) == 32
-    assert steptime.second_batch(dataclasses.replace(cfg, batch_size=1)) == 2
-    assert steptime.second_batch(dataclasses.replace(cfg, batch_size=8, accum_steps=8)) == 16
-
-
-def test_calibration_fits_two_batch_sizes_and_reports_its_basis():
-    cfg = TrainConfig(model="logreg", data="synthetic", batch_size=64, device="cpu")
-    threads = torch.get_num_threads()
-    fit, basis = steptime.calibrate(cfg, steps=3)
-    assert torch.get_num_threads() == threads  # one thread while measuring, restored after
-    assert basis["clock"] == "one thread, its CPU time"
-    assert [p["batch_size"] for p in basis["points"]] == [64, 32]
-    assert 0 < fit.efficiency <= 1 and fit.launch_s >= 0 and fit.device == "cpu"
-    assert (fit.efficiency, fit.launch_s) == (basis["efficiency"], basis["launch_s"])
-    points = [steptime.Point(**{**p, "step_times_s": tuple(p["step_times_s"])})
-              for p in basis["points"]]
-    assert steptime.fit(points) == (fit.efficiency, fit.launch_s)  # the basis is what was fitted
-    assert all(len(p.step_times_s) == 3 and p.ops > 0 for p in points)
-    assert "fitted on cpu to logreg at batch 64 and 32" in fit.source
-
-
 def test_a_count_for_a_gpu_takes_the_optimizers_foreach_path():
     cfg = TrainConfig(model="mlp", data="synthetic", batch_size=32, device="cpu")
     from fasttrain.engine.run import build

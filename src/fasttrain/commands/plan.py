@@ -30,7 +30,7 @@ import sys
 
 from fasttrain.commands.common import data_label, lab_config
 from fasttrain.errors import UserError
-from fasttrain.lab import cost, fitting, scaling, steptime
+from fasttrain.lab import calibration, cost, fitting, scaling, steptime
 
 SCHEMA = "fasttrain.plan/1"
 # FSDP moves 1.5× DDP's bytes: an all-gather in forward, another in backward, a reduce-scatter.
@@ -60,14 +60,6 @@ def launch(gpu: cost.GPU, cfg, fit: steptime.Fit) -> tuple[float, str]:
     return steptime.DEFAULT_LAUNCH_S, steptime.DEFAULT_LAUNCH_SOURCE
 
 
-def overlapped(gpu: cost.GPU, fit: steptime.Fit) -> bool:
-    """Whether `gpu`'s step is predicted as the slower of its two terms (the host issues while
-    the device computes: lab/overlap.py) — everywhere but where the constants were fitted on
-    this very GPU by --calibrate, whose two-point fit is the sum's (steptime.fit: two points
-    cannot tell the max's regimes apart) and is applied as it was fitted."""
-    return not (fit.device and same_gpu(fit.device, gpu.name))
-
-
 def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
             steps_epoch: int | None, total_steps: int, spot: tuple[float, float, float],
             samples: int | None, fsdp: bool = False) -> dict:
@@ -91,9 +83,10 @@ def gpu_row(models, cfg, per_gpu, gpu: cost.GPU, n: int, fit: steptime.Fit,
     launch_s, launch_source = launch(gpu, variant, fit)
     # Each of the `used` GPUs computes 1/used of the samples (the optimizer's bytes are not
     # shared under DDP: optimistic for tiny batches) and issues every op call, while its device
-    # computes: the slower of the two (`overlapped`).
+    # computes: the slower of the two (lab/overlap.py; a calibration on this very GPU read its
+    # steps so too: lab/calibration.py).
     compute = steptime.predict_s(work, peak, gpu.bandwidth, fit.efficiency, launch_s,
-                                 share=1 / used, overlapped=overlapped(gpu, fit))
+                                 share=1 / used, overlapped=True)
     link = scaling.Link(gpu.interconnect, gpu.link_bandwidth)
     grad = int(work.grad_bytes * (FSDP_TRAFFIC if fsdp or used != n else 1))
     t = scaling.step_time(compute, grad, used, link)
@@ -151,8 +144,10 @@ def _launches(rows: list[dict]) -> str:
 
 
 def _held(fit: steptime.Fit) -> str:
-    """The efficiency, where the calibration held it at its bound, marked where it is used
-    (the why and the whole unbounded fit follow in fit.source)."""
+    """The efficiency, where the calibration held it at its bound or could not identify it,
+    marked where it is used (the why and the whole fit follow in fit.source)."""
+    if "efficiency" in fit.unidentified:
+        return " (NOT IDENTIFIED by the calibration: the default within its bound)"
     if "efficiency" not in fit.held:
         return ""
     return f" (HELD AT ITS BOUND: the unbounded fit was {fit.unbounded[0]:.3g})"
@@ -303,7 +298,7 @@ def plan(args: argparse.Namespace) -> int:
     task = rebatchable(task, per_gpu.micro_batch)  # predicted at other batches too
     samples, steps_epoch, total = _length(task, cfg, train_samples)
     models = fitting.Models(task)
-    fit, basis = (steptime.calibrate(fitting.counted_here(cfg), data=task) if args.calibrate
+    fit, basis = (calibration.calibrate(fitting.counted_here(cfg), data=task) if args.calibrate
                   else (steptime.default(), None))
     spot = (args.preemption_rate, args.checkpoint_minutes / 60, args.restart_minutes / 60)
     rows = [gpu_row(models, cfg, per_gpu, g, n, fit, steps_epoch, total, spot, samples, fsdp)
@@ -349,6 +344,7 @@ def plan(args: argparse.Namespace) -> int:
                        "restart_minutes": args.restart_minutes, "catalog": args.catalog},
             "efficiency": {"value": fit.efficiency, "source": fit.source, "basis": basis,
                            "held": list(fit.held),  # bounds the fit was held at (steptime.fit)
+                           "unidentified": list(fit.unidentified), "model": fit.model,
                            "unbounded": (dict(zip(("efficiency", "launch_s"), fit.unbounded,
                                                   strict=True)) if fit.unbounded else None)},
             "launch": {"fitted_s": fit.launch_s if args.calibrate else None,

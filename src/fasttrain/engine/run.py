@@ -210,7 +210,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.data = task
     flip_crop = augment.for_task(cfg.augment, task, cfg.seed, dev, world.dp_rank)  # in memory
     if isinstance(task, StreamData):
-        run.batches = Stream(task, cfg, dev, world.dp_rank, world.dp_size)
+        # A stream without length: the ranks agree where each pass ends (all ranks: a tp
+        # group's or a pipeline's read the same share and step together).
+        run.batches = Stream(task, cfg, dev, world.dp_rank, world.dp_size,
+                             (lambda: agree.int_gather(world)) if world.size > 1 else None)
     else:
         run.batches = Batches(task, dev, cfg.batch_size, cfg.accum_steps, cfg.seed,
                               on_device=switches.data_on_device(cfg, dev, task),
@@ -283,10 +286,9 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
                               usercode.name_of(user.get("optimizer"), cfg.optimizer))
     per_epoch = run.batches.steps_per_epoch  # None: a stream without length (then max_steps)
     # A stream without length: --max-steps is the run's length, its passes (epochs) restarted
-    # as often as that takes; --epochs, given, ends it sooner in one process only (under
-    # torchrun each rank's passes are its own, inside one endless pass: stream.py).
-    endless = per_epoch is None and run.batches.endless
-    run.epochs = math.inf if endless else cfg.epoch_limit(sized=per_epoch is not None)
+    # as often as that takes; --epochs, given, ends it sooner (under torchrun too: the ranks
+    # end each pass together, stream.py).
+    run.epochs = cfg.epoch_limit(sized=per_epoch is not None)
     run.total_steps = run.epochs * per_epoch if per_epoch is not None else cfg.max_steps
     if cfg.max_steps:
         run.total_steps = min(run.total_steps, cfg.max_steps)

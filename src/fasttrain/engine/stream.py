@@ -27,18 +27,17 @@ Order and randomness (what makes resume exact and N processes equal one):
   epoch, rank) + worker and restarted each pass (persistent_workers is off for a stream: a worker
   must learn the epoch). A resumed pass skips the micro-batches already trained on by reading
   them: the same batches come back if the stream yields the same items for the same epoch.
-  Under torchrun each rank's stream restarts where it ends (Stream.endless: ranks must step
-  together, and shares a stream makes itself may differ): with length, every rank's pass is
-  the same steps; without, a pass never ends and a resume reads again all trained on since the
-  start.
-- A stream without length is --max-steps long, in one process as under torchrun. In one
-  process fit starts pass after pass, each a new epoch (set_epoch, the seeds, the epoch of the
-  logs and checkpoints), and a resumed pass skips only its own steps; --epochs, given, ends the
-  run sooner (whichever first, as Lightning's max_epochs and max_steps). Under torchrun a rank's
-  passes are its own (restarted inside its one endless pass: each still calls set_epoch and
-  reseeds; the run's epoch stays 0), so --epochs cannot end it there (a warning says so). A
-  pass read from its start that holds no whole step is one line (a stream read once: fit would
-  start empty passes without end).
+  Ranks must step together, and the shares of a stream may differ: under torchrun a stream
+  with length restarts each rank's share where it ends (Stream.endless), so every rank's pass
+  is the same steps; a stream without length ends each pass on every rank at the first step
+  some rank cannot fill (agree.steps_together: the ranks' counts gathered once per step, on
+  the host).
+- A stream without length is --max-steps long, in one process as under torchrun: fit starts
+  pass after pass, each a new epoch (set_epoch, the seeds, the epoch of the logs and
+  checkpoints), and a resumed pass skips only its own steps; --epochs, given, ends the run
+  sooner (whichever first, as Lightning's max_epochs and max_steps). A pass read from its start
+  that holds no whole step (on any rank) is one line (a stream read once: fit would start empty
+  passes without end).
 - With no workers the data's random draws run on their own saved streams, apart from the model's
   dropout stream: neither moves the other.
 
@@ -60,13 +59,14 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
 from fasttrain.engine import tree
+from fasttrain.engine.agree import steps_together
 from fasttrain.engine.inputs import tokens_in
 from fasttrain.engine.sampling import (
     EvalSampler,
@@ -97,7 +97,7 @@ class Stream:
     language = False  # the bundled token stream only (perplexity)
 
     def __init__(self, data: StreamData, cfg, device: torch.device, rank: int = 0,
-                 world: int = 1):
+                 world: int = 1, int_gather: Callable[[], Callable] | None = None):
         self.device, self.rank, self.world, self.seed = device, rank, world, cfg.seed
         self.batch_size, self.accum = cfg.batch_size, cfg.accum_steps
         self.micro = cfg.batch_size // cfg.accum_steps // world
@@ -125,26 +125,24 @@ class Stream:
         self.sampler: StepSampler | None = None
         self.loader = self._train_loader(train)
         self.steps_per_epoch = self._steps(train)
-        # Ranks must stop a pass at the same step (each step is a collective); a stream without
-        # length, or split by itself into shares of its own sizes (files, also over workers),
-        # may end sooner on one rank. So each rank's stream restarts where it ends: with length,
-        # a pass is still steps_per_epoch steps (a short share topped up from its next pass,
-        # with a warning); without, the run is --max-steps long.
+        # Ranks must stop a pass at the same step (each step is a collective); a stream's shares
+        # may end at different steps. With length (or split by itself into shares of its own
+        # sizes over workers), each rank's stream restarts where it ends and a pass is still
+        # steps_per_epoch steps (a short share topped up from its next pass, with a warning).
+        # Without length, the ranks agree at every step whether all still have one, and end the
+        # pass together (agree.steps_together): each pass an epoch, as in one process.
         uneven = (getattr(train.dataset, "splits_itself", False) and self.loader.num_workers > 1
                   and self.steps_per_epoch is not None)
-        self.endless = train.iterable and (world > 1 or uneven)
+        self.endless = train.iterable and ((world > 1 and self.steps_per_epoch is not None)
+                                           or uneven)
         self._short_warned = False
         if self.steps_per_epoch is None and not cfg.max_steps:
             raise UserError("the training data is a stream without length: give --max-steps N, "
                             "the run's length in optimizer steps (the stream restarts as often "
                             "as it takes, each pass an epoch)")
-        if (self.endless and self.steps_per_epoch is None and cfg.epochs is not None
-                and rank == 0):
-            # Not refused: a command written for one process (or a run's config.toml) still runs.
-            print(f"warning: --epochs {cfg.epochs} cannot end a stream without length under "
-                  f"torchrun (each process's share ends at its own step, so their passes do not "
-                  f"end together): the run is --max-steps {cfg.max_steps} long; drop --epochs, "
-                  f"or give the dataset a __len__", file=sys.stderr)
+        self.counts = None  # every rank's micro-batches for the next step (agree.int_gather)
+        if self.steps_per_epoch is None and world > 1:  # made here: a collective at build
+            self.counts = int_gather() if int_gather is not None else lambda n: [n]
         if self.steps_per_epoch == 0:
             raise UserError(f"--batch-size {cfg.batch_size} is larger than the {len(train)} "
                             f"training samples; use a smaller batch")
@@ -233,7 +231,10 @@ class Stream:
         # A stream with length stops at the steps every rank is sure to have (a pass).
         end = self.steps_per_epoch * self.accum if self.steps_per_epoch is not None else None
         host = itertools.islice(host, skip, end)
-        if not (self.endless or start_step):  # a pass read from its start: not empty
+        if self.counts is not None:  # without length under torchrun: the ranks end it together
+            host = steps_together(host, self.accum, self.counts,
+                                  None if start_step else lambda c: self._short(epoch, c))
+        elif not (self.endless or start_step):  # a pass read from its start: not empty
             host = self._whole_step(host, epoch)
         batches = self._ahead(host, "train data")
         yield from self._counted(batches) if self.counting else batches
@@ -247,11 +248,24 @@ class Stream:
         for got, batch in enumerate(host, 1):  # noqa: B007 - counted for after the loop
             yield batch
         if got < self.accum:
-            raise UserError(f"pass {epoch} of the training stream gave {got} micro-batch(es) of "
-                            f"{self.micro}, less than the {self.accum} of one step: its "
-                            f"__iter__ must start it afresh on every call (not hand back a "
-                            f"generator made once) and it must hold at least --batch-size "
-                            f"{self.batch_size} samples (or give a smaller --batch-size)")
+            raise self._short(epoch, [got])
+
+    def _short(self, epoch: int, counts: list[int]) -> UserError:
+        """The one line for a pass that holds no whole step; under torchrun (every rank's
+        `counts`, each rank building the same line) naming the first rank short."""
+        got = min(counts)
+        rank = counts.index(got) if len(counts) > 1 else self.rank
+        who = (f"rank {rank}'s share of " if self.world > 1 else "") + "the training stream"
+        fix = (f"its __iter__ must start it afresh on every call (not hand back a generator made "
+               f"once) and it must hold at least --batch-size {self.batch_size} samples (or give "
+               f"a smaller --batch-size" + (", or fewer --workers or processes)" if self.world > 1
+                                            else ")"))
+        if not got and self.world > 1 and getattr(self.splits["train"].dataset, "splits_itself",
+                                                  False):
+            fix = ("a stream with splits_itself = True must give every reader (process × worker) "
+                   "items; use fewer --workers or processes, or split it into more shards")
+        return UserError(f"pass {epoch} of {who} gave {got} micro-batch(es) of {self.micro}, less "
+                         f"than the {self.accum} of one step: {fix}")
 
     def _counted(self, batches: Iterator[Any]) -> Iterator[Any]:
         for batch in batches:  # counted as the loop takes it (after the copy ahead)

@@ -27,11 +27,15 @@ whose blocks the traffic below counts); every other model's row says why in `lef
 Per candidate, with G = the spec's batch per GPU × N the global batch (as for the DDP rows):
   memory   16 B per parameter — fp32 weights and gradients, AdamW's two moments — ÷ tp·pp, and
            ÷ dp more under FSDP (embeddings counted as split: see `fasttrain memory` for exact
-           shards); plus activations a·μ/tp: a = bytes saved for backward per sample, counted
-           on the meta device in fp32 (bf16 autocast keeps about half: an upper bound), μ the
-           micro-batch per data-parallel rank, the largest power of 2 that fits in 90% of the
-           GPU (the rest of G/dp accumulated). Under 1F1B the first stage keeps pp micro-batches
-           of 1/pp of the layers in flight: a·μ/tp again. No fit at μ = 1: the layout is out.
+           shards); plus activations a_tp·μ: a_tp = bytes one tp rank saves for backward per
+           sample, counted on the meta device in fp32 (bf16 autocast keeps about half: an upper
+           bound) on the model split by its plan over a fake group of tp ranks (`saved_bytes`,
+           lab/tp_saved's count, attention as its fused kernel saves it: gpt-13b keeps 0.56 of
+           its activations at tp 2, 0.34 at 4, 0.23 at 8, not 1/tp — its layer norms,
+           residual stream and the column-wise layers' inputs stay whole), μ the micro-batch
+           per data-parallel rank, the largest power of 2 that fits in 90% of the GPU (the rest
+           of G/dp accumulated). Under 1F1B the first stage keeps pp micro-batches of 1/pp of
+           the layers in flight: a_tp·μ again. No fit at μ = 1: the layout is out.
   time     compute: the step's FLOPs ÷ N ÷ (MFU × peak), at least the floor; data parallel: the
            fp32 gradients of a rank's shard (4P/(tp·pp) B) overlapped with backward as DDP's
            buckets are (scaling.step_time), over the inter-node link when dp spans nodes, and
@@ -48,6 +52,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from fasttrain.lab import layouts
 from fasttrain.lab.scaling import Link, Spec, allreduce_s, count, step_time
@@ -56,6 +62,7 @@ STATE_BYTES = 16  # per parameter: fp32 weights, fp32 gradients, AdamW's two fp3
 ACT_BYTES = 2  # bf16: the activations tensor parallelism all-reduces and stages send
 USABLE = 0.9  # of the GPU's memory: CUDA context, workspaces, fragmentation
 FASTER = 0.9  # another layout replaces the rule's first fit only at ≤ this × its step time
+TPS = (2, 4, 8, 16, 32)  # tensor-parallel degrees a candidate may take (≤ GPUs per node)
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,13 @@ class Model:
     seq: int = 0
     # the layouts not among the candidates, and why: (("tp", "..."), ("pp", "...")); () for gpt
     left_out: tuple[tuple[str, str], ...] = ()
+    # (tp, bytes tp rank 0 saves per sample), counted on the model split by its plan (gpt)
+    saved_tp: tuple[tuple[int, int], ...] = ()
+
+    def saved_on_rank(self, tp: int) -> float:
+        """Bytes per sample one of `tp` ranks saves for backward: counted on the split model
+        where it was (`saved_tp`), else 1/tp of the whole — which no plan reaches (a floor)."""
+        return dict(self.saved_tp).get(tp, self.saved_per_sample / tp)
 
 
 def left_out_of(module: torch.nn.Module) -> tuple[tuple[str, str], ...]:
@@ -102,12 +116,34 @@ def gpt_shape(module: torch.nn.Module, seq: int) -> dict:
                 n_embd=module.wte.embedding_dim, seq=seq)
 
 
-def saved_bytes(spec: Spec) -> int:
-    """Bytes one forward of `spec` at its batch saves for backward (parameters excluded), on
-    the meta device: each storage once (a view shares its base's), no memory used."""
-    import torch.nn.functional as F
+class _FusedAttention(TorchFunctionMode):
+    """Attention on the meta device as a GPU (or a CPU) computes it: the fused kernel, which
+    saves its output and the rows' logsumexp [B, h, T], where the meta device takes the math
+    path and saves the whole [B, h, T, T] of weights (gpt-13b at 2048 tokens: 27 GB a sample
+    of the 58 it counted). Where torch lacks the CPU's fused op, the math path stays."""
 
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+        if func is not F.scaled_dot_product_attention or op is None or (
+                len(args) > 3 or set(kwargs) - {"dropout_p", "is_causal"}):
+            return func(*args, **kwargs)
+        return op(*args, kwargs.get("dropout_p", 0.0), kwargs.get("is_causal", False))[0]
+
+
+def saved_bytes(spec: Spec, tp: int = 1) -> int:
+    """Bytes one forward and loss of `spec` at its batch save for backward (parameters
+    excluded), on the meta device: each storage once (a view shares its base's), no memory
+    used; attention as its fused kernel saves it (`_FusedAttention`). `tp` > 1: on tp rank 0
+    of the model split by its plan as the engine splits it (gpt's
+    own parallelize, its logits' loss parallel) over a fake group of tp ranks, a DTensor's
+    storages its local shard's: lab/tp_saved's count, here without a built Run, so that sizes
+    no CPU could build are counted too."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from fasttrain.engine import tensor_parallel
     from fasttrain.lab import bytecount
+    from fasttrain.lab.layouts import fake_mesh
     from fasttrain.models import build_model
 
     with torch.device("meta"):
@@ -122,19 +158,33 @@ def saved_bytes(spec: Spec) -> int:
         y = torch.zeros(logits.shape[:-1], dtype=torch.long, device="meta")
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
-    _, saved = bytecount.saved_bytes(forward, owned=model.parameters())
-    return sum(saved.parts.values())
+    def count() -> int:
+        with _FusedAttention():
+            _, saved = bytecount.saved_bytes(forward, owned=model.parameters())
+        return sum(saved.parts.values())
+
+    if tp == 1:
+        return count()
+    with fake_mesh(tp) as mesh:
+        tensor_parallel.apply(model, mesh, loss_parallel=True)
+        with loss_parallel():
+            return count()
 
 
 def model_of(spec: Spec) -> Model:
+    """`spec` counted on the meta device; for gpt, its saved bytes per sample on a tp rank too,
+    for every tp a candidate may take (dividing the heads)."""
     from fasttrain.models import build_model
 
     params, flops = count(spec)
     with torch.device("meta"):
         module = build_model(spec.model, in_shape=spec.in_shape, num_classes=spec.classes,
                              **spec.options)
-    return Model(params, flops / spec.batch, saved_bytes(spec) // spec.batch,
-                 **gpt_shape(module, spec.in_shape[0]), left_out=left_out_of(module))
+    shape = gpt_shape(module, spec.in_shape[0])
+    tps = [t for t in TPS if shape and not shape["n_head"] % t]
+    return Model(params, flops / spec.batch, saved_bytes(spec) // spec.batch, **shape,
+                 left_out=left_out_of(module),
+                 saved_tp=tuple((t, saved_bytes(spec, t) // spec.batch) for t in tps))
 
 
 @dataclass(frozen=True)
@@ -166,9 +216,10 @@ def _candidate(m: Model, data: str, tp: int, pp: int, n: int, per_node: int, bat
     micro = 0
     top = rank_batch if pp == 1 else max(1, rank_batch // (2 * pp))
     mu = 1
-    while mu <= top and state + m.saved_per_sample * mu / tp <= usable:
+    saved = m.saved_on_rank(tp)  # per sample, on one of the tp ranks
+    while mu <= top and state + saved * mu <= usable:
         micro, mu = mu, 2 * mu
-    memory = int(state + m.saved_per_sample * max(micro, 1) / tp)
+    memory = int(state + saved * max(micro, 1))
     compute = max(m.flops_per_sample * batch / (peak * mfu), floor_s)  # G/N samples per GPU
     spans_nodes = pp == 1 and n > per_node  # dp × tp fills a node, then the next
     ring = step_time(compute, 4 * m.params // (tp * pp), dp, inter if spans_nodes else intra)
@@ -190,7 +241,7 @@ def candidates(m: Model, per_node: int, nodes: int, batch: int, intra: Link, int
                mfu: float, peak: float, floor_s: float, gpu_bytes: int) -> list[Candidate]:
     """Every layout of the rule's order for `m` on nodes × per_node GPUs (module docstring)."""
     n = per_node * nodes
-    tps = [t for t in (2, 4, 8, 16, 32) if m.n_head and t <= per_node and not m.n_head % t
+    tps = [t for t in TPS if m.n_head and t <= per_node and not m.n_head % t
            and not per_node % t]
     shapes = [("ddp", 1, 1), ("fsdp", 1, 1), *(("fsdp", t, 1) for t in tps)]
     if nodes > 1 and m.n_layer >= nodes:
@@ -262,5 +313,6 @@ def choose(label: str, batch: int, m: Model, per_node: int, nodes: int, intra: L
             "gpus": per_node * nodes, "nodes": nodes, "interconnect": (inter if nodes > 1
                                                                        else intra).name,
             "gpu_memory": gpu_bytes, "saved_per_sample": m.saved_per_sample,
+            "saved_per_sample_tp": dict(m.saved_tp),
             "pick": asdict(best) if best else None, "reason": why,
             "candidates": [asdict(r) for r in rows], "left_out": dict(m.left_out)}

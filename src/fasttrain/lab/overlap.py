@@ -23,10 +23,17 @@ outside its split lies on a border between two (t_issue = R/calls of a point ove
 constant again. Bounds as steptime.fit: eff ≤ 1, t_issue ≥ 0. A constant no point informs (no
 device-bound point: eff; no host-bound point: t_issue) is held at its bound (1, 0): of fits
 equally good, the one nearest the bounds.
+
+`read_two` is `plan --calibrate`'s reading on a GPU (fasttrain.lab.calibration): one model at
+two batch sizes, so each constant from the one point on its side, and, where both points are
+on one side (flat steps: both host-bound; steps in proportion to the roofline: both
+device-bound), the other constant only bounded and said to be unidentified.
 """
 
 from __future__ import annotations
 
+import statistics
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,3 +76,60 @@ def fit(points: list[Point]) -> tuple[float, float]:
     best = min(loss(c) for c in tries)
     slowdown, issue = min((c for c in tries if loss(c) <= best + 1e-12), key=lambda c: c)
     return float(1 / slowdown), float(issue)
+
+
+# -- a calibration's two points ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Two measured batch sizes of one model read by the max: each constant from the point on
+    its side, or, where both points are on one side, the other constant's bound only."""
+
+    efficiency: float  # R/T of the device-bound point(s), unbounded (> 1 possible); unidentified:
+    # the least the points allow, max R/T (a device slower than that would have shown)
+    issue_s: float  # T/calls of the host-bound point(s); unidentified: the most the points
+    # allow, min T/calls (issuing slower than that would have shown)
+    regimes: tuple[str, ...]  # "host" or "device", each point's in the order given
+    unidentified: tuple[str, ...] = ()  # "efficiency" (no point device-bound), "issue_s" (none
+    # host-bound)
+
+
+def _quartiles(p: Point) -> tuple[float, float]:
+    """(lower, upper) quartile of a point's timed steps; its median twice where none were kept."""
+    if len(p.step_times_s) >= 2:
+        lo, _, hi = statistics.quantiles(p.step_times_s, n=4, method="inclusive")
+        return lo, hi
+    return p.measured_s, p.measured_s
+
+
+def read_two(points: list[Point]) -> Reading:
+    """The two points of a calibration (the same model at two batch sizes), each on its side:
+    `a`, the one with less roofline per call (the smaller batch), is host-bound if its step is
+    measurably above its roofline at `b`'s efficiency; `b` is device-bound if its step per call
+    is measurably above `a`'s (a host issuing every call at `a`'s cost would not take that
+    long). Measurably: the middle halves of the two points' timed steps (their quartiles,
+    scaled) do not overlap, so that a rise within the steps' jitter is not read as the other
+    regime (the ×8 the module docstring tells of); medians alone where no steps were kept.
+    Both sides: each constant from its point, exactly. `b` not device-bound (steps flat per
+    call): both host-bound, the issue cost fitted to both, the efficiency unidentified. `a` not
+    host-bound (steps in proportion to the roofline): both device-bound, the efficiency fitted
+    to both, the issue cost unidentified."""
+    if len(points) != 2:
+        raise ValueError(f"a calibration reads two points, got {len(points)}")
+    a, b = sorted(points, key=lambda p: p.roofline_s / p.ops)
+    (a_lo, a_hi), (b_lo, b_hi) = _quartiles(a), _quartiles(b)
+    device = b_lo / b.ops > a_hi / a.ops
+    host = a.roofline_s <= 0 or a_lo / a.roofline_s > b_hi / b.roofline_s
+    r = np.array([p.roofline_s / p.measured_s for p in points])
+    n = np.array([p.ops / p.measured_s for p in points])
+    if device and host:
+        eff, issue, unknown = b.roofline_s / b.measured_s, a.measured_s / a.ops, ()
+        regimes = tuple("host" if p is a else "device" for p in points)
+    elif not device:  # flat per call (or neither measurable: no device time shows at all)
+        eff, issue, unknown = float(r.max()), _one(n, 0.0), ("efficiency",)
+        regimes = ("host", "host")
+    else:
+        eff, issue, unknown = 1 / _one(r, 0.0), float((1 / n).min()), ("issue_s",)
+        regimes = ("device", "device")
+    return Reading(float(eff), float(issue), regimes, unknown)

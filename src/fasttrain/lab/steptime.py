@@ -2,7 +2,7 @@
 
     work = count(cfg)                                  # one real step, every op call counted
     t = Σ_calls max(flops/peak, bytes/bandwidth) / eff  +  calls × t_launch
-    fit, basis = calibrate(cfg)                        # eff and t_launch, fitted here
+    eff, t_launch = fit(points)                        # fitted to measured steps
 
 The count is one eager optimizer step (forward, backward, optimizer) under a dispatch mode below
 autograd that sees every aten op call once: FLOPs from torch's FLOP formulas
@@ -25,24 +25,23 @@ Two terms, because a step is two kinds of cost:
   512 are almost the same step). A per-step constant is not a third term: for one model the
   number of calls does not change with the batch, so calls × t_launch already absorbs it.
 
-`calibrate` measures the configuration at two batch sizes on the present device (median of the
-timed steps; on a CPU one thread timed by its CPU time, so that other tenants' load does not pass
-for inefficiency), and fits eff and t_launch by least squares on relative error, with eff ≤ 1 (a
-step does not beat its roofline at this device's own peaks: if the fit wants more, the counted
-bytes overstate what reached memory) and t_launch ≥ 0. Two points, two unknowns: an exact fit
-unless a bound holds; where one does, the Fit says which (`held`) and what the unbounded fit was
-(`unbounded`), and `plan` prints both beside the figures that use the bound. On another GPU the
-efficiency carries over as it is; t_launch does not (a CPU's per-op cost is not a GPU's): it comes
-from the catalogue (`launch_us`, with its source) or is DEFAULT_LAUNCH_S. On a GPU the host issues
-ahead of the device: a GPU's step is the slower of the two terms, not their sum (`overlapped`;
-fasttrain.lab.overlap, checked on three H100 loans). Data parallel: each GPU takes 1/n of the
-samples (`share`, the roofline term) but issues every call.
+`fit` solves the sum for two or more measured points by least squares on relative error, with
+eff ≤ 1 (a step does not beat its roofline at this device's own peaks: if the fit wants more,
+the counted bytes overstate what reached memory) and t_launch ≥ 0. Two points, two unknowns: an
+exact fit unless a bound holds; where one does, `bounds_held` says which and what the unbounded
+fit was, and `plan` prints both beside the figures that use the bound. `plan --calibrate`
+(fasttrain.lab.calibration) measures the configuration at two batch sizes and reads the sum
+this way on a CPU; on a GPU it reads the max. On another GPU the efficiency carries over as it
+is; t_launch does not (a CPU's per-op cost is not a GPU's): it comes from the catalogue
+(`launch_us`, with its source) or is DEFAULT_LAUNCH_S. On a GPU the host issues ahead of the
+device: a GPU's step is the slower of the two terms, not their sum (`overlapped`;
+fasttrain.lab.overlap, checked on three H100 loans and one H200). Data parallel: each GPU takes
+1/n of the samples (`share`, the roofline term) but issues every call.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -99,6 +98,10 @@ class Fit:
     held: tuple[str, ...] = ()  # the constants `fit` held at a bound: "efficiency", "launch_s"
     # (efficiency, launch_s) of the least squares without bounds, where a bound held
     unbounded: tuple[float, float] | None = None
+    # the constants no measured point informed (calibration.read_max: both steps on one side of
+    # the max), each the default within what the points allow: "efficiency", "launch_s"
+    unidentified: tuple[str, ...] = ()
+    model: str = "sum"  # how the steps were read: "sum" (a CPU's) or "max" (a GPU's: overlap)
 
 
 @dataclass(frozen=True)
@@ -309,90 +312,3 @@ def hold_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
     return bool(mallopt(m_trim_threshold, 2**30)) and bool(mallopt(m_mmap_max, 0))
-
-
-def second_batch(cfg: TrainConfig) -> int:
-    """The calibration's other batch size: half the configured one where it still splits into
-    the accumulation steps (less memory than doubling), else double."""
-    half = cfg.batch_size // 2
-    return half if half >= cfg.accum_steps and half % cfg.accum_steps == 0 else 2 * cfg.batch_size
-
-
-def _measuring(device, precision: str) -> tuple[classify.Peaks, Callable[[], float], str]:
-    """(peaks, clock, how) for a calibration on `device`. A CPU at fp32 is measured as
-    benchmarks/plan_accuracy.py measures it, so that a shared machine's load does not pass for
-    inefficiency: ONE torch thread (the caller restores the count), each step timed by that
-    thread's CPU time, peaks measured the same way, freed memory held (hold_freed_memory).
-    Elsewhere: wall time to the device's end, classify.device_peaks (a GPU's data sheet)."""
-    if device.type == "cpu" and precision == "fp32":
-        try:
-            from fasttrain.peaks import measure_cpu
-        except ImportError:  # numba missing: the general path below
-            pass
-        else:
-            import torch
-
-            hold_freed_memory()
-            p = measure_cpu(n_threads=1)
-            torch.set_num_threads(1)  # after numba, whose pool may raise OpenMP's thread count
-            peaks = classify.Peaks(p["fp32_flops"], p["bandwidth"], "fasttrain.peaks, 1 thread")
-            return peaks, time.thread_time, "one thread, its CPU time"
-    return classify.device_peaks(device, precision), time.perf_counter, "wall time"
-
-
-def calibrate(cfg: TrainConfig, model=None, data=None, *, loss=None,
-              steps: int = STEPS) -> tuple[Fit, dict]:
-    """Measure the configuration at its batch size and `second_batch` on its device (as
-    `_measuring` says) and fit the model's two constants (module docstring), with the figures
-    behind them."""
-    import dataclasses
-
-    import torch
-
-    from fasttrain.engine.run import build
-    from fasttrain.lab.memory import free_memory
-
-    points, setup, device, threads = [], None, "", torch.get_num_threads()
-    try:
-        for b in (cfg.batch_size, second_batch(cfg)):
-            run = build(dataclasses.replace(cfg, batch_size=b), model=model, data=data,
-                        loss=loss, verbose=False)
-            try:
-                if setup is None:
-                    setup, device = _measuring(run.device, cfg.precision), _device_name(run.device)
-                peaks, clock, how = setup
-                times = time_steps(run, steps, clock=clock)
-                work = count_run(run)  # the optimizer's path as timed here
-            finally:
-                del run
-                free_memory()
-            points.append(Point(b, roofline_s(work, peaks.flops, peaks.bandwidth), work.ops,
-                                statistics.median(times), tuple(times)))
-    finally:
-        torch.set_num_threads(threads)
-    eff, launch = fit(points)
-    held, free = bounds_held(points)
-    p, q = points
-    source = (f"fitted on {device} to {cfg.model} at batch {p.batch_size} and {q.batch_size} "
-              f"({cfg.precision}; median of {steps} steps, {how}: {p.measured_s * 1e3:.4g} and "
-              f"{q.measured_s * 1e3:.4g} ms; per-op roofline {p.roofline_s * 1e3:.3g} and "
-              f"{q.roofline_s * 1e3:.3g} ms, {p.ops} and {q.ops} calls; peaks {peaks.source}: "
-              f"{peaks.flops / 1e9:.0f} GFLOP/s, {peaks.bandwidth / 1e9:.0f} GB/s): efficiency "
-              f"{eff:.2g} (carried over), {launch * 1e6:.2g} µs per call (this device's only)")
-    fitted = Fit(eff, launch, device, source, held, free)
-    if held:
-        fitted = dataclasses.replace(fitted, source=f"{source}. {held_note(fitted)}")
-    basis = {"device": device, "points": [dataclasses.asdict(x) for x in points],
-             "peak_flops": peaks.flops, "bandwidth": peaks.bandwidth, "peaks": peaks.source,
-             "clock": how, "steps": steps, "efficiency": eff, "launch_s": launch,
-             "held": list(held),
-             "unbounded": {"efficiency": free[0], "launch_s": free[1]} if free else None}
-    return fitted, basis
-
-
-def _device_name(device) -> str:
-    if device.type == "cuda":
-        import torch
-
-        return torch.cuda.get_device_name(device)
-    return device.type
