@@ -121,33 +121,39 @@ def lagged_sgd(data: LadderData, cfg: LadderConfig, lag: int, epochs: int | None
     return w.T, b
 
 
-def main():
-    """The float32 error table of the design page: one real MNIST epoch, each lag against float64
-    plain SGD (FASTTRAIN_DATA must hold mnist/)."""
+def main(argv=None):
+    """The float32 error table of the design page: each lag against float64 plain SGD after
+    `epochs` real MNIST epochs (FASTTRAIN_DATA must hold mnist/).
+
+    python -m tests.ladder.lagged_reference [EPOCHS [LAG ...]]   (default: 1 epoch, lags 1-32)"""
     import os
+    import sys
 
     from fasttrain import ladder
     from fasttrain.data import load_dataset
     from fasttrain.ladder.common import make_ladder_data
     from tests.ladder.test_ladder import reference_sgd
 
-    cfg = LadderConfig(epochs=1)
+    args = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
+    epochs, lags = (args[0] if args else 1), (args[1:] or [1, 2, 4, 8, 16, 32])
+    cfg = LadderConfig(epochs=epochs)
     data = make_ladder_data(load_dataset("mnist", os.environ.get("FASTTRAIN_DATA")), cfg)
-    w64, b64 = reference_sgd(data, cfg, 1)
+    w64, b64 = reference_sgd(data, cfg, epochs)
 
     def err(w, b):
         return max(np.abs(w - w64).max(), np.abs(b - b64).max())
 
-    print(f"one MNIST epoch ({data.n_train} samples, batch {cfg.batch_size}, lr {cfg.lr}), "
-          f"max |w − w_float64 plain SGD|:")
+    print(f"{epochs} MNIST epoch(s) ({data.n_train} samples, batch {cfg.batch_size}, lr {cfg.lr}), "
+          f"max |w − w_float64 plain SGD| over weights and bias:")
     plain = ladder.entry("numpy-cpu").create("cpu")  # plain SGD in float32, the ladder's row
     plain.setup(data, cfg)
-    plain.train_epoch(0)
-    print(f"  plain SGD (numpy-cpu): float32 {err(*plain.params()):.2e}")
-    for lag in (1, 2, 4, 8, 16, 32):
-        e64 = err(*lagged_sgd(data, cfg, lag))
-        e32 = err(*lagged_sgd(data, cfg, lag, dtype=np.float32))
-        print(f"  L={lag:2d}: float64 {e64:.2e}   float32 {e32:.2e}")
+    for epoch in range(epochs):
+        plain.train_epoch(epoch)
+    print(f"  plain SGD (numpy-cpu): float32 {err(*plain.params()):.2e}", flush=True)
+    for lag in lags:
+        e64 = err(*lagged_sgd(data, cfg, lag, epochs))
+        e32 = err(*lagged_sgd(data, cfg, lag, epochs, dtype=np.float32))
+        print(f"  L={lag:2d}: float64 {e64:.2e}   float32 {e32:.2e}", flush=True)
 
 
 if __name__ == "__main__":
