@@ -60,10 +60,12 @@ def tiny_images():
     return image_task()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def one(tmp_path_factory):
-    """One process's gpt run of `steps` steps, as the tp and pp tests train it
-    (test_tensor_parallel.train), trained once per module: its directory."""
+    """One process's gpt run of `steps` steps, as the tp, pp and checkpointing tests train it
+    (test_tensor_parallel.train), trained once per session: its directory. The same reference
+    serves every module that compares a layout with one process (each run is a subprocess of
+    several seconds; CI runs close to its 20 minutes)."""
     from tests.engine.test_tensor_parallel import train
 
     done = {}

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from fasttrain.engine.checkpoint import complete
+from tests.conftest import child_env
 
 pytestmark = pytest.mark.slow  # subprocesses training hundreds of steps
 
@@ -39,7 +40,8 @@ def start(out: Path, *extra: str, launcher: tuple[str, ...] = tuple(TORCHRUN),
     run under tests/engine/interrupt.py."""
     train = ["tests.engine.interrupt", *interrupt, "--"] if interrupt else ["fasttrain", "train"]
     cmd = [*launcher, "-m", *train, *ARGS, "--out", str(out), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=child_env())
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
