@@ -80,3 +80,12 @@ def one(tmp_path_factory):
 
     return run
 
+
+
+@pytest.fixture(scope="session")
+def pipeline_runs(tmp_path_factory):
+    """tests/engine/pipeline_driver.py's runs (test_pipeline.Runs), each trained once per
+    session: test_pipeline and test_pipeline_layouts compare with the same one-process run."""
+    from tests.engine.test_pipeline import Runs
+
+    return Runs(tmp_path_factory.mktemp("pipeline"))

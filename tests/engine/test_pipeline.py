@@ -22,7 +22,6 @@ from torch import nn
 from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
 from fasttrain.models.gpt import GPT
-from tests.conftest import child_env
 from tests.engine.test_tensor_parallel import ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +32,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
 class Runs:
-    """Each (layout, steps) trained once per session, on demand; {rank: what it saved}."""
+    """Each (layout, steps) trained once per session, on demand; {rank: what it saved}. The
+    three schedules of one step count train in one torchrun launch (the driver runs them one
+    after the other, each from the seed): two launches fewer, in the fast suite and the slow."""
 
     def __init__(self, root: Path):
         self.root, self.done = root, {}
@@ -41,21 +42,24 @@ class Runs:
     def __call__(self, schedule: str | None, steps: int) -> list[dict]:
         key = (schedule, steps)
         if key not in self.done:
-            out = self.root / f"{schedule or 'single'}-{steps}"
+            out = self.root / f"{'pp' if schedule else 'single'}-{steps}"
             cmd = ([sys.executable, str(DRIVER)] if schedule is None
-                   else [*TORCHRUN, str(DRIVER), "--pp", "2", "--schedule", schedule])
+                   else [*TORCHRUN, str(DRIVER), "--pp", "2", "--schedule", ",".join(SCHEDULES)])
             cmd += ["--steps", str(steps), "--out", str(out)]
             env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
             assert proc.returncode == 0, proc.stdout + proc.stderr
-            ranks = 1 if schedule is None else 2
-            self.done[key] = [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+            if schedule is None:
+                self.done[key] = [torch.load(out / "rank0.pt")]
+            for name in SCHEDULES if schedule else ():
+                self.done[name, steps] = [torch.load(out / name / f"rank{r}.pt")
+                                          for r in range(2)]
         return self.done[key]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Runs:
-    return Runs(tmp_path_factory.mktemp("pipeline"))
+@pytest.fixture
+def runs(pipeline_runs) -> Runs:
+    return pipeline_runs  # conftest: one per session (test_pipeline_layouts uses its runs too)
 
 
 def assert_matches_one_process(ranks: list[dict], one: dict) -> None:
@@ -169,7 +173,7 @@ def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess
     launcher = [*TORCHRUN[:-1], str(procs)] if procs > 1 else [sys.executable]
     return subprocess.run([*launcher, "-m", "fasttrain", "train", *TRAIN, "--out", str(out),
                            *extra], capture_output=True, text=True, timeout=300,
-                          env=child_env(PYTHONPATH=str(ROOT / "src")))
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
 
 
 def records(out: Path) -> list[dict]:
