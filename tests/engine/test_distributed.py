@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from fasttrain.engine.checkpoint import complete
-from tests.conftest import child_env
 
 pytestmark = pytest.mark.slow  # subprocesses training hundreds of steps
 
@@ -41,8 +40,7 @@ def start(out: Path, *extra: str, launcher: tuple[str, ...] = tuple(TORCHRUN),
     run under tests/engine/interrupt.py."""
     train = ["tests.engine.interrupt", *interrupt, "--"] if interrupt else ["fasttrain", "train"]
     cmd = [*launcher, "-m", *train, *ARGS, "--out", str(out), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=child_env())
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc: subprocess.Popen, timeout: int = 300) -> tuple[int, str]:
@@ -70,8 +68,7 @@ class Runs:
             commands = [json.dumps(["train", *ARGS, "--out", str(self.root / mode), *flags])
                         for mode, flags in MODES.items()]
             proc = subprocess.Popen([*TORCHRUN, "-m", "tests.engine.runs_driver", *commands],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env=child_env())
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             code, log = finish(proc, timeout=600)
             assert code == 0, log
             self.done.update({mode: self.root / mode for mode in MODES})

@@ -13,7 +13,6 @@ import torch
 
 from fasttrain.engine import EXIT_PREEMPTED
 from fasttrain.engine.checkpoint import complete
-from tests.conftest import child_env
 
 pytestmark = pytest.mark.slow  # subprocess runs, interrupted and resumed: ~40 s on 2 cores
 
@@ -30,7 +29,7 @@ def run(out: Path, *extra: str, interrupt: str | None = None) -> tuple[int, str]
     head = ([sys.executable, "-m", "tests.engine.interrupt", interrupt, str(AT), "--"]
             if interrupt else [sys.executable, "-m", "fasttrain", "train"])
     proc = subprocess.run([*head, *ARGS, "--out", str(out), *extra], capture_output=True,
-                          text=True, timeout=600, env=child_env())
+                          text=True, timeout=600)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -21,7 +21,6 @@ import torch
 
 from fasttrain.engine.mesh import Layout, layout
 from fasttrain.errors import UserError
-from tests.conftest import child_env
 
 ARGS = ["--model", "gpt", "--data", "synthetic-text", "--block-size", "32", "--batch-size", "8",
         "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--grad-clip", "1.0",
@@ -36,7 +35,7 @@ def torchrun(n: int) -> list[str]:
 def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
     launcher = torchrun(procs) if procs > 1 else [sys.executable]
     return subprocess.run([*launcher, "-m", "fasttrain", "train", *ARGS, "--out", str(out),
-                           *extra], capture_output=True, text=True, timeout=400, env=child_env())
+                           *extra], capture_output=True, text=True, timeout=400)
 
 
 def losses(out: Path) -> list[float]:

@@ -14,7 +14,6 @@ import pytest
 
 from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
-from tests.conftest import child_env
 from tests.engine import userblocks
 from tests.engine.test_tensor_parallel import assert_same_run, records, torchrun
 
@@ -27,8 +26,7 @@ ARGS = ["--model", "tests.engine.userblocks:make", "--data", "tests.engine.userb
 def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
     launcher = torchrun(procs) if procs > 1 else [sys.executable]
     return subprocess.run([*launcher, "-m", "fasttrain", "train", *ARGS, "--out", str(out),
-                           *extra], capture_output=True, text=True, timeout=200, cwd=ROOT,
-                          env=child_env())
+                           *extra], capture_output=True, text=True, timeout=200, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
