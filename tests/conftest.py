@@ -1,9 +1,22 @@
 import os
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
+# One OpenMP thread per process: pytest's own torch and every process a test starts (torchrun
+# already gives its workers one). Set before torch is imported (OpenMP reads it as it loads); a
+# value already set is kept. Two threads on tiny ops spin at OpenMP's barrier whenever a
+# neighbour holds a core: on this 2-core machine, busy (load ~8), 12 steps of a test's cnn
+# took 40-48 s wall and 11.5-12.7 s CPU with 2 threads, 4.5 s and 0.9 s with 1; a 20-step gpt
+# `fasttrain train` 71-107 s and 17-23 s CPU, against 30-38 s and 5.3-5.7 s. The results do not
+# depend on it beyond rounding: a comparison of runs is made between processes of one setting,
+# or allows the rounding of another layout's sums (torchrun's workers ran with 1 already).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file (a plugin): its pool is already sized
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def tiny_images(n_train=150, n_test=50, seed=0, name="tiny"):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from fasttrain.lab import steptime
+from fasttrain.peaks import cpu_threads
 from tests.conftest import BENCHMARKS, import_benchmark
 from tests.test_gpu_check import load_script
 
@@ -77,6 +78,9 @@ def test_a_tiny_run_by_the_wall_clock_builds_times_counts_predicts_and_writes(
     monkeypatch.setattr(bench, "wait_quiet", lambda most, patience: gates.append(most) or {
         "quiet": True, "waited_s": 0.0, "runnable_last": []})
     threads, path = torch.get_num_threads(), tmp_path / "result.json"
+    # torch's thread count as a user's process starts with it (one per core; tests/conftest.py
+    # gives pytest one): the wall clock's peaks are measured with it, before --threads applies.
+    torch.set_num_threads(cpu_threads())
     try:
         assert bench.main(["--clock", "wall", "--rounds", "2", "--steps", "1", "--quiet", "7",
                            "--malloc", "default", "--json", str(path)]) == 0

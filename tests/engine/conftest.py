@@ -60,10 +60,12 @@ def tiny_images():
     return image_task()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def one(tmp_path_factory):
-    """One process's gpt run of `steps` steps, as the tp and pp tests train it
-    (test_tensor_parallel.train), trained once per module: its directory."""
+    """One process's gpt run of `steps` steps, as the tp, pp and checkpointing tests train it
+    (test_tensor_parallel.train), trained once per session: its directory. The same reference
+    serves every module that compares a layout with one process (each run is a subprocess of
+    several seconds; CI runs close to its 20 minutes)."""
     from tests.engine.test_tensor_parallel import train
 
     done = {}
@@ -78,3 +80,12 @@ def one(tmp_path_factory):
 
     return run
 
+
+
+@pytest.fixture(scope="session")
+def pipeline_runs(tmp_path_factory):
+    """tests/engine/pipeline_driver.py's runs (test_pipeline.Runs), each trained once per
+    session: test_pipeline and test_pipeline_layouts compare with the same one-process run."""
+    from tests.engine.test_pipeline import Runs
+
+    return Runs(tmp_path_factory.mktemp("pipeline"))

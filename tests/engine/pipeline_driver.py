@@ -5,7 +5,14 @@ for tests/engine/test_pipeline.py: under torchrun with --pp 2 each rank holds it
 
     torchrun --standalone --nproc-per-node 2 tests/engine/pipeline_driver.py --pp 2 \\
         --schedule 1f1b --steps 20 --out DIR
+    torchrun --standalone --nproc-per-node 2 tests/engine/pipeline_driver.py --pp 2 \\
+        --schedule gpipe,1f1b,interleaved-1f1b --steps 20 --out DIR
     python tests/engine/pipeline_driver.py --pp 1 --steps 20 --out DIR
+
+Several schedules (comma-separated) train one after the other in one launch, each from the
+same seed with its own model, stages and optimizer, into DIR/<schedule>/: only the process
+group is shared (a torchrun launch costs its processes' start-up and torch import, seconds on
+a busy 2-core machine; CI runs close to its 20 minutes).
 
 Writes DIR/rank<r>.pt: the loss of every step (as the logger reads it: summed over the ranks
 ÷ their number), an evaluation of a batch of another size, this rank's state_dict (the
@@ -71,7 +78,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--schedule", default="1f1b", choices=PP_SCHEDULES)
+    ap.add_argument("--schedule", default="1f1b", type=schedules,
+                    help=f"one of {', '.join(PP_SCHEDULES)}, or several, comma-separated")
     ap.add_argument("--microbatches", type=int, default=0)
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--n-embd", type=int, default=32)
@@ -79,6 +87,27 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)  # two processes on a shared 2-core machine
     torch.use_deterministic_algorithms(True)  # --deterministic
+    if args.pp > 1:
+        dist.init_process_group("gloo")
+    for schedule in args.schedule:
+        out = args.out / schedule if len(args.schedule) > 1 else args.out
+        train(args, schedule, out)
+    if args.pp > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def schedules(text: str) -> list[str]:
+    names = text.split(",")
+    for name in names:
+        if name not in PP_SCHEDULES:
+            raise argparse.ArgumentTypeError(f"{name!r} is not one of {PP_SCHEDULES}")
+    return names
+
+
+def train(args: argparse.Namespace, schedule: str, out: Path) -> None:
+    """One run of args.steps steps under `schedule` (with --pp 1: the whole model), from the
+    seed: what it saved in out/rank<r>.pt."""
     seed_everything(0)  # the same initial weights on every rank, as build draws them
     model = GPT((T,), VOCAB, n_layer=4, n_head=2, n_embd=args.n_embd)
     run = SimpleNamespace(
@@ -90,9 +119,8 @@ def main() -> None:
     run.compute_loss = steps.compute_loss(run, None, "")
     rank = 0
     if args.pp > 1:
-        dist.init_process_group("gloo")
         rank = dist.get_rank()
-        cfg = SimpleNamespace(pp=args.pp, pp_schedule=args.schedule, precision="fp32",
+        cfg = SimpleNamespace(pp=args.pp, pp_schedule=schedule, precision="fp32",
                               pp_microbatches=args.microbatches)
         group, wrap = dist.group.WORLD, None
         if args.tp > 1:
@@ -130,14 +158,11 @@ def main() -> None:
         loss, metrics = evaluate_loss(model, (x[:EVAL], y[:EVAL]))
     held = rank_memory(model, opt)
     state = {k: whole(v) for k, v in model.state_dict().items()}
-    args.out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     torch.save({"losses": losses, "eval": [loss.item(), metrics["token_accuracy"].item()],
                 "state": state, "param_bytes": held.params, "optimizer_bytes": held.optimizer,
                 "step_s": seconds / max(args.steps - 1, 1)},
-               args.out / f"rank{rank}.pt")
-    if args.pp > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+               out / f"rank{rank}.pt")
 
 
 if __name__ == "__main__":

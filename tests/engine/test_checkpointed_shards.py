@@ -63,14 +63,6 @@ def test_a_dcp_checkpoint_loads_with_checkpointing_switched(tmp_path, saved_with
             torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("one") / "run"
-    proc = train(out, "--max-steps", "4")
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("procs, layout, first, then", [
     # fsdp: saved with checkpointing on, resumed with it off
@@ -80,8 +72,8 @@ def uninterrupted(tmp_path_factory):
     # fsdp × tp 2×2: on, then off
     (4, ["--parallel", "fsdp", "--tp", "2"], ["--activation-checkpointing"], []),
 ])
-def test_resume_switching_checkpointing_equals_uninterrupted(tmp_path, uninterrupted, procs,
-                                                             layout, first, then):
+def test_resume_switching_checkpointing_equals_uninterrupted(tmp_path, one, procs, layout,
+                                                             first, then):
     run = tmp_path / "run"
     every = ["--checkpoint-every", "2", *layout]
     a = train(run, "--max-steps", "2", *every, *first, procs=procs)
@@ -89,4 +81,4 @@ def test_resume_switching_checkpointing_equals_uninterrupted(tmp_path, uninterru
     assert (run / "checkpoints" / "step-00000002").is_dir()  # sharded: a DCP folder
     b = train(run, "--max-steps", "4", "--resume", "auto", *every, *then, procs=procs)
     assert b.returncode == 0 and "step-00000002" in b.stdout, b.stdout + b.stderr
-    assert_same_run(uninterrupted, run)
+    assert_same_run(one(4), run)  # one process, 4 steps (conftest.one: shared)

@@ -10,6 +10,7 @@ The faults (a killed rank, a preemption) come from inside the run at a fixed ste
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +43,8 @@ def start(out: Path, *extra: str, launcher: tuple[str, ...] = tuple(TORCHRUN),
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    log, _ = proc.communicate(timeout=300)
+def finish(proc: subprocess.Popen, timeout: int = 300) -> tuple[int, str]:
+    log, _ = proc.communicate(timeout=timeout)
     return proc.returncode, log
 
 
@@ -54,12 +55,23 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 
 
 class Runs:
-    """Each configuration trained once per session, on demand."""
+    """Each configuration trained once per session, on demand. The --parallel modes of MODES
+    train in one torchrun launch, one after the other (tests/engine/runs_driver.py): five
+    launches fewer, each the start-up and torch import of three processes."""
 
     def __init__(self, root: Path):
         self.root, self.done = root, {}
 
     def __call__(self, name: str, *extra: str) -> Path:
+        if name in MODES and name not in self.done:
+            assert list(extra) == MODES[name], (name, extra)
+            commands = [json.dumps(["train", *ARGS, "--out", str(self.root / mode), *flags])
+                        for mode, flags in MODES.items()]
+            proc = subprocess.Popen([*TORCHRUN, "-m", "tests.engine.runs_driver", *commands],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            code, log = finish(proc, timeout=600)
+            assert code == 0, log
+            self.done.update({mode: self.root / mode for mode in MODES})
         if name not in self.done:
             out = self.root / name
             launcher = (sys.executable,) if name == "single" else tuple(TORCHRUN)

@@ -22,6 +22,7 @@ from torch import nn
 from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
 from fasttrain.models.gpt import GPT
+from tests.engine.test_tensor_parallel import ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "engine" / "pipeline_driver.py"
@@ -31,7 +32,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
 class Runs:
-    """Each (layout, steps) trained once per session, on demand; {rank: what it saved}."""
+    """Each (layout, steps) trained once per session, on demand; {rank: what it saved}. The
+    three schedules of one step count train in one torchrun launch (the driver runs them one
+    after the other, each from the seed): two launches fewer, in the fast suite and the slow."""
 
     def __init__(self, root: Path):
         self.root, self.done = root, {}
@@ -39,21 +42,24 @@ class Runs:
     def __call__(self, schedule: str | None, steps: int) -> list[dict]:
         key = (schedule, steps)
         if key not in self.done:
-            out = self.root / f"{schedule or 'single'}-{steps}"
+            out = self.root / f"{'pp' if schedule else 'single'}-{steps}"
             cmd = ([sys.executable, str(DRIVER)] if schedule is None
-                   else [*TORCHRUN, str(DRIVER), "--pp", "2", "--schedule", schedule])
+                   else [*TORCHRUN, str(DRIVER), "--pp", "2", "--schedule", ",".join(SCHEDULES)])
             cmd += ["--steps", str(steps), "--out", str(out)]
             env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
             assert proc.returncode == 0, proc.stdout + proc.stderr
-            ranks = 1 if schedule is None else 2
-            self.done[key] = [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+            if schedule is None:
+                self.done[key] = [torch.load(out / "rank0.pt")]
+            for name in SCHEDULES if schedule else ():
+                self.done[name, steps] = [torch.load(out / name / f"rank{r}.pt")
+                                          for r in range(2)]
         return self.done[key]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Runs:
-    return Runs(tmp_path_factory.mktemp("pipeline"))
+@pytest.fixture
+def runs(pipeline_runs) -> Runs:
+    return pipeline_runs  # conftest: one per session (test_pipeline_layouts uses its runs too)
 
 
 def assert_matches_one_process(ranks: list[dict], one: dict) -> None:
@@ -159,10 +165,8 @@ def test_microbatches_default_to_twice_the_stages_and_must_divide_the_batch():
 
 # -- end to end: fasttrain train --pp 2 ---------------------------------------------------------
 
-TRAIN = ["--model", "gpt", "--data", "synthetic-text", "--block-size", "32", "--batch-size", "8",
-         "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--grad-clip", "1.0",
-         "--seed", "1", "--deterministic", "--device", "cpu", "--no-progress", "--log-every",
-         "1", "--max-steps", "3"]
+# test_tensor_parallel's gpt run, 3 steps: conftest.one(3) is this run in one process.
+TRAIN = [*ARGS, "--max-steps", "3"]
 
 
 def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
@@ -179,24 +183,24 @@ def records(out: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_fasttrain_train_pp_2_logs_evaluates_and_saves_as_one_process(tmp_path):
+def test_fasttrain_train_pp_2_logs_evaluates_and_saves_as_one_process(tmp_path, one):
     """The engine's wiring: losses (logged from the last stage), evaluation (forward-only
     through the stages), gradient clipping (the norm over both stages) and the final weights
-    file (both stages' tensors, under the model's names) equal one process's."""
+    file (both stages' tensors, under the model's names) equal one process's (TRAIN's 3 steps:
+    conftest.one's run, shared with the other modules)."""
     from safetensors.torch import load_file
 
-    for proc in (train(tmp_path / "one"),
-                 train(tmp_path / "pp", "--pp", "2", "--pp-schedule", "interleaved-1f1b",
-                       procs=2)):
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    one, pp = records(tmp_path / "one"), records(tmp_path / "pp")
+    proc = train(tmp_path / "pp", "--pp", "2", "--pp-schedule", "interleaved-1f1b", procs=2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reference = one(3)
+    one, pp = records(reference), records(tmp_path / "pp")
     assert [r["step"] for r in one] == [r["step"] for r in pp]
     for a, b in zip(one, pp, strict=True):
         for key in ("loss", "test_loss", "test_token_accuracy"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
     assert pp[0]["param_bytes"] < 0.51 * one[0]["param_bytes"]  # rank 0's half
-    w1, wp = (load_file(tmp_path / d / "weights.safetensors") for d in ("one", "pp"))
+    w1, wp = (load_file(d / "weights.safetensors") for d in (reference, tmp_path / "pp"))
     assert w1.keys() == wp.keys()
     for k in w1:
         torch.testing.assert_close(wp[k], w1[k], rtol=1e-5, atol=1e-5, msg=k)

@@ -76,7 +76,8 @@ def test_a_pp_tp_checkpoint_resumes_in_one_process_as_an_uninterrupted_run(tmp_p
 
 
 @pytest.mark.slow
-def test_pp_tp_ranks_hold_a_quarter_of_each_block_and_their_stages_embeddings(tmp_path):
+def test_pp_tp_ranks_hold_a_quarter_of_each_block_and_their_stages_embeddings(tmp_path,
+                                                                            pipeline_runs):
     """Exact bytes (pipeline_driver.py's gpt: 4 blocks of 32 wide, 2 heads, 65 tokens, 16
     positions; SGD momentum = one buffer per parameter), pp 2 × tp 2 against one process:
     one process 213,888 + 213,888; ranks 0-1 (embeddings, blocks 0-1) 57,856 and 57,728 (each
@@ -86,17 +87,13 @@ def test_pp_tp_ranks_hold_a_quarter_of_each_block_and_their_stages_embeddings(tm
     embedding's 65 rows are split 33 + 32 over tp, alike on both stages. The weights after 20 steps
     equal one process's within 1e-5."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
-    runs = {}
-    for name, cmd in {
-        "one": [sys.executable, str(DRIVER)],
-        "pp-tp": [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                  "--nproc-per-node", "4", str(DRIVER), "--pp", "2", "--tp", "2"],
-    }.items():
-        proc = subprocess.run([*cmd, "--steps", "20", "--out", str(tmp_path / name)],
-                              capture_output=True, text=True, timeout=300, env=env)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        runs[name] = [torch.load(p) for p in sorted((tmp_path / name).glob("rank*.pt"))]
-    (whole,), ranks = runs["one"], runs["pp-tp"]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "4", str(DRIVER), "--pp", "2", "--tp", "2",
+                           "--steps", "20", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = [torch.load(p) for p in sorted(tmp_path.glob("rank*.pt"))]
+    (whole,) = pipeline_runs(None, 20)  # the driver in one process (test_pipeline's too)
     assert (whole["param_bytes"], whole["optimizer_bytes"]) == (213_888, 213_888)
     assert [(r["param_bytes"], r["optimizer_bytes"]) for r in ranks] == \
         [(b, b) for b in (57_856, 57_728, 56_064, 55_936)]

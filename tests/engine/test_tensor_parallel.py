@@ -137,7 +137,7 @@ def test_a_bad_layout_is_the_same_line_on_every_rank(tmp_path, procs, extra, say
 
 
 @pytest.mark.slow
-def test_tp2_then_fsdp2_then_one_process_continue_as_an_uninterrupted_run(tmp_path):
+def test_tp2_then_fsdp2_then_one_process_continue_as_an_uninterrupted_run(tmp_path, one):
     """DCP reshards on load: the tp=2 shards (rows of each split matrix) are read into FSDP's
     shards (dim-0 halves of every parameter), those into one process's whole tensors, and
     training continues as one process would."""
@@ -148,6 +148,4 @@ def test_tp2_then_fsdp2_then_one_process_continue_as_an_uninterrupted_run(tmp_pa
     assert second.returncode == 0 and "step-00000002" in second.stdout, second.stdout
     third = train(tmp_path / "run", "--max-steps", "6", "--resume", "auto")
     assert third.returncode == 0 and "step-00000004" in third.stdout, third.stdout
-    one = train(tmp_path / "one", "--max-steps", "6")
-    assert one.returncode == 0, one.stderr
-    assert_same_run(tmp_path / "one", tmp_path / "run")
+    assert_same_run(one(6), tmp_path / "run")

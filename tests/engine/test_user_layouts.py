@@ -29,6 +29,15 @@ def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess
                            *extra], capture_output=True, text=True, timeout=200, cwd=ROOT)
 
 
+@pytest.fixture(scope="module")
+def one(tmp_path_factory) -> Path:
+    """One process's 6 steps, the reference of every layout here: trained once."""
+    out = tmp_path_factory.mktemp("user-one")
+    proc = train(out, "--max-steps", "6")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
 def test_a_split_that_renames_the_models_parameters_is_one_line():
     """nn.Sequential slices name both stages' blocks "1.up.weight": tied by name, their
     gradients would be summed over the pipeline and their checkpoint shards overwrite each
@@ -48,16 +57,15 @@ def test_a_split_that_keeps_the_models_names_holds_them_once():
 @pytest.mark.parametrize("name, procs, flags", [("tp2", 2, ["--tp", "2"]),
                                                 ("pp2", 2, ["--pp", "2"]),
                                                 ("pp2-tp2", 4, ["--pp", "2", "--tp", "2"])])
-def test_a_users_model_trains_under_tp_and_pp_as_one_process(tmp_path, name, procs, flags):
-    one = train(tmp_path / "one", "--max-steps", "6")
-    assert one.returncode == 0, one.stdout + one.stderr
+def test_a_users_model_trains_under_tp_and_pp_as_one_process(tmp_path, one, name, procs,
+                                                             flags):
     many = train(tmp_path / name, "--max-steps", "6", *flags, procs=procs)
     assert many.returncode == 0, many.stdout + many.stderr
-    assert_same_run(tmp_path / "one", tmp_path / name)
+    assert_same_run(one, tmp_path / name)
 
 
 @pytest.mark.slow
-def test_a_users_pp_checkpoint_resumes_under_tp(tmp_path):
+def test_a_users_pp_checkpoint_resumes_under_tp(tmp_path, one):
     """DCP reshards: the pipeline's stage shards, under the model's names, are read by a --tp 2
     layout that continues as the uninterrupted one-process run."""
     first = train(tmp_path / "run", "--max-steps", "3", "--checkpoint-every", "3", "--pp", "2",
@@ -66,9 +74,7 @@ def test_a_users_pp_checkpoint_resumes_under_tp(tmp_path):
     second = train(tmp_path / "run", "--max-steps", "6", "--resume", "auto", "--tp", "2",
                    procs=2)
     assert second.returncode == 0 and "step-00000003" in second.stdout, second.stdout
-    one = train(tmp_path / "one", "--max-steps", "6")
-    assert one.returncode == 0, one.stdout + one.stderr
-    assert_same_run(tmp_path / "one", tmp_path / "run")
+    assert_same_run(one, tmp_path / "run")
 
 
 def test_a_tp_plan_key_that_names_no_module_is_one_line():

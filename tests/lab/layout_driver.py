@@ -7,6 +7,15 @@ holds to DIR/rank<r>.json, for tests/lab/test_layout_memory.py:
     torchrun --standalone --nproc-per-node 4 tests/lab/layout_driver.py DIR --tp 2 --parallel fsdp
     torchrun --standalone --nproc-per-node 2 tests/lab/layout_driver.py DIR --tp 2 --user
 
+Several layouts of one process count run one after the other in one launch (each built from
+the seed, into DIR/NAME/): `--case NAME "FLAGS"`, repeated, e.g.
+
+    torchrun --standalone --nproc-per-node 2 tests/lab/layout_driver.py DIR \\
+        --case tp2 "--tp 2" --case fsdp2 "--parallel fsdp"
+
+The driver then holds the process group itself and every build joins it (a torchrun launch
+costs its processes' start-up and torch import: seconds each on a busy 2-core machine).
+
 Bytes are the storages of this rank's local tensors (a DTensor's shard, not its global shape),
 each storage counted once: parameters, gradients, and every tensor of the optimizer state
 (AdamW's moments and its 0-dim step counters). The same figures by numel × element size are
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 import torch
@@ -42,16 +52,37 @@ def held(tensors) -> dict[str, int]:
             "numel": sum(t.numel() * t.element_size() for t in tensors)}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
-    ap.add_argument("out", type=Path)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--parallel", default="none")
     ap.add_argument("--pp-schedule", default="1f1b")
     ap.add_argument("--user", action="store_true", help="tests/engine/userblocks.py, not gpt")
+    return ap
+
+
+def main() -> None:
+    ap = parser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--case", nargs=2, action="append", metavar=("NAME", "FLAGS"),
+                    help="a layout of its own, into OUT/NAME (its flags as one argument)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # two processes on a shared 2-core machine
+    if not args.case:
+        measure(args, args.out)
+        return
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # held here: each build joins it, none destroys it
+    for name, flags in args.case:
+        measure(parser().parse_args(shlex.split(flags)), args.out / name)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure(args: argparse.Namespace, out: Path) -> None:
+    """Build the layout of `args`, take a step and a forward/backward, write out/rank<r>.json."""
     run = build(tp=args.tp, pp=args.pp, parallel=args.parallel, pp_schedule=args.pp_schedule,
                 verbose=False, **(USER if args.user else CONFIG))
     batches = endless_batches(run)
@@ -75,13 +106,13 @@ def main() -> None:
         run.forward_backward(run, next(batches))
     inner = getattr(run.opt, "optim", run.opt)  # ZeRO-1: this rank's partition's optimizer
     params = list({id(p): p for p in run.model.parameters()}.values())
-    out = {"params": held(params), "grads": held(p.grad for p in params),
-           "optimizer": held(v for s in inner.state.values() for v in s.values()
-                             if torch.is_tensor(v)),
-           "saved": sum(saved.values())}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"rank{run.world.rank}.json").write_text(json.dumps(out))
-    run.world.close()
+    result = {"params": held(params), "grads": held(p.grad for p in params),
+              "optimizer": held(v for s in inner.state.values() for v in s.values()
+                                if torch.is_tensor(v)),
+              "saved": sum(saved.values())}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{run.world.rank}.json").write_text(json.dumps(result))
+    run.world.close()  # destroys the group only where this run created it
 
 
 if __name__ == "__main__":

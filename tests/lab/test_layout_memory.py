@@ -57,22 +57,40 @@ CASES = {  # name: (processes, driver flags, layout keywords)
 ROOT = Path(__file__).resolve().parents[2]  # the driver imports tests.engine.userblocks
 
 
-def measured(tmp_path: Path, procs: int, flags: list[str]) -> list[dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(procs), str(DRIVER), str(tmp_path), *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(procs)]
+class Measured:
+    """Every case of one process count measured in one torchrun launch (the driver builds them
+    one after the other, in one process group), on demand, once per module: 2 launches, not 8."""
+
+    def __init__(self, root: Path):
+        self.root, self.done = root, set()
+
+    def __call__(self, case: str) -> list[dict]:
+        procs = CASES[case][0]
+        if procs not in self.done:
+            cases = [a for name, (n, flags, _) in CASES.items() if n == procs
+                     for a in ("--case", name, " ".join(flags))]
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", str(procs), str(DRIVER), str(self.root), *cases]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            self.done.add(procs)
+        return [json.loads((self.root / case / f"rank{r}.json").read_text())
+                for r in range(procs)]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Measured:
+    return Measured(tmp_path_factory.mktemp("layouts"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
-def test_prediction_equals_the_bytes_each_rank_holds(tmp_path, case):
+def test_prediction_equals_the_bytes_each_rank_holds(measured, case):
     procs, flags, kw = CASES[case]
     tp, pp = kw.get("tp", 1), kw.get("pp", 1)
     dp = procs // (tp * pp)
     base = USER if "--user" in flags else CONFIG
-    ranks = measured(tmp_path, procs, flags)
+    ranks = measured(case)
     for r in ranks:  # a DTensor shard's storage is its own, not its whole tensor's (FSDP pads
         # an uneven dim-0 shard, e.g. the tied embedding's 15 vocabulary rows of a tp rank)
         assert all(r[k]["numel"] <= r[k]["storage"] < 1.01 * r[k]["numel"]
