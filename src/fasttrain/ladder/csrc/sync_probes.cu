@@ -172,10 +172,9 @@ __global__ void __launch_bounds__(THREADS)
 
 // Every CTA arrives on `arrivals` and waits (bounded) until the whole grid has: a CTA that sees
 // everyone proves the grid was resident at once, which v7's spinning roles need.
+// Its dynamic shared memory is only reserved (never touched): it sizes the CTA like a v7 role's.
 __global__ void resident_kernel(unsigned* arrivals, long long* out) {
-  extern __shared__ unsigned char role_smem[];  // only reserved: it sizes the CTA like a v7 role
   if (threadIdx.x != 0) return;
-  role_smem[0] = 0;
   add_release(arrivals, 1);
   if (wait_at_least(arrivals, gridDim.x)) atomicAdd(reinterpret_cast<unsigned long long*>(
                                                         out + RS_ALL_SEEN), 1ull);
