@@ -103,7 +103,8 @@ __global__ void __launch_bounds__(THREADS)
       if (threadIdx.x == 0) ok = wait_at_least(flag, h);
       __syncthreads();  // thread 0's acquire happens before every thread's payload loads
       if (!ok) break;
-      for (int i = threadIdx.x; i < words; i += blockDim.x) errors += theirs[i] != payload_word(h, i);
+      for (int i = threadIdx.x; i < words; i += blockDim.x)
+        errors += theirs[i] != payload_word(h, i);
     }
     if (me == 0 && h == 2 && threadIdx.x == 0) t0 = globaltimer_ns();  // the warm-up is done
   }
@@ -314,9 +315,9 @@ int sync_probe_max_active_clusters(int cluster, int threads, int smem, int* clus
 // semantics of cuLaunchCooperativeKernel"; cudaLaunchCooperativeKernel (cuda_runtime_api.h) — "The
 // total number of blocks launched cannot exceed the maximum number of blocks per multiprocessor as
 // returned by cudaOccupancyMaxActiveBlocksPerMultiprocessor ... times the number of
-// multiprocessors", a limit that knows nothing of clusters. Neither says whether the two
-// attributes may be combined, nor whether the cooperative check then accounts for the GPCs that
-// clusters are placed in: this launch finds out. arrivals [1], out [RS_LEN] (int64): zeroed here.
+// multiprocessors", a limit that knows nothing of clusters. Neither says whether the two attributes
+// may be combined, nor whether the cooperative check then accounts for the GPCs that clusters are
+// placed in: this launch finds out. arrivals [1], out [RS_LEN] (int64): zeroed here.
 int sync_probe_resident_launch(int clusters, int cluster, int threads, int smem, int cooperative,
                                unsigned* arrivals, long long* out, cudaStream_t stream) {
   if (clusters < 1 || cluster < 1) return status(cudaErrorInvalidValue);
