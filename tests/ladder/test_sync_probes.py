@@ -1,20 +1,24 @@
 """cuda-epoch v7's hand-off and co-residency probes (ladder/sync_probes.py, csrc/sync_probes.cu).
 
-On the CPU the library is replaced at the ctypes boundary by `FakeProbes`, which writes what the
-kernels would into the buffers it is handed (host memory here): the Python side's arguments, its
-arithmetic (ns per hand-off from a launch's clock, medians), its errors and its JSON are checked
-against what the fake was told to report. On a GPU the kernels themselves run (marked gpu)."""
+On the CPU: the protocols themselves (csrc/sync_probes.cuh) run by threads, one a CTA
+(tests/ladder/csrc/sync_probes_host.cu); and the Python side with the library replaced at the
+ctypes boundary by `FakeProbes`, which writes what the kernels would into the buffers it is
+handed (host memory here): its arguments, its arithmetic (ns per hand-off from a launch's clock,
+medians), its errors and its JSON are checked against what the fake was told to report. On a GPU
+the kernels themselves run (marked gpu)."""
 
 import ctypes
 import json
 import math
 import statistics
 
+import numpy as np
 import pytest
 import torch
 
 from fasttrain.ladder import sync_probes
 from tests.conftest import import_benchmark
+from tests.ladder.host_harness import compile_harness
 
 
 def _int64s(ptr: ctypes.c_void_p, n: int):
@@ -189,6 +193,62 @@ def test_sync_cost_records_a_probe_library_that_cannot_build(monkeypatch, capsys
     monkeypatch.setattr(sync_probes, "measure", unavailable)
     assert sync_cost.handoff_probes() == {"error": "Unavailable: nvcc not found on PATH"}
     assert "hand-off probes: Unavailable: nvcc not found" in capsys.readouterr().out
+
+
+HARNESS = "tests/ladder/csrc/sync_probes_host.cu"
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory):
+    lib = compile_harness(HARNESS, tmp_path_factory.mktemp("probes"))
+    p, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+    lib.pingpong_host.argtypes = [i32, i32, i32, i64, p, p, p]
+    lib.broadcast_host.argtypes = [i32, i32, i64, p, p, p, p]
+    return lib
+
+
+def _np_ptr(a: np.ndarray) -> ctypes.c_void_p:
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+def host_pingpong(host, ctas, rounds, words, timeout_ns=10**10):
+    flag = np.zeros(1, dtype=np.uint32)
+    payload = np.zeros(max(2 * words, 1), dtype=np.uint32)
+    out = np.zeros(len(sync_probes.PINGPONG_OUT), dtype=np.int64)
+    host.pingpong_host(ctas, rounds, words, timeout_ns, _np_ptr(flag), _np_ptr(payload),
+                       _np_ptr(out))
+    return dict(zip(sync_probes.PINGPONG_OUT, out.tolist(), strict=True)), payload
+
+
+@pytest.mark.parametrize("words", [0, 256, 1280])
+def test_the_pingpong_protocol_on_the_cpu_makes_every_round_trip(host, words):
+    r, payload = host_pingpong(host, ctas=2, rounds=300, words=words)
+    assert r["counter"] == 2 * (300 + 1) and r["stuck_at"] == 0
+    assert r["payload_errors"] == 0 and r["ns"] > 0
+    assert (r["sm_0"], r["sm_1"]) == (0, 1)
+    if words:  # the last hand-off (602, CTA 1 → 0) and the one before (601, CTA 0 → 1)
+        h = np.arange(words, dtype=np.uint64)
+        assert (payload[words:] == (602 * 0x9E3779B1 + h) % 2**32).all()
+        assert (payload[:words] == (601 * 0x9E3779B1 + h) % 2**32).all()
+
+
+def test_a_pingpong_without_its_peer_times_out_at_the_first_hand_off_back(host):
+    r, _ = host_pingpong(host, ctas=1, rounds=10, words=4, timeout_ns=20_000_000)
+    assert r["stuck_at"] == 2 and r["counter"] == 1, "CTA 0 sent hand-off 1 and waited for 2"
+
+
+def test_the_broadcast_protocol_on_the_cpu_times_every_round(host):
+    consumers, rounds = 3, 40
+    counters = np.zeros(2, dtype=np.uint32)
+    stamps = np.zeros(consumers, dtype=np.int64)
+    out = np.zeros(len(sync_probes.BROADCAST_HEADER) + 2 * rounds, dtype=np.int64)
+    ptrs = [ctypes.c_void_p(counters.ctypes.data + 4 * i) for i in range(2)]
+    host.broadcast_host(consumers, rounds, 10**10, *ptrs, _np_ptr(stamps), _np_ptr(out))
+    stuck, tick = out[:2]
+    first, last = out[2::2], out[3::2]
+    assert stuck == 0 and tick > 0
+    assert counters.tolist() == [rounds + 1, consumers * (rounds + 1)], "flag, acknowledgements"
+    assert (first >= 0).all() and (first <= last).all(), "every timed round was written"
 
 
 def _gpu():

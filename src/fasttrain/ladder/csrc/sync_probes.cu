@@ -10,29 +10,28 @@
 // - co-residency: cudaOccupancyMaxActiveClusters for a role's threads and shared memory, and a
 //   launch of clusters (optionally cooperative) whose CTAs count who has arrived.
 //
+// The ping-pong's and the broadcast's protocols are sync_probes.cuh's, run here by the CTAs of a
+// cooperative launch and on the CPU by threads (tests/ladder/csrc/sync_probes_host.cu).
+//
 // Versions:
-//   v1 the three probes. Written and compiled for sm_90a; not yet run on a GPU.
+//   v1 the three probes. Written and compiled for sm_90a; not yet run on a GPU (the protocols'
+//      bookkeeping run on the CPU).
 //
 // Every entry point returns 0 or a cudaError_t; a failed launch's error is cleared so that torch's
 // own launch checks do not find it later.
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "sync_probes.cuh"
+
 namespace {
+
+using namespace probes;
 
 constexpr int THREADS = 256;
 // A wait this long is a deadlock (a peer not resident), reported instead of hanging the GPU.
 constexpr long long TIMEOUT_NS = 1000000000LL;
-// The global timer is read once every this many polls: a read per poll would slow the spin.
-constexpr int POLLS_PER_CLOCK = 64;
-// The broadcast's producer waits this long after the acknowledgements of a round before releasing
-// the next, so that every consumer is back polling: the figure is the flag's latency, not theirs.
-constexpr long long BROADCAST_GAP_NS = 3000;
 
-// out[] of the ping-pong.
-enum PingPong { PP_NS, PP_COUNTER, PP_PAYLOAD_ERRORS, PP_SM_0, PP_SM_1, PP_STUCK_AT, PP_LEN };
-// out[] of the broadcast: a header, then (first, last) consumer latency of each timed round.
-enum Broadcast { BC_STUCK_AT, BC_TIMER_TICK_NS, BC_HEADER };
 // out[] of the resident launch.
 enum Resident { RS_ALL_SEEN, RS_CLUSTER_SIZE, RS_LEN };
 
@@ -40,12 +39,6 @@ __device__ __forceinline__ long long globaltimer_ns() {
   long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
-}
-
-__device__ __forceinline__ unsigned smid() {
-  unsigned id;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
-  return id;
 }
 
 // The two halves of every hand-off, at GPU scope (the peers are on other SMs, maybe other GPCs).
@@ -59,116 +52,49 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return v;
 }
 
-__device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
+__device__ __forceinline__ void red_add_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// Polls until *flag ≥ want (the counters only grow); false after TIMEOUT_NS.
-__device__ bool wait_at_least(const unsigned* flag, unsigned want) {
-  long long start = 0;
-  for (int polls = 0;; ++polls) {
-    if (load_acquire(flag) >= want) return true;
-    if (polls % POLLS_PER_CLOCK == 0) {
-      const long long now = globaltimer_ns();
-      if (polls == 0) start = now;
-      else if (now - start > TIMEOUT_NS) return false;
-    }
+struct DeviceCta {  // the CTA's threads; thread 0 polls and releases
+  __device__ bool leader() const { return threadIdx.x == 0; }
+  template <class F>
+  __device__ void each(int n, F&& f) const {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) f(i);
   }
-}
+  __device__ void sync() const { __syncthreads(); }
+  __device__ void release(unsigned* p, unsigned v) const { store_release(p, v); }
+  __device__ unsigned acquire(const unsigned* p) const { return load_acquire(p); }
+  __device__ void add_release(unsigned* p, unsigned v) const { red_add_release(p, v); }
+  __device__ void add(long long* p, long long v) const {
+    atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+  }
+  __device__ long long now_ns() const { return globaltimer_ns(); }
+  __device__ void relax() const {}  // spin flat out: the hand-off's latency is the figure
+  __device__ long long timeout_ns() const { return TIMEOUT_NS; }
+  __device__ long long smid() const {
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    return id;
+  }
+};
 
-// What hand-off h carries in word i: distinct from hand-off h − 2's, so a stale read is caught.
-__device__ __forceinline__ unsigned payload_word(unsigned h, int i) {
-  return h * 0x9E3779B1u + static_cast<unsigned>(i);
-}
-
-// Two CTAs (blockIdx 0 and 1, on two SMs: see pingpong_smem). Hand-off h = 1, 2, … goes from CTA
-// (h − 1) % 2 to the other; rounds + 1 round trips, the first a warm-up outside the clock.
-// payload [2][words]: CTA c writes row c. A sender rewrites its row only after the acquire of the
-// hand-off that followed the peer's reads of it, so no read races a write.
+// Two CTAs, on two SMs (see pingpong_smem).
 __global__ void __launch_bounds__(THREADS)
     pingpong_kernel(int rounds, int words, unsigned* flag, unsigned* payload, long long* out) {
   __shared__ int ok;
-  const unsigned me = blockIdx.x;
-  unsigned* mine = payload + me * words;
-  const unsigned* theirs = payload + (1 - me) * words;
-  const unsigned last = 2u * (rounds + 1);
-  long long errors = 0, t0 = 0;
-  unsigned h = 1;
-  for (; h <= last; ++h) {
-    if ((h - 1) % 2 == me) {
-      for (int i = threadIdx.x; i < words; i += blockDim.x) mine[i] = payload_word(h, i);
-      __syncthreads();  // every thread's payload stores happen before thread 0's release
-      if (threadIdx.x == 0) store_release(flag, h);
-    } else {
-      if (threadIdx.x == 0) ok = wait_at_least(flag, h);
-      __syncthreads();  // thread 0's acquire happens before every thread's payload loads
-      if (!ok) break;
-      for (int i = threadIdx.x; i < words; i += blockDim.x)
-        errors += theirs[i] != payload_word(h, i);
-    }
-    if (me == 0 && h == 2 && threadIdx.x == 0) t0 = globaltimer_ns();  // the warm-up is done
-  }
-  if (errors) atomicAdd(reinterpret_cast<unsigned long long*>(out + PP_PAYLOAD_ERRORS),
-                        static_cast<unsigned long long>(errors));
-  if (threadIdx.x != 0) return;
-  out[PP_SM_0 + me] = smid();
-  if (h <= last) out[PP_STUCK_AT] = h;
-  if (me == 0) {
-    out[PP_NS] = globaltimer_ns() - t0;  // CTA 0 received the last hand-off: the clock stops here
-    out[PP_COUNTER] = load_acquire(flag);
-  }
+  pingpong(DeviceCta(), ok, blockIdx.x, rounds, words, flag, payload, out);
 }
 
-// CTA 0 releases round r = 1, 2, … on `flag`; CTAs 1 … consumers poll it, stamp the timer when they
-// see it and acknowledge on `arrivals`. Between rounds the producer gathers the stamps (outside the
-// timed interval) and waits BROADCAST_GAP_NS. Round 1 is a warm-up.
+// CTA 0 produces, CTAs 1 … consumers poll.
 __global__ void __launch_bounds__(THREADS)
     broadcast_kernel(int rounds, unsigned* flag, unsigned* arrivals, long long* stamps,
                      long long* out) {
-  if (threadIdx.x != 0) return;  // one poller a CTA, as v7's workers poll with one thread
-  const int consumers = gridDim.x - 1;
-  const unsigned last = rounds + 1;
-  if (blockIdx.x > 0) {
-    for (unsigned r = 1; r <= last; ++r) {
-      if (!wait_at_least(flag, r)) {
-        atomicMax(reinterpret_cast<unsigned long long*>(out + BC_STUCK_AT), r);
-        return;
-      }
-      stamps[blockIdx.x - 1] = globaltimer_ns();
-      add_release(arrivals, 1);  // orders the stamp's store before the producer's acquire
-    }
-    return;
-  }
-  // The timer's step: the latencies below are differences of its readings, so it is their grain.
-  long long tick = 1LL << 62, t = globaltimer_ns();
-  for (int k = 0; k < 4; ++k) {
-    long long next;
-    while ((next = globaltimer_ns()) == t) {
-    }
-    if (k > 0) tick = min(tick, next - t);  // the first change may be a partial step
-    t = next;
-  }
-  out[BC_TIMER_TICK_NS] = tick;
-  for (unsigned r = 1; r <= last; ++r) {
-    const long long gap_start = globaltimer_ns();
-    while (globaltimer_ns() - gap_start < BROADCAST_GAP_NS) {
-    }
-    const long long released = globaltimer_ns();
-    store_release(flag, r);
-    if (!wait_at_least(arrivals, r * consumers)) {
-      out[BC_STUCK_AT] = r;
-      return;
-    }
-    long long first = 1LL << 62, latest = -(1LL << 62);
-    for (int c = 0; c < consumers; ++c) {
-      first = min(first, stamps[c] - released);
-      latest = max(latest, stamps[c] - released);
-    }
-    if (r > 1) {
-      out[BC_HEADER + 2 * (r - 2)] = first;
-      out[BC_HEADER + 2 * (r - 2) + 1] = latest;
-    }
-  }
+  if (threadIdx.x != 0) return;
+  if (blockIdx.x == 0)
+    broadcast_producer(DeviceCta(), gridDim.x - 1, rounds, flag, arrivals, stamps, out);
+  else
+    broadcast_consumer(DeviceCta(), blockIdx.x - 1, rounds, flag, arrivals, stamps, out);
 }
 
 // Every CTA arrives on `arrivals` and waits (bounded) until the whole grid has: a CTA that sees
@@ -176,9 +102,9 @@ __global__ void __launch_bounds__(THREADS)
 // Its dynamic shared memory is only reserved (never touched): it sizes the CTA like a v7 role's.
 __global__ void resident_kernel(unsigned* arrivals, long long* out) {
   if (threadIdx.x != 0) return;
-  add_release(arrivals, 1);
-  if (wait_at_least(arrivals, gridDim.x)) atomicAdd(reinterpret_cast<unsigned long long*>(
-                                                        out + RS_ALL_SEEN), 1ull);
+  const DeviceCta cta;
+  cta.add_release(arrivals, 1);
+  if (wait_at_least(cta, arrivals, gridDim.x)) cta.add(out + RS_ALL_SEEN, 1);
   if (blockIdx.x == 0) {
     unsigned n = 1;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
