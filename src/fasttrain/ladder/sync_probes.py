@@ -24,7 +24,7 @@ import statistics
 import torch
 
 SOURCE = "sync_probes.cu"
-ROUNDS = 10_000  # round trips a launch: ~10-30 ms at the design's ~1 µs a hand-off (estimate)
+ROUNDS = 10_000  # round trips a launch: ~20 ms at the design's 1 µs a hand-off (an estimate)
 LAUNCHES = 5
 PAYLOADS = (0, 1024, 5 * 1024)  # bytes each way: bare, a chain CTA's 16 rows of G, all 128 rows
 CONSUMERS = 56  # v7's worker CTAs
