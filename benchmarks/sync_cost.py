@@ -17,9 +17,14 @@ costs, measured, and how the `cuda-epoch` variants compare.
   printed, not a hang);
 - v4's, v5's and v6's phases: one epoch by their phase-profiling build
   (`EpochKernel.phase_profile`), the µs a step each CTA's thread 0 spends in each phase (mean
-  over CTAs and the slowest CTA), to show what the next version must shorten.
+  over CTAs and the slowest CTA), to show what the next version must shorten;
+- the hand-off and co-residency probes that set cuda-epoch v7's lag (`ladder/sync_probes.py`):
+  ns per one-way release/acquire hand-off between two SMs through L2, bare and with a 1 or 5 KiB
+  payload, a flag broadcast to 56 CTAs, and whether v7's 16 clusters of 8 can be resident
+  (`cudaOccupancyMaxActiveClusters`, a cooperative cluster launch). `--probes-only`: just these.
 
     PYTHONPATH=src python benchmarks/sync_cost.py [--data mnist] [--epochs 10] [--json PATH]
+                                                  [--probes-only]
 """
 
 from __future__ import annotations
@@ -79,12 +84,14 @@ def epoch_ms(run, epochs: int) -> float:
     return statistics.median(times)
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="mnist", choices=("mnist", "synthetic"))
     ap.add_argument("--epochs", type=int, default=10, help="timed epochs per cuda-epoch variant")
     ap.add_argument("--json", metavar="PATH", help="write the figures here")
-    args = ap.parse_args()
+    ap.add_argument("--probes-only", action="store_true",
+                    help="only the hand-off and co-residency probes (seconds, no dataset)")
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("sync_cost: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -103,6 +110,12 @@ def main() -> int:
 
     env = env_block()
     print(f"sync_cost on {hardware_line(env)}")
+    probes = handoff_probes()
+    if args.probes_only:
+        if args.json:
+            write_json(args.json, {"schema": "fasttrain.sync_cost/1", "env": env,
+                                   "config": {"probes_only": True}, "handoff_probes": probes})
+        return 0
     lib = load_library()
     kinds = ("cluster", "grid") if has_clusters() else ("grid",)
     barriers = {f"{k} {n}": barrier_ns(lib, k, n) for k in kinds for n in (2, 4, 7, 8, 14, 16)}
@@ -152,9 +165,29 @@ def main() -> int:
                                   "epochs": args.epochs},
                        "barrier_ns": barriers, "graph_node_us": node,
                        "cuda_epoch_ms": times, "cuda_epoch_max_dw_vs_v2": deltas,
-                       "cuda_epoch_phases_us": phases}, f, indent=2)
+                       "cuda_epoch_phases_us": phases, "handoff_probes": probes}, f, indent=2)
         print(f"wrote {args.json}")
     return 0
+
+
+def handoff_probes() -> dict:
+    """The probes that set cuda-epoch v7's lag, printed as they are recorded; a library that
+    cannot build is one line in their place, and the rest of the benchmark still runs."""
+    from fasttrain.ladder import build, sync_probes
+
+    try:
+        probes = sync_probes.measure()
+    except (build.Unavailable, RuntimeError, OSError) as e:
+        probes = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+    for line in sync_probes.describe(probes):
+        print(f"  {line}")
+    return probes
+
+
+def write_json(path: str, result: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -167,8 +167,9 @@ def _peers_figures(path: Path) -> list[str]:
 
 def _sync_cost_figures(path: Path) -> list[str]:
     result = json.loads(path.read_text())
-    barriers = result.get("barrier_ns", {})
-    lines = [f"barrier: {', '.join(f'{k} {v:.0f} ns' for k, v in barriers.items())}"]
+    barriers = result.get("barrier_ns", {})  # none in a --probes-only run
+    lines = [f"barrier: {', '.join(f'{k} {v:.0f} ns' for k, v in barriers.items())}"] * bool(
+        barriers)
     if result.get("graph_node_us") is not None:
         lines.append(f"CUDA graph: {result['graph_node_us']:.2f} µs per dependent kernel")
     steps = result.get("config", {}).get("steps", 469)
@@ -179,6 +180,39 @@ def _sync_cost_figures(path: Path) -> list[str]:
     for k, profile in phases.items():  # the key before v5 was added: cuda_epoch_v4_phases_us
         lines.append(f"  {k} phases, µs a step (mean over CTAs): " + ", ".join(
             f"{name} {us:.2f}" for name, us in profile["mean_us"].items()))
+    if result.get("handoff_probes"):
+        lines += _handoff_probe_figures(result["handoff_probes"])
+    return lines
+
+
+def _handoff_probe_figures(probes: dict) -> list[str]:
+    """cuda-epoch v7's step 1 (ladder/sync_probes.py): a failed probe is its reason; a hand-off
+    that lost round trips or payload words is named, since v7's protocol would lose them too."""
+    if "error" in probes:
+        return [f"hand-off probes: {probes['error']}"]
+
+    def handoff(size, r):
+        label = f"{int(size) // 1024} KiB" if int(size) else "flag"
+        if isinstance(r, str):
+            return f"{label} {r}"
+        wrong = (r["payload_errors"] or any(c != r["expected_counter"] for c in r["counters"]))
+        return (f"{label} {r['ns_per_handoff']:.0f} ns" + (
+            f" (PROTOCOL FAILED: counters {r['counters']} of {r['expected_counter']}, "
+            f"{r['payload_errors']} payload errors)" if wrong else ""))
+
+    lines = ["hand-off through L2, one way (median of launches): " + ", ".join(
+        handoff(size, r) for size, r in probes["pingpong"].items())]
+    b = probes["broadcast"]
+    lines.append("one flag to many CTAs: " + (b if isinstance(b, str) else (
+        f"{b['consumers']} CTAs, the first sees it after {b['first_ns_median']:.0f} ns, the last "
+        f"after {b['last_ns_median']:.0f} ns (median; timer step {b['timer_tick_ns']} ns)")))
+    lines.append("max active clusters: " + "; ".join(
+        f"{role} " + ", ".join(f"of {c} {v if isinstance(v, str) else v['clusters']}"
+                               for c, v in sizes.items())
+        for role, sizes in probes["max_active_clusters"].items()))
+    lines += [f"{name}: " + (f"{r['resident']} of {r['ctas']} CTAs resident at once"
+                             if r["status"] == "ok" else r["status"])
+              for name, r in probes["resident_launch"].items()]
     return lines
 
 

@@ -204,6 +204,60 @@ def test_the_sync_cost_figures_read_a_real_result_a_failed_variant_and_the_phase
     assert "v5, cluster of 14 CTAs phases, µs a step (mean over CTAs): partials 0.35" in lines
 
 
+def _probes(ns=(700.4, 810.0, 1190.6), counters=(20_002, 20_002), payload_errors=0):
+    """A synthetic handoff_probes section, as ladder/sync_probes.measure records it."""
+    def pingpong(size, median):
+        return {"payload_bytes": size, "rounds": 10_000, "ns_per_handoff": median,
+                "ns_per_handoff_min": median - 5, "ns_per_handoff_max": median + 5,
+                "ns_per_launch": [median] * 2, "counters": list(counters),
+                "expected_counter": 20_002, "payload_errors": payload_errors,
+                "sms": [[0, 66]] * 2}
+    sizes = {"chain": {"8": {"clusters": 16, "ctas": 128, "regs": 10},
+                       "16": "cudaOccupancyMaxActiveClusters (cluster 16, 512 threads, 128000 B): "
+                             "cudaErrorInvalidClusterSize: invalid cluster size"}}
+    return {"config": {"rounds": 10_000},
+            "pingpong": {str(b): pingpong(b, x) for b, x in zip((0, 1024, 5120), ns, strict=True)},
+            "broadcast": {"consumers": 56, "rounds": 1000, "first_ns_median": 650.0,
+                          "last_ns_median": 1400.0, "last_ns_mean": 1420.5, "last_ns_max": 3000,
+                          "timer_tick_ns": 32},
+            "max_active_clusters": sizes,
+            "resident_launch": {
+                "16 clusters of 8, cooperative": {
+                    "ctas": 128, "status": "cudaErrorCooperativeLaunchTooLarge: too many blocks "
+                                           "in cooperative launch"},
+                "16 clusters of 8": {"ctas": 128, "status": "ok", "resident": 128,
+                                     "cluster_size": 8}}}
+
+
+def test_the_sync_cost_figures_read_the_handoff_probes(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check_figures
+
+    read = gpu_check_figures.FIGURES["sync-cost"]
+    path = tmp_path / "sync-cost.json"
+    path.write_text(json.dumps({"schema": "fasttrain.sync_cost/1", "config": {"probes_only": True},
+                                "handoff_probes": _probes()}))
+    lines = read(path)
+    assert lines == [
+        "hand-off through L2, one way (median of launches): flag 700 ns, 1 KiB 810 ns, "
+        "5 KiB 1191 ns",
+        "one flag to many CTAs: 56 CTAs, the first sees it after 650 ns, the last after 1400 ns "
+        "(median; timer step 32 ns)",
+        "max active clusters: chain of 8 16, of 16 cudaOccupancyMaxActiveClusters (cluster 16, "
+        "512 threads, 128000 B): cudaErrorInvalidClusterSize: invalid cluster size",
+        "16 clusters of 8, cooperative: cudaErrorCooperativeLaunchTooLarge: too many blocks in "
+        "cooperative launch",
+        "16 clusters of 8: 128 of 128 CTAs resident at once"], "a --probes-only run: no barrier"
+    path.write_text(json.dumps({"handoff_probes": _probes(counters=(20_002, 20_000))}))
+    assert "flag 700 ns (PROTOCOL FAILED: counters [20002, 20000] of 20002, 0 payload errors)" in (
+        read(path)[0])
+    path.write_text(json.dumps({"handoff_probes": _probes(payload_errors=3)}))
+    assert "5 KiB 1191 ns (PROTOCOL FAILED: counters [20002, 20002] of 20002, 3 payload errors)" \
+        in read(path)[0]
+    path.write_text(json.dumps({"handoff_probes": {"error": "Unavailable: nvcc not found"}}))
+    assert read(path) == ["hand-off probes: Unavailable: nvcc not found"]
+
+
 def test_an_outdir_that_is_a_file_is_one_line(tmp_path):
     out = tmp_path / "results.txt"
     out.write_text("mine")
