@@ -206,8 +206,8 @@ struct Emulation {
       for (int tid = 0; tid < V7_T; ++tid)
         worker_reduce(
             e, t, r, tid,
-            [&](int src) {
-              return workers[k][src].sm.data() + WorkerSmem::PBUF + p * BMAX * V7_GROW;
+            [&](int src, int i) {
+              return workers[k][src].sm[WorkerSmem::PBUF + p * BMAX * V7_GROW + i];
             },
             v7_part_rows(s, t, k));
       s.pflag[k * V7_CLUSTER + r] = t + 1;

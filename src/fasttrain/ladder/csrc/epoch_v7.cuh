@@ -68,6 +68,14 @@ __device__ __forceinline__ void publish(int* flag, int steps) {
     st_release(flag, steps);
   }
 }
+// A 4-byte word of cluster CTA `rank`'s shared memory at my address `addr` (DSMEM).
+__device__ __forceinline__ uint32_t ld_dsmem(uint32_t addr, int rank) {
+  uint32_t v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(mapa(addr, rank)) : "memory");
+#endif
+  return v;
+}
 __device__ __forceinline__ void cluster_barrier() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
@@ -224,16 +232,17 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
     if (ok) worker_partial(e, t, xs, w, tid, pbuf + p * BMAX * V7_GROW);
     if (tid == 0) okb[p] = ok;
     cluster_barrier();
-    cg::cluster_group cluster = cg::this_cluster();
     bool all = true;
-    for (int src = 0; src < V7_CLUSTER; ++src) all = all && cluster.map_shared_rank(okb, src)[p];
+    for (int src = 0; src < V7_CLUSTER; ++src) all = all && ld_dsmem(smem_addr(okb + p), src);
     if (!all) {  // uniform over the cluster: leave together, nobody reads a departed CTA
       cluster_barrier();
       return;
     }
     worker_reduce(
         e, t, r, tid,
-        [&](int src) { return cluster.map_shared_rank(pbuf + p * BMAX * V7_GROW, src); },
+        [&](int src, int i) {
+          return __uint_as_float(ld_dsmem(smem_addr(pbuf + p * BMAX * V7_GROW + i), src));
+        },
         v7_part_rows(v.s, t, k));
     __syncthreads();
     publish(v.s.pflag + k * V7_CLUSTER + r, t + 1);

@@ -260,14 +260,15 @@ FT_V7 void worker_partial(const V7Epoch& e, int t, const float* xs, const float*
   for (int c = 0; c < 5; ++c) pb[i * V7_GROW + 5 * h + c] = acc[c];
 }
 // Rank r of a worker cluster: rows 16r … of the cluster's 8 partials summed (÷ 255) into the
-// cluster's P_t in global memory, threads tid < RPC · C. pb(src): CTA src's buffer (DSMEM).
+// cluster's P_t in global memory, threads tid < RPC · C. pb(src, i): float i of CTA src's
+// buffer (the kernel reads it over DSMEM).
 template <class Remote>
 FT_V7 void worker_reduce(const V7Epoch& e, int t, int r, int tid, Remote pb, float* out) {
   if (tid >= V7_RPC * C) return;
   const int i = tid / C, c = tid % C, row = r * V7_RPC + i;
   if (row >= e.rows(t)) return;
   float s = 0.f;
-  for (int src = 0; src < V7_CLUSTER; ++src) s += pb(src)[row * V7_GROW + c];
+  for (int src = 0; src < V7_CLUSTER; ++src) s += pb(src, row * V7_GROW + c);
   out[row * V7_GROW + c] = s * (1.f / 255.f);
 }
 
