@@ -11,7 +11,8 @@
 //     (all 8 chain counters); its 8 CTAs compute, then reduce over each other's buffers;
 //   - the scheduler picks among the runnable units: policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), policy ≥ 1 picks at random.
-// Global buffers start as NaN and keep the previous epoch's values, as device memory would.
+// Global buffers start as `fill` (NaN: never written; 0: memory that happens to hold zeros) and
+// keep the previous epoch's values, as device memory would.
 // Planted bugs (the test shows each one fails the float64 check): 1 the workers' lag window one
 // step too short (an update applied that the chain's Gram terms also count), 2 the bias of step
 // s = max(t − L, 0) in Z_t (the bias correction left out), 3 a worker reading G_a when the chain
@@ -254,13 +255,13 @@ struct Emulation {
 }  // namespace
 
 // `epochs` epochs of v7a on (w [10][784], b [10]) in place, orders [epochs][n]; stats [2] += (loss
-// sum, correct count). Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring overwrite).
+// sum, correct count); the global buffers start as `fill`. Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring overwrite).
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
-                         int bug) {
+                         int bug, float fill) {
   if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 3) return -1;
   const int steps = (n + bs - 1) / bs;
-  std::vector<float> scratch((v7_scratch_bytes(steps) + 3) / 4, NAN);  // never written: NaN
+  std::vector<float> scratch((v7_scratch_bytes(steps) + 3) / 4, fill);
   auto* em = new Emulation{};
   em->e = V7Epoch{n, bs, steps, lr};
   em->s = v7_scratch(scratch.data(), steps);
