@@ -32,6 +32,7 @@ struct Chain {
   std::vector<float> sm = std::vector<float>(ChainSmem::FLOATS, 0.f);
   int next = 0;                            // the step it runs next (steps + 1: finished)
   int armed[V7_NB] = {}, got[V7_NB] = {};  // a slot's step and how many senders it has heard
+  int phases[V7_NB] = {};  // phases its mbarrier has completed (one per step it served)
   std::vector<std::vector<float>> bias_at;  // b_t after each step's bias update (bug 2)
   std::vector<float> loss = std::vector<float>(V7_T, 0.f), correct = loss;
 };
@@ -83,6 +84,7 @@ struct Emulation {
     for (int p = 0; p < V7_NB; ++p) {
       c.armed[p] = p;
       c.got[p] = 0;
+      c.phases[p] = 0;
     }
     c.bias_at.assign(e.steps + 1, std::vector<float>(C));
   }
@@ -90,7 +92,9 @@ struct Emulation {
     const Chain& c = chain[q];
     const int t = c.next;
     if (t > e.steps) return false;
-    if (t > 0 && c.got[(t - 1) % V7_NB] < V7_CHAIN) return false;
+    // The kernel's try_wait.parity(v7_parity(t − 1)) on slot v7_slot(t − 1): it passes once the
+    // phase of that parity has completed, i.e. while the current phase's parity differs.
+    if (t > 0 && (c.phases[v7_slot(t - 1)] & 1) == v7_parity(t - 1)) return false;
     if (t == e.steps) return true;  // the last wait: G_{steps−1}
     for (int k = 0; k < V7_WCLUSTERS; ++k)
       if (s.pflag[k * V7_CLUSTER + q] < v7_part_ready(t)) return false;
@@ -103,7 +107,8 @@ struct Emulation {
           *zs = sm + ChainSmem::ZS, *gl = sm + ChainSmem::GL;
     const int t = c.next++;
     if (t > 0) {  // the wait on slot (t−1) % NB, then its re-arm and the bias update
-      const int p = (t - 1) % V7_NB;
+      const int p = v7_slot(t - 1);
+      if (c.got[p] != V7_CHAIN || c.armed[p] != t - 1) violated = true;  // passed too early
       c.got[p] = 0;
       c.armed[p] = t - 1 + V7_NB;
       for (int tid = 0; tid < V7_T; ++tid) chain_bias(e, ring, t - 1, tid, bias);
@@ -130,7 +135,7 @@ struct Emulation {
     for (int tid = 0; tid < V7_T; ++tid)
       chain_softmax(e, t, q, tid, zs, labels, gl, c.loss[tid], c.correct[tid]);
     for (int tid = 0; tid < V7_T; ++tid) chain_colsum(tid, gl);
-    const int slot = t % V7_NB;
+    const int slot = v7_slot(t);
     for (int d = 0; d < V7_CHAIN; ++d) {  // the st.asyncs into d's slot
       Chain& dst = chain[d];
       if (dst.armed[slot] != t) violated = true;  // d has not read G_{t−NB} yet
@@ -140,7 +145,7 @@ struct Emulation {
         if (row < e.rows(t)) std::memcpy(ds + row * V7_GROW, gl + i * 16, 64);
       }
       std::memcpy(ds + BMAX * V7_GROW + q * V7_GROW, gl + V7_RPC * 16, 64);
-      ++dst.got[slot];
+      if (++dst.got[slot] == V7_CHAIN) ++dst.phases[slot];  // armed, all bytes in: complete
     }
     for (int i = 0; i < V7_RPC; ++i) {
       const int row = q * V7_RPC + i;

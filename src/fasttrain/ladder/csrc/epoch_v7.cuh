@@ -131,7 +131,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
     chain_load_gram(e, v.s.gram, t, q, tid, gam);  // no dependence on the waits below
     bool ok = true;
     if (t > 0)
-      ok = bounded_wait(bar_u + 8 * ((t - 1) % V7_NB), ((t - 1) / V7_NB) & 1,
+      ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
                         WAIT_G | blockIdx.x << 4 | t << 12);
     if (tid < V7_WCLUSTERS)
       ok = ok && poll_at_least(v.s.pflag + tid * V7_CLUSTER + q, v7_part_ready(t),
@@ -142,7 +142,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
     }
     if (t > 0) {
       if (tid == 0 && t - 1 + V7_NB < steps)  // slot (t−1) % NB read from here on: see the top
-        mbar_arm(bar_u + 8 * ((t - 1) % V7_NB), v7_g_bytes(e, t - 1 + V7_NB));
+        mbar_arm(bar_u + 8 * v7_slot(t - 1), v7_g_bytes(e, t - 1 + V7_NB));
       chain_bias(e, ring, t - 1, tid, bias);
     }
     chain_gram_terms(e, gam, ring, t, tid, red);
@@ -161,7 +161,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
     __syncthreads();
     // G_t: my valid rows and their column sum to every chain CTA's slot t % NB, the rows to
     // global memory for the workers.
-    const int nt = e.rows(t), slot = t % V7_NB;
+    const int nt = e.rows(t), slot = v7_slot(t);
     for (int it = tid; it < V7_CHAIN * (V7_RPC + 1) * 4; it += V7_T) {
       const int w4 = it & 3, i = (it >> 2) % (V7_RPC + 1), d = (it >> 2) / (V7_RPC + 1);
       const int row = q * V7_RPC + i;
@@ -178,7 +178,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
   }
   if (!failed) {  // G_{steps−1}: the last bias update, and no st.async left in flight to me
     const int t = steps;
-    const bool ok = bounded_wait(bar_u + 8 * ((t - 1) % V7_NB), ((t - 1) / V7_NB) & 1,
+    const bool ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
                                  WAIT_G | blockIdx.x << 4 | t << 12);
     failed = __syncthreads_or(!ok);
     if (!failed) chain_bias(e, ring, t - 1, tid, bias);

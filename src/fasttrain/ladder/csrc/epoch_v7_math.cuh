@@ -121,6 +121,11 @@ constexpr int V7_SMEM_FLOATS =
 static_assert(ChainSmem::BAR % 2 == 0 && ChainSmem::GSLOT % 4 == 0, "aligned regions");
 static_assert(4 * V7_SMEM_FLOATS <= 227 * 1024, "fits a Hopper SM's shared memory");
 
+// The chain's G ring: step t's slot, and the parity its mbarrier's wait for step t passes with
+// (slot t % NB completes one phase per step it serves: t, t + NB, …; try_wait.parity(P) passes
+// once the phase of parity P has completed).
+FT_V7 int v7_slot(int t) { return t % V7_NB; }
+FT_V7 int v7_parity(int t) { return (t / V7_NB) & 1; }
 // Bytes chain CTA q's slot receives for step t: every valid row of G_t and 8 column sums.
 FT_V7 int v7_g_bytes(const V7Epoch& e, int t) {
   return 4 * V7_GROW * (e.rows(t) + V7_CHAIN);
@@ -154,7 +159,7 @@ FT_V7 void chain_gram_terms(const V7Epoch& e, const float (&gam)[V7_LAG][V7_U], 
   const int w = v7_window(t);
   for (int j = 1; j <= V7_LAG; ++j) {
     if (j > w) break;
-    const float* g = ring + ((t - j) % V7_NB) * ChainSmem::GSLOT;
+    const float* g = ring + v7_slot(t - j) * ChainSmem::GSLOT;
     for (int u = 0; u < V7_U; ++u) {
       const int m = ln.l + V7_LANES * u;
       if (m >= e.rows(t - j)) break;
@@ -167,7 +172,7 @@ FT_V7 void chain_gram_terms(const V7Epoch& e, const float (&gam)[V7_LAG][V7_U], 
 // so their copies stay equal).
 FT_V7 void chain_bias(const V7Epoch& e, const float* ring, int t_prev, int tid, float* bias) {
   if (tid >= C) return;
-  const float* cs = ring + (t_prev % V7_NB) * ChainSmem::GSLOT + BMAX * V7_GROW;
+  const float* cs = ring + v7_slot(t_prev) * ChainSmem::GSLOT + BMAX * V7_GROW;
   float db = 0.f;
   for (int src = 0; src < V7_CHAIN; ++src) db += cs[src * V7_GROW + tid];
   bias[tid] -= e.lr * db;
