@@ -256,6 +256,37 @@ def test_v7_is_resident_on_this_gpu_or_refused_at_setup():
 
 @pytest.mark.gpu
 @requires_gpu
+def test_v7_protocol_fault_is_an_error_not_a_hang():
+    """Fault 2 makes v7's chain CTA 0 wait at step 2 for a worker partial that never comes: the
+    launch ends after the wait budget (the other chain CTAs and the worker clusters see the flag in
+    their own waits; a worker cluster leaves together), the error names the wait, nothing is
+    written back, and once the flag is read v7 trains correctly again."""
+    import time
+
+    from fasttrain.ladder.cuda_epoch import has_clusters
+
+    if not has_clusters():
+        pytest.skip("v7 needs thread-block clusters (sm_90+)")
+    data, cfg, k = small_run(16, version=7)  # 10 steps
+    w0, b0 = k.w.clone(), k.b.clone()
+    assert k.lib.cuda_epoch_signal_fault(2) == 0
+    try:
+        start = time.perf_counter()
+        with pytest.raises(RuntimeError, match=r"waited too long for .* at step 2 "):
+            k.run(0)
+        assert time.perf_counter() - start < 5.0
+    finally:
+        assert k.lib.cuda_epoch_signal_fault(0) == 0
+    k.check_signals()  # read and cleared: nothing left
+    assert torch.equal(k.w, w0) and torch.equal(k.b, b0)  # no CTA wrote back
+    for epoch in range(cfg.epochs):
+        k.run(epoch)
+    w_ref, _ = reference_sgd(data, cfg, cfg.epochs)
+    np.testing.assert_allclose(k.w.cpu().numpy(), w_ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.gpu
+@requires_gpu
 @pytest.mark.parametrize("version", [4, 6], ids=["v4", "v6"])
 def test_v4_protocol_fault_is_an_error_not_a_hang(version):
     """The test hook makes CTA 0 wait at step 2 for bytes that never come: the launch ends after

@@ -133,8 +133,9 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
     if (t > 0)
       ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
                         WAIT_G | blockIdx.x << 4 | t << 12);
-    if (tid < V7_WCLUSTERS)
-      ok = ok && poll_at_least(v.s.pflag + tid * V7_CLUSTER + q, v7_part_ready(t),
+    if (tid < V7_WCLUSTERS)  // (the test hook, fault 2: chain CTA 0 waits at step 2 for more)
+      ok = ok && poll_at_least(v.s.pflag + tid * V7_CLUSTER + q,
+                               v7_part_ready(t) + (t == 2 && q == 0 && g_signal_fault == 2),
                                WAIT_V7_PARTIALS | blockIdx.x << 4 | t << 12);
     if (__syncthreads_or(!ok)) {
       failed = true;
