@@ -1,9 +1,9 @@
 """cuda-epoch: the kernel compiles for Hopper here (nvcc, no GPU) and its variants' launch
 configurations are read from the built library (it loads without a GPU); on a GPU, every variant
-(version 2 or 3, cluster or cooperative grid, 7 or 14 CTAs; versions 4 and 5 on clusters only, 7
-or 14 CTAs) against the float64 reference, one launch per epoch, and the barrier
-microbenchmarks. v5's and v6's tile arithmetic also runs on the CPU: test_cuda_epoch_v5_math.py,
-test_cuda_epoch_v6_math.py. The row
+(version 2 or 3, cluster or cooperative grid, 7 or 14 CTAs; versions 4 to 6 on clusters only, 7
+or 14 CTAs; v7 on its 64 CTAs) against the float64 reference, one launch per epoch (v7: two), and
+the barrier microbenchmarks. v5's, v6's and v7's arithmetic also runs on the CPU:
+test_cuda_epoch_v5_math.py, test_cuda_epoch_v6_math.py, test_cuda_epoch_v7_math.py. The row
 itself also runs in test_ladder.py's generic checks."""
 
 import ctypes
@@ -33,7 +33,8 @@ def test_compiles_for_hopper_and_for_gpus_without_clusters(tmp_path):
         symbols = so.read_bytes()
         for name in (b"cuda_epoch_train", b"cuda_epoch_variant", b"cuda_epoch_bench_cluster_sync",
                      b"cuda_epoch_bench_grid_sync", b"epoch_grid_kernel",
-                     b"cuda_epoch_phase_profile"):
+                     b"cuda_epoch_phase_profile", b"cuda_epoch_v7_scratch_bytes",
+                     b"cuda_epoch_v7_residency", b"v7_epoch_kernel", b"v7_gram_kernel"):
             assert name in symbols, (so.name, name)
 
 
@@ -58,8 +59,9 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     from fasttrain.ladder import cuda_epoch as ce
 
     every = ce.variants()
-    kinds = len(ce.VERSIONS) * 2 - len(ce.CLUSTER_ONLY)  # (version, cluster) pairs
-    assert len(every) == len(set(every)) == kinds * len(ce.CTA_COUNTS)
+    kinds = (len(ce.VERSIONS) - 1) * 2 - (len(ce.CLUSTER_ONLY) - 1)  # (version, cluster), not v7
+    assert len(every) == len(set(every)) == kinds * len(ce.CTA_COUNTS) + 1  # v7: one variant
+    assert every[-1] == (7, True, ce.V7_CTAS) and ce.fallback_ctas(ce.V7_CTAS) == ce.CTAS
     assert (ce.VERSION, True, ce.CTAS) in every and (ce.FALLBACK, True, ce.CTAS) in every
     assert (ce.GRID_VERSION, False, ce.CTAS) in every
     assert ce.FALLBACK not in (ce.VERSION, ce.GRID_VERSION)
@@ -69,11 +71,12 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     # v4, v5 and v6 (point-to-point signals) are timed on clusters, never on a grid; v6 is the
     # default on clusters (the fastest on the H200: 2.05 ms/epoch against v4's 2.30 and v5's
     # 2.50), v3 on a grid.
-    assert {(v, c) for v, c, _ in every if v >= 4} == {(4, True), (5, True), (6, True)}
-    assert ce.VERSION == 6 and ce.SIGNALLED == ce.CLUSTER_ONLY == (4, 5, 6)
+    assert {(v, c) for v, c, _ in every if v >= 4} == {(4, True), (5, True), (6, True), (7, True)}
+    assert ce.VERSION == 6 and ce.SIGNALLED == ce.CLUSTER_ONLY == (4, 5, 6, 7)
+    assert ce.PROFILED == (4, 5, 6) and ce.LAUNCHES == {7: 2}  # v7a: the Grams, then the epoch
     assert ce.default_version(True) == 6 and ce.default_version(False) == ce.GRID_VERSION == 3
     for header in ("epoch_v4.cuh", "epoch_v5.cuh", "epoch_v5_math.cuh", "epoch_v6.cuh",
-                   "epoch_v6_math.cuh"):
+                   "epoch_v6_math.cuh", "epoch_v7.cuh", "epoch_v7_math.cuh", "gram_u8.cuh"):
         assert f"csrc/{header}" in ce.CudaEpoch.sources
 
 
@@ -97,8 +100,17 @@ def test_every_variant_launches_within_one_hopper_sm(cpu_loaded_library):
         v5, v6 = ce.launch_config(lib, ctas, 5), ce.launch_config(lib, ctas, 6)
         assert v6[0] == v5[0] == v4[0] == v3[0] and v3[1] < v4[1] <= hopper_smem, (ctas, v3, v4)
         assert v5[1] <= hopper_smem and v6[1] <= v4[1] + 4 * 32, (ctas, v5, v6)
-    # No cooperative-grid v4, v5 or v6: the library refuses them (variants() leaves them out).
-    for version in (4, 5, 6):
+    # v7: 512 threads in each of its 64 CTAs; one variant, named by its chain's 8 CTAs; its global
+    # scratch holds every Gram of the epoch (469 x 4 blocks of 128 x 128 fp32 for MNIST).
+    assert ce.launch_config(lib, 8, 7) == (512, ce.launch_config(lib, 8, 7)[1])
+    with pytest.raises(ValueError, match="no version 7 on 14 CTAs"):
+        ce.launch_config(lib, 14, 7)
+    lib.cuda_epoch_v7_scratch_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.cuda_epoch_v7_scratch_bytes.restype = ctypes.c_longlong
+    assert lib.cuda_epoch_v7_scratch_bytes(60000, 128) > 469 * 4 * 128 * 128 * 4
+    assert lib.cuda_epoch_v7_scratch_bytes(60000, 129) == 0
+    # No cooperative-grid v4 to v7: the library refuses them (variants() leaves them out).
+    for version in (4, 5, 6, 7):
         with pytest.raises(ValueError, match=f"no version {version} on 14 CTAs on a cooperative"):
             ce.launch_config(lib, 14, version, cluster=False)
     assert lib.cuda_epoch_scratch_bytes(16) == 0
@@ -120,6 +132,11 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
     for version in (4, 5, 6):
         code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, dummy, 14,
                                     0, version, None)
+        assert code == 1
+    # v7: clusters only, its 8 chain CTAs, and its scratch.
+    for ctas, cluster, scratch in ((8, 0, dummy), (14, 1, dummy), (8, 1, None)):
+        code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, scratch,
+                                    ctas, cluster, 7, None)
         assert code == 1
     # The phase profile exists for v4, v5 and v6 on 7 and 14 CTAs and a batch that fits, and
     # refuses the rest.
@@ -166,6 +183,106 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
     np.testing.assert_allclose(k.b.cpu().numpy(), b_ref, atol=ATOL, rtol=0)
     loss_sum, correct = k.stats.tolist()
     assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("batch", [128, 64, 16])
+def test_v7_matches_float64_reference(batch):
+    """v7a's two launches an epoch (Grams, then the chain and worker clusters) against float64 at
+    2e-5 (ATOL: the lagged step's bugs move the weights by less than the row's 1e-3), two epochs:
+    the step counters are reset by each epoch's Gram launch."""
+    from fasttrain.ladder.cuda_epoch import has_clusters
+
+    if not has_clusters():
+        pytest.skip("v7 runs on thread-block clusters only")
+    data, cfg, k = small_run(batch, version=7)
+    assert k.ctas == 8 and k.variant.startswith("v7")
+    for epoch in range(cfg.epochs):
+        k.run(epoch)  # raises if a bounded wait timed out
+    w_ref, b_ref = reference_sgd(data, cfg, cfg.epochs)
+    np.testing.assert_allclose(k.w.cpu().numpy(), w_ref, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(k.b.cpu().numpy(), b_ref, atol=ATOL, rtol=0)
+    loss_sum, correct = k.stats.tolist()
+    assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches():
+    """A 31-step epoch (the 96-row last batch included) of v7 against v2 at 2e-5, and the profiler
+    sees exactly two kernels an epoch: the Grams, then the epoch."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fasttrain.ladder.cuda_epoch import EpochKernel, has_clusters
+
+    if not has_clusters():
+        pytest.skip("v7 runs on thread-block clusters only")
+    cfg = LadderConfig(epochs=3, batch_size=128)
+    data = make_ladder_data(tiny_images(n_train=30 * 128 + 96), cfg)
+    v7 = EpochKernel(data, cfg, version=7)
+    v2 = EpochKernel(data, cfg, version=2)
+    v2.run(0)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for epoch in range(3):
+            v7.run(epoch, check_signals=False)
+        torch.cuda.synchronize()
+    v7.check_signals()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    assert len(kernels) == 6, kernels
+    assert [("v7_gram_kernel" in k, "v7_epoch_kernel" in k) for k in kernels] == [
+        (True, False), (False, True)] * 3
+    one = EpochKernel(data, cfg, version=7)
+    one.run(0)
+    assert (one.w - v2.w).abs().max().item() <= ATOL
+    assert (one.b - v2.b).abs().max().item() <= ATOL
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_v7_is_resident_on_this_gpu_or_refused_at_setup():
+    """Its 8 clusters of 8 CTAs must all fit at once (they spin on each other): the setup check's
+    figures, which an H100 or H200 (132 SMs) meets."""
+    from fasttrain.ladder.cuda_epoch import has_clusters, load_library
+
+    if not has_clusters():
+        pytest.skip("v7 runs on thread-block clusters only")
+    lib = load_library()
+    clusters, needed = ctypes.c_int(), ctypes.c_int()
+    assert lib.cuda_epoch_v7_residency(ctypes.byref(clusters), ctypes.byref(needed)) == 0
+    assert needed.value == 8 and clusters.value >= needed.value, clusters.value
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_v7_protocol_fault_is_an_error_not_a_hang():
+    """Fault 2 makes v7's chain CTA 0 wait at step 2 for a worker partial that never comes: the
+    launch ends after the wait budget (the other chain CTAs and the worker clusters see the flag in
+    their own waits; a worker cluster leaves together), the error names the wait, nothing is
+    written back, and once the flag is read v7 trains correctly again."""
+    import time
+
+    from fasttrain.ladder.cuda_epoch import has_clusters
+
+    if not has_clusters():
+        pytest.skip("v7 needs thread-block clusters (sm_90+)")
+    data, cfg, k = small_run(16, version=7)  # 10 steps
+    w0, b0 = k.w.clone(), k.b.clone()
+    assert k.lib.cuda_epoch_signal_fault(2) == 0
+    try:
+        start = time.perf_counter()
+        with pytest.raises(RuntimeError, match=r"waited too long for .* at step 2 "):
+            k.run(0)
+        assert time.perf_counter() - start < 5.0
+    finally:
+        assert k.lib.cuda_epoch_signal_fault(0) == 0
+    k.check_signals()  # read and cleared: nothing left
+    assert torch.equal(k.w, w0) and torch.equal(k.b, b0)  # no CTA wrote back
+    for epoch in range(cfg.epochs):
+        k.run(epoch)
+    w_ref, _ = reference_sgd(data, cfg, cfg.epochs)
+    np.testing.assert_allclose(k.w.cpu().numpy(), w_ref, atol=ATOL, rtol=0)
 
 
 @pytest.mark.gpu
@@ -288,7 +405,8 @@ def test_a_version_that_disagrees_with_the_fallback_is_replaced_by_it(monkeypatc
     with pytest.warns(UserWarning, match="timing v2 instead"):
         row.setup(None, None)
     assert row.kernel.version == ce.FALLBACK and made == [ce.VERSION, ce.FALLBACK]
-    assert row.details() == {"variant": "v2", "fallback_reason": "v4 disagrees"}
+    assert row.details() == {"variant": "v2", "fallback_reason": "v4 disagrees",
+                             "launches_per_epoch": 1}
     monkeypatch.setattr(ce.CudaEpoch, "cross_check", lambda self, d, c: None)
     made.clear()
     row.setup(None, None)

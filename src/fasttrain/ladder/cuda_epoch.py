@@ -20,7 +20,11 @@ parts against the exact bf16 pixels, fp32 accumulation, so fp32-accurate: on an 
 in registers for the whole epoch and the partial logits and update register-tiled: no W loads,
 a shuffle reduce-scatter instead of shared-memory round trips; written without a GPU, its tiles
 checked on the CPU against float64; on an H200, 2026-11-27, 2.05 ms/epoch on 14 CTAs against v4's
-2.30 and v5's 2.50, weights within 4.5e-7 of v2's: the row's since) on 7 or 14 CTAs. The signalled
+2.30 and v5's 2.50, weights within 4.5e-7 of v2's: the row's since) on 7 or 14 CTAs, and version 7
+(v7a, the lagged-Gram step of docs/measurements/cuda-epoch-v7-design.md: TWO launches an epoch, a
+Gram kernel and one persistent launch of an 8-CTA chain cluster and 7 worker clusters, 64 CTAs that
+must all be resident — checked at setup; written without a GPU, its per-thread code run on the CPU
+for whole epochs against float64 at 2e-5; not yet run on a GPU, so not the row's). The signalled
 versions' waits are bounded: a protocol fault ends the launch and shows as a RuntimeError at the
 next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
@@ -49,14 +53,21 @@ VERSION = 6  # the row's kernel version on clusters (cross-checked against FALLB
 # sync_cost.py: v6 2.047 ms/epoch, v4 2.304, v5 2.497 (2026-11-27)
 GRID_VERSION = 3  # the row's version without clusters (v4 is cluster-only)
 FALLBACK = 2
-VERSIONS = (2, 3, 4, 5, 6)  # csrc/cuda_epoch.cu's changelog
-CLUSTER_ONLY = (4, 5, 6)  # versions with no cooperative-grid kernel (mbarrier signals in a cluster)
-SIGNALLED = (4, 5, 6)  # versions whose bounded waits report a timeout via cuda_epoch_signal_status
+VERSIONS = (2, 3, 4, 5, 6, 7)  # csrc/cuda_epoch.cu's changelog
+CLUSTER_ONLY = (4, 5, 6, 7)  # versions with no cooperative-grid kernel (signals in clusters)
+SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_signal_status
+PROFILED = (4, 5, 6)  # versions with a phase-profiling build (v7's roles have no common step)
 CTA_COUNTS = (7, 14)
+V7_CTAS = 8  # v7's `ctas`: its chain cluster (the launch holds 64: 7 worker clusters more)
+LAUNCHES = {7: 2}  # launches an epoch where not 1: v7a's Gram kernel, then its epoch kernel
 CROSS_CHECK_ATOL = 1e-3
 """v3 or v4 against v2 after one epoch from the same weights: fp32 summation orders differ (a few
 ulps a step, ~1e-5 after an epoch); a wrong batch, row or class moves weights by updates of
 ~1e-2."""
+CROSS_CHECK_ATOL_V7 = 2e-5
+"""v7 against v2: `check.FP32_ATOL`. A lagged-Gram bug moves the weights by less than 1e-3 (the bias
+correction left out: 5.9e-4 after an MNIST epoch, docs/measurements/cuda-epoch-v7-design.md), while
+the correct step stays within 1e-7 of float64 on the CPU (test_cuda_epoch_v7_math.py)."""
 MAX_BATCH = 128  # one CTA thread pair per row of the batch
 READ_LOSS_EVERY = 10
 SIGNAL_TIMEOUT = 20001  # cuda_epoch_signal_status: a v4 wait timed out (not a cudaError_t)
@@ -78,6 +89,10 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_train.restype = i32
     lib.cuda_epoch_scratch_bytes.argtypes = [i32]
     lib.cuda_epoch_scratch_bytes.restype = ctypes.c_longlong
+    lib.cuda_epoch_v7_scratch_bytes.argtypes = [i32, i32]
+    lib.cuda_epoch_v7_scratch_bytes.restype = ctypes.c_longlong
+    lib.cuda_epoch_v7_residency.argtypes = [ctypes.POINTER(i32), ctypes.POINTER(i32)]
+    lib.cuda_epoch_v7_residency.restype = i32
     lib.cuda_epoch_variant.argtypes = [i32, i32, i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
     lib.cuda_epoch_variant.restype = i32
     lib.cuda_epoch_error_name.argtypes = [i32]
@@ -96,10 +111,20 @@ def load_library() -> ctypes.CDLL:
     return lib
 
 
+def cta_counts(version: int) -> tuple[int, ...]:
+    """The `ctas` a version runs on: 7 or 14 (features split), v7 its 8-CTA chain."""
+    return (V7_CTAS,) if version == 7 else CTA_COUNTS
+
+
+def fallback_ctas(ctas: int) -> int:
+    """The CTAs FALLBACK runs on in place of a variant on `ctas` (v7's 8: CTAS)."""
+    return ctas if ctas in CTA_COUNTS else CTAS
+
+
 def variants(clusters: bool = True) -> list[tuple[int, bool, int]]:
     """(version, cluster, ctas) of every kernel variant, in the order sync_cost.py times them."""
     kinds = (True, False) if clusters else (False,)
-    return [(v, c, n) for v in VERSIONS for c in kinds for n in CTA_COUNTS
+    return [(v, c, n) for v in VERSIONS for c in kinds for n in cta_counts(v)
             if c or v not in CLUSTER_ONLY]
 
 
@@ -136,13 +161,14 @@ def default_version(cluster: bool) -> int:
 class EpochKernel:
     """The device state of one run and the launch of one epoch."""
 
-    def __init__(self, data: LadderData, cfg: LadderConfig, ctas: int = CTAS,
+    def __init__(self, data: LadderData, cfg: LadderConfig, ctas: int | None = None,
                  cluster: bool | None = None, version: int | None = None):
         dev = torch.device("cuda")
         self.lib = load_library()
-        self.n, self.cfg, self.ctas = data.n_train, cfg, ctas
         self.cluster = has_clusters() if cluster is None else cluster
         self.version = default_version(self.cluster) if version is None else version
+        ctas = cta_counts(self.version)[-1] if ctas is None else ctas  # v2-v6: CTAS, v7: 8
+        self.n, self.cfg, self.ctas = data.n_train, cfg, ctas
         launch_config(self.lib, ctas, self.version, self.cluster)  # a bad variant: ValueError
         self.x = torch.from_numpy(data.train_x).to(dev).contiguous()  # uint8 [N, 784]
         self.y = torch.from_numpy(data.train_y).to(dev, torch.int32)
@@ -150,15 +176,33 @@ class EpochKernel:
         self.w = torch.from_numpy(data.w0).to(dev).contiguous()
         self.b = torch.from_numpy(data.b0).to(dev)
         self.stats = torch.zeros(2, device=dev)  # (loss sum, correct count) since the last read
-        scratch = self.lib.cuda_epoch_scratch_bytes(ctas)
+        if self.version == 7:
+            self.check_residency()
+            scratch = self.lib.cuda_epoch_v7_scratch_bytes(self.n, cfg.batch_size)
+        else:
+            scratch = self.lib.cuda_epoch_scratch_bytes(ctas)
         if scratch == 0:
             raise ValueError(f"cuda-epoch runs on 7 or 14 CTAs, not {ctas}")
         self.scratch = torch.empty(scratch // 4, device=dev)
 
+    def check_residency(self) -> None:
+        """v7: its 8 clusters of 8 CTAs spin on each other, so all must be on the GPU at once; a
+        setup error here, not a launch that never ends."""
+        clusters, needed = ctypes.c_int(), ctypes.c_int()
+        check(self.lib, self.lib.cuda_epoch_v7_residency(ctypes.byref(clusters),
+                                                         ctypes.byref(needed)),
+              "cuda_epoch_v7_residency")
+        if clusters.value < needed.value:
+            raise RuntimeError(
+                f"cuda-epoch v7 needs {needed.value} co-resident clusters of 8 CTAs (one chain, "
+                f"7 worker clusters, each CTA a whole SM) and this GPU holds {clusters.value} "
+                f"(cudaOccupancyMaxActiveClusters; another process or MPS may hold SMs). Use "
+                f"version {VERSION}.")
+
     def run(self, epoch: int, w=None, b=None, stats=None, check_signals: bool = True) -> None:
         """One epoch in `orders[epoch]` order on (w, b, stats), by default the run's own.
 
-        check_signals: for v4 to v6, wait for the epoch and raise if a signal wait timed out (a
+        check_signals: for v4 to v7, wait for the epoch and raise if a signal wait timed out (a
         host sync; timed loops pass False and call check_signals() after)."""
         w, b, stats = (self.w, self.b, self.stats) if w is None else (w, b, stats)
         p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
@@ -171,7 +215,7 @@ class EpochKernel:
             self.check_signals()
 
     def check_signals(self) -> None:
-        """v4 to v6: raise if a bounded wait of any launch since the last check timed out (the
+        """v4 to v7: raise if a bounded wait of any launch since the last check timed out (the
         kernel then gave up instead of hanging, and the launches after it did nothing). Syncs."""
         if self.version not in SIGNALLED:
             return
@@ -179,7 +223,9 @@ class EpochKernel:
         code = self.lib.cuda_epoch_signal_status(stream_handle(), ctypes.byref(detail))
         if code == SIGNAL_TIMEOUT:
             d = detail.value
-            what = {1: "its rows' partial logits", 2: "the rows' g"}.get(d & 15, f"kind {d & 15}")
+            what = {1: "its rows' partial logits", 2: "the rows' g",
+                    3: "v7's worker partials (chain)", 4: "v7's G (worker)"}.get(d & 15,
+                                                                              f"kind {d & 15}")
             raise RuntimeError(
                 f"cuda_epoch_train ({self.variant}): CTA {(d >> 4) & 255} waited too long for "
                 f"{what} at step {d >> 12} and the kernel gave up (a protocol fault of the "
@@ -192,7 +238,7 @@ class EpochKernel:
         build of the kernel, from copies of this kernel's weights (they stay as they are), and the
         µs a step spent in each of PHASES: the mean over CTAs and the largest. Clocks become time
         by CTA 0's loop, timed both ways. Syncs."""
-        if self.version not in SIGNALLED or not self.cluster:
+        if self.version not in PROFILED or not self.cluster:
             raise ValueError(
                 f"the phase profile is of v4, v5 or v6 on a cluster, not {self.variant}")
         w, b, stats = self.w.clone(), self.b.clone(), torch.zeros_like(self.stats)
@@ -213,6 +259,8 @@ class EpochKernel:
 
     @property
     def variant(self) -> str:
+        if self.version == 7:
+            return "v7, a chain cluster of 8 CTAs and 7 worker clusters (64 CTAs)"
         kind = "cluster" if self.cluster else "cooperative grid"
         return f"v{self.version}, {kind} of {self.ctas} CTAs"
 
@@ -221,8 +269,9 @@ class CudaEpoch(Impl):
     name = "cuda-epoch"
     sources = ("csrc/cuda_epoch.cu", "csrc/epoch_shared.cuh", "csrc/epoch_v2.cuh",
                "csrc/epoch_v3.cuh", "csrc/epoch_v4.cuh", "csrc/epoch_v5.cuh",
-               "csrc/epoch_v5_math.cuh", "csrc/epoch_v6.cuh",
-               "csrc/epoch_v6_math.cuh")  # the kernel its figures come from
+               "csrc/epoch_v5_math.cuh", "csrc/epoch_v6.cuh", "csrc/epoch_v6_math.cuh",
+               "csrc/epoch_v7.cuh", "csrc/epoch_v7_math.cuh",
+               "csrc/gram_u8.cuh")  # the kernel its figures come from
     device = "cuda"
 
     @classmethod
@@ -247,7 +296,7 @@ class CudaEpoch(Impl):
         if self.fallback_reason:
             warnings.warn(f"cuda-epoch: {self.fallback_reason}; timing v{FALLBACK} instead",
                           stacklevel=2)
-            self.kernel = EpochKernel(data, cfg, ctas=self.kernel.ctas,
+            self.kernel = EpochKernel(data, cfg, ctas=fallback_ctas(self.kernel.ctas),
                                       cluster=self.kernel.cluster, version=FALLBACK)
             self.kernel.run(0, self.kernel.w.clone(), self.kernel.b.clone(),
                             self.kernel.stats.clone())
@@ -262,16 +311,19 @@ class CudaEpoch(Impl):
         k.run(0, w, b, k.stats.clone())
         if k.version == FALLBACK:
             return None
-        ref = EpochKernel(data, cfg, ctas=k.ctas, cluster=k.cluster, version=FALLBACK)
+        ref = EpochKernel(data, cfg, ctas=fallback_ctas(k.ctas), cluster=k.cluster,
+                          version=FALLBACK)
         ref.run(0, ref.w, ref.b, ref.stats)
         err = max((w - ref.w).abs().max().item(), (b - ref.b).abs().max().item())
-        if err <= CROSS_CHECK_ATOL:  # NaN fails too
+        atol = CROSS_CHECK_ATOL_V7 if k.version == 7 else CROSS_CHECK_ATOL
+        if err <= atol:  # NaN fails too
             return None
         return (f"{k.variant} disagrees with v{FALLBACK} after one epoch: max |Δw| {err:.3g} > "
-                f"{CROSS_CHECK_ATOL}")
+                f"{atol}")
 
     def details(self) -> dict:
-        return {"variant": self.kernel.variant, "fallback_reason": self.fallback_reason}
+        return {"variant": self.kernel.variant, "fallback_reason": self.fallback_reason,
+                "launches_per_epoch": LAUNCHES.get(self.kernel.version, 1)}
 
     def train_epoch(self, epoch: int) -> float | None:
         self.kernel.run(epoch, check_signals=False)  # v4: a sync, done at the loss read

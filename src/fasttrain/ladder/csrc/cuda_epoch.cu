@@ -87,11 +87,22 @@
 //      LDS.128 and 5 SHFL for its 140 FMA); whole kernel, static: 261 shared loads (34 LDS.128)
 //      against v4's 484 (84); 128 registers (the 512-thread cap), no spill. Its tiles run on the CPU for
 //      whole cluster epochs against float64 (tests/ladder/test_cuda_epoch_v6_math.py).
+//   v7a (epoch_v7.cuh, epoch_v7_math.cuh; written without a GPU, not yet run on one) the lagged-
+//      Gram step of docs/measurements/cuda-epoch-v7-design.md, as TWO launches an epoch: a Gram
+//      kernel (every Γ_{t,j} = X_t X_{t−j}ᵀ, j = 1 … 4, u8 mma.sync → fp32) and one persistent
+//      launch of 64 CTAs in clusters of 8: a chain cluster (16 rows a CTA: b_t + the workers'
+//      partials − c Σ_j Γ_{t,j} G_{t−j}, softmax, G to the chain over DSMEM and to the workers
+//      through global memory) and 7 worker clusters (14 features a CTA, W updated with the lagged
+//      G, partial logits reduced over DSMEM) handing data over through step-indexed global
+//      arrays and release/acquire step counters. Its per-thread arithmetic runs on the CPU for
+//      whole epochs in an emulation of every role against float64 at 2e-5
+//      (tests/ladder/test_cuda_epoch_v7_math.py). The ctas argument is the chain's 8.
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
 #include "epoch_v4.cuh"
 #include "epoch_v5.cuh"
 #include "epoch_v6.cuh"
+#include "epoch_v7.cuh"
 
 namespace {
 
@@ -168,6 +179,41 @@ __global__ void __launch_bounds__(Version<V>::threads, 1) epoch_grid_kernel(Args
   using S = typename Version<V>::template Shape<NC>;
   GridExchange<S::INBOX> ex{cg::this_grid(), a.scratch};
   train_epoch<V, NC>(ex, a, sm);
+}
+
+// v7a: the Gram kernel, then the epoch kernel over V7_CTAS CTAs in clusters of 8, cooperative
+// (every role spins on the others: the grid must be resident, see epoch_v7.cuh).
+cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(V7_CTAS);
+  cfg.blockDim = dim3(V7_T);
+  cfg.dynamicSmemBytes = 4 * V7_SMEM_FLOATS;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = V7_CLUSTER;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeCooperative;
+  attr[1].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cooperative ? 2 : 1;
+  return cfg;
+}
+
+cudaError_t train_v7(const Args& a, cudaStream_t stream) {
+  if (a.scratch == nullptr) return cudaErrorInvalidValue;
+  const int steps = (a.n + a.bs - 1) / a.bs;
+  const V7Args v{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps)};
+  const dim3 grams(BMAX / gram::TILE_N, BMAX / gram::TILE_M, steps * V7_LAG);
+  v7_gram_kernel<<<grams, 32 * gram::WARPS, 0, stream>>>(v);
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(v7_epoch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               4 * V7_SMEM_FLOATS);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = v7_config(attr, true, stream);
+  return cudaLaunchKernelEx(&cfg, v7_epoch_kernel, v);
 }
 
 // Launch `kernel` over `ctas` CTAs of `threads` threads as one cluster or one cooperative grid.
@@ -253,7 +299,13 @@ const char* cuda_epoch_error_name(int code) {
 // at fp32 accuracy; cluster only), 6 (v4 with W in registers, L and G register-tiled; cluster
 // only). ctas: 7 or 14.
 int cuda_epoch_variant(int ctas, int version, int cluster, int* threads, int* smem_bytes) {
-  if (version >= 4 && !cluster) return 0;  // no cooperative-grid v4, v5 or v6
+  if (version >= 4 && !cluster) return 0;  // no cooperative-grid v4 to v7
+  if (version == 7) {  // ctas: the chain's; the launch holds V7_CTAS
+    if (ctas != V7_CHAIN) return 0;
+    *threads = V7_T;
+    *smem_bytes = 4 * V7_SMEM_FLOATS;
+    return 1;
+  }
 #define FT_VARIANT(V, NC)                                                  \
   if (ctas == NC && version == V) {                                        \
     *threads = Version<V>::threads;                                        \
@@ -274,6 +326,27 @@ int cuda_epoch_variant(int ctas, int version, int cluster, int* threads, int* sm
   return 0;
 }
 
+// Bytes of v7's global scratch for an epoch of n samples in batches of bs: its step counters,
+// every Gram of the epoch (fp32), every step's G and the worker clusters' partial logits.
+long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
+  if (n < 1 || bs < 1 || bs > BMAX) return 0;
+  return static_cast<long long>(v7_scratch_bytes((n + bs - 1) / bs));
+}
+
+// v7's co-residency, checked at setup: *clusters = how many clusters of 8 of its epoch kernel the
+// device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
+// Returns 0 or a cudaError_t.
+int cuda_epoch_v7_residency(int* clusters, int* needed) {
+  *needed = V7_CTAS / V7_CLUSTER;
+  *clusters = 0;
+  cudaError_t err = cudaFuncSetAttribute(
+      v7_epoch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * V7_SMEM_FLOATS);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = v7_config(attr, false, nullptr);
+  return cudaOccupancyMaxActiveClusters(clusters, v7_epoch_kernel, &cfg);
+}
+
 // Bytes of the global scratch the grid variant needs for `ctas` CTAs (0 for a bad `ctas`): room
 // for the larger inboxes of either version.
 long long cuda_epoch_scratch_bytes(int ctas) {
@@ -287,7 +360,8 @@ long long cuda_epoch_scratch_bytes(int ctas) {
 // [10][784] and b fp32 [10] updated in place, stats fp32 [2] += (sum of losses, correct count).
 // ctas: 7 or 14 (features split 112 or 56 each); cluster: 1 = thread-block cluster (sm_90+),
 // 0 = cooperative grid with `scratch` (cuda_epoch_scratch_bytes) for the inboxes; version: 2 to
-// 6 (cuda_epoch_variant; 4 to 6 need cluster = 1). Returns 0 or a cudaError_t (of the launch: a
+// 7 (cuda_epoch_variant; 4 to 7 need cluster = 1; 7: ctas = 8 and `scratch` of
+// cuda_epoch_v7_scratch_bytes, two launches). Returns 0 or a cudaError_t (of the launch: a
 // v4 protocol timeout shows in cuda_epoch_signal_status).
 int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int bs, float lr,
                      void* w, void* b, void* stats, void* scratch, int ctas, int cluster,
@@ -308,6 +382,7 @@ int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int
   if (version == 5 && ctas == 14) return train<5, 14>(a, cl, stream);
   if (version == 6 && ctas == 7) return train<6, 7>(a, cl, stream);
   if (version == 6 && ctas == 14) return train<6, 14>(a, cl, stream);
+  if (version == 7 && ctas == V7_CHAIN && cl) return train_v7(a, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -360,8 +435,10 @@ int cuda_epoch_signal_status(cudaStream_t stream, int* detail) {
   return SIGNAL_TIMEOUT;
 }
 
-// Test hook of v4's bounded waits: fault 1 makes the next v4 launches' CTA 0 wait at step 2 for
-// bytes that never come (see epoch_v4.cuh), 0 switches it off. Returns 0 or a cudaError_t.
+// Test hook of the bounded waits: fault 1 makes the next v4 (v5, v6) launches' CTA 0 wait at step
+// 2 for bytes that never come (see epoch_v4.cuh); fault 2 makes v7's chain CTA 0 wait at step 2
+// for a worker counter one past the last it will see; 0 switches it off. Returns 0 or a
+// cudaError_t.
 int cuda_epoch_signal_fault(int fault) {
   return cudaMemcpyToSymbol(g_signal_fault, &fault, sizeof(int));
 }

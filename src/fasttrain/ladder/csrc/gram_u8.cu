@@ -13,31 +13,10 @@
 
 namespace {
 
-struct DeviceWarp {  // each lane is a thread of the warp
-  template <class T>
-  using Reg = T;
-  template <class T>
-  __device__ __forceinline__ T& at(T& v, int) const { return v; }
-  template <class F>
-  __device__ __forceinline__ void each(F&& f) const { f(static_cast<int>(threadIdx.x & 31)); }
-  __device__ __forceinline__ void mma(gram::Acc& d, const gram::FragA& a,
-                                      const gram::FragB& b) const {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+r"(d.c[0]), "+r"(d.c[1]), "+r"(d.c[2]), "+r"(d.c[3])
-        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
-#else
-    __trap();  // integer mma.sync needs sm_80+
-#endif
-  }
-};
-
 __global__ void __launch_bounds__(32 * gram::WARPS)
     gram_u8_kernel(const uint8_t* x, const int32_t* rows_a, int na, const int32_t* rows_b, int nb,
                    int32_t* out) {
-  DeviceWarp warp;
+  gram::DeviceWarp warp;
   const int m0 = blockIdx.y * gram::TILE_M + (threadIdx.x >> 5) * 16;
   const int n0 = blockIdx.x * gram::TILE_N;
   if (m0 >= na) return;  // a whole warp past the batch (warp-uniform: mma.sync needs all lanes)

@@ -55,21 +55,23 @@ GRAM_HD FragB load_b(const uint8_t* x, const int32_t* rows, int n, int n0, int c
   return FragB{{word(x, rows, n, n0 + g, w), word(x, rows, n, n0 + g, w + 4)}};
 }
 
-// out [na][nb] row-major; entries past the batches are not written.
-GRAM_HD void store_c(int32_t* out, int na, int nb, int m0, int n0, const Acc& acc, int lane) {
+// out [na][ld] row-major (ld >= nb); entries past the batches are not written. An Out of float
+// rounds each exact s32 sum once (cvt.rn), as the v7 epoch kernel reads its Grams.
+template <class Out>
+GRAM_HD void store_c(Out* out, int ld, int na, int nb, int m0, int n0, const Acc& acc, int lane) {
   const int g = lane >> 2, t = lane & 3;
   for (int v = 0; v < 4; ++v) {
     const int i = m0 + g + 8 * (v >> 1), j = n0 + 2 * t + (v & 1);
-    if (i < na && j < nb) out[(int64_t)i * nb + j] = acc.c[v];
+    if (i < na && j < nb) out[(int64_t)i * ld + j] = static_cast<Out>(acc.c[v]);
   }
 }
 
 // One warp's 16 × 32 tile at (m0, n0). `Warp` says how lanes run: on the GPU each lane is a thread
 // (Reg<T> is T, each(f) calls f(laneid), mma is the instruction); on the host all 32 lanes of one
 // warp run in lockstep (Reg<T> holds 32 T, each(f) loops, mma is emulated).
-template <class Warp>
+template <class Warp, class Out>
 GRAM_HD void warp_tile(Warp& warp, const uint8_t* x, const int32_t* rows_a, int na,
-                       const int32_t* rows_b, int nb, int m0, int n0, int32_t* out) {
+                       const int32_t* rows_b, int nb, int m0, int n0, Out* out, int ld) {
   typename Warp::template Reg<Acc> acc[NT];
   for (int j = 0; j < NT; ++j)
     warp.each([&](int lane) { warp.at(acc[j], lane) = Acc{{0, 0, 0, 0}}; });
@@ -85,7 +87,38 @@ GRAM_HD void warp_tile(Warp& warp, const uint8_t* x, const int32_t* rows_a, int 
     }
   }
   for (int j = 0; j < NT; ++j)
-    warp.each([&](int lane) { store_c(out, na, nb, m0, n0 + 8 * j, warp.at(acc[j], lane), lane); });
+    warp.each([&](int lane) {
+      store_c(out, ld, na, nb, m0, n0 + 8 * j, warp.at(acc[j], lane), lane);
+    });
 }
+// The same tile into a dense [na][nb] int32 Γ (gram_u8.cu's layout).
+template <class Warp>
+GRAM_HD void warp_tile(Warp& warp, const uint8_t* x, const int32_t* rows_a, int na,
+                       const int32_t* rows_b, int nb, int m0, int n0, int32_t* out) {
+  warp_tile(warp, x, rows_a, na, rows_b, nb, m0, n0, out, nb);
+}
+
+#if defined(__CUDACC__)
+// On the GPU each lane is a thread: Reg<T> is T, each(f) calls f(laneid), mma is the instruction.
+struct DeviceWarp {  // each lane is a thread of the warp
+  template <class T>
+  using Reg = T;
+  template <class T>
+  __device__ __forceinline__ T& at(T& v, int) const { return v; }
+  template <class F>
+  __device__ __forceinline__ void each(F&& f) const { f(static_cast<int>(threadIdx.x & 31)); }
+  __device__ __forceinline__ void mma(Acc& d, const FragA& a, const FragB& b) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+r"(d.c[0]), "+r"(d.c[1]), "+r"(d.c[2]), "+r"(d.c[3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+#else
+    __trap();  // integer mma.sync needs sm_80+
+#endif
+  }
+};
+#endif
 
 }  // namespace gram

@@ -1,0 +1,270 @@
+// cuda-epoch v7a: the lagged-Gram epoch as two launches on one stream (see cuda_epoch.cu for the
+// changelog, epoch_v7_math.cuh for the algebra, the roles and every per-thread body):
+//   1. v7_gram_kernel: every Γ_{t,j} = X_t X_{t−j}ᵀ of the epoch (j = 1 … L), u8 × u8 → s32 on the
+//      tensor cores (gram_u8.cuh's warp tile, checked on an H200), rounded once to fp32 into
+//      global memory; it also zeroes the epoch kernel's step counters.
+//   2. v7_epoch_kernel: one persistent launch of V7_CTAS CTAs in clusters of 8: cluster 0 the
+//      chain, clusters 1 … 7 the workers. They hand each other G and the partial logits through
+//      global arrays indexed by step and per-CTA step counters (st.release.gpu after the data,
+//      ld.acquire.gpu before reading it with ld.global.cg: L1 is not coherent across SMs).
+// Co-residency: every role spins on the others, so the whole grid must be resident. The host
+// checks cudaOccupancyMaxActiveClusters ≥ 8 at setup (cuda_epoch_v7_residency) and the launch
+// also sets the cooperative attribute (NVIDIA's cuda.core LaunchConfig takes `cluster` and
+// `is_cooperative` together, https://nvidia.github.io/cuda-python/cuda-core/latest/generated/
+// cuda.core.LaunchConfig.html; the runtime's cudaLaunchAttributeValue documents both fields of
+// one launch), so an unschedulable grid fails at launch instead of deadlocking.
+//
+// Waits, all bounded by WAIT_BUDGET clocks as v4's (a timeout records kind | CTA << 4 | step << 12
+// in g_signal_error, read by cuda_epoch_signal_status):
+//   chain CTA q, step t: G_{t−1} from the 8 chain CTAs (v4's mbarrier + st.async, ring slot
+//     (t−1) % NB re-armed for step t−1+NB right after the wait: the sender of step t−1+NB needs
+//     my G_{t+NB−2}, sent after every read of that slot) and each worker cluster's counter for
+//     rows 16q … ≥ t + 1 (kind WAIT_V7_PARTIALS).
+//   worker CTA (k, r): G_a published by all 8 chain CTAs before the update with G_a (kind
+//     WAIT_V7_G). A failed wait is made uniform over the worker cluster before anyone reads
+//     another CTA's shared memory: each CTA's ok bit is read by all 8 after the step's cluster
+//     barrier, and all leave together after one more barrier.
+// Worker partials: double-buffered by step parity, one cluster barrier a step (a CTA rewrites its
+// buffer p at step t+2 only after barrier t+1, which every CTA passes after reading it at step t).
+#pragma once
+#include "epoch_v4.cuh"
+#include "epoch_v7_math.cuh"
+#include "gram_u8.cuh"
+
+namespace {
+
+enum V7Wait { WAIT_V7_PARTIALS = 3, WAIT_V7_G = 4 };
+
+struct V7Args {
+  Args a;
+  V7Epoch e;
+  V7Scratch s;
+};
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_release(int* p, int v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// Poll until *flag ≥ want, at most WAIT_BUDGET clocks (v4's bounded_wait for a global counter).
+__device__ __noinline__ bool poll_at_least(const int* flag, int want, int code) {
+  const long long t0 = clock64();
+  for (int n = 1;; ++n) {
+    if (ld_acquire(flag) >= want) return true;
+    if ((n & 63) == 0 && *static_cast<volatile int*>(&g_signal_error) != 0) return false;
+    if (clock64() - t0 > WAIT_BUDGET) {
+      atomicCAS(&g_signal_error, 0, code);
+      return false;
+    }
+  }
+}
+// After a __syncthreads that follows every thread's writes: publish `steps` (thread 0).
+__device__ __forceinline__ void publish(int* flag, int steps) {
+  if (threadIdx.x == 0) {
+    __threadfence();
+    st_release(flag, steps);
+  }
+}
+// A 4-byte word of cluster CTA `rank`'s shared memory at my address `addr` (DSMEM).
+__device__ __forceinline__ uint32_t ld_dsmem(uint32_t addr, int rank) {
+  uint32_t v = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(mapa(addr, rank)) : "memory");
+#endif
+  return v;
+}
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+
+// ---- 1. the Grams ----------------------------------------------------------------------------
+// Grid (BMAX / TILE_N, BMAX / TILE_M, steps · L): z = t · L + j − 1, Γ_{t,j} into its block.
+__global__ void __launch_bounds__(32 * gram::WARPS) v7_gram_kernel(V7Args v) {
+  if (blockIdx.x + blockIdx.y + blockIdx.z == 0 && threadIdx.x < 64) {
+    if (threadIdx.x < V7_CHAIN) v.s.gflag[threadIdx.x] = 0;
+    if (threadIdx.x < V7_WORKERS) v.s.pflag[threadIdx.x] = 0;
+  }
+  const int t = blockIdx.z / V7_LAG, j = blockIdx.z % V7_LAG + 1;
+  if (t - j < 0) return;  // before the epoch: no term
+  const int na = v.e.rows(t), nb = v.e.rows(t - j);
+  const int m0 = blockIdx.y * gram::TILE_M + (threadIdx.x >> 5) * 16;
+  const int n0 = blockIdx.x * gram::TILE_N;
+  if (m0 >= na || n0 >= nb) return;  // warp-uniform: mma.sync needs every lane
+  gram::DeviceWarp warp;
+  gram::warp_tile(warp, v.a.x, v.a.order + t * v.e.bs, na, v.a.order + (t - j) * v.e.bs, nb, m0,
+                  n0, v.s.gram + v7_gram_offset(t, j), BMAX);
+}
+
+// ---- 2. the chain (cluster 0, CTA q) ----------------------------------------------------------
+__device__ void v7_chain(int q, const V7Args& v, float* sm) {
+  using S = ChainSmem;
+  const V7Epoch& e = v.e;
+  const int tid = threadIdx.x, steps = e.steps;
+  float *ring = sm + S::RING, *bias = sm + S::BIAS, *red = sm + S::RED, *zs = sm + S::ZS,
+        *gl = sm + S::GL;
+  int* ys = reinterpret_cast<int*>(sm + S::YS);
+  const uint32_t ring_u = smem_addr(ring), bar_u = smem_addr(sm + S::BAR);
+  auto label = [&](int t, int i) {
+    const int row = q * V7_RPC + i;
+    return row < e.rows(t) ? v.a.y[v.a.order[t * e.bs + row]] : 0;
+  };
+  for (int i = tid; i < V7_NB * S::GSLOT; i += V7_T) ring[i] = 0.f;  // pads: finite
+  if (tid < C) bias[tid] = v.a.b[tid];
+  if (tid < V7_RPC) ys[tid] = label(0, tid);
+  if (tid == 0) {
+    for (int p = 0; p < V7_NB; ++p) mbar_init(bar_u + 8 * p, 1);
+    mbar_init_fence();
+    for (int t = 0; t < V7_NB && t < steps; ++t) mbar_arm(bar_u + 8 * t, v7_g_bytes(e, t));
+  }
+  __syncthreads();
+  cluster_barrier();  // every chain CTA's mbarriers armed before anyone sends
+
+  float loss = 0.f, correct = 0.f;
+  bool failed = false;
+  for (int t = 0; t < steps; ++t) {
+    float gam[V7_LAG][V7_U];
+    chain_load_gram(e, v.s.gram, t, q, tid, gam);  // no dependence on the waits below
+    bool ok = true;
+    if (t > 0)
+      ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
+                        WAIT_G | blockIdx.x << 4 | t << 12);
+    if (tid < V7_WCLUSTERS)  // (the test hook, fault 2: chain CTA 0 waits at step 2 for more)
+      ok = ok && poll_at_least(v.s.pflag + tid * V7_CLUSTER + q,
+                               v7_part_ready(t) + (t == 2 && q == 0 && g_signal_fault == 2),
+                               WAIT_V7_PARTIALS | blockIdx.x << 4 | t << 12);
+    if (__syncthreads_or(!ok)) {
+      failed = true;
+      break;
+    }
+    if (t > 0) {
+      if (tid == 0 && t - 1 + V7_NB < steps)  // slot (t−1) % NB read from here on: see the top
+        mbar_arm(bar_u + 8 * v7_slot(t - 1), v7_g_bytes(e, t - 1 + V7_NB));
+      chain_bias(e, ring, t - 1, tid, bias);
+    }
+    chain_gram_terms(e, gam, ring, t, tid, red);
+    __syncthreads();
+    // The partials through L2 (ld.global.cg: other SMs wrote them during this launch).
+    const float* part_t = v7_part_rows(v.s, t, 0);
+    chain_logits(
+        e, [&](int k, int i) { return __ldcg(part_t + size_t(k) * BMAX * V7_GROW + i); }, t, q,
+        tid, bias, red, zs);
+    __syncthreads();
+    chain_softmax(e, t, q, tid, zs, ys + (t & 1) * V7_RPC, gl, loss, correct);
+    if (tid >= 32 && tid < 32 + V7_RPC && t + 1 < steps)  // next step's labels, off the chain
+      ys[((t + 1) & 1) * V7_RPC + tid - 32] = label(t + 1, tid - 32);
+    __syncthreads();
+    chain_colsum(tid, gl);
+    __syncthreads();
+    // G_t: my valid rows and their column sum to every chain CTA's slot t % NB, the rows to
+    // global memory for the workers.
+    const int nt = e.rows(t), slot = v7_slot(t);
+    for (int it = tid; it < V7_CHAIN * (V7_RPC + 1) * 4; it += V7_T) {
+      const int w4 = it & 3, i = (it >> 2) % (V7_RPC + 1), d = (it >> 2) / (V7_RPC + 1);
+      const int row = q * V7_RPC + i;
+      if (i < V7_RPC && row >= nt) continue;
+      const float4 val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * w4);
+      const int off = i < V7_RPC ? row * V7_GROW : BMAX * V7_GROW + q * V7_GROW;
+      st_async4(mapa(ring_u + 4 * (slot * S::GSLOT + off + 4 * w4), d), val,
+                mapa(bar_u + 8 * slot, d));
+      if (d == 0 && i < V7_RPC)
+        *reinterpret_cast<float4*>(v.s.g + (size_t(t) * BMAX + row) * V7_GROW + 4 * w4) = val;
+    }
+    __syncthreads();
+    publish(v.s.gflag + q, t + 1);
+  }
+  if (!failed) {  // G_{steps−1}: the last bias update, and no st.async left in flight to me
+    const int t = steps;
+    const bool ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
+                                 WAIT_G | blockIdx.x << 4 | t << 12);
+    failed = __syncthreads_or(!ok);
+    if (!failed) chain_bias(e, ring, t - 1, tid, bias);
+  }
+  if (failed) return;
+  if (q == 0 && tid < C) v.a.b[tid] = bias[tid];
+  if (loss != 0.f || correct != 0.f) {
+    atomicAdd(v.a.stats, loss);
+    atomicAdd(v.a.stats + 1, correct);
+  }
+}
+
+// ---- 3. the workers (cluster 1 + k, CTA r) ----------------------------------------------------
+__device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
+  using S = WorkerSmem;
+  const V7Epoch& e = v.e;
+  const int tid = threadIdx.x, steps = e.steps, f0 = (k * V7_CLUSTER + r) * V7_FW;
+  float *xs = sm + S::XS, *w = sm + S::W, *gs = sm + S::GS, *ured = sm + S::URED,
+        *pbuf = sm + S::PBUF;
+  int* okb = reinterpret_cast<int*>(sm + S::OK);
+  for (int i = tid; i < 2 * BMAX * V7_GROW; i += V7_T) pbuf[i] = 0.f;
+  if (tid < V7_FW * C) w[(tid / C) * 16 + tid % C] = v.a.w[(tid % C) * K + f0 + tid / C];
+  __syncthreads();
+  cluster_barrier();  // every CTA of the cluster runs before anyone reads its shared memory
+
+  // The update with G_a, after all 8 chain CTAs published it. False: a wait failed.
+  auto update = [&](int a) {
+    bool ok = true;
+    if (tid < V7_CHAIN)
+      ok = poll_at_least(v.s.gflag + tid, v7_g_ready(a), WAIT_V7_G | blockIdx.x << 4 | a << 12);
+    if (__syncthreads_or(!ok)) return false;
+    for (int i = tid; i < e.rows(a) * V7_GROW / 4; i += V7_T)
+      reinterpret_cast<float4*>(gs)[i] =
+          __ldcg(reinterpret_cast<const float4*>(v.s.g + size_t(a) * BMAX * V7_GROW) + i);
+    __syncthreads();
+    worker_update_sums(e, a, xs, gs, tid, ured);
+    __syncthreads();
+    worker_update_apply(e, ured, tid, w);
+    __syncthreads();
+    return true;
+  };
+
+  int applied = 0;
+  bool failed = false;
+  for (int t = 0; t < steps; ++t) {
+    const int p = t & 1;
+    worker_load_x(e, v.a.x, v.a.order, t, f0, tid, V7_T, xs);
+    bool ok = true;
+    for (; ok && applied < v7_applied_before(t); ++applied) ok = update(applied);
+    __syncthreads();  // x_t in place
+    if (ok) worker_partial(e, t, xs, w, tid, pbuf + p * BMAX * V7_GROW);
+    if (tid == 0) okb[p] = ok;
+    cluster_barrier();
+    bool all = true;
+    for (int src = 0; src < V7_CLUSTER; ++src) all = all && ld_dsmem(smem_addr(okb + p), src);
+    if (!all) {  // uniform over the cluster: leave together, nobody reads a departed CTA
+      cluster_barrier();
+      return;
+    }
+    worker_reduce(
+        e, t, r, tid,
+        [&](int src, int i) {
+          return __uint_as_float(ld_dsmem(smem_addr(pbuf + p * BMAX * V7_GROW + i), src));
+        },
+        v7_part_rows(v.s, t, k));
+    __syncthreads();
+    publish(v.s.pflag + k * V7_CLUSTER + r, t + 1);
+  }
+  for (; !failed && applied < steps; ++applied) failed = !update(applied);
+  cluster_barrier();  // the last step's partial buffers read by every rank
+  if (failed) return;
+  if (tid < V7_FW * C) v.a.w[(tid % C) * K + f0 + tid / C] = w[(tid / C) * 16 + tid % C];
+}
+
+__global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel(V7Args v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) float sm[];
+  // A stale failure not yet read by the host: every CTA leaves (as v4).
+  if (*static_cast<volatile int*>(&g_signal_error) != 0) return;
+  const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
+  if (cluster == 0)
+    v7_chain(rank, v, sm);
+  else
+    v7_worker(cluster - 1, rank, v, sm);
+#endif
+}
+
+}  // namespace

@@ -1,0 +1,298 @@
+// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a (epoch_v7.cuh) on the
+// host for whole epochs, every role's per-step code (epoch_v7_math.cuh's per-thread bodies, run
+// for every thread of every CTA) in an order its flags allow:
+//   - the Gram kernel: every Γ_{t,j} (exact integer sums rounded once to float) at the kernel's
+//     offsets, and the step counters zeroed;
+//   - a chain CTA's step t runs once its ring slot holds G_{t−1} from all 8 chain CTAs and every
+//     worker cluster has published its rows of P_t; it sends G_t into every chain CTA's slot t % NB
+//     (checked: that slot must have been re-armed for step t, i.e. its owner has read G_{t−NB})
+//     and publishes its counter;
+//   - a worker cluster's step t runs once the G of every update it applies first is published
+//     (all 8 chain counters); its 8 CTAs compute, then reduce over each other's buffers;
+//   - the scheduler picks among the runnable units: policy 0 runs workers whenever it can (as far
+//     ahead as the flags let them: a flag read too early shows), policy ≥ 1 picks at random.
+// Global buffers start as `fill` (NaN: never written; 0: memory that happens to hold zeros) and
+// keep the previous epoch's values, as device memory would.
+// Planted bugs (the test shows each one fails the float64 check): 1 the workers' lag window one
+// step too short (an update applied that the chain's Gram terms also count), 2 the bias of step
+// s = max(t − L, 0) in Z_t (the bias correction left out), 3 a worker reading G_a when the chain
+// counters say a steps (not a + 1) are published (a stale G).
+#define FT_HOST_MATH
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "epoch_v7_math.cuh"
+
+#if !defined(__CUDA_ARCH__)  // host code only
+namespace {
+
+struct Chain {
+  std::vector<float> sm = std::vector<float>(ChainSmem::FLOATS, 0.f);
+  int next = 0;                            // the step it runs next (steps + 1: finished)
+  int armed[V7_NB] = {}, got[V7_NB] = {};  // a slot's step and how many senders it has heard
+  int phases[V7_NB] = {};  // phases its mbarrier has completed (one per step it served)
+  std::vector<std::vector<float>> bias_at;  // b_t after each step's bias update (bug 2)
+  std::vector<float> loss = std::vector<float>(V7_T, 0.f), correct = loss;
+};
+struct Worker {
+  std::vector<float> sm = std::vector<float>(WorkerSmem::FLOATS, 0.f);
+};
+
+struct Emulation {
+  V7Epoch e;
+  V7Scratch s;
+  const uint8_t* x;
+  const int *y, *order;
+  int bug;
+  Chain chain[V7_CHAIN];
+  Worker workers[V7_WCLUSTERS][V7_CLUSTER];
+  int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
+  bool violated = false;
+
+  int applied_before(int t) const {
+    const int s0 = v7_applied_before(t);
+    return bug == 1 && s0 < t ? s0 + 1 : s0;
+  }
+  bool g_published(int a) const {
+    const int want = bug == 3 ? v7_g_ready(a) - 1 : v7_g_ready(a);
+    for (int q = 0; q < V7_CHAIN; ++q)
+      if (s.gflag[q] < want) return false;
+    return true;
+  }
+
+  void grams() {
+    for (int i = 0; i < V7_CHAIN * (1 + V7_WCLUSTERS); ++i) s.gflag[i] = 0;  // both arrays
+    for (int t = 0; t < e.steps; ++t)
+      for (int j = 1; j <= V7_LAG && j <= t; ++j)
+        for (int a = 0; a < e.rows(t); ++a)
+          for (int b = 0; b < e.rows(t - j); ++b) {
+            const uint8_t* xa = x + size_t(order[t * e.bs + a]) * K;
+            const uint8_t* xb = x + size_t(order[(t - j) * e.bs + b]) * K;
+            int32_t sum = 0;
+            for (int k = 0; k < K; ++k) sum += int32_t(xa[k]) * int32_t(xb[k]);
+            s.gram[v7_gram_offset(t, j) + size_t(a) * BMAX + b] = static_cast<float>(sum);
+          }
+  }
+
+  void chain_setup(int q, const float* b) {
+    Chain& c = chain[q];
+    std::fill(c.sm.begin(), c.sm.end(), 0.f);
+    for (int i = 0; i < C; ++i) c.sm[ChainSmem::BIAS + i] = b[i];
+    c.next = 0;
+    for (int p = 0; p < V7_NB; ++p) {
+      c.armed[p] = p;
+      c.got[p] = 0;
+      c.phases[p] = 0;
+    }
+    c.bias_at.assign(e.steps + 1, std::vector<float>(C));
+  }
+  bool chain_runnable(int q) const {
+    const Chain& c = chain[q];
+    const int t = c.next;
+    if (t > e.steps) return false;
+    // The kernel's try_wait.parity(v7_parity(t − 1)) on slot v7_slot(t − 1): it passes once the
+    // phase of that parity has completed, i.e. while the current phase's parity differs.
+    if (t > 0 && (c.phases[v7_slot(t - 1)] & 1) == v7_parity(t - 1)) return false;
+    if (t == e.steps) return true;  // the last wait: G_{steps−1}
+    for (int k = 0; k < V7_WCLUSTERS; ++k)
+      if (s.pflag[k * V7_CLUSTER + q] < v7_part_ready(t)) return false;
+    return true;
+  }
+  void chain_step(int q) {
+    Chain& c = chain[q];
+    float* sm = c.sm.data();
+    float *ring = sm + ChainSmem::RING, *bias = sm + ChainSmem::BIAS, *red = sm + ChainSmem::RED,
+          *zs = sm + ChainSmem::ZS, *gl = sm + ChainSmem::GL;
+    const int t = c.next++;
+    if (t > 0) {  // the wait on slot (t−1) % NB, then its re-arm and the bias update
+      const int p = v7_slot(t - 1);
+      if (c.got[p] != V7_CHAIN || c.armed[p] != t - 1) violated = true;  // passed too early
+      c.got[p] = 0;
+      c.armed[p] = t - 1 + V7_NB;
+      for (int tid = 0; tid < V7_T; ++tid) chain_bias(e, ring, t - 1, tid, bias);
+    }
+    for (int i = 0; i < C; ++i) c.bias_at[t][i] = bias[i];
+    if (t == e.steps) return;
+    std::vector<float> gam(size_t(V7_T) * V7_LAG * V7_U);
+    for (int tid = 0; tid < V7_T; ++tid) {
+      float(&g)[V7_LAG][V7_U] = *reinterpret_cast<float(*)[V7_LAG][V7_U]>(&gam[tid * V7_LAG * V7_U]);
+      chain_load_gram(e, s.gram, t, q, tid, g);
+      chain_gram_terms(e, g, ring, t, tid, red);
+    }
+    const float* used_bias = bug == 2 ? c.bias_at[v7_applied_before(t)].data() : bias;
+    const float* part_t = v7_part_rows(s, t, 0);
+    for (int tid = 0; tid < V7_T; ++tid)
+      chain_logits(
+          e, [&](int k, int i) { return part_t[size_t(k) * BMAX * V7_GROW + i]; }, t, q, tid,
+          used_bias, red, zs);
+    int labels[V7_RPC] = {};
+    for (int i = 0; i < V7_RPC; ++i) {
+      const int row = q * V7_RPC + i;
+      if (row < e.rows(t)) labels[i] = y[order[t * e.bs + row]];
+    }
+    for (int tid = 0; tid < V7_T; ++tid)
+      chain_softmax(e, t, q, tid, zs, labels, gl, c.loss[tid], c.correct[tid]);
+    for (int tid = 0; tid < V7_T; ++tid) chain_colsum(tid, gl);
+    const int slot = v7_slot(t);
+    for (int d = 0; d < V7_CHAIN; ++d) {  // the st.asyncs into d's slot
+      Chain& dst = chain[d];
+      if (dst.armed[slot] != t) violated = true;  // d has not read G_{t−NB} yet
+      float* ds = dst.sm.data() + ChainSmem::RING + slot * ChainSmem::GSLOT;
+      for (int i = 0; i < V7_RPC; ++i) {
+        const int row = q * V7_RPC + i;
+        if (row < e.rows(t)) std::memcpy(ds + row * V7_GROW, gl + i * 16, 64);
+      }
+      std::memcpy(ds + BMAX * V7_GROW + q * V7_GROW, gl + V7_RPC * 16, 64);
+      if (++dst.got[slot] == V7_CHAIN) ++dst.phases[slot];  // armed, all bytes in: complete
+    }
+    for (int i = 0; i < V7_RPC; ++i) {
+      const int row = q * V7_RPC + i;
+      if (row < e.rows(t)) std::memcpy(s.g + (size_t(t) * BMAX + row) * V7_GROW, gl + i * 16, 64);
+    }
+    s.gflag[q] = t + 1;
+  }
+
+  void worker_setup(int k, const float* w) {
+    for (int r = 0; r < V7_CLUSTER; ++r) {
+      std::vector<float>& sm = workers[k][r].sm;
+      std::fill(sm.begin(), sm.end(), 0.f);
+      const int f0 = (k * V7_CLUSTER + r) * V7_FW;
+      for (int f = 0; f < V7_FW; ++f)
+        for (int c = 0; c < C; ++c) sm[WorkerSmem::W + f * 16 + c] = w[c * K + f0 + f];
+    }
+    wnext[k] = wapplied[k] = 0;
+  }
+  bool worker_runnable(int k) const {
+    const int t = wnext[k];
+    if (t > e.steps) return false;
+    const int upto = t == e.steps ? e.steps : applied_before(t);
+    for (int a = wapplied[k]; a < upto; ++a)
+      if (!g_published(a)) return false;
+    return true;
+  }
+  void update(int k, int a) {
+    for (int r = 0; r < V7_CLUSTER; ++r) {
+      float* sm = workers[k][r].sm.data();
+      std::memcpy(sm + WorkerSmem::GS, s.g + size_t(a) * BMAX * V7_GROW,
+                  4 * e.rows(a) * V7_GROW);
+      for (int tid = 0; tid < V7_T; ++tid)
+        worker_update_sums(e, a, sm + WorkerSmem::XS, sm + WorkerSmem::GS, tid,
+                           sm + WorkerSmem::URED);
+      for (int tid = 0; tid < V7_T; ++tid)
+        worker_update_apply(e, sm + WorkerSmem::URED, tid, sm + WorkerSmem::W);
+    }
+  }
+  void worker_step(int k, float* w_out) {
+    const int t = wnext[k]++;
+    if (t == e.steps) {  // the updates left, then the write-back
+      for (; wapplied[k] < e.steps; ++wapplied[k]) update(k, wapplied[k]);
+      for (int r = 0; r < V7_CLUSTER; ++r) {
+        const int f0 = (k * V7_CLUSTER + r) * V7_FW;
+        for (int f = 0; f < V7_FW; ++f)
+          for (int c = 0; c < C; ++c)
+            w_out[c * K + f0 + f] = workers[k][r].sm[WorkerSmem::W + f * 16 + c];
+      }
+      return;
+    }
+    const int p = t & 1;
+    for (int r = 0; r < V7_CLUSTER; ++r)
+      for (int tid = 0; tid < V7_T; ++tid)
+        worker_load_x(e, x, order, t, (k * V7_CLUSTER + r) * V7_FW, tid, V7_T,
+                      workers[k][r].sm.data() + WorkerSmem::XS);
+    for (; wapplied[k] < applied_before(t); ++wapplied[k]) update(k, wapplied[k]);
+    for (int r = 0; r < V7_CLUSTER; ++r) {
+      float* sm = workers[k][r].sm.data();
+      for (int tid = 0; tid < V7_T; ++tid)
+        worker_partial(e, t, sm + WorkerSmem::XS, sm + WorkerSmem::W, tid,
+                       sm + WorkerSmem::PBUF + p * BMAX * V7_GROW);
+    }
+    for (int r = 0; r < V7_CLUSTER; ++r) {  // after the cluster barrier
+      for (int tid = 0; tid < V7_T; ++tid)
+        worker_reduce(
+            e, t, r, tid,
+            [&](int src, int i) {
+              return workers[k][src].sm[WorkerSmem::PBUF + p * BMAX * V7_GROW + i];
+            },
+            v7_part_rows(s, t, k));
+      s.pflag[k * V7_CLUSTER + r] = t + 1;
+    }
+  }
+
+  // One epoch: 0, -2 (no unit can run: a deadlock) or -3 (a ring slot overwritten too early).
+  int epoch(float* w, float* b, double* stats, int policy) {
+    grams();
+    for (int q = 0; q < V7_CHAIN; ++q) chain_setup(q, b);
+    std::vector<float> w_in(w, w + C * K);
+    for (int k = 0; k < V7_WCLUSTERS; ++k) worker_setup(k, w_in.data());
+    std::mt19937 rng(policy);
+    for (;;) {
+      std::vector<int> run;  // 0..6 worker clusters, 7.. chain CTAs
+      for (int k = 0; k < V7_WCLUSTERS; ++k)
+        if (worker_runnable(k)) run.push_back(k);
+      if (policy != 0 || run.empty())
+        for (int q = 0; q < V7_CHAIN; ++q)
+          if (chain_runnable(q)) run.push_back(V7_WCLUSTERS + q);
+      if (run.empty()) break;
+      const int u = run[policy == 0 ? 0 : rng() % run.size()];
+      if (u < V7_WCLUSTERS)
+        worker_step(u, w);
+      else
+        chain_step(u - V7_WCLUSTERS);
+      if (violated) return -3;
+    }
+    for (int k = 0; k < V7_WCLUSTERS; ++k)
+      if (wnext[k] <= e.steps) return -2;
+    for (int q = 0; q < V7_CHAIN; ++q) {
+      if (chain[q].next <= e.steps) return -2;
+      for (int tid = 0; tid < V7_T; ++tid) {
+        stats[0] += chain[q].loss[tid];
+        stats[1] += chain[q].correct[tid];
+        chain[q].loss[tid] = chain[q].correct[tid] = 0.f;
+      }
+    }
+    for (int i = 0; i < C; ++i) b[i] = chain[0].sm[ChainSmem::BIAS + i];
+    return 0;
+  }
+};
+
+}  // namespace
+
+// `epochs` epochs of v7a on (w [10][784], b [10]) in place, orders [epochs][n]; stats [2] += (loss
+// sum, correct count); the global buffers start as `fill`. Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring overwrite).
+extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
+                         int bs, float lr, float* w, float* b, double* stats, int policy,
+                         int bug, float fill) {
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 3) return -1;
+  const int steps = (n + bs - 1) / bs;
+  std::vector<float> scratch((v7_scratch_bytes(steps) + 3) / 4, fill);
+  auto* em = new Emulation{};
+  em->e = V7Epoch{n, bs, steps, lr};
+  em->s = v7_scratch(scratch.data(), steps);
+  em->x = x;
+  em->y = y;
+  em->bug = bug;
+  int code = 0;
+  for (int ep = 0; ep < epochs && code == 0; ++ep) {
+    em->order = orders + size_t(ep) * n;
+    code = em->epoch(w, b, stats, policy);
+  }
+  delete em;
+  return code;
+}
+
+// The shape the header promises, for the test: L, chain CTAs × rows, worker CTAs × features, CTAs,
+// and the scratch bytes of a 469-step epoch.
+extern "C" long long v7_shape(int what) {
+  switch (what) {
+    case 0: return V7_LAG;
+    case 1: return V7_CHAIN * V7_RPC;
+    case 2: return V7_WORKERS * V7_FW;
+    case 3: return V7_CTAS;
+    case 4: return static_cast<long long>(v7_scratch_bytes(469));
+    case 5: return 4LL * V7_SMEM_FLOATS;
+  }
+  return -1;
+}
+#endif

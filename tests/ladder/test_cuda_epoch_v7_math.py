@@ -1,0 +1,148 @@
+"""cuda-epoch v7a on the CPU: its per-thread code (`csrc/epoch_v7_math.cuh`) compiled by nvcc for
+the host and run as the kernel's roles run it (`tests/ladder/csrc/epoch_v7_math_host.cu`: every
+thread of the 8 chain CTAs and the 56 worker CTAs, the Grams at the Gram kernel's offsets, each
+unit of work started only when the step counters and ring slots it waits on allow, in a greedy
+and in random orders) for whole epochs, against float64 plain SGD at `check.FP32_ATOL` — the
+lagged step's bugs move the weights by less than the row's 1e-3 cross-check (test_lagged_gram.py).
+What it cannot check (the mbarriers, st.async, DSMEM reads, the acquire/release counters, the
+Gram kernel's tiles on the tensor cores) the GPU tests of test_cuda_epoch.py do."""
+
+import ctypes
+import dataclasses
+
+import numpy as np
+import pytest
+
+from fasttrain.ladder.check import FP32_ATOL
+from fasttrain.ladder.common import LadderConfig, make_ladder_data
+from tests.conftest import real_data_dir, requires_mnist, tiny_images
+from tests.ladder.host_harness import compile_harness
+from tests.ladder.test_cuda_epoch_v6_math import ptr, reference
+from tests.ladder.test_lagged_gram import random_uint8
+
+HARNESS = "tests/ladder/csrc/epoch_v7_math_host.cu"
+K = 784
+GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
+BUGS = {1: "the workers' lag window one step short (an update counted twice)",
+        2: "the bias correction left out (Z_t with b_s)",
+        3: "a stale G: read when the counters say a, not a + 1, steps are published"}
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    lib = compile_harness(HARNESS, tmp_path_factory.mktemp("v7"))
+    p, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.v7_epochs.argtypes = [i32, p, p, p, i32, i32, ctypes.c_float, p, p, p, i32, i32,
+                              ctypes.c_float]
+    lib.v7_shape.argtypes = [i32]
+    lib.v7_shape.restype = ctypes.c_longlong
+    return lib
+
+
+def v7_run(lib, data, cfg, epochs, policy=GREEDY, bug=0, fill=np.nan):
+    w = data.w0.astype(np.float32).copy()
+    b = data.b0.astype(np.float32).copy()
+    stats = np.zeros(2)
+    x = np.ascontiguousarray(data.train_x.reshape(data.n_train, K), dtype=np.uint8)
+    y = data.train_y.astype(np.int32)
+    orders = np.ascontiguousarray(data.orders[:epochs], dtype=np.int32)
+    code = lib.v7_epochs(epochs, ptr(x), ptr(y), ptr(orders), data.n_train, cfg.batch_size,
+                         cfg.lr, ptr(w), ptr(b), ptr(stats), policy, bug, fill)
+    assert code == 0, {-2: "deadlock", -3: "a ring slot overwritten before it was read"}[code]
+    return w, b, stats
+
+
+def err(got, want):
+    return max(float(np.abs(got[0] - want[0]).max()), float(np.abs(got[1] - want[1]).max()))
+
+
+def mnist_slice(n=30 * 128 + 96):  # 31 steps, the last one the 96-row batch
+    from fasttrain.data import load_dataset
+
+    mnist = load_dataset("mnist", real_data_dir())
+    return dataclasses.replace(mnist, train_x=mnist.train_x[:n], train_y=mnist.train_y[:n])
+
+
+def test_the_shape_is_the_designs(lib):
+    # L = 4; 8 chain CTAs x 16 rows; 56 worker CTAs x 14 features; 64 CTAs; for MNIST's epoch
+    # (469 steps) the step counters (256 bytes), the Grams (469 x 4 x 128 x 128 fp32: 123 MB), G
+    # (469 x 128 rows of 16 floats: 3.8 MB) and the 7 worker clusters' partials (27 MB).
+    assert [lib.v7_shape(i) for i in range(4)] == [4, 128, 784, 64]
+    assert lib.v7_shape(4) == 256 + 4 * 469 * (4 * 128 * 128 + 128 * 16 + 7 * 128 * 16)
+    assert lib.v7_shape(5) <= 227 * 1024
+
+
+@pytest.mark.parametrize("policy", [GREEDY, 1, 2])
+def test_epochs_of_random_uint8_equal_float64(lib, policy):
+    # 10 full batches and the 96-row last one (chain CTAs 6 and 7 own none of it), 2 epochs of
+    # different order: the lag restarts each epoch and the buffers keep the last epoch's values.
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(10 * 128 + 96), cfg)
+    w, b, stats = v7_run(lib, data, cfg, 2, policy)
+    w_ref, b_ref, loss, correct = reference(data, cfg, 2)
+    assert not np.allclose(w_ref, data.w0, atol=1e-3)
+    assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
+    assert stats[0] == pytest.approx(loss, rel=1e-5)
+    assert abs(stats[1] - correct) <= 2  # a near-tie may round either way
+
+
+@pytest.mark.parametrize(("n", "batch"), [(224, 128), (150, 64), (150, 16)])
+def test_short_epochs_and_small_batches_equal_float64(lib, n, batch):
+    # 2 steps (fewer than L: every update at the end), 64-row batches (chain CTAs 4-7 idle),
+    # 10 steps of 16 rows (one chain CTA busy, the lag window full).
+    cfg = LadderConfig(epochs=2, batch_size=batch)
+    data = make_ladder_data(tiny_images(n_train=n), cfg)
+    w, b, _ = v7_run(lib, data, cfg, 2, policy=3)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
+
+
+@requires_mnist
+@pytest.mark.slow
+def test_a_slice_of_mnist_equals_float64(lib):
+    cfg = LadderConfig(epochs=1)
+    data = make_ladder_data(mnist_slice(), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 1)
+    for policy in (GREEDY, 1):
+        w, b, _ = v7_run(lib, data, cfg, 1, policy)
+        assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, policy
+
+
+@requires_mnist
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", BUGS)
+def test_planted_bugs_fail_on_mnist(lib, bug):
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(mnist_slice(), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, _ = v7_run(lib, data, cfg, 2, GREEDY, bug)
+    assert not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS[bug]  # NaN fails too
+
+
+@pytest.mark.parametrize("fill", [np.nan, 0.0], ids=["nan", "zeros"])
+@pytest.mark.parametrize("bug", BUGS)
+def test_planted_bugs_fail_on_random_uint8(lib, bug, fill):
+    # With zeros in memory no step has written, a stale G is finite: it still shows.
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(10 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, _ = v7_run(lib, data, cfg, 2, GREEDY, bug, fill)
+    assert not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS[bug]
+
+
+@pytest.mark.parametrize("fill", [np.nan, 0.0], ids=["nan", "zeros"])
+def test_what_no_step_has_written_is_never_read(lib, fill):
+    # The correct protocol gives the same weights whatever the memory held before.
+    cfg = LadderConfig(epochs=1)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 1)
+    w, b, _ = v7_run(lib, data, cfg, 1, GREEDY, 0, fill)
+    assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
+
+
+def test_the_harness_rejects_bad_arguments(lib):
+    one = np.zeros(1, np.int32)
+    assert lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, 129, 0.1, ptr(one), ptr(one),
+                         ptr(np.zeros(2)), 0, 0, 0.0) == -1
+    assert lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, 1, 0.1, ptr(one), ptr(one),
+                         ptr(np.zeros(2)), 0, 4, 0.0) == -1
