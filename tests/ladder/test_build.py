@@ -28,7 +28,7 @@ def test_the_ladders_sources_are_there():
 
 
 @requires_nvcc
-def test_every_source_compiles_for_hopper(tmp_path):
+def test_every_source_compiles_for_hopper(nvcc_cache):
     sources = {p.name: libs_of(p.name) for p in build.CSRC.glob("*.cu")}
     missing = {src: build.toolchain_reason(libs) for src, libs in sources.items()}
     # A skipped compile test is no compile test: the test extra installs the cuBLAS/cuDNN headers.
@@ -36,7 +36,7 @@ def test_every_source_compiles_for_hopper(tmp_path):
     # In parallel: nvcc is single-threaded and the cuBLAS/cuDNN sources take ~15 s each.
     with ThreadPoolExecutor(len(sources)) as pool:
         sos = list(pool.map(lambda kv: build.compile(kv[0], libs=kv[1], arch="sm_90a",
-                                                     out_dir=tmp_path), sources.items()))
+                                                     out_dir=nvcc_cache), sources.items()))
     for so in sos:
         assert so.is_file() and so.stat().st_size > 0
 

@@ -24,11 +24,12 @@ requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a
 
 
 @requires_nvcc
-def test_compiles_for_hopper_and_for_gpus_without_clusters(tmp_path):
+def test_compiles_for_hopper_and_for_gpus_without_clusters(nvcc_cache):
     # sm_80 builds the cooperative-grid fallback, with the cluster code compiled out.
     with ThreadPoolExecutor(2) as pool:  # nvcc is single-threaded
         sos = list(pool.map(lambda arch: build.compile("cuda_epoch.cu", arch=arch,
-                                                       out_dir=tmp_path), ["sm_90a", "sm_80"]))
+                                                       out_dir=nvcc_cache),
+                              ["sm_90a", "sm_80"]))
     for so in sos:
         symbols = so.read_bytes()
         for name in (b"cuda_epoch_train", b"cuda_epoch_variant", b"cuda_epoch_bench_cluster_sync",
@@ -39,11 +40,11 @@ def test_compiles_for_hopper_and_for_gpus_without_clusters(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def cpu_loaded_library(tmp_path_factory):
+def cpu_loaded_library(nvcc_cache):
     """The Hopper build loaded here: its host functions run without a GPU."""
     from fasttrain.ladder import cuda_epoch
 
-    so = build.compile("cuda_epoch.cu", arch="sm_90a", out_dir=tmp_path_factory.mktemp("so"))
+    so = build.compile("cuda_epoch.cu", arch="sm_90a", out_dir=nvcc_cache)
     try:
         lib = ctypes.CDLL(str(so))
     except OSError as e:  # no CUDA runtime library to load it with
