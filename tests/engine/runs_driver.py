@@ -48,18 +48,17 @@ def run(commands: list[list[str]], record: Path | None = None) -> int:
 
 def recorded(argv: list[str], out: Path) -> int:
     """main(argv), its output captured (and still printed) and written with its exit code."""
-    if "torch._dynamo" in sys.modules:  # an earlier command compiled: this one starts afresh
+    if "torch._dynamo" in sys.modules:  # what earlier commands compiled is forgotten
         import torch._dynamo
         from torch._dynamo.utils import counters
 
         torch._dynamo.reset()
         counters.clear()
     stdout, stderr = io.StringIO(), io.StringIO()
-    code = None
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             code = main(argv)
-    finally:  # the launch's own log shows it too, a traceback included
+    finally:  # the launch's log has it too (and then the traceback, if main raised)
         sys.stdout.write(stdout.getvalue())
         sys.stderr.write(stderr.getvalue())
     seen = {}
