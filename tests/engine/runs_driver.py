@@ -1,5 +1,6 @@
 """Runs several `fasttrain train` commands one after the other in the processes of one torchrun
-launch, for tests/engine/test_distributed.py:
+launch, for tests/engine/test_distributed.py (and, with --record, tests/engine/launch.py's
+shared launches):
 
     torchrun --standalone --nproc-per-node 2 -m tests.engine.runs_driver \\
         '["train", "--parallel", "ddp", ...]' '["train", "--parallel", "fsdp", ...]'
@@ -10,28 +11,69 @@ only a group it created), so a run is built, trained, checkpointed and written a
 alone, from its seed. What is shared is only the processes: a torchrun launch costs the start-up
 and torch import of each of them, seconds on a busy 2-core machine (CI runs close to its 20
 minutes). The exit code is the first non-zero command's, after which nothing more runs.
+
+With `--record DIR` (first), each command's outcome is written to DIR/<i>/rank<r>.json: its
+exit code, what it printed, and what torch.compile did (dynamo's counters: frames and graphs
+captured, graph breaks, AOTAutograd graphs). Each command then compiles afresh, as in a launch
+of its own (torch._dynamo.reset), and one that stops with a UserError (exit 2) does not stop
+the ones after it: that error is raised on every rank at the same point (engine/agree.py), so
+the ranks go on in step. Any other failure still ends the launch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
 from fasttrain.cli import main
+from fasttrain.errors import UserError
 
 
-def run(commands: list[list[str]]) -> int:
+def run(commands: list[list[str]], record: Path | None = None) -> int:
     dist.init_process_group("gloo")
-    for argv in commands:
-        code = main(argv)
-        if code:
+    for i, argv in enumerate(commands):
+        code = main(argv) if record is None else recorded(argv, record / str(i))
+        if code and not (record is not None and code == UserError.exit_code):
             return code  # the peers fail alike (the same command), or time out in a collective
     dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
+def recorded(argv: list[str], out: Path) -> int:
+    """main(argv), its output captured (and still printed) and written with its exit code."""
+    if "torch._dynamo" in sys.modules:  # what earlier commands compiled is forgotten
+        import torch._dynamo
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()
+        counters.clear()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = main(argv)
+    finally:  # the launch's log has it too (and then the traceback, if main raised)
+        sys.stdout.write(stdout.getvalue())
+        sys.stderr.write(stderr.getvalue())
+    seen = {}
+    if "torch._dynamo" in sys.modules:
+        from torch._dynamo.utils import counters
+
+        seen = {group: dict(values) for group, values in counters.items()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps({
+        "code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(), "dynamo": seen}))
+    return code
+
+
 if __name__ == "__main__":
-    raise SystemExit(run([json.loads(a) for a in sys.argv[1:]]))
+    args, record = sys.argv[1:], None
+    if args[:1] == ["--record"]:
+        args, record = args[2:], Path(args[1])
+    raise SystemExit(run([json.loads(a) for a in args], record))

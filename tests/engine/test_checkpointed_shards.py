@@ -19,7 +19,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from fasttrain.models import apply_activation_checkpointing, build_model
-from tests.engine.test_tensor_parallel import assert_same_run, train
+from tests.engine.launch import Launch
+from tests.engine.test_tensor_parallel import ARGS, assert_same_run
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # as distributed.sharded_state
 
@@ -63,22 +64,35 @@ def test_a_dcp_checkpoint_loads_with_checkpointing_switched(tmp_path, saved_with
             torch.testing.assert_close(b[k], a[k], rtol=0, atol=0, msg=k)
 
 
+SWITCHED = {  # name: (processes, layout, checkpointing saved with, resumed with)
+    "fsdp2-on-off": (2, ["--parallel", "fsdp"], ["--activation-checkpointing"], []),
+    "tp2-off-on": (2, ["--tp", "2"], [], ["--activation-checkpointing"]),
+    "fsdp2xtp2-on-off": (4, ["--parallel", "fsdp", "--tp", "2"], ["--activation-checkpointing"],
+                         []),
+}
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory) -> dict[int, Launch]:
+    """{processes: its launch (launch.py)}: each layout's first 2 steps, then the 2 after them
+    resumed from its checkpoint, one after the other."""
+    root = tmp_path_factory.mktemp("switched")
+    launches = {procs: Launch(root / str(procs), procs, ARGS) for procs in (2, 4)}
+    for name, (procs, layout, first, then) in SWITCHED.items():
+        every = ["--checkpoint-every", "2", *layout]
+        launches[procs].add(f"{name}-first", "--max-steps", "2", *every, *first, out=name)
+        launches[procs].add(f"{name}-then", "--max-steps", "4", "--resume", "auto", *every,
+                            *then, out=name)
+    return launches
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("procs, layout, first, then", [
-    # fsdp: saved with checkpointing on, resumed with it off
-    (2, ["--parallel", "fsdp"], ["--activation-checkpointing"], []),
-    # tp=2: saved with it off, resumed with it on
-    (2, ["--tp", "2"], [], ["--activation-checkpointing"]),
-    # fsdp × tp 2×2: on, then off
-    (4, ["--parallel", "fsdp", "--tp", "2"], ["--activation-checkpointing"], []),
-])
-def test_resume_switching_checkpointing_equals_uninterrupted(tmp_path, one, procs, layout,
-                                                             first, then):
-    run = tmp_path / "run"
-    every = ["--checkpoint-every", "2", *layout]
-    a = train(run, "--max-steps", "2", *every, *first, procs=procs)
-    assert a.returncode == 0, a.stdout + a.stderr
-    assert (run / "checkpoints" / "step-00000002").is_dir()  # sharded: a DCP folder
-    b = train(run, "--max-steps", "4", "--resume", "auto", *every, *then, procs=procs)
-    assert b.returncode == 0 and "step-00000002" in b.stdout, b.stdout + b.stderr
+@pytest.mark.parametrize("name", SWITCHED)
+def test_resume_switching_checkpointing_equals_uninterrupted(launches, one, name):
+    launch = launches[SWITCHED[name][0]]
+    launch(f"{name}-first").ok()
+    resumed = launch(f"{name}-then").ok()
+    run = launch.root / name
+    assert (run / "checkpoints" / "step-00000002").is_dir()  # sharded: a DCP folder (kept: 3)
+    assert "step-00000002" in resumed.stdouts[0], resumed.log
     assert_same_run(one(4), run)  # one process, 4 steps (conftest.one: shared)

@@ -23,7 +23,14 @@ import torch
 
 from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
-from tests.engine.test_tensor_parallel import assert_same_run, records, train
+from tests.engine.launch import Launch
+from tests.engine.test_tensor_parallel import (
+    ARGS,
+    assert_refused_alike,
+    assert_same_run,
+    records,
+    train,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "engine" / "pipeline_driver.py"
@@ -39,40 +46,71 @@ LAYOUTS = {  # name: (processes, flags)
 }
 
 
+BAD = {  # the line every rank prints: the flags of a layout refused on 4 processes
+    "--tp 2 × --pp 4 = 8 does not divide the 4 processes": ["--pp", "4", "--tp", "2"],
+    "--tp 2: gpt's 3 attention heads do not split over 2 ranks":
+        ["--pp", "2", "--tp", "2", "--model", "tests.engine.layoutmodels:three_heads"],
+    "gpt has 1 blocks and cannot be cut into 2 pipeline stages":
+        ["--pp", "2", "--parallel", "fsdp", "--model", "tests.engine.layoutmodels:one_block"],
+    "Regressor names no split points":
+        ["--pp", "2", "--tp", "2", "--model", "tests.engine.usermodel:make", "--data",
+         "tests.engine.usermodel:data", "--loss", "mse"],
+}
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory) -> Launch:
+    """This module's 4-process commands in one launch (launch.py): the layouts over 20 steps
+    (pp2-tp2's 1-step case added nothing to them but 21 s of CI's budget), the first half of
+    the resumed run, then the refusals."""
+    launch = Launch(tmp_path_factory.mktemp("four"), 4, ARGS)
+    for name, (procs, flags) in LAYOUTS.items():
+        if procs == 4:
+            launch.add(name, "--max-steps", "20", *flags)
+    launch.add("pp2-tp2-checkpointed", "--max-steps", "2", "--checkpoint-every", "2",
+               "--activation-checkpointing", *LAYOUTS["pp2-tp2"][1])
+    for says, flags in BAD.items():
+        launch.add(says, *flags, "--max-steps", "1")
+    return launch
+
+
 @pytest.mark.slow
-# pp2-tp2 over 20 steps checks every logged loss and the final weights: its 1-step case added
-# nothing but 21 s of CI's budget. The 8-process layout stays at 1 step for the same reason.
+# The 8-process layout trains 1 step, in a launch of its own.
 @pytest.mark.parametrize("name, steps", [("pp2-tp2", 20), ("pp2-fsdp2", 20), ("pp2-ddp2", 20),
                                          ("pp2-dp2-tp2", 1)])
-def test_a_pipeline_over_tp_and_dp_trains_as_one_process(tmp_path, one, name, steps):
+def test_a_pipeline_over_tp_and_dp_trains_as_one_process(tmp_path, one, four, name, steps):
     """Losses (logged from the last stage), gradient clipping (the norm over stages, tp and
     dp shards, the tied embedding once), the tied embedding split by FSDP on two stages, and
     the final weights gathered from every shard: one process's, within 1e-5."""
     procs, flags = LAYOUTS[name]
-    proc = train(tmp_path / name, "--max-steps", str(steps), *flags, procs=procs)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if procs == four.procs:
+        four(name).ok()
+        out = four.root / name
+    else:
+        out = tmp_path / name
+        proc = train(out, "--max-steps", str(steps), *flags, procs=procs)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
     reference = one(steps)
     if steps == 20:  # the weights moved: the loss fell (3.462 -> 3.432 here)
         first, *_, last = (r["loss"] for r in records(reference) if r["kind"] == "train")
         assert last < first - 0.02
-    assert_same_run(reference, tmp_path / name)
+    assert_same_run(reference, out)
     evals = [[r["test_loss"] for r in records(d) if r["kind"] == "eval"]
-             for d in (reference, tmp_path / name)]
+             for d in (reference, out)]
     assert evals[1] == pytest.approx(evals[0], rel=1e-5, abs=1e-6)
 
 
 @pytest.mark.slow
-def test_a_pp_tp_checkpoint_resumes_in_one_process_as_an_uninterrupted_run(tmp_path, one):
+def test_a_pp_tp_checkpoint_resumes_in_one_process_as_an_uninterrupted_run(one, four):
     """DCP reshards on load: the pp × tp shards (each stage's blocks split in rows, the two
     copies of the tied embedding under one name) are read into one process's whole tensors,
     which continues as the process that was never split. Saved with activation checkpointing
     on (its wrappers invisible in the checkpoint's names), resumed with it off."""
-    first = train(tmp_path / "run", "--max-steps", "2", "--checkpoint-every", "2",
-                  "--activation-checkpointing", *LAYOUTS["pp2-tp2"][1], procs=4)
-    assert first.returncode == 0, first.stdout + first.stderr
-    second = train(tmp_path / "run", "--max-steps", "4", "--resume", "auto")
+    four("pp2-tp2-checkpointed").ok()
+    run = four.root / "pp2-tp2-checkpointed"
+    second = train(run, "--max-steps", "4", "--resume", "auto")
     assert second.returncode == 0 and "step-00000002" in second.stdout, second.stdout
-    assert_same_run(one(4), tmp_path / "run")
+    assert_same_run(one(4), run)
 
 
 @pytest.mark.slow
@@ -107,22 +145,13 @@ def test_pp_tp_ranks_hold_a_quarter_of_each_block_and_their_stages_embeddings(tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("procs, extra, says", [
-    (4, ["--pp", "4", "--tp", "2"], "--tp 2 × --pp 4 = 8 does not divide the 4 processes"),
-    (4, ["--pp", "2", "--tp", "2", "--model", "tests.engine.layoutmodels:three_heads"],
-     "--tp 2: gpt's 3 attention heads do not split over 2 ranks"),
-    (4, ["--pp", "2", "--parallel", "fsdp", "--model", "tests.engine.layoutmodels:one_block"],
-     "gpt has 1 blocks and cannot be cut into 2 pipeline stages"),
-    (4, ["--pp", "2", "--tp", "2", "--model", "tests.engine.usermodel:make", "--data",
-         "tests.engine.usermodel:data", "--loss", "mse"], "Regressor names no split points"),
-])
-def test_a_bad_pipeline_layout_is_the_same_line_on_every_rank(tmp_path, procs, extra, says):
-    proc = train(tmp_path / "out", *extra, "--max-steps", "1", procs=procs)
-    log = proc.stdout + proc.stderr
-    errors = [line for line in log.splitlines() if line.startswith("error: ")]
-    assert proc.returncode != 0 and len(errors) == procs and len(set(errors)) == 1, log
-    assert says in errors[0], log
-    assert "exitcode  : 2" in log or "exitcode: 2" in log, log
+@pytest.mark.parametrize("says", BAD)
+def test_a_bad_pipeline_layout_is_the_same_line_on_every_rank(four, says):
+    """In the module's 4-process launch: every rank's main() returned 2, which `python -m
+    fasttrain` exits with (test_tensor_parallel checks that through torchrun)."""
+    refused = four(says)
+    assert refused.codes == [2] * 4, refused.log
+    assert_refused_alike(refused.errors, 4, says, refused.log)
 
 
 def test_tied_copies_split_differently_are_refused_not_untied():

@@ -21,6 +21,7 @@ import torch
 
 from fasttrain.engine.mesh import Layout, layout
 from fasttrain.errors import UserError
+from tests.engine.launch import Launch
 
 ARGS = ["--model", "gpt", "--data", "synthetic-text", "--block-size", "32", "--batch-size", "8",
         "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--grad-clip", "1.0",
@@ -92,33 +93,10 @@ def test_tp_needs_torchrun_and_refuses_zero1(monkeypatch):
                     device="cpu").validate()
 
 
-@pytest.mark.slow
-# 20 steps: every logged loss and the final weights (a 1-step case, run apart before, added
-# nothing that these do not check, for 12 s of CI's 20-minute budget).
-@pytest.mark.parametrize("steps", [20])
-def test_tp2_trains_exactly_as_one_process(tmp_path, one, steps):
-    tp = train(tmp_path / "tp", "--max-steps", str(steps), "--tp", "2", procs=2)
-    assert tp.returncode == 0, tp.stdout + tp.stderr
-    assert_same_run(one(steps), tmp_path / "tp")
-    # Each rank holds half of every split matrix; embeddings and LayerNorms stay whole.
-    first = [r for r in records(tmp_path / "tp") if r["kind"] == "train"][0]
-    full = [r for r in records(one(steps)) if r["kind"] == "train"][0]
-    held = first["param_bytes"] + first["optimizer_bytes"]
-    whole = full["param_bytes"] + full["optimizer_bytes"]
-    assert 0.5 * whole < held < 0.55 * whole, (held, whole)
+TP_STEPS = 20  # every logged loss and the final weights (a 1-step case, run apart before,
+# added nothing that these do not check, for 12 s of CI's 20-minute budget)
 
-
-@pytest.mark.slow
-@pytest.mark.parametrize("steps", [20])  # as above
-def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path, one, steps):
-    two_d = train(tmp_path / "2d", "--max-steps", str(steps), "--tp", "2", "--parallel", "fsdp",
-                  procs=4)
-    assert two_d.returncode == 0, two_d.stdout + two_d.stderr
-    assert_same_run(one(steps), tmp_path / "2d")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("procs, extra, says", [
+BAD = [  # (processes, flags, the line every rank prints)
     (2, ["--tp", "4"], "--tp 4 × --pp 1 = 4 does not divide the 2 processes"),
     (3, ["--tp", "3"], "gpt's 4 attention heads do not split over 3 ranks"),
     (2, ["--tp", "2", "--block-size", "31"],
@@ -126,26 +104,79 @@ def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path, one, steps):
     (2, ["--tp", "2", "--model", "tests.engine.usermodel:make", "--data",
          "tests.engine.usermodel:data", "--loss", "mse", "--optimizer", "adamw"],
      "Regressor has no tensor-parallel plan"),
-])
-def test_a_bad_layout_is_the_same_line_on_every_rank(tmp_path, procs, extra, says):
+]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory) -> Launch:
+    """This module's 2-process commands in one launch (launch.py): the runs, then the refusals."""
+    launch = Launch(tmp_path_factory.mktemp("two"), 2, ARGS)
+    launch.add("tp2", "--max-steps", str(TP_STEPS), "--tp", "2")
+    launch.add("tp2-first", "--max-steps", "2", "--tp", "2", out="run")
+    launch.add("fsdp2-second", "--max-steps", "4", "--parallel", "fsdp", "--resume", "auto",
+               out="run")
+    for procs, extra, says in BAD:
+        if procs == 2:
+            launch.add(says, *extra, "--max-steps", "1")
+    return launch
+
+
+def assert_refused_alike(errors: list[str], procs: int, says: str, log: str) -> None:
+    """Every rank printed the one same `error: ` line, and it says `says`."""
+    assert len(errors) == procs and len(set(errors)) == 1, log
+    assert says in errors[0], log
+
+
+@pytest.mark.slow
+def test_tp2_trains_exactly_as_one_process(two, one):
+    two("tp2").ok()
+    assert_same_run(one(TP_STEPS), two.root / "tp2")
+    # Each rank holds half of every split matrix; embeddings and LayerNorms stay whole.
+    first = [r for r in records(two.root / "tp2") if r["kind"] == "train"][0]
+    full = [r for r in records(one(TP_STEPS)) if r["kind"] == "train"][0]
+    held = first["param_bytes"] + first["optimizer_bytes"]
+    whole = full["param_bytes"] + full["optimizer_bytes"]
+    assert 0.5 * whole < held < 0.55 * whole, (held, whole)
+
+
+@pytest.mark.slow
+def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path, one):
+    two_d = train(tmp_path / "2d", "--max-steps", str(TP_STEPS), "--tp", "2", "--parallel",
+                  "fsdp", procs=4)
+    assert two_d.returncode == 0, two_d.stdout + two_d.stderr
+    assert_same_run(one(TP_STEPS), tmp_path / "2d")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("says", [says for procs, _, says in BAD if procs == 2])
+def test_a_bad_layout_is_the_same_line_on_every_rank(two, says):
+    """In the module's 2-process launch: every rank's main() returned 2 (`python -m fasttrain`
+    exits with it; the 3-process case below checks that through torchrun)."""
+    refused = two(says)
+    assert refused.codes == [2, 2], refused.log
+    assert_refused_alike(refused.errors, 2, says, refused.log)
+
+
+@pytest.mark.slow
+def test_a_bad_layout_on_three_processes_exits_2_on_every_rank(tmp_path):
+    ((procs, extra, says),) = [case for case in BAD if case[0] == 3]
     proc = train(tmp_path / "out", *extra, "--max-steps", "1", procs=procs)
     log = proc.stdout + proc.stderr
     errors = [line for line in log.splitlines() if line.startswith("error: ")]
-    assert proc.returncode != 0 and len(errors) == procs and len(set(errors)) == 1, log
-    assert says in errors[0], log
+    assert proc.returncode != 0, log
+    assert_refused_alike(errors, procs, says, log)
     assert "exitcode  : 2" in log or "exitcode: 2" in log, log
 
 
 @pytest.mark.slow
-def test_tp2_then_fsdp2_then_one_process_continue_as_an_uninterrupted_run(tmp_path, one):
+def test_tp2_then_fsdp2_then_one_process_continue_as_an_uninterrupted_run(two, one):
     """DCP reshards on load: the tp=2 shards (rows of each split matrix) are read into FSDP's
     shards (dim-0 halves of every parameter), those into one process's whole tensors, and
-    training continues as one process would."""
-    first = train(tmp_path / "run", "--max-steps", "2", "--tp", "2", procs=2)
-    assert first.returncode == 0, first.stdout + first.stderr
-    second = train(tmp_path / "run", "--max-steps", "4", "--parallel", "fsdp", "--resume",
-                   "auto", procs=2)
-    assert second.returncode == 0 and "step-00000002" in second.stdout, second.stdout
-    third = train(tmp_path / "run", "--max-steps", "6", "--resume", "auto")
+    training continues as one process would. The first two runs are in the module's 2-process
+    launch, one after the other."""
+    two("tp2-first").ok()
+    second = two("fsdp2-second").ok()
+    assert "step-00000002" in second.stdouts[0], second.log
+    third = train(two.root / "run", "--max-steps", "6", "--resume", "auto")
     assert third.returncode == 0 and "step-00000004" in third.stdout, third.stdout
-    assert_same_run(one(6), tmp_path / "run")
+    assert_same_run(one(6), two.root / "run")

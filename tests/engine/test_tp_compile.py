@@ -11,59 +11,55 @@ weights within 1.2e-7 absolute (magnitude ~0.1). The test allows 1e-6 relative o
 losses and 1e-6 absolute on the weights: ten times what rounding gives, far below what a
 wrong gradient or a skipped collective would do (the losses move by ~1e-2 per step).
 
-Runtime (2 busy CPU cores): about 15 s for the eager run, 25-30 s for each compiled 2-process
-run, 50 s for the 4-process one.
+The eager run and the compiled runs of each process count share one torchrun launch
+(launch.py), each compiling afresh (runs_driver.py resets dynamo before every command): the
+2-process runs in one, the 4-process one in another. Each compiled run took 25-30 s on 2 busy
+CPU cores (the 4-process one 50 s) when each was a launch of its own.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.engine.test_tensor_parallel import ARGS, losses, torchrun, weights
+from tests.engine.launch import Launch
+from tests.engine.test_tensor_parallel import ARGS, losses, weights
 
-DRIVER = Path(__file__).with_name("compile_driver.py")
 STEPS = ["--max-steps", "4"]
-
-
-def train(out: Path, *extra: str, procs: int = 2, compiled: bool = False):
-    launcher = [*torchrun(procs), str(DRIVER), str(out / "dynamo")] if compiled else \
-        [*torchrun(procs), "-m", "fasttrain"]
-    return subprocess.run([*launcher, "train", *ARGS, *STEPS, "--out", str(out), *extra,
-                           *(["--compile"] if compiled else [])],
-                          capture_output=True, text=True, timeout=600)
+COMPILED = {  # name: (processes, flags)
+    "tp2": (2, ["--tp", "2"]),
+    "tp2-checkpointed": (2, ["--tp", "2", "--activation-checkpointing"]),
+    "fsdp2xtp2": (4, ["--tp", "2", "--parallel", "fsdp"]),
+}
 
 
 @pytest.fixture(scope="module")
-def eager(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("eager")
-    proc = train(out, "--tp", "2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+def launches(tmp_path_factory) -> dict[int, Launch]:
+    """{processes: its launch}: eager --tp 2 first, then each compiled run."""
+    root = tmp_path_factory.mktemp("compile")
+    launches = {procs: Launch(root / str(procs), procs, [*ARGS, *STEPS]) for procs in (2, 4)}
+    launches[2].add("eager", "--tp", "2")
+    for name, (procs, flags) in COMPILED.items():
+        launches[procs].add(name, *flags, "--compile")
+    return launches
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra, procs", [
-    (["--tp", "2"], 2),
-    (["--tp", "2", "--activation-checkpointing"], 2),
-    (["--tp", "2", "--parallel", "fsdp"], 4),
-], ids=["tp2", "tp2-checkpointed", "fsdp2xtp2"])
-def test_compiled_tp_tracks_eager_tp(tmp_path, eager, extra, procs):
-    proc = train(tmp_path, *extra, procs=procs, compiled=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    a, b = losses(eager), losses(tmp_path)
+@pytest.mark.parametrize("name", COMPILED)
+def test_compiled_tp_tracks_eager_tp(launches, name):
+    procs = COMPILED[name][0]
+    compiled = launches[procs](name).ok()
+    launches[2]("eager").ok()
+    eager, out = launches[2].root / "eager", launches[procs].root / name
+    a, b = losses(eager), losses(out)
     assert len(a) == len(b) == 4, (a, b)
     assert max(abs(x - y) / abs(x) for x, y in zip(a, b, strict=True)) < 1e-6, (a, b)
-    wa, wb = weights(eager), weights(tmp_path)
+    wa, wb = weights(eager), weights(out)
     assert wa.keys() == wb.keys()  # compiling in place keeps the names
     for k in wa:
         torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=1e-6, msg=k)
     # It compiled, on every rank: graphs for forward and backward, none broken.
-    for rank in range(procs):
-        seen = json.loads((tmp_path / "dynamo" / f"dynamo-rank{rank}.json").read_text())
+    assert len(compiled.dynamo) == procs
+    for seen in compiled.dynamo:
         assert seen["stats"]["unique_graphs"] >= 1 and seen["aot_autograd"]["ok"] >= 1, seen
         assert not seen.get("graph_break"), seen["graph_break"]

@@ -15,6 +15,7 @@ import pytest
 from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
 from tests.engine import userblocks
+from tests.engine.launch import Launch
 from tests.engine.test_tensor_parallel import assert_same_run, records, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,28 +54,47 @@ def test_a_split_that_keeps_the_models_names_holds_them_once():
     assert held[0] | held[1] == set(model.state_dict()) and not held[0] & held[1]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name, procs, flags", [("tp2", 2, ["--tp", "2"]),
-                                                ("pp2", 2, ["--pp", "2"]),
-                                                ("pp2-tp2", 4, ["--pp", "2", "--tp", "2"])])
-def test_a_users_model_trains_under_tp_and_pp_as_one_process(tmp_path, one, name, procs,
-                                                             flags):
-    many = train(tmp_path / name, "--max-steps", "6", *flags, procs=procs)
-    assert many.returncode == 0, many.stdout + many.stderr
-    assert_same_run(one, tmp_path / name)
+LAYOUTS = {"tp2": (2, ["--tp", "2"]), "pp2": (2, ["--pp", "2"]),  # name: (processes, flags)
+           "pp2-tp2": (4, ["--pp", "2", "--tp", "2"])}
+UNEVEN = ("error: --tp 2: blocks.0.up (nn.Linear, out_features 63) does not split evenly "
+          "over 2 ranks")
+DATA_1025 = ["--data", "tests.engine.userblocks:data_1025", "--max-steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory) -> dict[int, Launch]:
+    """{processes: its launch (launch.py)}: this module's runs under torchrun, the refusal
+    last."""
+    root = tmp_path_factory.mktemp("user-layouts")
+    launches = {procs: Launch(root / str(procs), procs, ARGS) for procs in (2, 4)}
+    for name, (procs, flags) in LAYOUTS.items():
+        launches[procs].add(name, "--max-steps", "6", *flags)
+    launches[2].add("pp2-first", "--max-steps", "3", "--checkpoint-every", "3", "--pp", "2",
+                    out="run")
+    launches[2].add("tp2-resumed", "--max-steps", "6", "--resume", "auto", "--tp", "2",
+                    out="run")
+    launches[2].add("uneven", "--max-steps", "1", "--tp", "2", "--model",
+                    "tests.engine.userblocks:uneven")
+    launches[4].add("pp2-fsdp2-1025", *DATA_1025, "--pp", "2", "--parallel", "fsdp")
+    return launches
 
 
 @pytest.mark.slow
-def test_a_users_pp_checkpoint_resumes_under_tp(tmp_path, one):
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_a_users_model_trains_under_tp_and_pp_as_one_process(launches, one, name):
+    launch = launches[LAYOUTS[name][0]]
+    launch(name).ok()
+    assert_same_run(one, launch.root / name)
+
+
+@pytest.mark.slow
+def test_a_users_pp_checkpoint_resumes_under_tp(launches, one):
     """DCP reshards: the pipeline's stage shards, under the model's names, are read by a --tp 2
     layout that continues as the uninterrupted one-process run."""
-    first = train(tmp_path / "run", "--max-steps", "3", "--checkpoint-every", "3", "--pp", "2",
-                  procs=2)
-    assert first.returncode == 0, first.stdout + first.stderr
-    second = train(tmp_path / "run", "--max-steps", "6", "--resume", "auto", "--tp", "2",
-                   procs=2)
-    assert second.returncode == 0 and "step-00000003" in second.stdout, second.stdout
-    assert_same_run(one, tmp_path / "run")
+    launches[2]("pp2-first").ok()
+    second = launches[2]("tp2-resumed").ok()
+    assert "step-00000003" in second.stdouts[0], second.log
+    assert_same_run(one, launches[2].root / "run")
 
 
 def test_a_tp_plan_key_that_names_no_module_is_one_line():
@@ -118,14 +138,10 @@ def test_build_tp_plan_splits_a_users_model_or_refuses_a_wrong_name(tmp_path, do
 
 
 @pytest.mark.slow
-def test_a_linear_that_does_not_split_evenly_is_one_line_on_every_rank(tmp_path):
+def test_a_linear_that_does_not_split_evenly_is_one_line_on_every_rank(launches):
     """Not a failure inside DTensor's sharding propagation at the first forward."""
-    proc = train(tmp_path / "run", "--max-steps", "1", "--tp", "2", "--model",
-                 "tests.engine.userblocks:uneven", procs=2)
-    says = ("error: --tp 2: blocks.0.up (nn.Linear, out_features 63) does not split evenly "
-            "over 2 ranks")
-    assert proc.stderr.count(says) == 2 and "Sharding propagation" not in proc.stderr, (
-        proc.stderr)
+    stderr = "".join(launches[2]("uneven").stderrs)
+    assert stderr.count(UNEVEN) == 2 and "Sharding propagation" not in stderr, stderr
 
 
 def test_a_split_that_leaves_a_block_over_is_one_line():
@@ -137,14 +153,12 @@ def test_a_split_that_leaves_a_block_over_is_one_line():
 
 
 @pytest.mark.slow
-def test_pipelines_over_fsdp_evaluate_shares_of_unequal_batch_shapes(tmp_path):
+def test_pipelines_over_fsdp_evaluate_shares_of_unequal_batch_shapes(tmp_path, launches):
     """A new batch shape makes a stage infer shapes with a forward, which FSDP all-gathers
     over dp: a rank that met one shape more than its peer hung in evaluation. Now the same
     evaluation as one process."""
-    data = ["--data", "tests.engine.userblocks:data_1025", "--max-steps", "2"]
-    one = train(tmp_path / "one", *data)
-    many = train(tmp_path / "pp2-fsdp2", *data, "--pp", "2", "--parallel", "fsdp", procs=4)
-    assert many.returncode == 0, many.stdout + many.stderr
+    one = train(tmp_path / "one", *DATA_1025)
+    launches[4]("pp2-fsdp2-1025").ok()
     evals = [[r["test_loss"] for r in records(d) if r["kind"] == "eval"]
-             for d in (tmp_path / "one", tmp_path / "pp2-fsdp2")]
+             for d in (tmp_path / "one", launches[4].root / "pp2-fsdp2-1025")]
     assert one.returncode == 0 and evals[1] == pytest.approx(evals[0], rel=1e-5)

@@ -2,20 +2,12 @@
 on a source or header change and not otherwise, and a missing toolchain is a reason, not a
 traceback."""
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from fasttrain.ladder import build
+from tests.ladder.conftest import libs_of
 
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
-
-
-def libs_of(source):
-    """The libraries a csrc/ source needs, from the headers it (or a local header) includes."""
-    path = build.CSRC / source
-    text = "".join(f.read_text() for f in (path, *build._local_headers(path)))
-    return tuple(name for name, (header, _) in build.LIBS.items() if f"<{header}>" in text)
 
 
 def test_the_ladders_sources_are_there():
@@ -23,21 +15,11 @@ def test_the_ladders_sources_are_there():
     assert sources["rungs_kernels.cu"] == ()
     assert sources["rungs_cublas.cu"] == ("cublasLt",)
     assert sources["rungs_cudnn.cu"] == ("cublasLt", "cudnn")
-    # cuda-epoch v7's hand-off probes: compiled for Hopper below with the rest, no library.
-    assert sources["sync_probes.cu"] == ()
 
 
-@requires_nvcc
-def test_every_source_compiles_for_hopper(nvcc_cache):
-    sources = {p.name: libs_of(p.name) for p in build.CSRC.glob("*.cu")}
-    missing = {src: build.toolchain_reason(libs) for src, libs in sources.items()}
-    # A skipped compile test is no compile test: the test extra installs the cuBLAS/cuDNN headers.
-    assert not any(missing.values()), missing
-    # In parallel: nvcc is single-threaded and the cuBLAS/cuDNN sources take ~15 s each.
-    with ThreadPoolExecutor(len(sources)) as pool:
-        sos = list(pool.map(lambda kv: build.compile(kv[0], libs=kv[1], arch="sm_90a",
-                                                     out_dir=nvcc_cache), sources.items()))
-    for so in sos:
+def test_every_source_compiles_for_hopper(hopper_builds):
+    assert hopper_builds.keys() == {p.name for p in build.CSRC.glob("*.cu")}
+    for so in hopper_builds.values():
         assert so.is_file() and so.stat().st_size > 0
 
 

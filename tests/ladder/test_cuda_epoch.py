@@ -7,7 +7,6 @@ test_cuda_epoch_v5_math.py, test_cuda_epoch_v6_math.py, test_cuda_epoch_v7_math.
 itself also runs in test_ladder.py's generic checks."""
 
 import ctypes
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,12 +23,10 @@ requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a
 
 
 @requires_nvcc
-def test_compiles_for_hopper_and_for_gpus_without_clusters(nvcc_cache):
+def test_compiles_for_hopper_and_for_gpus_without_clusters(hopper_builds, tmp_path):
     # sm_80 builds the cooperative-grid fallback, with the cluster code compiled out.
-    with ThreadPoolExecutor(2) as pool:  # nvcc is single-threaded
-        sos = list(pool.map(lambda arch: build.compile("cuda_epoch.cu", arch=arch,
-                                                       out_dir=nvcc_cache),
-                              ["sm_90a", "sm_80"]))
+    sos = [hopper_builds["cuda_epoch.cu"], build.compile("cuda_epoch.cu", arch="sm_80",
+                                                         out_dir=tmp_path)]
     for so in sos:
         symbols = so.read_bytes()
         for name in (b"cuda_epoch_train", b"cuda_epoch_variant", b"cuda_epoch_bench_cluster_sync",
@@ -40,11 +37,11 @@ def test_compiles_for_hopper_and_for_gpus_without_clusters(nvcc_cache):
 
 
 @pytest.fixture(scope="module")
-def cpu_loaded_library(nvcc_cache):
+def cpu_loaded_library(hopper_builds):
     """The Hopper build loaded here: its host functions run without a GPU."""
     from fasttrain.ladder import cuda_epoch
 
-    so = build.compile("cuda_epoch.cu", arch="sm_90a", out_dir=nvcc_cache)
+    so = hopper_builds["cuda_epoch.cu"]
     try:
         lib = ctypes.CDLL(str(so))
     except OSError as e:  # no CUDA runtime library to load it with
