@@ -15,6 +15,8 @@ def test_the_ladders_sources_are_there():
     assert sources["rungs_kernels.cu"] == ()
     assert sources["rungs_cublas.cu"] == ("cublasLt",)
     assert sources["rungs_cudnn.cu"] == ("cublasLt", "cudnn")
+    # cuda-epoch v7's hand-off probes: compiled for Hopper with the rest, no library.
+    assert sources["sync_probes.cu"] == ()
 
 
 def test_every_source_compiles_for_hopper(hopper_builds):
