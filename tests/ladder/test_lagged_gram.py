@@ -53,7 +53,7 @@ def test_float64_equals_plain_sgd_over_epochs_of_random_uint8(lag):
 
 
 @requires_mnist
-@pytest.mark.parametrize("lag", LAGS)
+@pytest.mark.parametrize("lag", [1, 4])  # v7's lag and the shortest; random data takes the others
 def test_float64_equals_plain_sgd_on_a_slice_of_mnist(lag):
     from fasttrain.data import load_dataset
 
