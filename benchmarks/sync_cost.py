@@ -181,7 +181,7 @@ def profile_phases(k) -> dict:
             roles = k.phase_profile(0)
         except RuntimeError as e:
             print(f"    its phase profile: {e}")
-            return {f"{k.variant}: phases": str(e)}
+            return {k.variant: str(e)}
     for role, profile in roles.items():
         print(f"    its {role + ' ' if role else ''}phases (µs a step, mean over CTAs / the "
               f"slowest; the profiling build's step {profile['step_us']:.2f} µs): " + ", ".join(
