@@ -16,10 +16,11 @@ costs, measured, and how the `cuda-epoch` variants compare.
   version 2's on the same cluster/CTAs (v7: v2 on 14 CTAs; max |Δw|: v2 is the kernel the float64
   check passed), to pick the variant the row uses. The signalled versions' (4-7) bounded waits are
   checked once after their timed epochs (a timeout is printed, not a hang);
-- v4's, v5's and v6's phases (v7 has no phase-profiling build: its chain's step is not v4's
-  loop, so PhaseClock's phases do not fit it): one epoch by their phase-profiling build
+- v4's, v5's, v6's and v7's phases: one epoch by their phase-profiling build
   (`EpochKernel.phase_profile`), the µs a step each CTA's thread 0 spends in each phase (mean
-  over CTAs and the slowest CTA), to show what the next version must shorten;
+  over CTAs and the slowest CTA), to show what the next version must shorten; v7 per role (its
+  chain's and its workers' phases, `cuda_epoch.V7_PHASES`), recorded as "<variant>: chain" and
+  "<variant>: workers";
 - the hand-off and co-residency probes that set cuda-epoch v7's lag (`ladder/sync_probes.py`):
   ns per one-way release/acquire hand-off between two SMs through L2, bare and with a 1 or 5 KiB
   payload, a flag broadcast to 56 CTAs, and whether v7's 16 clusters of 8 can be resident
@@ -101,7 +102,6 @@ def main(argv=None) -> int:
     from fasttrain.data import load_dataset
     from fasttrain.ladder import LadderConfig, make_ladder_data
     from fasttrain.ladder.cuda_epoch import (
-        PHASES,
         PROFILED,
         EpochKernel,
         fallback_ctas,
@@ -158,11 +158,7 @@ def main(argv=None) -> int:
               f"{ms:.3f} ms/epoch = {ms * 1e3 / STEPS:.2f} µs/step; max |w - w(v2)| {delta:.2g}"
               + same)
         if version in PROFILED:
-            phases[k.variant] = profile = k.phase_profile(0)
-            print(f"    its phases (µs a step, mean over CTAs / the slowest; the profiling "
-                  f"build's step {profile['step_us']:.2f} µs): " + ", ".join(
-                      f"{name} {profile['mean_us'][name]:.2f}/{profile['max_us'][name]:.2f}"
-                      for name in PHASES))
+            phases.update(profile_phases(k))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"schema": "fasttrain.sync_cost/1", "env": env,
@@ -173,6 +169,25 @@ def main(argv=None) -> int:
                        "cuda_epoch_phases_us": phases, "handoff_probes": probes}, f, indent=2)
         print(f"wrote {args.json}")
     return 0
+
+
+def profile_phases(k) -> dict:
+    """One epoch of `k` by its phase-profiling build, printed: {label: profile}, v7 a label a role.
+    A v7 profile that fails (it has not yet run on a GPU) is one line and its label's reason."""
+    if k.version != 7:
+        roles = {"": k.phase_profile(0)}
+    else:
+        try:
+            roles = k.phase_profile(0)
+        except RuntimeError as e:
+            print(f"    its phase profile: {e}")
+            return {k.variant: str(e)}
+    for role, profile in roles.items():
+        print(f"    its {role + ' ' if role else ''}phases (µs a step, mean over CTAs / the "
+              f"slowest; the profiling build's step {profile['step_us']:.2f} µs): " + ", ".join(
+                  f"{name} {profile['mean_us'][name]:.2f}/{profile['max_us'][name]:.2f}"
+                  for name in profile["mean_us"]))
+    return {f"{k.variant}: {role}" if role else k.variant: p for role, p in roles.items()}
 
 
 def handoff_probes() -> dict:

@@ -179,7 +179,8 @@ def _sync_cost_figures(path: Path) -> list[str]:
     phases = result.get("cuda_epoch_phases_us", result.get("cuda_epoch_v4_phases_us", {}))
     for k, profile in phases.items():  # the key before v5 was added: cuda_epoch_v4_phases_us
         lines.append(f"  {k} phases, µs a step (mean over CTAs): " + ", ".join(
-            f"{name} {us:.2f}" for name, us in profile["mean_us"].items()))
+            f"{name} {us:.2f}" for name, us in profile["mean_us"].items())
+            if isinstance(profile, dict) else f"  {k} phases: {profile}")  # a profile that failed
     if result.get("handoff_probes"):
         lines += _handoff_probe_figures(result["handoff_probes"])
     return lines

@@ -204,6 +204,33 @@ def test_the_sync_cost_figures_read_a_real_result_a_failed_variant_and_the_phase
     assert "v5, cluster of 14 CTAs phases, µs a step (mean over CTAs): partials 0.35" in lines
 
 
+def test_the_sync_cost_figures_show_v7s_phases_per_role_and_a_profile_that_failed(tmp_path):
+    """v7's profile is recorded a role a key (benchmarks/sync_cost.py's profile_phases), or as
+    its error where the profiling build failed on the GPU."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check_figures
+
+    from fasttrain.ladder.cuda_epoch import V7_PHASES
+
+    v7 = "v7, a chain cluster of 8 CTAs and 7 worker clusters (64 CTAs)"
+    result = {"cuda_epoch_phases_us": {
+        f"{v7}: {role}": {"step_us": 1.4, "mean_us": dict.fromkeys(names, 0.2),
+                          "max_us": dict.fromkeys(names, 0.3)}
+        for role, names in V7_PHASES.items()}}
+    path = tmp_path / "sync-cost.json"
+    path.write_text(json.dumps(result))
+    lines = gpu_check_figures.FIGURES["sync-cost"](path)
+    assert lines == [
+        f"  {v7}: chain phases, µs a step (mean over CTAs): wait G 0.20, wait partials 0.20, "
+        "Gram terms 0.20, logits 0.20, softmax 0.20, send G 0.20, publish 0.20",
+        f"  {v7}: workers phases, µs a step (mean over CTAs): load x 0.20, wait G 0.20, update "
+        "0.20, partials 0.20, cluster barrier 0.20, reduce 0.20, publish 0.20"]
+    path.write_text(json.dumps({"cuda_epoch_phases_us": {
+        v7: "cuda_epoch_train (v7 ...): CTA 9 waited too long"}}))
+    assert gpu_check_figures.FIGURES["sync-cost"](path) == [
+        f"  {v7} phases: cuda_epoch_train (v7 ...): CTA 9 waited too long"]
+
+
 def _probes(ns=(700.4, 810.0, 1190.6), counters=(20_002, 20_002), payload_errors=0):
     """A synthetic handoff_probes section, as ladder/sync_probes.measure records it."""
     def pingpong(size, median):

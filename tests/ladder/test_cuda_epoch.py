@@ -32,7 +32,8 @@ def test_compiles_for_hopper_and_for_gpus_without_clusters(hopper_builds, tmp_pa
         for name in (b"cuda_epoch_train", b"cuda_epoch_variant", b"cuda_epoch_bench_cluster_sync",
                      b"cuda_epoch_bench_grid_sync", b"epoch_grid_kernel",
                      b"cuda_epoch_phase_profile", b"cuda_epoch_v7_scratch_bytes",
-                     b"cuda_epoch_v7_residency", b"v7_epoch_kernel", b"v7_gram_kernel"):
+                     b"cuda_epoch_v7_residency", b"v7_epoch_kernel", b"v7_gram_kernel",
+                     b"cuda_epoch_v7_phase_profile", b"cuda_epoch_v7_phase_shape"):
             assert name in symbols, (so.name, name)
 
 
@@ -71,10 +72,11 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     # 2.50), v3 on a grid.
     assert {(v, c) for v, c, _ in every if v >= 4} == {(4, True), (5, True), (6, True), (7, True)}
     assert ce.VERSION == 6 and ce.SIGNALLED == ce.CLUSTER_ONLY == (4, 5, 6, 7)
-    assert ce.PROFILED == (4, 5, 6) and ce.LAUNCHES == {7: 2}  # v7a: the Grams, then the epoch
+    assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7a: the Grams, then the epoch
     assert ce.default_version(True) == 6 and ce.default_version(False) == ce.GRID_VERSION == 3
     for header in ("epoch_v4.cuh", "epoch_v5.cuh", "epoch_v5_math.cuh", "epoch_v6.cuh",
-                   "epoch_v6_math.cuh", "epoch_v7.cuh", "epoch_v7_math.cuh", "gram_u8.cuh"):
+                   "epoch_v6_math.cuh", "epoch_v7.cuh", "epoch_v7_math.cuh", "epoch_v7_phases.cuh",
+                   "epoch_v7_launch.cuh", "gram_u8.cuh"):
         assert f"csrc/{header}" in ce.CudaEpoch.sources
 
 

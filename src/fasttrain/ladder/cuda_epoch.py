@@ -56,7 +56,7 @@ FALLBACK = 2
 VERSIONS = (2, 3, 4, 5, 6, 7)  # csrc/cuda_epoch.cu's changelog
 CLUSTER_ONLY = (4, 5, 6, 7)  # versions with no cooperative-grid kernel (signals in clusters)
 SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_signal_status
-PROFILED = (4, 5, 6)  # versions with a phase-profiling build (v7's roles have no common step)
+PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
 V7_CTAS = 8  # v7's `ctas`: its chain cluster (the launch holds 64: 7 worker clusters more)
 LAUNCHES = {7: 2}  # launches an epoch where not 1: v7a's Gram kernel, then its epoch kernel
@@ -75,6 +75,15 @@ PHASES = ("partials", "widen", "wait partials", "softmax, send g", "wait g", "up
 """A v4, v5 or v6 step's phases, in order (epoch_v4.cuh's Phase): the partial logits and their
 sends; the next batch's widening; the wait for my rows' partials; their softmax and the g sends; the
 wait for every row's g; the weight gradient and update."""
+V7_PHASES = {
+    "chain": ("wait G", "wait partials", "Gram terms", "logits", "softmax", "send G", "publish"),
+    "workers": ("load x", "wait G", "update", "partials", "cluster barrier", "reduce", "publish"),
+}
+"""v7's phases a role, in the order a step runs them (csrc/epoch_v7_phases.cuh): the chain CTA waits
+for G_{t-1} (its Γ loads issued first) and for the worker clusters' counters, adds the bias and the
+Gram terms, reads the partials into Z_t, takes the softmax, sends G_t and releases its counter; a
+worker CTA gathers x_t, waits for the chain's counters and applies the lagged updates, computes its
+partial logits, passes the cluster barrier, reduces its rows over DSMEM and releases its counter."""
 
 
 def load_library() -> ctypes.CDLL:
@@ -105,6 +114,12 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_phase_profile.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, i32,
                                              i32, ptr, ptr, ptr]
     lib.cuda_epoch_phase_profile.restype = i32
+    lib.cuda_epoch_v7_phase_shape.argtypes = [ctypes.POINTER(i32)] * 4
+    lib.cuda_epoch_v7_phase_shape.restype = None
+    # x, y, order, n, bs, lr, w, b, stats, scratch, clocks out, span out, stream
+    lib.cuda_epoch_v7_phase_profile.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr,
+                                                ptr, ptr, ptr]
+    lib.cuda_epoch_v7_phase_profile.restype = i32
     for name in ("cuda_epoch_bench_cluster_sync", "cuda_epoch_bench_grid_sync"):
         getattr(lib, name).argtypes = [i32, i32, ptr, ptr]
         getattr(lib, name).restype = i32
@@ -237,10 +252,13 @@ class EpochKernel:
         """v4, v5 or v6 on a cluster: one epoch in `orders[epoch]` order by the phase-profiling
         build of the kernel, from copies of this kernel's weights (they stay as they are), and the
         µs a step spent in each of PHASES: the mean over CTAs and the largest. Clocks become time
-        by CTA 0's loop, timed both ways. Syncs."""
+        by CTA 0's loop, timed both ways. v7: the same for each role, {role: that dict} with
+        V7_PHASES's names (`v7_phase_profile`). Syncs."""
         if self.version not in PROFILED or not self.cluster:
             raise ValueError(
-                f"the phase profile is of v4, v5 or v6 on a cluster, not {self.variant}")
+                f"the phase profile is of v4 to v7 on a cluster, not {self.variant}")
+        if self.version == 7:
+            return self.v7_phase_profile(epoch)
         w, b, stats = self.w.clone(), self.b.clone(), torch.zeros_like(self.stats)
         p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
         clocks = (ctypes.c_ulonglong * (self.ctas * len(PHASES)))()
@@ -257,6 +275,27 @@ class EpochKernel:
                 "mean_us": dict(zip(PHASES, us.mean(0).tolist(), strict=True)),
                 "max_us": dict(zip(PHASES, us.max(0).values.tolist(), strict=True))}
 
+    def v7_phase_profile(self, epoch: int) -> dict:
+        """v7: one epoch (its Gram launch and its epoch kernel's phase-profiling build) from copies
+        of the weights, and per role the µs a step each of its CTAs' thread 0 spent in each of
+        V7_PHASES[role] (`v7_phases_us`). Raises if a bounded wait timed out. Syncs."""
+        shape = [ctypes.c_int() for _ in range(4)]
+        self.lib.cuda_epoch_v7_phase_shape(*map(ctypes.byref, shape))
+        chain, workers, ctas, cols = (s.value for s in shape)
+        if (chain, workers) != tuple(map(len, V7_PHASES.values())):
+            raise RuntimeError(f"the library times {chain} chain and {workers} worker phases, "
+                               f"not V7_PHASES's: a stale build of {SOURCE}?")
+        w, b, stats = self.w.clone(), self.b.clone(), torch.zeros_like(self.stats)
+        p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+        clocks = (ctypes.c_uint * (ctas * cols))()
+        span = (ctypes.c_longlong * (ctas + 1))()
+        code = self.lib.cuda_epoch_v7_phase_profile(
+            p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
+            self.cfg.lr, p(w), p(b), p(stats), p(self.scratch), clocks, span, stream_handle())
+        check(self.lib, code, f"cuda_epoch_v7_phase_profile ({self.variant})")
+        self.check_signals()  # a timed-out wait: its CTAs wrote no figures
+        return v7_phases_us(list(clocks), list(span), ctas, cols)
+
     @property
     def variant(self) -> str:
         if self.version == 7:
@@ -265,13 +304,37 @@ class EpochKernel:
         return f"v{self.version}, {kind} of {self.ctas} CTAs"
 
 
+def v7_phases_us(clocks: list[int], span: list[int], ctas: int, cols: int) -> dict:
+    """v7's phase clocks as µs a step, per role: {role: {"step_us", "mean_us", "max_us"}}.
+
+    clocks: [ctas][cols] (chain CTAs first, then the workers; a role's phases in its first
+    columns), span: each CTA's loop in ns (globaltimer), then the steps. Clocks become ns at chain
+    CTA 0's rate (its span / its clocks), for every CTA, so a role's phase sums checked against its
+    own spans show whether the phases cover the loop; "step_us" is the role's mean span a step."""
+    per_cta = torch.tensor(clocks, dtype=torch.float64).view(ctas, cols)
+    ns, steps = torch.tensor(span[:ctas], dtype=torch.float64), span[ctas]
+    missing = [i for i in range(ctas) if ns[i] <= 0]
+    if steps <= 0 or missing:
+        raise RuntimeError(f"cuda-epoch v7's phase profile: CTAs {missing} wrote no figures (a "
+                           f"CTA that left early), steps {steps}")
+    us = per_cta * (ns[0] / per_cta[0].sum()) / steps / 1e3
+    rows = {"chain": slice(0, V7_CTAS), "workers": slice(V7_CTAS, ctas)}
+    out = {}
+    for role, names in V7_PHASES.items():
+        part = us[rows[role], :len(names)]
+        out[role] = {"step_us": ns[rows[role]].mean().item() / steps / 1e3,
+                     "mean_us": dict(zip(names, part.mean(0).tolist(), strict=True)),
+                     "max_us": dict(zip(names, part.max(0).values.tolist(), strict=True))}
+    return out
+
+
 class CudaEpoch(Impl):
     name = "cuda-epoch"
     sources = ("csrc/cuda_epoch.cu", "csrc/epoch_shared.cuh", "csrc/epoch_v2.cuh",
                "csrc/epoch_v3.cuh", "csrc/epoch_v4.cuh", "csrc/epoch_v5.cuh",
                "csrc/epoch_v5_math.cuh", "csrc/epoch_v6.cuh", "csrc/epoch_v6_math.cuh",
-               "csrc/epoch_v7.cuh", "csrc/epoch_v7_math.cuh",
-               "csrc/gram_u8.cuh")  # the kernel its figures come from
+               "csrc/epoch_v7.cuh", "csrc/epoch_v7_math.cuh", "csrc/epoch_v7_phases.cuh",
+               "csrc/epoch_v7_launch.cuh", "csrc/gram_u8.cuh")  # the kernel its figures come from
     device = "cuda"
 
     @classmethod

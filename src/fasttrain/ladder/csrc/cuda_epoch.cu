@@ -96,13 +96,15 @@
 //      G, partial logits reduced over DSMEM) handing data over through step-indexed global
 //      arrays and release/acquire step counters. Its per-thread arithmetic runs on the CPU for
 //      whole epochs in an emulation of every role against float64 at 2e-5
-//      (tests/ladder/test_cuda_epoch_v7_math.py). The ctas argument is the chain's 8.
+//      (tests/ladder/test_cuda_epoch_v7_math.py). The ctas argument is the chain's 8. Its phase-
+//      profiling build (epoch_v7_phases.cuh, cuda_epoch_v7_phase_profile) times each role's
+//      phases, as v4's does v4's loop; not yet run on a GPU either.
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
 #include "epoch_v4.cuh"
 #include "epoch_v5.cuh"
 #include "epoch_v6.cuh"
-#include "epoch_v7.cuh"
+#include "epoch_v7_launch.cuh"
 
 namespace {
 
@@ -179,41 +181,6 @@ __global__ void __launch_bounds__(Version<V>::threads, 1) epoch_grid_kernel(Args
   using S = typename Version<V>::template Shape<NC>;
   GridExchange<S::INBOX> ex{cg::this_grid(), a.scratch};
   train_epoch<V, NC>(ex, a, sm);
-}
-
-// v7a: the Gram kernel, then the epoch kernel over V7_CTAS CTAs in clusters of 8, cooperative
-// (every role spins on the others: the grid must be resident, see epoch_v7.cuh).
-cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(V7_CTAS);
-  cfg.blockDim = dim3(V7_T);
-  cfg.dynamicSmemBytes = 4 * V7_SMEM_FLOATS;
-  cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = V7_CLUSTER;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeCooperative;
-  attr[1].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = cooperative ? 2 : 1;
-  return cfg;
-}
-
-cudaError_t train_v7(const Args& a, cudaStream_t stream) {
-  if (a.scratch == nullptr) return cudaErrorInvalidValue;
-  const int steps = (a.n + a.bs - 1) / a.bs;
-  const V7Args v{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps)};
-  const dim3 grams(BMAX / gram::TILE_N, BMAX / gram::TILE_M, steps * V7_LAG);
-  v7_gram_kernel<<<grams, 32 * gram::WARPS, 0, stream>>>(v);
-  cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(v7_epoch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               4 * V7_SMEM_FLOATS);
-  if (err != cudaSuccess) return err;
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = v7_config(attr, true, stream);
-  return cudaLaunchKernelEx(&cfg, v7_epoch_kernel, v);
 }
 
 // Launch `kernel` over `ctas` CTAs of `threads` threads as one cluster or one cooperative grid.
@@ -340,11 +307,34 @@ int cuda_epoch_v7_residency(int* clusters, int* needed) {
   *needed = V7_CTAS / V7_CLUSTER;
   *clusters = 0;
   cudaError_t err = cudaFuncSetAttribute(
-      v7_epoch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * V7_SMEM_FLOATS);
+      v7_epoch_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * V7_SMEM_FLOATS);
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = v7_config(attr, false, nullptr);
-  return cudaOccupancyMaxActiveClusters(clusters, v7_epoch_kernel, &cfg);
+  return cudaOccupancyMaxActiveClusters(clusters, v7_epoch_kernel<>, &cfg);
+}
+
+// v7's phase-profiling build: *chain and *worker phases a CTA of each role (epoch_v7_phases.cuh),
+// *ctas the CTAs profiled, *cols the clock columns a CTA (the buffers' shape). Host only.
+void cuda_epoch_v7_phase_shape(int* chain, int* worker, int* ctas, int* cols) {
+  *chain = V7C_PHASES;
+  *worker = V7W_PHASES;
+  *ctas = V7_CTAS;
+  *cols = V7_PHASE_COLS;
+}
+
+// One epoch of v7 (its Grams and its epoch kernel, arguments as cuda_epoch_train's with ctas = 8)
+// by the phase-profiling build (it trains), then per CTA the clocks its thread 0 spent in each
+// of its role's phases (out: V7_CTAS x cols of cuda_epoch_v7_phase_shape, 32-bit, chain CTAs
+// first) and its loop's span in ns (span: V7_CTAS + 1, the last the steps). Syncs the stream.
+int cuda_epoch_v7_phase_profile(const void* x, const void* y, const void* order, int n, int bs,
+                                float lr, void* w, void* b, void* stats, void* scratch,
+                                unsigned int* out, long long* span, cudaStream_t stream) {
+  if (n < 1 || bs < 1 || bs > BMAX || scratch == nullptr) return cudaErrorInvalidValue;
+  const Args a{static_cast<const uint8_t*>(x), static_cast<const int*>(y),
+               static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
+               static_cast<float*>(b), static_cast<float*>(stats), static_cast<float*>(scratch)};
+  return v7_phase_profile(a, out, span, stream);
 }
 
 // Bytes of the global scratch the grid variant needs for `ctas` CTAs (0 for a bad `ctas`): room

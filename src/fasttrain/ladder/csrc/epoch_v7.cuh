@@ -29,6 +29,7 @@
 #pragma once
 #include "epoch_v4.cuh"
 #include "epoch_v7_math.cuh"
+#include "epoch_v7_phases.cuh"
 #include "gram_u8.cuh"
 
 namespace {
@@ -101,6 +102,8 @@ __global__ void __launch_bounds__(32 * gram::WARPS) v7_gram_kernel(V7Args v) {
 }
 
 // ---- 2. the chain (cluster 0, CTA q) ----------------------------------------------------------
+// TIMED: the phase-profiling build (epoch_v7_phases.cuh), never the timed row's.
+template <bool TIMED>
 __device__ void v7_chain(int q, const V7Args& v, float* sm) {
   using S = ChainSmem;
   const V7Epoch& e = v.e;
@@ -126,6 +129,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
 
   float loss = 0.f, correct = 0.f;
   bool failed = false;
+  V7PhaseClock<TIMED> clock;
   for (int t = 0; t < steps; ++t) {
     float gam[V7_LAG][V7_U];
     chain_load_gram(e, v.s.gram, t, q, tid, gam);  // no dependence on the waits below
@@ -133,6 +137,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
     if (t > 0)
       ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
                         WAIT_G | blockIdx.x << 4 | t << 12);
+    clock.mark(V7C_WAIT_G);
     if (tid < V7_WCLUSTERS)  // (the test hook, fault 2: chain CTA 0 waits at step 2 for more)
       ok = ok && poll_at_least(v.s.pflag + tid * V7_CLUSTER + q,
                                v7_part_ready(t) + (t == 2 && q == 0 && g_signal_fault == 2),
@@ -141,6 +146,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
       failed = true;
       break;
     }
+    clock.mark(V7C_WAIT_PART);
     if (t > 0) {
       if (tid == 0 && t - 1 + V7_NB < steps)  // slot (t−1) % NB read from here on: see the top
         mbar_arm(bar_u + 8 * v7_slot(t - 1), v7_g_bytes(e, t - 1 + V7_NB));
@@ -148,18 +154,21 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
     }
     chain_gram_terms(e, gam, ring, t, tid, red);
     __syncthreads();
+    clock.mark(V7C_GRAM);
     // The partials through L2 (ld.global.cg: other SMs wrote them during this launch).
     const float* part_t = v7_part_rows(v.s, t, 0);
     chain_logits(
         e, [&](int k, int i) { return __ldcg(part_t + size_t(k) * BMAX * V7_GROW + i); }, t, q,
         tid, bias, red, zs);
     __syncthreads();
+    clock.mark(V7C_LOGITS);
     chain_softmax(e, t, q, tid, zs, ys + (t & 1) * V7_RPC, gl, loss, correct);
     if (tid >= 32 && tid < 32 + V7_RPC && t + 1 < steps)  // next step's labels, off the chain
       ys[((t + 1) & 1) * V7_RPC + tid - 32] = label(t + 1, tid - 32);
     __syncthreads();
     chain_colsum(tid, gl);
     __syncthreads();
+    clock.mark(V7C_SOFTMAX);
     // G_t: my valid rows and their column sum to every chain CTA's slot t % NB, the rows to
     // global memory for the workers.
     const int nt = e.rows(t), slot = v7_slot(t);
@@ -175,16 +184,21 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
         *reinterpret_cast<float4*>(v.s.g + (size_t(t) * BMAX + row) * V7_GROW + 4 * w4) = val;
     }
     __syncthreads();
+    clock.mark(V7C_SEND);
     publish(v.s.gflag + q, t + 1);
+    clock.mark(V7C_PUBLISH);
   }
   if (!failed) {  // G_{steps−1}: the last bias update, and no st.async left in flight to me
     const int t = steps;
     const bool ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
                                  WAIT_G | blockIdx.x << 4 | t << 12);
     failed = __syncthreads_or(!ok);
+    clock.mark(V7C_WAIT_G);
     if (!failed) chain_bias(e, ring, t - 1, tid, bias);
+    clock.mark(V7C_GRAM);
   }
   if (failed) return;
+  clock.write(steps);
   if (q == 0 && tid < C) v.a.b[tid] = bias[tid];
   if (loss != 0.f || correct != 0.f) {
     atomicAdd(v.a.stats, loss);
@@ -193,6 +207,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
 }
 
 // ---- 3. the workers (cluster 1 + k, CTA r) ----------------------------------------------------
+template <bool TIMED>
 __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
   using S = WorkerSmem;
   const V7Epoch& e = v.e;
@@ -204,6 +219,7 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
   if (tid < V7_FW * C) w[(tid / C) * 16 + tid % C] = v.a.w[(tid % C) * K + f0 + tid / C];
   __syncthreads();
   cluster_barrier();  // every CTA of the cluster runs before anyone reads its shared memory
+  V7PhaseClock<TIMED> clock;
 
   // The update with G_a, after all 8 chain CTAs published it. False: a wait failed.
   auto update = [&](int a) {
@@ -211,6 +227,7 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
     if (tid < V7_CHAIN)
       ok = poll_at_least(v.s.gflag + tid, v7_g_ready(a), WAIT_V7_G | blockIdx.x << 4 | a << 12);
     if (__syncthreads_or(!ok)) return false;
+    clock.mark(V7W_WAIT_G);
     for (int i = tid; i < e.rows(a) * V7_GROW / 4; i += V7_T)
       reinterpret_cast<float4*>(gs)[i] =
           __ldcg(reinterpret_cast<const float4*>(v.s.g + size_t(a) * BMAX * V7_GROW) + i);
@@ -219,6 +236,7 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
     __syncthreads();
     worker_update_apply(e, ured, tid, w);
     __syncthreads();
+    clock.mark(V7W_UPDATE);
     return true;
   };
 
@@ -227,14 +245,18 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
   for (int t = 0; t < steps; ++t) {
     const int p = t & 1;
     worker_load_x(e, v.a.x, v.a.order, t, f0, tid, V7_T, xs);
+    clock.mark(V7W_LOAD_X);
     bool ok = true;
     for (; ok && applied < v7_applied_before(t); ++applied) ok = update(applied);
     __syncthreads();  // x_t in place
+    clock.mark(V7W_LOAD_X);
     if (ok) worker_partial(e, t, xs, w, tid, pbuf + p * BMAX * V7_GROW);
+    clock.mark(V7W_PARTIALS);
     if (tid == 0) okb[p] = ok;
     cluster_barrier();
     bool all = true;
     for (int src = 0; src < V7_CLUSTER; ++src) all = all && ld_dsmem(smem_addr(okb + p), src);
+    clock.mark(V7W_BARRIER);
     if (!all) {  // uniform over the cluster: leave together, nobody reads a departed CTA
       cluster_barrier();
       return;
@@ -246,14 +268,19 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
         },
         v7_part_rows(v.s, t, k));
     __syncthreads();
+    clock.mark(V7W_REDUCE);
     publish(v.s.pflag + k * V7_CLUSTER + r, t + 1);
+    clock.mark(V7W_PUBLISH);
   }
   for (; !failed && applied < steps; ++applied) failed = !update(applied);
   cluster_barrier();  // the last step's partial buffers read by every rank
+  clock.mark(V7W_BARRIER);
   if (failed) return;
+  clock.write(steps);
   if (tid < V7_FW * C) v.a.w[(tid % C) * K + f0 + tid / C] = w[(tid / C) * 16 + tid % C];
 }
 
+template <bool TIMED = false>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
@@ -261,9 +288,9 @@ __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel(V7Args v) {
   if (*static_cast<volatile int*>(&g_signal_error) != 0) return;
   const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
   if (cluster == 0)
-    v7_chain(rank, v, sm);
+    v7_chain<TIMED>(rank, v, sm);
   else
-    v7_worker(cluster - 1, rank, v, sm);
+    v7_worker<TIMED>(cluster - 1, rank, v, sm);
 #endif
 }
 

@@ -1,0 +1,64 @@
+// cuda-epoch v7a's host side (cuda_epoch.cu's entry points call it): the launch configuration,
+// an epoch's two launches (the Grams, then the epoch kernel, TIMED or not), and the phase
+// profile's read-back.
+#pragma once
+#include "epoch_v7.cuh"
+
+namespace {
+
+// The epoch kernel over V7_CTAS CTAs in clusters of 8, cooperative (every role spins on the
+// others: the grid must be resident, see epoch_v7.cuh).
+cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(V7_CTAS);
+  cfg.blockDim = dim3(V7_T);
+  cfg.dynamicSmemBytes = 4 * V7_SMEM_FLOATS;
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = V7_CLUSTER;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeCooperative;
+  attr[1].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cooperative ? 2 : 1;
+  return cfg;
+}
+
+// TIMED: the phase-profiling build of the epoch kernel (the same arithmetic: it trains).
+template <bool TIMED = false>
+cudaError_t train_v7(const Args& a, cudaStream_t stream) {
+  if (a.scratch == nullptr) return cudaErrorInvalidValue;
+  const int steps = (a.n + a.bs - 1) / a.bs;
+  const V7Args v{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps)};
+  const dim3 grams(BMAX / gram::TILE_N, BMAX / gram::TILE_M, steps * V7_LAG);
+  v7_gram_kernel<<<grams, 32 * gram::WARPS, 0, stream>>>(v);
+  cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(v7_epoch_kernel<TIMED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               4 * V7_SMEM_FLOATS);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = v7_config(attr, true, stream);
+  return cudaLaunchKernelEx(&cfg, v7_epoch_kernel<TIMED>, v);
+}
+
+// One epoch by the phase-profiling build, then its figures (epoch_v7_phases.cuh): clocks
+// [V7_CTAS][V7_PHASE_COLS], span [V7_CTAS + 1]. Zeroed first: a CTA that left early (a failed
+// wait) reads back as 0, not as an earlier launch's figures. Syncs the stream.
+cudaError_t v7_phase_profile(const Args& a, unsigned int* clocks, long long* span,
+                             cudaStream_t stream) {
+  void *c = nullptr, *s = nullptr;
+  cudaError_t err = cudaGetSymbolAddress(&c, g_v7_phase_clocks);
+  if (err == cudaSuccess) err = cudaGetSymbolAddress(&s, g_v7_phase_ns);
+  if (err == cudaSuccess) err = cudaMemsetAsync(c, 0, sizeof(g_v7_phase_clocks), stream);
+  if (err == cudaSuccess) err = cudaMemsetAsync(s, 0, sizeof(g_v7_phase_ns), stream);
+  if (err == cudaSuccess) err = train_v7<true>(a, stream);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+  if (err == cudaSuccess)
+    err = cudaMemcpyFromSymbol(clocks, g_v7_phase_clocks, sizeof(g_v7_phase_clocks));
+  if (err == cudaSuccess) err = cudaMemcpyFromSymbol(span, g_v7_phase_ns, sizeof(g_v7_phase_ns));
+  return err;
+}
+
+}  // namespace

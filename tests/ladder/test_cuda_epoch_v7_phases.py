@@ -1,0 +1,235 @@
+"""cuda-epoch v7a's phase-profiling build (`csrc/epoch_v7_phases.cuh`): on the CPU, ptxas's
+figures for the timed and the untimed epoch kernel (no spill; the untimed one carries none of the
+clocks), the library's phase shape against `cuda_epoch.V7_PHASES`, and the Python reader with the
+library faked at the ctypes boundary (`FakeV7Profile` writes what the kernel would); on a GPU
+(marked gpu), that the phases are positive, finite and add up to each role's loop."""
+
+import ctypes
+import math
+import re
+import subprocess
+
+import pytest
+import torch
+
+from fasttrain.ladder import build
+from fasttrain.ladder import cuda_epoch as ce
+from fasttrain.ladder.common import LadderConfig, make_ladder_data
+from tests.conftest import import_benchmark, tiny_images
+
+requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# Both instantiations of the epoch kernel in one small translation unit: ~8 s of nvcc, against
+# ~35 s for the whole of cuda_epoch.cu (whose build, hopper_builds, keeps no ptxas report).
+KERNELS = """#include "epoch_v7_launch.cuh"
+void* const v7_kernels[] = {(void*)v7_epoch_kernel<false>, (void*)v7_epoch_kernel<true>};
+"""
+
+
+@pytest.fixture(scope="module")
+def ptxas_report(tmp_path_factory):
+    """{"untimed" | "timed": {"regs", "stack", "spill_stores", "spill_loads", "ptx"}} of
+    v7_epoch_kernel, from `nvcc -Xptxas -v` for sm_90a (the build's target) and its kept PTX."""
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found on PATH")
+    d = tmp_path_factory.mktemp("v7phases")
+    (d / "v7k.cu").write_text(KERNELS)
+    r = subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
+                        "--keep", "--keep-dir", str(d), f"-I{build.CSRC}", str(d / "v7k.cu"),
+                        "-o", str(d / "v7k.cubin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ptx = (d / "v7k.ptx").read_text()
+    # Each function's PTX runs from its .entry or .func line to the next one (inline asm blocks
+    # have braces at column 0 too, so "}" does not end a function).
+    chunks = re.split(r"^(?=\.entry |\.func )", ptx, flags=re.M)
+    entries = {m.group(1): c for c in chunks if (m := re.match(r"\.entry (\w+)\(", c))}
+    report = {}
+    for name, build_kind in (("ILb0E", "untimed"), ("ILb1E", "timed")):
+        mangled = next(e for e in entries if "v7_epoch_kernel" + name in e)
+        props = re.search(rf"Function properties for {mangled}\n\s*(\d+) bytes stack frame, "
+                          rf"(\d+) bytes spill stores, (\d+) bytes spill loads\n.*?Used (\d+) "
+                          rf"registers", r.stderr, re.S)
+        assert props, r.stderr
+        stack, stores, loads, regs = map(int, props.groups())
+        report[build_kind] = {"regs": regs, "stack": stack, "spill_stores": stores,
+                              "spill_loads": loads, "ptx": entries[mangled]}
+    return report
+
+
+@requires_nvcc
+@pytest.mark.parametrize("kind", ["untimed", "timed"])
+def test_neither_build_of_the_epoch_kernel_spills(ptxas_report, kind):
+    """512 threads a CTA cap a thread at 128 registers; the untimed kernel is at the cap (nvcc
+    13.0), so clocks kept in registers could have pushed the timed one into local memory."""
+    k = ptxas_report[kind]
+    figures = {key: v for key, v in k.items() if key != "ptx"}
+    assert k["regs"] <= 128 and k["stack"] == k["spill_stores"] == k["spill_loads"] == 0, figures
+
+
+@requires_nvcc
+def test_only_the_timed_build_reads_the_clocks(ptxas_report):
+    """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
+    waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
+    one reads the global timer at the start and end of each role's loop, the clock at least once
+    a phase (clock() is a %clock64 read in PTX), and writes both arrays."""
+    untimed, timed = ptxas_report["untimed"]["ptx"], ptxas_report["timed"]["ptx"]
+    assert "%clock" not in untimed and "%globaltimer" not in untimed
+    assert timed.count("%globaltimer") == 4
+    assert timed.count("%clock64") >= len(ce.V7_PHASES["chain"]) + len(ce.V7_PHASES["workers"])
+    for text, used in ((untimed, False), (timed, True)):
+        assert ("g_v7_phase_clocks" in text) == ("g_v7_phase_ns" in text) == used
+
+
+@requires_nvcc
+def test_the_library_times_the_phases_python_names(hopper_builds):
+    try:
+        lib = ctypes.CDLL(str(hopper_builds["cuda_epoch.cu"]))
+    except OSError as e:
+        pytest.skip(f"cannot load the library without a CUDA runtime: {e}")
+    shape = [ctypes.c_int() for _ in range(4)]
+    lib.cuda_epoch_v7_phase_shape(*map(ctypes.byref, shape))
+    chain, workers, ctas, cols = (s.value for s in shape)
+    assert (chain, workers) == (len(ce.V7_PHASES["chain"]), len(ce.V7_PHASES["workers"]))
+    assert ctas == 64 and cols == max(chain, workers)
+    # Bad arguments are refused before anything reaches a GPU (1: cudaErrorInvalidValue).
+    p = ctypes.c_void_p
+    lib.cuda_epoch_v7_phase_profile.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int,
+                                                ctypes.c_float, p, p, p, p, p, p, p]
+    dummy = p(16)
+    for n, batch, scratch in ((1, 0, dummy), (1, 129, dummy), (0, 128, dummy), (1, 128, None)):
+        assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
+                                               dummy, scratch, dummy, dummy, None) == 1
+
+
+class FakeV7Profile:
+    """The library at the ctypes boundary: the phase shape and a profile that writes, for CTA i
+    and phase j of its role, `clocks(i, j)` clocks, and a span of its clocks at `clocks_per_ns`
+    (or `spans`); `timeout`: cuda_epoch_signal_status reports a timed-out wait."""
+
+    def __init__(self, steps=10, clocks_per_ns=2.0, shape=(7, 7, 64, 7), spans=None,
+                 timeout=False):
+        self.steps, self.rate, self.shape, self.spans = steps, clocks_per_ns, shape, spans
+        self.timeout, self.calls = timeout, []
+
+    @staticmethod
+    def clocks(i, j):
+        return 1000 * (j + 1) + 10 * i
+
+    def cuda_epoch_v7_phase_shape(self, *out):
+        for ref, v in zip(out, self.shape, strict=True):
+            ref._obj.value = v
+
+    def cuda_epoch_v7_phase_profile(self, x, y, order, n, bs, lr, w, b, stats, scratch, clocks,
+                                    span, stream):
+        self.calls.append((n, bs, scratch.value))
+        chain, workers, ctas, cols = self.shape
+        for i in range(ctas):
+            for j in range(chain if i < 8 else workers):
+                clocks[i * cols + j] = self.clocks(i, j)
+            own = sum(clocks[i * cols:(i + 1) * cols])
+            span[i] = self.spans[i] if self.spans else round(own / self.rate)
+        span[ctas] = self.steps
+        return 0
+
+    def cuda_epoch_signal_status(self, stream, detail):
+        if not self.timeout:
+            return 0
+        detail._obj.value = 4 | 9 << 4 | 3 << 12  # v7's G wait, CTA 9, step 3
+        return ce.SIGNAL_TIMEOUT
+
+    def cuda_epoch_error_name(self, code):
+        return b"cudaErrorFake"
+
+
+def fake_kernel(lib, monkeypatch):
+    """An EpochKernel of version 7 on CPU tensors, as __init__ would leave it."""
+    monkeypatch.setattr(ce, "stream_handle", lambda: None)
+    k = object.__new__(ce.EpochKernel)
+    k.lib, k.version, k.cluster, k.ctas, k.n = lib, 7, True, ce.V7_CTAS, 150
+    k.cfg = LadderConfig(batch_size=16)
+    k.x, k.y = torch.zeros(150, 784, dtype=torch.uint8), torch.zeros(150, dtype=torch.int32)
+    k.orders = torch.zeros(2, 150, dtype=torch.int32)
+    k.w, k.b, k.stats = torch.ones(10, 784), torch.ones(10), torch.zeros(2)
+    k.scratch = torch.zeros(64)
+    return k
+
+
+def test_the_reader_turns_clocks_into_us_a_step_per_role(monkeypatch):
+    lib = FakeV7Profile(steps=10, clocks_per_ns=2.0)
+    k = fake_kernel(lib, monkeypatch)
+    profile = k.phase_profile(1)
+    assert lib.calls == [(150, 16, k.scratch.data_ptr())]
+    assert list(profile) == ["chain", "workers"]
+    for role, rows in (("chain", range(8)), ("workers", range(8, 64))):
+        names = ce.V7_PHASES[role]
+        p = profile[role]
+        assert list(p["mean_us"]) == list(p["max_us"]) == list(names)
+        for j, name in enumerate(names):  # clocks / (2 a ns) / 10 steps / 1000 = µs a step
+            us = [lib.clocks(i, j) / 2 / 10 / 1e3 for i in rows]
+            assert p["mean_us"][name] == pytest.approx(sum(us) / len(us))
+            assert p["max_us"][name] == pytest.approx(max(us))
+        # Every CTA's span is its clocks at the same rate: the phases add up to the step.
+        assert sum(p["mean_us"].values()) == pytest.approx(p["step_us"], rel=1e-3)
+    assert torch.equal(k.w, torch.ones(10, 784))  # it trained copies
+
+
+def test_the_reader_converts_every_cta_at_chain_cta_0s_rate(monkeypatch):
+    """Worker spans twice their clocks' time at CTA 0's rate: the sums fall short of the step,
+    which is what the GPU test would catch (phases that do not cover the loop)."""
+    spans = [round(sum(FakeV7Profile.clocks(i, j) for j in range(7)) / 2) * (1 if i < 8 else 2)
+             for i in range(64)]
+    profile = fake_kernel(FakeV7Profile(spans=spans), monkeypatch).phase_profile(0)
+    assert sum(profile["chain"]["mean_us"].values()) == pytest.approx(
+        profile["chain"]["step_us"], rel=1e-3)
+    assert sum(profile["workers"]["mean_us"].values()) == pytest.approx(
+        profile["workers"]["step_us"] / 2, rel=1e-3)
+
+
+@pytest.mark.parametrize("fault", ["stale build", "no span", "timeout"])
+def test_the_reader_refuses_figures_it_cannot_trust(monkeypatch, fault):
+    lib = {"stale build": FakeV7Profile(shape=(6, 7, 64, 7)),
+           "no span": FakeV7Profile(spans=[1000] * 20 + [0] + [1000] * 43),
+           "timeout": FakeV7Profile(timeout=True)}[fault]
+    match = {"stale build": "6 chain and 7 worker phases, not V7_PHASES",
+             "no span": r"CTAs \[20\] wrote no figures",
+             "timeout": r"CTA 9 waited too long for v7's G \(worker\) at step 3"}[fault]
+    with pytest.raises(RuntimeError, match=match):
+        fake_kernel(lib, monkeypatch).phase_profile(0)
+
+
+def test_sync_cost_prints_and_records_each_role(monkeypatch, capsys):
+    sync_cost = import_benchmark("sync_cost")
+    k = fake_kernel(FakeV7Profile(), monkeypatch)
+    recorded = sync_cost.profile_phases(k)
+    assert list(recorded) == [f"{k.variant}: chain", f"{k.variant}: workers"]
+    out = capsys.readouterr().out
+    assert "its chain phases (µs a step" in out and "its workers phases (µs a step" in out
+    assert "wait partials 0.10/0.10" in out  # chain CTAs 0-7: (2000 + 10 i) clocks / 2 / 10 / 1e3
+    k.lib = FakeV7Profile(timeout=True)
+    recorded = sync_cost.profile_phases(k)
+    assert list(recorded) == [k.variant] and "waited too long" in recorded[k.variant]
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_v7s_phases_are_positive_and_account_for_each_roles_loop():
+    """The profiling build on a 40-step epoch: every phase of both roles positive and finite, the
+    slowest CTA's at least the mean, and each role's phase means adding up to its CTAs' loop (at
+    chain CTA 0's clock rate, within 5 %); the kernel's own weights untouched."""
+    if not ce.has_clusters():
+        pytest.skip("v7 runs on thread-block clusters only")
+    cfg = LadderConfig(epochs=1, batch_size=128)
+    data = make_ladder_data(tiny_images(n_train=128 * 40), cfg)
+    k = ce.EpochKernel(data, cfg, version=7)
+    w0 = k.w.clone()
+    profile = k.phase_profile(0)
+    assert torch.equal(k.w, w0)
+    assert list(profile) == list(ce.V7_PHASES)
+    for role, p in profile.items():
+        assert list(p["mean_us"]) == list(ce.V7_PHASES[role])
+        assert all(v > 0 and math.isfinite(v) for v in p["mean_us"].values()), (role, p)
+        assert all(p["max_us"][n] >= p["mean_us"][n] for n in p["mean_us"]), (role, p)
+        assert sum(p["mean_us"].values()) == pytest.approx(p["step_us"], rel=0.05), (role, p)
+    k.run(0)  # the row's build still runs after the timed one
