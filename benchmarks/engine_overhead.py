@@ -191,14 +191,16 @@ def loops(args, device) -> dict:
                                      args.batch_size, device)}
 
 
-def timed(one, finish, n: int) -> float:
-    """ms per step of `n` steps, the device's work included."""
+def timed(one, finish, n: int) -> tuple[float, float]:
+    """ms per step of `n` steps, the device's work included, and the CPU time of this thread
+    per step: what the host spent, without the time other processes took the core from it (the
+    machine is shared; with --threads 1 a CPU step runs on this thread alone)."""
     finish()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     for _ in range(n):
         one()
     finish()
-    return (time.perf_counter() - t0) * 1e3 / n
+    return (time.perf_counter() - t0) * 1e3 / n, (time.thread_time() - c0) * 1e3 / n
 
 
 def host_work(one, finish, n: int) -> dict:
@@ -207,7 +209,7 @@ def host_work(one, finish, n: int) -> dict:
         for _ in range(n):
             one()
         finish()
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.thread_time)  # CPU time: preemption is not charged to a frame
     prof.enable()
     for _ in range(n):
         one()
@@ -216,11 +218,11 @@ def host_work(one, finish, n: int) -> dict:
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, _, tottime, cumtime, _)
     python = {f"{os.path.basename(k[0])}:{k[1]}({k[2]})": v[2] for k, v in stats.items()
               if k[0] != "~"}  # "~": C functions (torch's ops among them)
-    top = sorted(python.items(), key=lambda kv: -kv[1])[:8]
     return {"ops_per_step": sum(counter.ops.values()) / n,
             "ops": {k: v / n for k, v in sorted(counter.ops.items())},
             "python_us_per_step": 1e6 * sum(python.values()) / n,
-            "python_top_us_per_step": {k: 1e6 * v / n for k, v in top}}
+            "python_frames_us_per_step": {k: 1e6 * v / n for k, v in
+                                          sorted(python.items(), key=lambda kv: -kv[1])}}
 
 
 def print_host_work(work: dict) -> None:
@@ -230,13 +232,15 @@ def print_host_work(work: dict) -> None:
           f"{eng['ops_per_step']:.1f}; the engine's difference by op:")
     for op in sorted(set(ref["ops"]) | set(eng["ops"])):
         d = eng["ops"].get(op, 0) - ref["ops"].get(op, 0)
-        if d:
+        if abs(d) >= 0.05:  # (the finishing .item() of a timed window is 1/n a step)
             print(f"  {d:+6.1f}  {op}")
-    for k, w in work.items():
-        print(f"{k}: Python frames (cProfile, C calls excluded) {w['python_us_per_step']:.0f} "
-              f"µs/step; the most:")
-        for fn, us in w["python_top_us_per_step"].items():
-            print(f"    {us:7.1f} µs  {fn}")
+    print("Python frames (cProfile of this thread's CPU time, C calls excluded), µs/step: "
+          + ", ".join(f"{k} {w['python_us_per_step']:.0f}" for k, w in work.items())
+          + "; the engine's most over the hand loop's, by frame:")
+    frames = {fn: us - ref["python_frames_us_per_step"].get(fn, 0.0)
+              for fn, us in eng["python_frames_us_per_step"].items()}
+    for fn, us in sorted(frames.items(), key=lambda kv: -kv[1])[:16]:
+        print(f"    {us:+7.1f} µs  {fn}")
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -265,15 +269,20 @@ def main() -> None:
     runners = loops(args, device)
     for one, finish in runners.values():  # warm-up: first-touch allocations, oneDNN primitives
         timed(one, finish, 20)
-    work = {k: host_work(*r, n=50) for k, r in runners.items()} if args.ops else None
+    work = {k: host_work(*r, n=200) for k, r in runners.items()} if args.ops else None
     times: dict[str, list[float]] = {k: [] for k in runners}
+    cpu: dict[str, list[float]] = {k: [] for k in runners}
     loads = []
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         loads.append(os.getloadavg()[0])
-        for name, (one, finish) in runners.items():
-            times[name].append(timed(one, finish, args.window))
+        names = list(runners)[r % 2:] + list(runners)[:r % 2]  # neither always runs first
+        for name in names:
+            wall, thread = timed(*runners[name], args.window)
+            times[name].append(wall)
+            cpu[name].append(thread)
     loads.append(os.getloadavg()[0])
     med = {k: statistics.median(v) for k, v in times.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
     ref = next(iter(runners))
     overhead = med["engine"] / med[ref] - 1
     env = env_block()
@@ -281,15 +290,16 @@ def main() -> None:
     if work:
         print_host_work(work)
     for k, v in times.items():
-        print(f"{k:>13}: median {med[k]:.3f} ms/step  (rounds: "
-              f"{', '.join(f'{t:.3f}' for t in v)})")
+        print(f"{k:>13}: median {med[k]:.3f} ms/step, this thread's CPU {cpu_med[k]:.3f} "
+              f"ms/step  (rounds: {', '.join(f'{t:.3f}' for t in v)})")
     added_us = 1e3 * (med["engine"] - med[ref])
+    added_cpu_us = 1e3 * (cpu_med["engine"] - cpu_med[ref])
     paired = statistics.median(e / h for e, h in zip(times["engine"], times[ref], strict=True))
     print(f"engine overhead: {100 * overhead:+.2f}% per step ({100 * (paired - 1):+.2f}% paired "
-          f"per round), {added_us:+.1f} µs per step ({args.model}"
-          f"{f' hidden {args.hidden}' if args.hidden else ''}, batch {args.batch_size}, "
-          f"{device.type}, threads {torch.get_num_threads()}); load {loads[0]:.2f} → "
-          f"{loads[-1]:.2f}")
+          f"per round), {added_us:+.1f} µs per step, {added_cpu_us:+.1f} µs of this thread's "
+          f"CPU ({args.model}{f' hidden {args.hidden}' if args.hidden else ''}, batch "
+          f"{args.batch_size}, {device.type}, threads {torch.get_num_threads()}); load "
+          f"{loads[0]:.2f} → {loads[-1]:.2f}")
     if args.json:
         result = {"schema": "fasttrain.engine-overhead/2", "env": env,
                   "config": {"against": ref, "model": args.model, "hidden": args.hidden,
@@ -298,10 +308,13 @@ def main() -> None:
                              "threads": torch.get_num_threads(),
                              "optimizer": "adamw", "precision": "fp32", "rounds": args.rounds,
                              "window": args.window},
-                  "rows": [{"loop": k, "ms_per_step_median": med[k], "ms_per_step_rounds": v}
+                  "rows": [{"loop": k, "ms_per_step_median": med[k], "ms_per_step_rounds": v,
+                            "thread_cpu_ms_per_step_median": cpu_med[k],
+                            "thread_cpu_ms_per_step_rounds": cpu[k]}
                            for k, v in times.items()],
                   "overhead": overhead, "overhead_paired": paired - 1,
-                  "added_us_per_step": added_us, "host_work": work, "load_1min": loads}
+                  "added_us_per_step": added_us, "added_thread_cpu_us_per_step": added_cpu_us,
+                  "host_work": work, "load_1min": loads}
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
 

@@ -218,3 +218,17 @@ def test_a_checkpoint_of_the_two_groups_resumes_into_one(tmp_path, scheduler):
     assert resumed.step == 6 and len(resumed.opt.param_groups) == 1
     for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_constant_schedule_saves_the_state_lambdalr_saved():
+    # Its step only counts (LambdaLR's recomputed and set an lr that never changes, every step).
+    run, twin = _run(schedule="constant"), _run(schedule="constant")
+    assert isinstance(run.sched, optim.Constant)
+    lambdalr = torch.optim.lr_scheduler.LambdaLR(twin.opt, lambda s: 1.0)
+    for batch in itertools.islice(step_batches(run, 0), 3):
+        step(run, batch)
+        twin.opt.step()
+        lambdalr.step()
+    assert run.sched.state_dict() == lambdalr.state_dict()
+    assert run.opt.param_groups[0]["lr"] == run.cfg.lr
+    assert type(_run(schedule="constant", warmup_steps=2).sched) is not optim.Constant

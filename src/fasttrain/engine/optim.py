@@ -100,9 +100,12 @@ def _fused_unasked(cfg, world) -> bool:
 
 def scheduler(cfg, run, opt: torch.optim.Optimizer, factory: Callable | None = None,
               name: str = "") -> torch.optim.lr_scheduler.LRScheduler:
-    """The user's scheduler, or the built-in schedule as a LambdaLR of lr_factor."""
+    """The user's scheduler, or the built-in schedule as a LambdaLR of lr_factor (Constant
+    where that is 1 at every step)."""
     if factory is None:
-        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, run, s))
+        flat = cfg.schedule == "constant" and not cfg.warmup_steps
+        cls = Constant if flat else torch.optim.lr_scheduler.LambdaLR
+        return cls(opt, lambda s: lr_factor(cfg, run, s))
     sched = usercode.call(factory, f"your scheduler factory {name}", opt)
     if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau) or not isinstance(
             sched, torch.optim.lr_scheduler.LRScheduler):
@@ -122,6 +125,20 @@ def check_length(sched, run, name: str, restored: bool = False) -> None:
         raise UserError(f"--scheduler {name} is {total} steps long{where} and this run "
                         f"{run.total_steps}; build it with total_steps={run.total_steps} (or "
                         f"more), or shorten the run with --max-steps {total}")
+
+
+class Constant(torch.optim.lr_scheduler.LambdaLR):
+    """The built-in schedule where its factor is 1 at every step (--schedule constant without
+    warm-up): LambdaLR's state, counted as LambdaLR counts it (checkpoints as before), without
+    recomputing and setting every step an lr that never changes (LambdaLR.step: 5.2 µs of
+    Python a step on the 2-core EPYC, best of 7 × 20,000 calls; this one's 0.1)."""
+
+    def step(self, epoch=None) -> None:
+        if self._is_initial or epoch is not None:  # the step __init__ takes: sets the lr
+            return super().step(epoch)
+        self._step_count += 1
+        self.last_epoch += 1
+        return None
 
 
 class Optimizers(torch.optim.Optimizer):
