@@ -17,8 +17,11 @@ GPU pays in full when its step is bound by the host):
 
 --ops adds, per loop, the host work of one step: the aten ops that reach a kernel (counted by a
 TorchDispatchMode below autograd, forward, backward and optimizer alike), the ops the engine adds
-or saves by name, and cProfile's time in Python frames (C calls excluded; cProfile's own cost
-inflates it, so compare the two loops, not the absolute figure). The ops are the same Python and
+or saves by name, the function calls cProfile sees (Python's, and C functions called from
+Python: a count, independent of load) and its time in Python frames (C calls excluded; its own
+cost and other processes inflate it: compare the loops by frame, not the totals). Timed rounds
+read this thread's CPU time too (preemption excluded), as medians and fastest rounds: on a shared
+machine wall time swings by more than the host work compared. The ops are the same Python and
 dispatcher path on a CPU tensor as on a CUDA one, so they are counted on the CPU; on CUDA each
 one also launches kernels. On the CPU torch's AdamW takes its for-loop implementation and on
 CUDA the foreach one: on the CPU both loops are given foreach=True, so that what is counted is
@@ -209,7 +212,7 @@ def host_work(one, finish, n: int) -> dict:
         for _ in range(n):
             one()
         finish()
-    prof = cProfile.Profile(time.thread_time)  # CPU time: preemption is not charged to a frame
+    prof = cProfile.Profile()  # (a thread_time timer: a syscall per call, ~5 µs, no use)
     prof.enable()
     for _ in range(n):
         one()
@@ -219,6 +222,7 @@ def host_work(one, finish, n: int) -> dict:
     python = {f"{os.path.basename(k[0])}:{k[1]}({k[2]})": v[2] for k, v in stats.items()
               if k[0] != "~"}  # "~": C functions (torch's ops among them)
     return {"ops_per_step": sum(counter.ops.values()) / n,
+            "calls_per_step": sum(v[1] for v in stats.values()) / n,  # Python's and C's
             "ops": {k: v / n for k, v in sorted(counter.ops.items())},
             "python_us_per_step": 1e6 * sum(python.values()) / n,
             "python_frames_us_per_step": {k: 1e6 * v / n for k, v in
@@ -234,7 +238,9 @@ def print_host_work(work: dict) -> None:
         d = eng["ops"].get(op, 0) - ref["ops"].get(op, 0)
         if abs(d) >= 0.05:  # (the finishing .item() of a timed window is 1/n a step)
             print(f"  {d:+6.1f}  {op}")
-    print("Python frames (cProfile of this thread's CPU time, C calls excluded), µs/step: "
+    print("function calls a step (cProfile: Python functions and C ones called from Python): "
+          + ", ".join(f"{k} {w['calls_per_step']:.0f}" for k, w in work.items()))
+    print("time in Python frames (cProfile, C calls excluded; preemption included), µs/step: "
           + ", ".join(f"{k} {w['python_us_per_step']:.0f}" for k, w in work.items())
           + "; the engine's most over the hand loop's, by frame:")
     frames = {fn: us - ref["python_frames_us_per_step"].get(fn, 0.0)
@@ -290,15 +296,18 @@ def main() -> None:
     if work:
         print_host_work(work)
     for k, v in times.items():
-        print(f"{k:>13}: median {med[k]:.3f} ms/step, this thread's CPU {cpu_med[k]:.3f} "
-              f"ms/step  (rounds: {', '.join(f'{t:.3f}' for t in v)})")
+        print(f"{k:>13}: median {med[k]:.3f} ms/step, this thread's CPU median {cpu_med[k]:.3f} "
+              f"min {min(cpu[k]):.3f} ms/step  (rounds: {', '.join(f'{t:.3f}' for t in v)})")
     added_us = 1e3 * (med["engine"] - med[ref])
     added_cpu_us = 1e3 * (cpu_med["engine"] - cpu_med[ref])
+    # The fastest round of each: the least disturbed by the other processes (cache, SMT)
+    added_cpu_min_us = 1e3 * (min(cpu["engine"]) - min(cpu[ref]))
     paired = statistics.median(e / h for e, h in zip(times["engine"], times[ref], strict=True))
     print(f"engine overhead: {100 * overhead:+.2f}% per step ({100 * (paired - 1):+.2f}% paired "
           f"per round), {added_us:+.1f} µs per step, {added_cpu_us:+.1f} µs of this thread's "
-          f"CPU ({args.model}{f' hidden {args.hidden}' if args.hidden else ''}, batch "
-          f"{args.batch_size}, {device.type}, threads {torch.get_num_threads()}); load "
+          f"CPU by medians, {added_cpu_min_us:+.1f} by the fastest rounds ({args.model}"
+          f"{f' hidden {args.hidden}' if args.hidden else ''}, batch {args.batch_size}, "
+          f"{device.type}, threads {torch.get_num_threads()}); load "
           f"{loads[0]:.2f} → {loads[-1]:.2f}")
     if args.json:
         result = {"schema": "fasttrain.engine-overhead/2", "env": env,
@@ -314,6 +323,7 @@ def main() -> None:
                            for k, v in times.items()],
                   "overhead": overhead, "overhead_paired": paired - 1,
                   "added_us_per_step": added_us, "added_thread_cpu_us_per_step": added_cpu_us,
+                  "added_thread_cpu_us_per_step_fastest_rounds": added_cpu_min_us,
                   "host_work": work, "load_1min": loads}
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
