@@ -7,8 +7,8 @@ the overhead their ratio and their difference (µs a step: the host time the eng
 GPU pays in full when its step is bound by the host):
 
   --against hand-written (default)  the engine on the bundled MNIST (uint8, scaled on the device)
-      against a loop doing the same work: the engine's parameter groups, the loss summed on the
-      device (default model the cnn, batch 64);
+      against a loop doing the same work: one parameter group (as the engine's AdamW takes them
+      at weight decay 0), the loss summed on the device (default model the cnn, batch 64);
   --against hand-indexed   benchmarks/peers_in_memory.py's pair: `fasttrain.build(model=net,
       data=(x, y), loss=F.cross_entropy, ...)` on float tensors against its lean hand loop
       (randperm each epoch, x[perm[i:i+B]], AdamW over net.parameters(), nothing else). The
@@ -55,7 +55,6 @@ from fasttrain.engine import TrainConfig, build, usercode
 from fasttrain.engine.batches import epoch_order
 from fasttrain.engine.callbacks import standard
 from fasttrain.engine.loop import hooks, progress_bar
-from fasttrain.engine.optim import param_groups
 from fasttrain.env import env_block, hardware_line
 from fasttrain.models import build_model
 
@@ -92,8 +91,7 @@ def _foreach(device: torch.device) -> bool | None:
 def hand_written(task, model_name: str, batch: int, device, hidden=None):
     """The loop a careful user would write: nothing but the step, loss summed on the device."""
     model = _model(model_name, task, device, hidden)
-    opt = torch.optim.AdamW(param_groups(model, False), lr=LR, weight_decay=0.0,
-                            foreach=_foreach(device))
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, foreach=_foreach(device))
     x_all, y_all = task.train_x.to(device), task.train_y.to(device)
     order = epoch_order(SEED, 0, len(y_all)).to(device)
     loss_sum = torch.zeros((), device=device)
