@@ -14,9 +14,9 @@ one group. A factory receives the same groups, the second carrying only weight_d
 the factory's own lr and weight_decay apply to the first). The built-in optimizers take them as
 one group when --weight-decay is 0 (the default), where the two would be equal: torch's foreach
 and fused optimizers run once per group, so two equal groups cost every step a second run of
-them (foreach AdamW: 8 more kernel launches, a host tensor and ~0.1 ms of Python on the 2-core
-EPYC) for the same result, element by element. A checkpoint written with the two groups is
-merged into the one on resume (`merge_groups`).
+them for the same result, element by element (foreach AdamW: 8 more ops, each a kernel launch
+on CUDA, a host tensor and its Python; docs/measurements/engine-overhead.md has the host time).
+A checkpoint written with the two groups is merged into the one on resume (`merge_groups`).
 """
 
 from __future__ import annotations
