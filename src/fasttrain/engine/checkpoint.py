@@ -174,7 +174,7 @@ def restore(run, saved: dict[str, Any], path: str | Path = "checkpoint") -> list
         else:
             run.model.load_state_dict(saved["model"])  # copies into the parameters
             optim.load_state(run.opt, saved["optimizer"])  # into the state tensors held
-        run.sched.load_state_dict(saved["scheduler"])
+        run.sched.load_state_dict(optim.merge_schedule(saved["scheduler"], run.opt))
         run.scaler.load_state_dict(saved["scaler"])
     except (RuntimeError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise UserError(f"checkpoint {path} does not fit this model/optimizer "

@@ -11,7 +11,12 @@ weights, and embeddings, which decay as in nanoGPT and timm's generic rule) and 
 normalization weights and any other 0/1-dim parameter) in a group with weight_decay 0, since
 decaying a scale or an offset pulls it towards 0 and only hurts; `decay_norm_and_bias` puts all in
 one group. A factory receives the same groups, the second carrying only weight_decay = 0 (so that
-the factory's own lr and weight_decay apply to the first).
+the factory's own lr and weight_decay apply to the first). The built-in optimizers take them as
+one group when --weight-decay is 0 (the default), where the two would be equal: torch's foreach
+and fused optimizers run once per group, so two equal groups cost every step a second run of
+them for the same result, element by element (foreach AdamW: 8 more ops, each a kernel launch
+on CUDA, a host tensor and its Python; docs/measurements/engine-overhead.md has the host time).
+A checkpoint written with the two groups is merged into the one on resume (`merge_groups`).
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ def optimizer(cfg, model: nn.Module, world, factory: Callable | None = None,
             opt = Optimizers(opt, name)
         _check_optimizer(opt, model, name)
         return opt
+    if not cfg.weight_decay:  # both groups alike: one (decayed first, as the two were ordered)
+        groups = [{"params": [p for g in groups for p in g["params"]]}]
     kw = {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
           "fused": True if cfg.fused_optimizer or _fused_unasked(cfg, world) else None}
     try:
@@ -93,9 +100,12 @@ def _fused_unasked(cfg, world) -> bool:
 
 def scheduler(cfg, run, opt: torch.optim.Optimizer, factory: Callable | None = None,
               name: str = "") -> torch.optim.lr_scheduler.LRScheduler:
-    """The user's scheduler, or the built-in schedule as a LambdaLR of lr_factor."""
+    """The user's scheduler, or the built-in schedule as a LambdaLR of lr_factor (Constant
+    where that is 1 at every step)."""
     if factory is None:
-        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, run, s))
+        flat = cfg.schedule == "constant" and not cfg.warmup_steps
+        cls = Constant if flat else torch.optim.lr_scheduler.LambdaLR
+        return cls(opt, lambda s: lr_factor(cfg, run, s))
     sched = usercode.call(factory, f"your scheduler factory {name}", opt)
     if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau) or not isinstance(
             sched, torch.optim.lr_scheduler.LRScheduler):
@@ -115,6 +125,20 @@ def check_length(sched, run, name: str, restored: bool = False) -> None:
         raise UserError(f"--scheduler {name} is {total} steps long{where} and this run "
                         f"{run.total_steps}; build it with total_steps={run.total_steps} (or "
                         f"more), or shorten the run with --max-steps {total}")
+
+
+class Constant(torch.optim.lr_scheduler.LambdaLR):
+    """The built-in schedule where its factor is 1 at every step (--schedule constant without
+    warm-up): LambdaLR's state, counted as LambdaLR counts it (checkpoints as before), without
+    recomputing and setting every step an lr that never changes (LambdaLR.step: 5.2 µs of
+    Python a step on the 2-core EPYC, best of 7 × 20,000 calls; this one's 0.1)."""
+
+    def step(self, epoch=None) -> None:
+        if self._is_initial or epoch is not None:  # the step __init__ takes: sets the lr
+            return super().step(epoch)
+        self._step_count += 1
+        self.last_epoch += 1
+        return None
 
 
 class Optimizers(torch.optim.Optimizer):
@@ -205,6 +229,32 @@ def lr_factor(cfg, run, step: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine / the annealing of onecycle
 
 
+def merge_groups(saved: dict, opt: torch.optim.Optimizer) -> dict:
+    """`saved` (an optimizer's state dict) for `opt`, which holds one param group: a built-in
+    optimizer's checkpoint from before equal groups were merged (optimizer()) has two with the
+    same settings; their parameters become one group, in the same order, so the state's
+    parameter indices are unchanged. Anything else is returned as it is (load_state_dict says
+    what does not fit)."""
+    groups = saved.get("param_groups", [])
+    if len(opt.param_groups) != 1 or len(groups) < 2:
+        return saved
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+    if any(s != settings[0] for s in settings):
+        return saved
+    return {**saved, "param_groups": [{**groups[0],
+                                       "params": [i for g in groups for i in g["params"]]}]}
+
+
+def merge_schedule(saved: dict, opt: torch.optim.Optimizer) -> dict:
+    """A scheduler's state dict for `opt` after merge_groups: its per-group lists (base_lrs,
+    _last_lr, LambdaLR's lr_lambdas), all of one value, cut to one entry a group."""
+    n, old = len(opt.param_groups), len(saved.get("base_lrs", ()))
+    if n != 1 or old < 2:
+        return saved
+    return {k: v[:1] if isinstance(v, list) and len(v) == old and all(x == v[0] for x in v)
+            else v for k, v in saved.items()}
+
+
 def load_state(opt: torch.optim.Optimizer, saved: dict) -> None:
     """`opt.load_state_dict(saved)`, its state copied into the tensors `opt` already holds (where
     it holds one of that shape and dtype) rather than replacing them: a captured CUDA graph
@@ -212,7 +262,7 @@ def load_state(opt: torch.optim.Optimizer, saved: dict) -> None:
     new tensors (cast to each parameter's device)."""
     held = {p: dict(opt.state[p]) for g in opt.param_groups for p in g["params"]
             if p in opt.state}
-    opt.load_state_dict(saved)
+    opt.load_state_dict(merge_groups(saved, opt))
     for p, old in held.items():
         new = opt.state[p]
         for key, t in old.items():
