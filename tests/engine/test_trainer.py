@@ -66,7 +66,7 @@ def test_every_model_memorizes_a_batch(model):
     else:
         shape = (3, 32, 32) if model == "resnet" else (1, 28, 28)
         task, batch = image_task(n_train=32, shape=shape), 32
-    # resnet's loss is below 1e-3 by its 40th step (2026-11-27, 2-core EPYC); its steps cost the most
+    # resnet's loss is below 1e-3 by its 40th step (2-core EPYC, 2026-11-27): its steps cost most
     epochs = 40 if model == "resnet" else 150
     t = fit(task, model=model, batch_size=batch, lr=3e-3, epochs=epochs, log_every=10)
     last = [r for r in t.history if r["kind"] == "train"][-1]  # mean of the last 10 steps
