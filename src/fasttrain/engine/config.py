@@ -323,6 +323,9 @@ class TrainConfig:
         if self.tp * self.pp > 1 and self.cuda_graphs:
             raise UserError("--cuda-graphs is not supported with --tp/--pp (collectives inside "
                             "a captured graph); drop --cuda-graphs")
+        if self.pp > 1 and self.compile:
+            raise UserError("--pp runs each stage eagerly (the schedule calls the stages, not a "
+                            "compiled model); drop --compile")
 
 
 def kinds_of() -> dict[str, str]:
