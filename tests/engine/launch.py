@@ -54,14 +54,17 @@ class Outcome:
 class Launch:
     def __init__(self, root: Path, procs: int, args: list[str]):
         self.root, self.procs, self.args = root, procs, args  # args: every command's first
-        self.commands: dict[str, list[str]] = {}
+        self.commands: dict[str, list[str] | dict] = {}
         self.log: str | None = None  # torchrun's, once launched
 
-    def add(self, name: str, *extra: str, out: str | None = None) -> Path:
-        """`fasttrain train ARGS --out ROOT/<out or name> EXTRA`; returns that --out."""
+    def add(self, name: str, *extra: str, out: str | None = None,
+            env: dict[str, str] | None = None) -> Path:
+        """`fasttrain train ARGS --out ROOT/<out or name> EXTRA`, with `env` set in its
+        processes while it runs (runs_driver.py); returns that --out."""
         assert self.log is None, "added after the launch"
         path = self.root / (out or name)
-        self.commands[name] = ["train", *self.args, "--out", str(path), *extra]
+        argv = ["train", *self.args, "--out", str(path), *extra]
+        self.commands[name] = {"argv": argv, "env": env} if env else argv
         return path
 
     def __call__(self, name: str) -> Outcome:
