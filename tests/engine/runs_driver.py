@@ -17,10 +17,11 @@ non-zero command's, after which nothing more runs.
 
 With `--record DIR` (first), each command's outcome is written to DIR/<i>/rank<r>.json: its
 exit code, what it printed, and what torch.compile did (dynamo's counters: frames and graphs
-captured, graph breaks, AOTAutograd graphs). Each command then compiles afresh, as in a launch
-of its own (torch._dynamo.reset), and one that stops with a UserError (exit 2) does not stop
-the ones after it: that error is raised on every rank at the same point (engine/agree.py), so
-the ranks go on in step. Any other failure still ends the launch.
+captured, graph breaks, AOTAutograd graphs). Each command then starts as in a launch of its
+own: it compiles afresh (torch._dynamo.reset) and deterministic algorithms are off until it
+asks for them. One that stops with a UserError (exit 2) does not stop the ones after it: that
+error is raised on every rank at the same point (engine/agree.py), so the ranks go on in step.
+Any other failure still ends the launch.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import os
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from fasttrain.cli import main
@@ -70,11 +72,14 @@ def environ(env: dict[str, str]):
 def recorded(argv: list[str], out: Path) -> int:
     """main(argv), its output captured (and still printed) and written with its exit code."""
     if "torch._dynamo" in sys.modules:  # what earlier commands compiled is forgotten
-        import torch._dynamo
+        from torch import _dynamo
         from torch._dynamo.utils import counters
 
-        torch._dynamo.reset()
+        _dynamo.reset()
         counters.clear()
+    # --deterministic's switch outlives its run (engine/switches.py sets it, never clears it):
+    # a fresh process's default, for a command that does not ask for it.
+    torch.use_deterministic_algorithms(False)
     stdout, stderr = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):

@@ -22,7 +22,7 @@ from torch import nn
 from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
 from fasttrain.models.gpt import GPT
-from tests.engine.launch import Launch
+from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,22 +180,25 @@ def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
 
 
+# This module's 2-process `fasttrain train` runs, in the session's shared 2-process launch
+# (launch.Part), in this order: the pp run, the fp16 runs, the run resumed from its checkpoint
+# (its first half, then the resume, in one directory) and the uninterrupted one it is compared
+# with, and the preempted test's uninterrupted run. They were eight launches of their own (the
+# preempted run's stop and resume still are: they need torchrun's signal forwarding and a
+# process of their own).
+TWO = Part(__name__, 2, TRAIN)
+TWO.add("pp", "--pp", "2", "--pp-schedule", "interleaved-1f1b")
+for _name, _flags in FP16.items():
+    TWO.add(f"fp16-{_name}", "--precision", "fp16", "--max-steps", "4", *_flags)
+TWO.add("full", *EVERY, "--max-steps", "4")
+TWO.add("half", *EVERY, "--max-steps", "2")
+TWO.add("half-resumed", *EVERY, "--max-steps", "4", "--resume", "auto", out="half")
+TWO.add("long", *LONG)
+
+
 @pytest.fixture(scope="module")
-def two(tmp_path_factory) -> Launch:
-    """This module's 2-process `fasttrain train` runs in one launch (launch.py), in this order:
-    the pp run, the fp16 runs, the run resumed from its checkpoint (its first half, then the
-    resume, in one directory) and the uninterrupted one it is compared with, and the preempted
-    test's uninterrupted run. They were eight launches of their own (the preempted run's stop
-    and resume still are: they need torchrun's signal forwarding and a process of their own)."""
-    launch = Launch(tmp_path_factory.mktemp("pp-two"), 2, TRAIN)
-    launch.add("pp", "--pp", "2", "--pp-schedule", "interleaved-1f1b")
-    for name, flags in FP16.items():
-        launch.add(f"fp16-{name}", "--precision", "fp16", "--max-steps", "4", *flags)
-    launch.add("full", *EVERY, "--max-steps", "4")
-    launch.add("half", *EVERY, "--max-steps", "2")
-    launch.add("half-resumed", *EVERY, "--max-steps", "4", "--resume", "auto", out="half")
-    launch.add("long", *LONG)
-    return launch
+def two(shared) -> Part:
+    return TWO.bound(shared)
 
 
 def records(out: Path) -> list[dict]:
@@ -234,7 +237,7 @@ def test_fp16_under_a_pipeline_fsdp_and_tp_tracks_one_process(tmp_path, two):
     never sees the loss, yet its scale must exist and move with the last stage's; tp's plain
     and DTensor gradients are unscaled together). The
     losses track one process's fp16 run (micro-batching and sharding change the rounding).
-    The 2-process runs are in the module's launch."""
+    The 2-process runs are in the shared launch."""
     proc = train(tmp_path / "one", "--precision", "fp16", "--max-steps", "4")
     assert proc.returncode == 0, "one" + proc.stdout + proc.stderr
     for name in FP16:
@@ -264,7 +267,7 @@ def test_pp_refuses_compile_before_training(tmp_path):
 def test_a_pp_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(two):
     """DCP checkpoint of the stages (each rank its own parameters and optimizer state, under
     the model's names), then resumed: bit for bit the run that was not stopped. The three runs
-    are in the module's launch: "half" stops at its checkpoint (step 2), and "half-resumed"
+    are in the shared launch: "half" stops at its checkpoint (step 2), and "half-resumed"
     goes on from it, in the same processes (the checkpoint is all it reads)."""
     from safetensors.torch import load_file
 
@@ -282,7 +285,7 @@ def test_a_pp_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(two):
 def test_a_preempted_pipeline_stops_all_stages_at_one_step_and_resumes(tmp_path, two):
     """SIGTERM to torchrun mid-run: both stages (only the last holds the loss) agree on one log
     step, write one DCP checkpoint and exit 75; `--resume auto` then ends bit-identical to the
-    run never stopped (in the module's launch). The signal comes from inside the run
+    run never stopped (in the shared launch). The signal comes from inside the run
     (tests/engine/interrupt.py): rank 0 sends it to torchrun at step 60 and the stages wait
     there until it reaches them, so they stop at 60 — a log step but no checkpoint's: the
     checkpoint resumed from is the stop's own."""

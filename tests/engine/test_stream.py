@@ -14,7 +14,7 @@ from fasttrain.engine import inputs, stream, streamdata
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.run import default_metrics
 from fasttrain.errors import UserError
-from tests.engine.launch import Launch
+from tests.engine.launch import Part
 from tests.engine.streamdata import Flipped, Numbers, SplitNumbers, net, plain, tiny
 
 CPU = torch.device("cpu")
@@ -314,25 +314,25 @@ ITERABLE = ["--model", "tests.engine.streamdata:tiny", "--data", "tests.engine.s
             "--batch-size", "16", "--parallel", "ddp", "--device", "cpu", "--no-progress"]
 
 
+# This module's 2-process runs, in the session's shared 2-process launch (launch.Part), in
+# order: the streamed ddp run, the two recorded shares (each writing to its own --out:
+# $FT_SEEN, set while it runs), then the iterable stream's whole run, its cut and the resume of
+# the cut (one directory). They were six launches of their own.
+TWO = Part(__name__, 2, [])
+TWO.add("ddp", *STREAMED, "--parallel", "ddp", "--workers", "1")
+for _data in ("ids", "numbers"):
+    TWO.add(f"shares-{_data}", "--model", "tests.engine.streamdata:recording", "--data",
+            f"tests.engine.streamdata:{_data}", "--batch-size", "16", "--max-steps", "16",
+            "--parallel", "ddp", "--device", "cpu", "--no-progress", env={"FT_SEEN": "{out}"})
+# A rank's share: 128 items, 16 steps a pass; 40 steps restart it twice.
+TWO.add("whole", *ITERABLE, "--max-steps", "40")
+TWO.add("cut", *ITERABLE, "--max-steps", "21")
+TWO.add("cut-resumed", *ITERABLE, "--max-steps", "40", "--resume", "auto", out="cut")
+
+
 @pytest.fixture(scope="module")
-def two(tmp_path_factory) -> Launch:
-    """This module's 2-process runs in one launch (launch.py), in order: the streamed ddp run,
-    the two recorded shares (each its own $FT_SEEN, set while it runs), then the iterable
-    stream's whole run, its cut and the resume of the cut (one directory). They were six
-    launches of their own."""
-    launch = Launch(root := tmp_path_factory.mktemp("stream-two"), 2, [])
-    launch.add("ddp", *STREAMED, "--parallel", "ddp", "--workers", "1")
-    for data in ("ids", "numbers"):
-        (root / f"seen-{data}").mkdir()
-        launch.add(f"shares-{data}", "--model", "tests.engine.streamdata:recording", "--data",
-                   f"tests.engine.streamdata:{data}", "--batch-size", "16", "--max-steps", "16",
-                   "--parallel", "ddp", "--device", "cpu", "--no-progress",
-                   env={"FT_SEEN": str(root / f"seen-{data}")})
-    # A rank's share: 128 items, 16 steps a pass; 40 steps restart it twice.
-    launch.add("whole", *ITERABLE, "--max-steps", "40")
-    launch.add("cut", *ITERABLE, "--max-steps", "21")
-    launch.add("cut-resumed", *ITERABLE, "--max-steps", "40", "--resume", "auto", out="cut")
-    return launch
+def two(shared) -> Part:
+    return TWO.bound(shared)
 
 
 @pytest.mark.slow
@@ -357,8 +357,8 @@ def test_ddp_on_two_gloo_processes_equals_one_process_for_streamed_data(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("data", ["ids", "numbers"])
 def test_two_gloo_ranks_train_on_disjoint_complete_shares(two, data):
-    two(f"shares-{data}").ok()  # in the module's launch, its $FT_SEEN its own
-    seen_in = two.root / f"seen-{data}"
+    two(f"shares-{data}").ok()  # in the shared launch, its $FT_SEEN its --out
+    seen_in = two.root / f"shares-{data}"
     seen = [[int(v) for v in (seen_in / f"rank{r}.txt").read_text().split()] for r in (0, 1)]
     assert len(seen[0]) == len(seen[1]) == 128  # 16 steps of 8 samples each
     assert not set(seen[0]) & set(seen[1])
@@ -368,7 +368,7 @@ def test_two_gloo_ranks_train_on_disjoint_complete_shares(two, data):
 @pytest.mark.slow
 def test_an_iterable_stream_trains_evaluates_and_resumes_under_torchrun(two):
     """Trained, evaluated, cut in the middle of its second pass and resumed, under torchrun
-    (the module's 2-process launch: the cut, then its resume, in the same processes)."""
+    (the shared 2-process launch: the cut, then its resume, in the same processes)."""
     import json
 
     from safetensors.torch import load_file
