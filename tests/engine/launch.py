@@ -1,7 +1,8 @@
 """One torchrun launch for a module's `fasttrain train` commands of one process count: they run
 one after the other in its processes (runs_driver.py --record), all of them at the first
 request of any. A launch costs the start-up and torch import of each of its processes: seconds
-each on a busy 2-core machine, where CI runs close to its 20 minutes.
+each on a busy 2-core machine, where CI runs close to its 20 minutes. `Part` (below) puts
+the commands of every collected module into one such launch per process count, the session's.
 
     four = Launch(tmp_path_factory.mktemp("four"), procs=4, args=ARGS)
     four.add("pp2-tp2", "--max-steps", "20", "--pp", "2", "--tp", "2")  # → its --out
