@@ -5,19 +5,23 @@ shared launches):
     torchrun --standalone --nproc-per-node 2 -m tests.engine.runs_driver \\
         '["train", "--parallel", "ddp", ...]' '["train", "--parallel", "fsdp", ...]'
 
-Each argument is one command's argv (JSON). The driver holds the process group (gloo) and each
-run joins it, as under a launcher that set it up (engine/distributed.init: the engine closes
-only a group it created), so a run is built, trained, checkpointed and written as it would be
-alone, from its seed. What is shared is only the processes: a torchrun launch costs the start-up
-and torch import of each of them, seconds on a busy 2-core machine (CI runs close to its 20
-minutes). The exit code is the first non-zero command's, after which nothing more runs.
+Each argument is one command's argv (JSON), or {"argv": argv, "env": {NAME: value}} for one
+that runs with those environment variables set (and then restored), as a launch of its own
+with them would (a test dataset that writes what it reads to $FT_SEEN, say). The driver holds
+the process group (gloo) and each run joins it, as under a launcher that set it up
+(engine/distributed.init: the engine closes only a group it created), so a run is built,
+trained, checkpointed and written as it would be alone, from its seed. What is shared is only
+the processes: a torchrun launch costs the start-up and torch import of each of them, seconds
+on a busy 2-core machine (CI runs close to its 20 minutes). The exit code is the first
+non-zero command's, after which nothing more runs.
 
 With `--record DIR` (first), each command's outcome is written to DIR/<i>/rank<r>.json: its
 exit code, what it printed, and what torch.compile did (dynamo's counters: frames and graphs
-captured, graph breaks, AOTAutograd graphs). Each command then compiles afresh, as in a launch
-of its own (torch._dynamo.reset), and one that stops with a UserError (exit 2) does not stop
-the ones after it: that error is raised on every rank at the same point (engine/agree.py), so
-the ranks go on in step. Any other failure still ends the launch.
+captured, graph breaks, AOTAutograd graphs). Each command then starts as in a launch of its
+own: it compiles afresh (torch._dynamo.reset) and deterministic algorithms are off until it
+asks for them. One that stops with a UserError (exit 2) does not stop the ones after it: that
+error is raised on every rank at the same point (engine/agree.py), so the ranks go on in step.
+Any other failure still ends the launch.
 """
 
 from __future__ import annotations
@@ -29,16 +33,20 @@ import os
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from fasttrain.cli import main
 from fasttrain.errors import UserError
 
 
-def run(commands: list[list[str]], record: Path | None = None) -> int:
+def run(commands: list[list[str] | dict], record: Path | None = None) -> int:
     dist.init_process_group("gloo")
-    for i, argv in enumerate(commands):
-        code = main(argv) if record is None else recorded(argv, record / str(i))
+    for i, command in enumerate(commands):
+        argv, env = ((command["argv"], command["env"]) if isinstance(command, dict)
+                     else (command, {}))
+        with environ(env):
+            code = main(argv) if record is None else recorded(argv, record / str(i))
         if code and not (record is not None and code == UserError.exit_code):
             return code  # the peers fail alike (the same command), or time out in a collective
     dist.barrier()
@@ -46,14 +54,32 @@ def run(commands: list[list[str]], record: Path | None = None) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def environ(env: dict[str, str]):
+    """os.environ with `env` set, as before afterwards."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
 def recorded(argv: list[str], out: Path) -> int:
     """main(argv), its output captured (and still printed) and written with its exit code."""
     if "torch._dynamo" in sys.modules:  # what earlier commands compiled is forgotten
-        import torch._dynamo
+        from torch import _dynamo
         from torch._dynamo.utils import counters
 
-        torch._dynamo.reset()
+        _dynamo.reset()
         counters.clear()
+    # --deterministic's switch outlives its run (engine/switches.py sets it, never clears it):
+    # a fresh process's default, for a command that does not ask for it.
+    torch.use_deterministic_algorithms(False)
     stdout, stderr = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):

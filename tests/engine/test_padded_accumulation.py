@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import fasttrain
 from fasttrain.engine.loop import accumulate, accumulate_tokens
+from tests.engine.launch import Part
 from tests.engine.test_stream import FAST
 
 
@@ -80,8 +81,21 @@ def test_a_micro_batch_of_padding_alone_adds_nothing_not_nan():
         torch.testing.assert_close(run.model.state_dict()[k], v, rtol=1e-5, atol=1e-6)
 
 
+PADDED = ["--model", "tests.engine.test_padded_accumulation:lm", "--data",
+          "tests.engine.test_padded_accumulation:loader", "--batch-size", "8", "--max-steps", "1",
+          "--optimizer", "sgd", "--momentum", "0", "--lr", "1.0", "--device", "cpu",
+          "--no-progress", "--accum-steps", "2"]
+TWO = Part(__name__, 2, PADDED)  # in the session's shared 2-process launch (launch.Part)
+TWO.add("ddp", "--parallel", "ddp", env={"FT_ACCUM": "2"})
+
+
+@pytest.fixture(scope="module")
+def two(shared) -> Part:
+    return TWO.bound(shared)
+
+
 @pytest.mark.slow
-def test_padded_token_sequences_on_two_gloo_ranks_train_the_one_process_update(tmp_path):
+def test_padded_token_sequences_on_two_gloo_ranks_train_the_one_process_update(tmp_path, two):
     # Averaged per rank, two ranks' micro-batches of 4 moved the weights up to 0.05 away from
     # one process's batch of 8 (SGD, lr 1); weighed by tokens, by rounding only.
     import subprocess
@@ -89,18 +103,11 @@ def test_padded_token_sequences_on_two_gloo_ranks_train_the_one_process_update(t
 
     from safetensors.torch import load_file
 
-    from tests.engine.test_distributed import TORCHRUN
-
-    args = ["-m", "fasttrain", "train", "--model", "tests.engine.test_padded_accumulation:lm",
-            "--data", "tests.engine.test_padded_accumulation:loader", "--batch-size", "8",
-            "--max-steps", "1", "--optimizer", "sgd", "--momentum", "0", "--lr", "1.0",
-            "--device", "cpu", "--no-progress", "--accum-steps", "2"]
-    for name, launcher, extra in (("one", [sys.executable], []),
-                                  ("ddp", TORCHRUN, ["--parallel", "ddp"])):
-        proc = subprocess.run([*launcher, *args, *extra, "--out", str(tmp_path / name)],
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "FT_ACCUM": "2"})
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    one, ddp = (load_file(tmp_path / n / "weights.safetensors") for n in ("one", "ddp"))
+    proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", *PADDED, "--out",
+                           str(tmp_path / "one")], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "FT_ACCUM": "2"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    two("ddp").ok()
+    one, ddp = (load_file(d / "weights.safetensors") for d in (tmp_path / "one", two.root / "ddp"))
     for k, v in one.items():
         torch.testing.assert_close(ddp[k], v, rtol=1e-5, atol=1e-6, msg=k)

@@ -22,6 +22,7 @@ from torch import nn
 from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
 from fasttrain.models.gpt import GPT
+from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import ARGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,6 +168,9 @@ def test_microbatches_default_to_twice_the_stages_and_must_divide_the_batch():
 
 # test_tensor_parallel's gpt run, 3 steps: conftest.one(3) is this run in one process.
 TRAIN = [*ARGS, "--max-steps", "3"]
+FP16 = {"pp": ["--pp", "2"], "fsdp": ["--parallel", "fsdp"], "tp": ["--tp", "2"]}
+EVERY = ["--pp", "2", "--checkpoint-every", "2"]  # the resumed run's
+LONG = ["--pp", "2", "--max-steps", "120", "--checkpoint-every", "40", "--log-every", "20"]
 
 
 def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
@@ -176,6 +180,27 @@ def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess
                           env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
 
 
+# This module's 2-process `fasttrain train` runs, in the session's shared 2-process launch
+# (launch.Part), in this order: the pp run, the fp16 runs, the run resumed from its checkpoint
+# (its first half, then the resume, in one directory) and the uninterrupted one it is compared
+# with, and the preempted test's uninterrupted run. They were eight launches of their own (the
+# preempted run's stop and resume still are: they need torchrun's signal forwarding and a
+# process of their own).
+TWO = Part(__name__, 2, TRAIN)
+TWO.add("pp", "--pp", "2", "--pp-schedule", "interleaved-1f1b")
+for _name, _flags in FP16.items():
+    TWO.add(f"fp16-{_name}", "--precision", "fp16", "--max-steps", "4", *_flags)
+TWO.add("full", *EVERY, "--max-steps", "4")
+TWO.add("half", *EVERY, "--max-steps", "2")
+TWO.add("half-resumed", *EVERY, "--max-steps", "4", "--resume", "auto", out="half")
+TWO.add("long", *LONG)
+
+
+@pytest.fixture(scope="module")
+def two(shared) -> Part:
+    return TWO.bound(shared)
+
+
 def records(out: Path) -> list[dict]:
     import json
 
@@ -183,49 +208,47 @@ def records(out: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_fasttrain_train_pp_2_logs_evaluates_and_saves_as_one_process(tmp_path, one):
+def test_fasttrain_train_pp_2_logs_evaluates_and_saves_as_one_process(two, one):
     """The engine's wiring: losses (logged from the last stage), evaluation (forward-only
     through the stages), gradient clipping (the norm over both stages) and the final weights
     file (both stages' tensors, under the model's names) equal one process's (TRAIN's 3 steps:
     conftest.one's run, shared with the other modules)."""
     from safetensors.torch import load_file
 
-    proc = train(tmp_path / "pp", "--pp", "2", "--pp-schedule", "interleaved-1f1b", procs=2)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    two("pp").ok()
     reference = one(3)
-    one, pp = records(reference), records(tmp_path / "pp")
+    one, pp = records(reference), records(two.root / "pp")
     assert [r["step"] for r in one] == [r["step"] for r in pp]
     for a, b in zip(one, pp, strict=True):
         for key in ("loss", "test_loss", "test_token_accuracy"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
     assert pp[0]["param_bytes"] < 0.51 * one[0]["param_bytes"]  # rank 0's half
-    w1, wp = (load_file(d / "weights.safetensors") for d in (reference, tmp_path / "pp"))
+    w1, wp = (load_file(d / "weights.safetensors") for d in (reference, two.root / "pp"))
     assert w1.keys() == wp.keys()
     for k in w1:
         torch.testing.assert_close(wp[k], w1[k], rtol=1e-5, atol=1e-5, msg=k)
 
 
 @pytest.mark.slow
-def test_fp16_under_a_pipeline_fsdp_and_tp_tracks_one_process(tmp_path):
+def test_fp16_under_a_pipeline_fsdp_and_tp_tracks_one_process(tmp_path, two):
     """fp16 where each rank holds part of the gradients (engine/scaler.py): the found-inf flag
     is all-reduced, so every rank keeps the same scale and skips the same steps (a first stage
     never sees the loss, yet its scale must exist and move with the last stage's; tp's plain
     and DTensor gradients are unscaled together). The
-    losses track one process's fp16 run (micro-batching and sharding change the rounding)."""
-    fp16 = ("--precision", "fp16", "--max-steps", "4")
-    runs = {"one": train(tmp_path / "one", *fp16),
-            "pp": train(tmp_path / "pp", *fp16, "--pp", "2", procs=2),
-            "fsdp": train(tmp_path / "fsdp", *fp16, "--parallel", "fsdp", procs=2),
-            "tp": train(tmp_path / "tp", *fp16, "--tp", "2", procs=2)}
-    for name, proc in runs.items():
-        assert proc.returncode == 0, name + proc.stdout + proc.stderr
-    def trained(name: str) -> list[dict]:
-        return [r for r in records(tmp_path / name) if r["kind"] == "train"]
+    losses track one process's fp16 run (micro-batching and sharding change the rounding).
+    The 2-process runs are in the shared launch."""
+    proc = train(tmp_path / "one", "--precision", "fp16", "--max-steps", "4")
+    assert proc.returncode == 0, "one" + proc.stdout + proc.stderr
+    for name in FP16:
+        two(f"fp16-{name}").ok()
 
-    one = trained("one")
-    for name in ("pp", "fsdp", "tp"):
-        got = trained(name)
+    def trained(out: Path) -> list[dict]:
+        return [r for r in records(out) if r["kind"] == "train"]
+
+    one = trained(tmp_path / "one")
+    for name in FP16:
+        got = trained(two.root / f"fp16-{name}")
         assert [r["step"] for r in got] == [r["step"] for r in one]
         for a, b in zip(one, got, strict=True):
             assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), name
@@ -241,51 +264,49 @@ def test_pp_refuses_compile_before_training(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_pp_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(tmp_path):
+def test_a_pp_run_resumed_from_its_checkpoint_equals_the_uninterrupted_run(two):
     """DCP checkpoint of the stages (each rank its own parameters and optimizer state, under
-    the model's names), then resumed: bit for bit the run that was not stopped."""
+    the model's names), then resumed: bit for bit the run that was not stopped. The three runs
+    are in the shared launch: "half" stops at its checkpoint (step 2), and "half-resumed"
+    goes on from it, in the same processes (the checkpoint is all it reads)."""
     from safetensors.torch import load_file
 
-    every = ("--pp", "2", "--checkpoint-every", "2")
-    runs = [train(tmp_path / "full", *every, "--max-steps", "4", procs=2),
-            train(tmp_path / "half", *every, "--max-steps", "2", procs=2),
-            train(tmp_path / "half", *every, "--max-steps", "4", "--resume", "auto", procs=2)]
-    for proc in runs:
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    full, resumed = (load_file(tmp_path / d / "weights.safetensors") for d in ("full", "half"))
+    two("full").ok()
+    two("half").ok()
+    resumed = two("half-resumed").ok()
+    assert "step-00000002" in resumed.stdouts[0], resumed.log
+    full, resumed = (load_file(two.root / d / "weights.safetensors") for d in ("full", "half"))
     assert full.keys() == resumed.keys()
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
 
 
 @pytest.mark.slow
-def test_a_preempted_pipeline_stops_all_stages_at_one_step_and_resumes(tmp_path):
+def test_a_preempted_pipeline_stops_all_stages_at_one_step_and_resumes(tmp_path, two):
     """SIGTERM to torchrun mid-run: both stages (only the last holds the loss) agree on one log
     step, write one DCP checkpoint and exit 75; `--resume auto` then ends bit-identical to the
-    run never stopped. The signal comes from inside the run (tests/engine/interrupt.py): rank 0
-    sends it to torchrun at step 60 and the stages wait there until it reaches them, so they
-    stop at 60 — a log step but no checkpoint's: the checkpoint resumed from is the stop's own."""
+    run never stopped (in the shared launch). The signal comes from inside the run
+    (tests/engine/interrupt.py): rank 0 sends it to torchrun at step 60 and the stages wait
+    there until it reaches them, so they stop at 60 — a log step but no checkpoint's: the
+    checkpoint resumed from is the stop's own."""
     from safetensors.torch import load_file
 
     from fasttrain.engine.checkpoint import complete
 
     at = 60
-    long = ("--pp", "2", "--max-steps", "120", "--checkpoint-every", "40", "--log-every", "20")
-    proc = train(tmp_path / "full", *long, procs=2)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    two("long").ok()
     out = tmp_path / "stopped"
     cmd = [*TORCHRUN[:-1], "2", "-m", "tests.engine.interrupt", "SIGTERM", str(at),
-           "--launcher", "1", "--", *TRAIN, "--out", str(out), *long]
+           "--launcher", "1", "--", *TRAIN, "--out", str(out), *LONG]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"})
     log = run.stdout + run.stderr
     assert run.returncode != 0 and log.count("stopped: signal") == 2, log  # both ranks: 75
     step = complete(out / "checkpoints")[-1][0]
     assert step == at, log
-    proc = train(out, *long, "--resume", "auto", procs=2)
+    proc = train(out, *LONG, "--resume", "auto", procs=2)
     assert proc.returncode == 0 and f"step {step})" in proc.stdout + proc.stderr, proc.stderr
-    full, resumed = (load_file(d / "weights.safetensors") for d in (tmp_path / "full", out))
+    full, resumed = (load_file(d / "weights.safetensors") for d in (two.root / "long", out))
     assert full.keys() == resumed.keys()
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
-

@@ -23,7 +23,7 @@ import torch
 
 from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
-from tests.engine.launch import Launch
+from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import (
     ARGS,
     assert_refused_alike,
@@ -58,20 +58,22 @@ BAD = {  # the line every rank prints: the flags of a layout refused on 4 proces
 }
 
 
+# This module's 4-process commands, in the session's shared 4-process launch (launch.Part):
+# the layouts over 20 steps (pp2-tp2's 1-step case added nothing to them but 21 s of CI's
+# budget), the first half of the resumed run, then the refusals.
+FOUR = Part(__name__, 4, ARGS)
+for _name, (_procs, _flags) in LAYOUTS.items():
+    if _procs == 4:
+        FOUR.add(_name, "--max-steps", "20", *_flags)
+FOUR.add("pp2-tp2-checkpointed", "--max-steps", "2", "--checkpoint-every", "2",
+         "--activation-checkpointing", *LAYOUTS["pp2-tp2"][1])
+for _says, _flags in BAD.items():
+    FOUR.add(_says, *_flags, "--max-steps", "1", refused=True)
+
+
 @pytest.fixture(scope="module")
-def four(tmp_path_factory) -> Launch:
-    """This module's 4-process commands in one launch (launch.py): the layouts over 20 steps
-    (pp2-tp2's 1-step case added nothing to them but 21 s of CI's budget), the first half of
-    the resumed run, then the refusals."""
-    launch = Launch(tmp_path_factory.mktemp("four"), 4, ARGS)
-    for name, (procs, flags) in LAYOUTS.items():
-        if procs == 4:
-            launch.add(name, "--max-steps", "20", *flags)
-    launch.add("pp2-tp2-checkpointed", "--max-steps", "2", "--checkpoint-every", "2",
-               "--activation-checkpointing", *LAYOUTS["pp2-tp2"][1])
-    for says, flags in BAD.items():
-        launch.add(says, *flags, "--max-steps", "1")
-    return launch
+def four(shared) -> Part:
+    return FOUR.bound(shared)
 
 
 @pytest.mark.slow

@@ -21,7 +21,8 @@ import torch
 from fasttrain.engine.inputs import cross_entropy
 from fasttrain.engine.tensor_parallel import wants_loss_parallel
 from fasttrain.models.gpt import GPT
-from tests.engine.test_tensor_parallel import assert_same_run, torchrun, train
+from tests.engine.launch import Part
+from tests.engine.test_tensor_parallel import ARGS, assert_same_run, torchrun, train
 
 DRIVER = Path(__file__).with_name("tp_driver.py")
 B, T, VOCAB, WIDTH = 4, 32, 65, 32  # the driver's defaults; 65 = 33 + 32 rows: an uneven split
@@ -76,10 +77,19 @@ def test_loss_parallel_keeps_the_logits_vocab_sharded_and_saves_their_bytes(driv
     assert lp["saved_bytes"] < driven["one_process"]["saved_bytes"]
 
 
+STEP = ["--step", "tests.engine.test_sequence_parallel:plain_step", "--max-steps", "3"]
+TWO = Part(__name__, 2, ARGS)  # in the session's shared 2-process launch (launch.Part)
+TWO.add("tp", *STEP, "--tp", "2")
+
+
+@pytest.fixture(scope="module")
+def two(shared) -> Part:
+    return TWO.bound(shared)
+
+
 @pytest.mark.slow
-def test_a_user_step_under_tp_gets_whole_logits_and_trains_as_one_process(tmp_path):
-    step = ["--step", "tests.engine.test_sequence_parallel:plain_step", "--max-steps", "3"]
-    one = train(tmp_path / "one", *step)
-    tp = train(tmp_path / "tp", *step, "--tp", "2", procs=2)
-    assert one.returncode == 0 and tp.returncode == 0, tp.stdout + tp.stderr
-    assert_same_run(tmp_path / "one", tmp_path / "tp")
+def test_a_user_step_under_tp_gets_whole_logits_and_trains_as_one_process(tmp_path, two):
+    one = train(tmp_path / "one", *STEP)
+    assert one.returncode == 0, one.stdout + one.stderr
+    two("tp").ok()
+    assert_same_run(tmp_path / "one", two.root / "tp")

@@ -14,6 +14,7 @@ from fasttrain.engine import inputs, stream, streamdata
 from fasttrain.engine.config import TrainConfig
 from fasttrain.engine.run import default_metrics
 from fasttrain.errors import UserError
+from tests.engine.launch import Part
 from tests.engine.streamdata import Flipped, Numbers, SplitNumbers, net, plain, tiny
 
 CPU = torch.device("cpu")
@@ -306,80 +307,81 @@ def test_streamed_splits_are_evaluated_over_their_samples():
     assert evaluate(run, "test")["test_loss"] == pytest.approx(want, rel=1e-5)
 
 
+STREAMED = ["--model", "tests.engine.streamdata:plain", "--data", "tests.engine.streamdata:ordered",
+            "--batch-size", "32", "--accum-steps", "2", "--optimizer", "sgd", "--lr", "0.05",
+            "--epochs", "2", "--device", "cpu", "--no-progress"]
+ITERABLE = ["--model", "tests.engine.streamdata:tiny", "--data", "tests.engine.streamdata:numbers",
+            "--batch-size", "16", "--parallel", "ddp", "--device", "cpu", "--no-progress"]
+
+
+# This module's 2-process runs, in the session's shared 2-process launch (launch.Part), in
+# order: the streamed ddp run, the two recorded shares (each writing to its own --out:
+# $FT_SEEN, set while it runs), then the iterable stream's whole run, its cut and the resume of
+# the cut (one directory). They were six launches of their own.
+TWO = Part(__name__, 2, [])
+TWO.add("ddp", *STREAMED, "--parallel", "ddp", "--workers", "1")
+for _data in ("ids", "numbers"):
+    TWO.add(f"shares-{_data}", "--model", "tests.engine.streamdata:recording", "--data",
+            f"tests.engine.streamdata:{_data}", "--batch-size", "16", "--max-steps", "16",
+            "--parallel", "ddp", "--device", "cpu", "--no-progress", env={"FT_SEEN": "{out}"})
+# A rank's share: 128 items, 16 steps a pass; 40 steps restart it twice.
+TWO.add("whole", *ITERABLE, "--max-steps", "40")
+TWO.add("cut", *ITERABLE, "--max-steps", "21")
+TWO.add("cut-resumed", *ITERABLE, "--max-steps", "40", "--resume", "auto", out="cut")
+
+
+@pytest.fixture(scope="module")
+def two(shared) -> Part:
+    return TWO.bound(shared)
+
+
 @pytest.mark.slow
-def test_ddp_on_two_gloo_processes_equals_one_process_for_streamed_data(tmp_path):
+def test_ddp_on_two_gloo_processes_equals_one_process_for_streamed_data(tmp_path, two):
     import subprocess
     import sys
 
     from safetensors.torch import load_file
 
-    from tests.engine.test_distributed import TORCHRUN
-
-    args = ["-m", "fasttrain", "train", "--model", "tests.engine.streamdata:plain", "--data",
-            "tests.engine.streamdata:ordered", "--batch-size", "32", "--accum-steps", "2",
-            "--optimizer", "sgd", "--lr", "0.05", "--epochs", "2", "--device", "cpu",
-            "--no-progress"]
-    got = {}
-    for name, launcher in (("one", [sys.executable]), ("ddp", TORCHRUN)):
-        extra = ["--parallel", "ddp", "--workers", "1"] if name == "ddp" else []
-        proc = subprocess.run([*launcher, *args, *extra, "--out", str(tmp_path / name)],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "data streamed" in proc.stderr
-        got[name] = load_file(tmp_path / name / "weights.safetensors")
+    proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", *STREAMED, "--out",
+                           str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "data streamed" in proc.stderr
+    ddp = two("ddp").ok()
+    assert "data streamed" in ddp.stderrs[0], ddp.log
+    got = {name: load_file(out / "weights.safetensors")
+           for name, out in (("one", tmp_path / "one"), ("ddp", two.root / "ddp"))}
     for k, v in got["one"].items():
         torch.testing.assert_close(got["ddp"][k], v, rtol=1e-5, atol=1e-6, msg=k)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("data", ["ids", "numbers"])
-def test_two_gloo_ranks_train_on_disjoint_complete_shares(tmp_path, data):
-    import os
-    import subprocess
-
-    from tests.engine.test_distributed import TORCHRUN
-
-    proc = subprocess.run([*TORCHRUN, "-m", "fasttrain", "train", "--model",
-                           "tests.engine.streamdata:recording", "--data",
-                           f"tests.engine.streamdata:{data}", "--batch-size", "16",
-                           "--max-steps", "16", "--parallel", "ddp", "--device", "cpu",
-                           "--no-progress"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "FT_SEEN": str(tmp_path)})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    seen = [[int(v) for v in (tmp_path / f"rank{r}.txt").read_text().split()] for r in (0, 1)]
+def test_two_gloo_ranks_train_on_disjoint_complete_shares(two, data):
+    two(f"shares-{data}").ok()  # in the shared launch, its $FT_SEEN its --out
+    seen_in = two.root / f"shares-{data}"
+    seen = [[int(v) for v in (seen_in / f"rank{r}.txt").read_text().split()] for r in (0, 1)]
     assert len(seen[0]) == len(seen[1]) == 128  # 16 steps of 8 samples each
     assert not set(seen[0]) & set(seen[1])
     assert sorted(seen[0] + seen[1]) == list(range(256))
 
 
 @pytest.mark.slow
-def test_an_iterable_stream_trains_evaluates_and_resumes_under_torchrun(tmp_path):
+def test_an_iterable_stream_trains_evaluates_and_resumes_under_torchrun(two):
+    """Trained, evaluated, cut in the middle of its second pass and resumed, under torchrun
+    (the shared 2-process launch: the cut, then its resume, in the same processes)."""
     import json
-    import subprocess
 
     from safetensors.torch import load_file
 
-    from tests.engine.test_distributed import TORCHRUN
-
-    def train(out: str, steps: int, *extra: str) -> None:
-        proc = subprocess.run([*TORCHRUN, "-m", "fasttrain", "train", "--model",
-                               "tests.engine.streamdata:tiny", "--data",
-                               "tests.engine.streamdata:numbers", "--batch-size", "16",
-                               "--max-steps", str(steps), "--parallel", "ddp", "--device", "cpu",
-                               "--no-progress", "--out", str(tmp_path / out), *extra],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-
-    # A rank's share: 128 items, 16 steps a pass; 40 steps restart it twice.
-    train("whole", 40)
+    two("whole").ok()
     records = [json.loads(line)
-               for line in (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()]
+               for line in (two.root / "whole" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["kind"] == "eval" and "test_loss" in records[-1]
     assert max(r["step"] for r in records) == 40
     # Cut in the middle of the second pass, resumed: the same weights, bit for bit.
-    train("cut", 21)
-    train("cut", 40, "--resume", "auto")
-    whole, resumed = (load_file(tmp_path / d / "weights.safetensors") for d in ("whole", "cut"))
+    two("cut").ok()
+    two("cut-resumed").ok()
+    whole, resumed = (load_file(two.root / d / "weights.safetensors") for d in ("whole", "cut"))
     for k, v in whole.items():
         assert torch.equal(resumed[k], v), k
 

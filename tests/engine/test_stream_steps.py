@@ -83,29 +83,31 @@ def test_a_stream_without_length_under_torchrun_restarts_passes_as_one_process_d
     """Two gloo ranks with uneven shares (5 and 3 steps a pass): every pass ends on both at
     step 3, each a new epoch (set_epoch, the logs), and --epochs ends the run."""
     import json
-    import os
-    import subprocess
 
-    from tests.engine.test_distributed import TORCHRUN
+    from tests.engine.launch import Launch
 
-    def train(out: str, *extra: str) -> list[dict]:
-        proc = subprocess.run([*TORCHRUN, "-m", "fasttrain", "train", "--model",
-                               "tests.engine.streamdata:tiny", "--data",
-                               "tests.engine.streamdata:uneven", "--batch-size", "16",
-                               "--log-every", "1", "--parallel", "ddp", "--device", "cpu",
-                               "--no-progress", "--out", str(tmp_path / out), *extra],
-                              capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "FT_SEEN": str(tmp_path)})
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "cannot end a stream" not in proc.stderr
+    # Both runs in one launch (launch.py), each with its own $FT_SEEN while it runs.
+    launch = Launch(tmp_path, 2, ["--model", "tests.engine.streamdata:tiny", "--data",
+                                  "tests.engine.streamdata:uneven", "--batch-size", "16",
+                                  "--log-every", "1", "--parallel", "ddp", "--device", "cpu",
+                                  "--no-progress"])
+    for name, extra in (("steps", ["--max-steps", "8"]),
+                        ("epochs", ["--max-steps", "100", "--epochs", "2"])):
+        (tmp_path / f"seen-{name}").mkdir()
+        launch.add(name, *extra, env={"FT_SEEN": str(tmp_path / f"seen-{name}")})
+
+    def train(out: str) -> list[dict]:
+        ran = launch(out).ok()
+        assert not any("cannot end a stream" in err for err in ran.stderrs), ran.log
         lines = (tmp_path / out / "metrics.jsonl").read_text().splitlines()
         return [r for r in map(json.loads, lines) if r["kind"] == "train"]
 
-    logged = [(r["step"], r["epoch"]) for r in train("steps", "--max-steps", "8")]
+    logged = [(r["step"], r["epoch"]) for r in train("steps")]
     assert logged == [(1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (6, 1), (7, 2), (8, 2)]
     for rank in (0, 1):  # each pass a new epoch on every rank, whatever its share
-        assert (tmp_path / f"epochs-rank{rank}.txt").read_text().split() == ["0", "1", "2"]
-    logged = train("epochs", "--max-steps", "100", "--epochs", "2")
+        seen = tmp_path / "seen-steps" / f"epochs-rank{rank}.txt"
+        assert seen.read_text().split() == ["0", "1", "2"]
+    logged = train("epochs")
     assert logged[-1]["step"] == 6 and logged[-1]["epoch"] == 1  # two passes of 3 steps
 
 

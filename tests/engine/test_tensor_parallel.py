@@ -21,7 +21,7 @@ import torch
 
 from fasttrain.engine.mesh import Layout, layout
 from fasttrain.errors import UserError
-from tests.engine.launch import Launch
+from tests.engine.launch import Part
 
 ARGS = ["--model", "gpt", "--data", "synthetic-text", "--block-size", "32", "--batch-size", "8",
         "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9", "--grad-clip", "1.0",
@@ -107,18 +107,30 @@ BAD = [  # (processes, flags, the line every rank prints)
 ]
 
 
+# This module's 2-process commands, in the session's shared 2-process launch (launch.Part):
+# the runs, then the refusals.
+TWO = Part(__name__, 2, ARGS)
+TWO.add("tp2", "--max-steps", str(TP_STEPS), "--tp", "2")
+TWO.add("tp2-first", "--max-steps", "2", "--tp", "2", out="run")
+TWO.add("fsdp2-second", "--max-steps", "4", "--parallel", "fsdp", "--resume", "auto", out="run")
+for _procs, _extra, _says in BAD:
+    if _procs == 2:
+        TWO.add(_says, *_extra, "--max-steps", "1", refused=True)
+
+
 @pytest.fixture(scope="module")
-def two(tmp_path_factory) -> Launch:
-    """This module's 2-process commands in one launch (launch.py): the runs, then the refusals."""
-    launch = Launch(tmp_path_factory.mktemp("two"), 2, ARGS)
-    launch.add("tp2", "--max-steps", str(TP_STEPS), "--tp", "2")
-    launch.add("tp2-first", "--max-steps", "2", "--tp", "2", out="run")
-    launch.add("fsdp2-second", "--max-steps", "4", "--parallel", "fsdp", "--resume", "auto",
-               out="run")
-    for procs, extra, says in BAD:
-        if procs == 2:
-            launch.add(says, *extra, "--max-steps", "1")
-    return launch
+def two(shared) -> Part:
+    return TWO.bound(shared)
+
+
+# The 2 × 2 run, in the session's shared 4-process launch (launch.Part).
+FOUR = Part(__name__, 4, ARGS)
+FOUR.add("fsdp2xtp2", "--max-steps", str(TP_STEPS), "--tp", "2", "--parallel", "fsdp")
+
+
+@pytest.fixture(scope="module")
+def four(shared) -> Part:
+    return FOUR.bound(shared)
 
 
 def assert_refused_alike(errors: list[str], procs: int, says: str, log: str) -> None:
@@ -140,17 +152,15 @@ def test_tp2_trains_exactly_as_one_process(two, one):
 
 
 @pytest.mark.slow
-def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(tmp_path, one):
-    two_d = train(tmp_path / "2d", "--max-steps", str(TP_STEPS), "--tp", "2", "--parallel",
-                  "fsdp", procs=4)
-    assert two_d.returncode == 0, two_d.stdout + two_d.stderr
-    assert_same_run(one(TP_STEPS), tmp_path / "2d")
+def test_fsdp_times_tp_2x2_trains_exactly_as_one_process(four, one):
+    four("fsdp2xtp2").ok()
+    assert_same_run(one(TP_STEPS), four.root / "fsdp2xtp2")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("says", [says for procs, _, says in BAD if procs == 2])
 def test_a_bad_layout_is_the_same_line_on_every_rank(two, says):
-    """In the module's 2-process launch: every rank's main() returned 2 (`python -m fasttrain`
+    """In the shared 2-process launch: every rank's main() returned 2 (`python -m fasttrain`
     exits with it; the 3-process case below checks that through torchrun)."""
     refused = two(says)
     assert refused.codes == [2, 2], refused.log
@@ -172,7 +182,7 @@ def test_a_bad_layout_on_three_processes_exits_2_on_every_rank(tmp_path):
 def test_tp2_then_fsdp2_then_one_process_continue_as_an_uninterrupted_run(two, one):
     """DCP reshards on load: the tp=2 shards (rows of each split matrix) are read into FSDP's
     shards (dim-0 halves of every parameter), those into one process's whole tensors, and
-    training continues as one process would. The first two runs are in the module's 2-process
+    training continues as one process would. The first two runs are in the shared 2-process
     launch, one after the other."""
     two("tp2-first").ok()
     second = two("fsdp2-second").ok()

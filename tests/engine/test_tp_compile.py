@@ -11,10 +11,9 @@ weights within 1.2e-7 absolute (magnitude ~0.1). The test allows 1e-6 relative o
 losses and 1e-6 absolute on the weights: ten times what rounding gives, far below what a
 wrong gradient or a skipped collective would do (the losses move by ~1e-2 per step).
 
-The eager run and the compiled runs of each process count share one torchrun launch
-(launch.py), each compiling afresh (runs_driver.py resets dynamo before every command): the
-2-process runs in one, the 4-process one in another. Each compiled run took 25-30 s on 2 busy
-CPU cores (the 4-process one 50 s) when each was a launch of its own.
+The eager run and the compiled runs are in the session's shared launches (launch.Part), each
+compiling afresh (runs_driver.py resets dynamo before every command). Each compiled run took
+25-30 s on 2 busy CPU cores (the 4-process one 50 s) when each was a launch of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine.launch import Launch
+from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import ARGS, losses, weights
 
 STEPS = ["--max-steps", "4"]
@@ -33,15 +32,17 @@ COMPILED = {  # name: (processes, flags)
 }
 
 
+# Eager --tp 2 first, then each compiled run, in the session's shared launches (launch.Part).
+PARTS = {2: Part(__name__, 2, [*ARGS, *STEPS]), 4: Part(__name__, 4, [*ARGS, *STEPS])}
+PARTS[2].add("eager", "--tp", "2")
+for _name, (_procs, _flags) in COMPILED.items():
+    PARTS[_procs].add(_name, *_flags, "--compile")
+
+
 @pytest.fixture(scope="module")
-def launches(tmp_path_factory) -> dict[int, Launch]:
-    """{processes: its launch}: eager --tp 2 first, then each compiled run."""
-    root = tmp_path_factory.mktemp("compile")
-    launches = {procs: Launch(root / str(procs), procs, [*ARGS, *STEPS]) for procs in (2, 4)}
-    launches[2].add("eager", "--tp", "2")
-    for name, (procs, flags) in COMPILED.items():
-        launches[procs].add(name, *flags, "--compile")
-    return launches
+def launches(shared) -> dict[int, Part]:
+    """{processes: this module's part of the session's launch of that many}."""
+    return {procs: part.bound(shared) for procs, part in PARTS.items()}
 
 
 @pytest.mark.slow

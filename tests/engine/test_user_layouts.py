@@ -15,7 +15,7 @@ import pytest
 from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
 from tests.engine import userblocks
-from tests.engine.launch import Launch
+from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import assert_same_run, records, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,22 +61,22 @@ UNEVEN = ("error: --tp 2: blocks.0.up (nn.Linear, out_features 63) does not spli
 DATA_1025 = ["--data", "tests.engine.userblocks:data_1025", "--max-steps", "2"]
 
 
+# This module's runs under torchrun, in the session's shared launches (launch.Part), the
+# refusal last.
+PARTS = {2: Part(__name__, 2, ARGS), 4: Part(__name__, 4, ARGS)}
+for _name, (_procs, _flags) in LAYOUTS.items():
+    PARTS[_procs].add(_name, "--max-steps", "6", *_flags)
+PARTS[2].add("pp2-first", "--max-steps", "3", "--checkpoint-every", "3", "--pp", "2", out="run")
+PARTS[2].add("tp2-resumed", "--max-steps", "6", "--resume", "auto", "--tp", "2", out="run")
+PARTS[2].add("uneven", "--max-steps", "1", "--tp", "2", "--model",
+             "tests.engine.userblocks:uneven", refused=True)
+PARTS[4].add("pp2-fsdp2-1025", *DATA_1025, "--pp", "2", "--parallel", "fsdp")
+
+
 @pytest.fixture(scope="module")
-def launches(tmp_path_factory) -> dict[int, Launch]:
-    """{processes: its launch (launch.py)}: this module's runs under torchrun, the refusal
-    last."""
-    root = tmp_path_factory.mktemp("user-layouts")
-    launches = {procs: Launch(root / str(procs), procs, ARGS) for procs in (2, 4)}
-    for name, (procs, flags) in LAYOUTS.items():
-        launches[procs].add(name, "--max-steps", "6", *flags)
-    launches[2].add("pp2-first", "--max-steps", "3", "--checkpoint-every", "3", "--pp", "2",
-                    out="run")
-    launches[2].add("tp2-resumed", "--max-steps", "6", "--resume", "auto", "--tp", "2",
-                    out="run")
-    launches[2].add("uneven", "--max-steps", "1", "--tp", "2", "--model",
-                    "tests.engine.userblocks:uneven")
-    launches[4].add("pp2-fsdp2-1025", *DATA_1025, "--pp", "2", "--parallel", "fsdp")
-    return launches
+def launches(shared) -> dict[int, Part]:
+    """{processes: this module's part of the session's launch of that many}."""
+    return {procs: part.bound(shared) for procs, part in PARTS.items()}
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import fasttrain
 from fasttrain.errors import UserError
 from tests.conftest import assert_one_line_error, run_cli
 from tests.engine import usermodel
+from tests.engine.launch import Part
 
 COMMON = dict(batch_size=64, accum_steps=2, precision="bf16", lr=1e-2, seed=1, log_every=4,
               device="cpu", progress=False)
@@ -185,26 +186,32 @@ def test_cli_names_a_bad_import_path(capsys):
     assert_one_line_error(code, err, "no_such_pkg", "cannot import")
 
 
+USER = ["--model", "tests.engine.usermodel:make", "--data", "tests.engine.usermodel:data",
+        "--loss", "tests.engine.usermodel:huber", "--batch-size", "64", "--accum-steps", "2",
+        "--optimizer", "sgd", "--lr", "0.05", "--max-steps", "16", "--device", "cpu",
+        "--no-progress"]
+TWO = Part(__name__, 2, USER)  # in the session's shared 2-process launch (launch.Part)
+TWO.add("ddp", "--parallel", "ddp")
+
+
+@pytest.fixture(scope="module")
+def two(shared) -> Part:
+    return TWO.bound(shared)
+
+
 @pytest.mark.slow
-def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path):
+def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path, two):
     import subprocess
     import sys
 
     from safetensors.torch import load_file
 
-    from tests.engine.test_distributed import TORCHRUN
-
-    args = ["-m", "fasttrain", "train", "--model", "tests.engine.usermodel:make", "--data",
-            "tests.engine.usermodel:data", "--loss", "tests.engine.usermodel:huber",
-            "--batch-size", "64", "--accum-steps", "2", "--optimizer", "sgd", "--lr", "0.05",
-            "--max-steps", "16", "--device", "cpu", "--no-progress"]
-    got = {}
-    for name, launcher in (("one", [sys.executable]), ("ddp", TORCHRUN)):
-        extra = ["--parallel", "ddp"] if name == "ddp" else []
-        proc = subprocess.run([*launcher, *args, *extra, "--out", str(tmp_path / name)],
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        got[name] = load_file(tmp_path / name / "weights.safetensors")
+    proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", *USER, "--out",
+                           str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    two("ddp").ok()
+    got = {name: load_file(out / "weights.safetensors")
+           for name, out in (("one", tmp_path / "one"), ("ddp", two.root / "ddp"))}
     for k, v in got["one"].items():
         torch.testing.assert_close(got["ddp"][k], v, rtol=1e-5, atol=1e-6, msg=k)
 
