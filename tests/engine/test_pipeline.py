@@ -257,10 +257,13 @@ def test_fp16_under_a_pipeline_fsdp_and_tp_tracks_one_process(tmp_path, two):
     assert one[-1]["loss"] < one[0]["loss"]
 
 
-def test_pp_refuses_compile_before_training(tmp_path):
-    proc = train(tmp_path / "x", "--pp", "2", "--compile", procs=2)
-    assert proc.returncode != 0
-    assert "--pp runs each stage eagerly" in proc.stdout + proc.stderr
+def test_pp_refuses_compile_before_torchrun_starts_anything(capsys):
+    """At validation, one line, exit 2: before the launch check, so even outside torchrun, and
+    inside it before any rank builds its stage."""
+    from tests.conftest import assert_one_line_error, run_cli
+
+    code, _, err = run_cli(capsys, "train", *TRAIN, "--pp", "2", "--compile")
+    assert_one_line_error(code, err, "--pp runs each stage eagerly", "drop --compile")
 
 
 @pytest.mark.slow
