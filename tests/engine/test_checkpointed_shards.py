@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from fasttrain.models import apply_activation_checkpointing, build_model
-from tests.engine.launch import Launch
+from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import ARGS, assert_same_run
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # as distributed.sharded_state
@@ -72,18 +72,20 @@ SWITCHED = {  # name: (processes, layout, checkpointing saved with, resumed with
 }
 
 
+# Each layout's first 2 steps, then the 2 after them resumed from its checkpoint, one after the
+# other, in the session's shared launches (launch.Part).
+PARTS = {2: Part(__name__, 2, ARGS), 4: Part(__name__, 4, ARGS)}
+for _name, (_procs, _layout, _first, _then) in SWITCHED.items():
+    _every = ["--checkpoint-every", "2", *_layout]
+    PARTS[_procs].add(f"{_name}-first", "--max-steps", "2", *_every, *_first, out=_name)
+    PARTS[_procs].add(f"{_name}-then", "--max-steps", "4", "--resume", "auto", *_every, *_then,
+                      out=_name)
+
+
 @pytest.fixture(scope="module")
-def launches(tmp_path_factory) -> dict[int, Launch]:
-    """{processes: its launch (launch.py)}: each layout's first 2 steps, then the 2 after them
-    resumed from its checkpoint, one after the other."""
-    root = tmp_path_factory.mktemp("switched")
-    launches = {procs: Launch(root / str(procs), procs, ARGS) for procs in (2, 4)}
-    for name, (procs, layout, first, then) in SWITCHED.items():
-        every = ["--checkpoint-every", "2", *layout]
-        launches[procs].add(f"{name}-first", "--max-steps", "2", *every, *first, out=name)
-        launches[procs].add(f"{name}-then", "--max-steps", "4", "--resume", "auto", *every,
-                            *then, out=name)
-    return launches
+def launches(shared) -> dict[int, Part]:
+    """{processes: this module's part of the session's launch of that many}."""
+    return {procs: part.bound(shared) for procs, part in PARTS.items()}
 
 
 @pytest.mark.slow
