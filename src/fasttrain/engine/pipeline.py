@@ -175,10 +175,8 @@ def attach(run, model: nn.Module, world, cfg, checkpoint: tuple[str, ...] = (),
     """The engine's --pp: `build` over the mesh's "pp" dimension, each stage parallelized over
     the mesh's "tp" and "dp" dimensions as the whole model would be without a pipeline, then the
     run's step and evaluation from it; returns the module that holds this rank's parameters (the
-    run's model: optimizer, checkpoints)."""
-    if cfg.compile or cfg.cuda_graphs:
-        raise UserError("--pp runs each stage eagerly (the schedule calls the stages, not a "
-                        "compiled model); drop --compile")
+    run's model: optimizer, checkpoints). The stages run eagerly: config validation refuses
+    --compile and --cuda-graphs with --pp."""
     from fasttrain.engine import distributed
 
     def wrap(stage: nn.Module) -> nn.Module:
