@@ -108,7 +108,7 @@ class Part:
         four("pp2-tp2").ok(); four.root / "pp2-tp2"         # its outcome, its --out
 
     What one command leaves in the processes meets the commands of other modules: runs_driver
-    resets what is known to outlive a run (dynamo's caches, --deterministic's switch), and a
+    resets what is known to outlive a run (dynamo's caches), and a
     command that fails other than with a UserError ends the launch, so every command after it,
     whatever its module, fails with "did not run on every rank" and the launch's log.
     """

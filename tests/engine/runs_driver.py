@@ -16,12 +16,13 @@ on a busy 2-core machine (CI runs close to its 20 minutes). The exit code is the
 non-zero command's, after which nothing more runs.
 
 With `--record DIR` (first), each command's outcome is written to DIR/<i>/rank<r>.json: its
-exit code, what it printed, and what torch.compile did (dynamo's counters: frames and graphs
-captured, graph breaks, AOTAutograd graphs). Each command then starts as in a launch of its
-own: it compiles afresh (torch._dynamo.reset) and deterministic algorithms are off until it
-asks for them. One that stops with a UserError (exit 2) does not stop the ones after it: that
-error is raised on every rank at the same point (engine/agree.py), so the ranks go on in step.
-Any other failure still ends the launch.
+exit code, what it printed, what torch.compile did (dynamo's counters: frames and graphs
+captured, graph breaks, AOTAutograd graphs) and its seconds. Each command compiles afresh
+(torch._dynamo.reset), as in a launch of its own; the flags a run sets process-wide
+(--deterministic's) it puts back itself as it ends (engine/switches.process_flags). One that
+stops with a UserError (exit 2) does not stop the ones after it: that error is raised on every
+rank at the same point (engine/agree.py), so the ranks go on in step. Any other failure still
+ends the launch.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import io
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from fasttrain.cli import main
@@ -77,10 +78,8 @@ def recorded(argv: list[str], out: Path) -> int:
 
         _dynamo.reset()
         counters.clear()
-    # --deterministic's switch outlives its run (engine/switches.py sets it, never clears it):
-    # a fresh process's default, for a command that does not ask for it.
-    torch.use_deterministic_algorithms(False)
     stdout, stderr = io.StringIO(), io.StringIO()
+    start = time.perf_counter()
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             code = main(argv)
@@ -94,7 +93,8 @@ def recorded(argv: list[str], out: Path) -> int:
         seen = {group: dict(values) for group, values in counters.items()}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{os.environ['RANK']}.json").write_text(json.dumps({
-        "code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(), "dynamo": seen}))
+        "code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(), "dynamo": seen,
+        "seconds": time.perf_counter() - start}))
     return code
 
 

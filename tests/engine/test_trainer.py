@@ -52,6 +52,24 @@ def test_compiled_step_equals_eager():
     assert_same_weights(weights(eager), weights(compiled), atol=1e-5)
 
 
+def test_a_run_gives_the_process_its_flags_back():
+    """--deterministic and --precision set process-wide flags; a caller's code after the run
+    (or the next run) starts from its own, whether the run trained or its build refused."""
+    assert not torch.are_deterministic_algorithms_enabled()
+    run = fit(model="mlp", batch_size=64, max_steps=2, deterministic=True)
+    assert run.cfg.deterministic and not torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)  # the caller's own choice
+    try:
+        fit(model="mlp", batch_size=64, max_steps=2)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        with pytest.raises(UserError, match="tf32"):
+            fit(model="mlp", batch_size=64, max_steps=2, deterministic=True, precision="tf32")
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 def test_fp16_uses_a_grad_scaler_and_reports_it():
     t = fit(model="mlp", batch_size=64, max_steps=4, log_every=2, precision="fp16")
     logs = [r for r in t.history if r["kind"] == "train"]

@@ -238,6 +238,7 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
         run.batches.close()  # persistent DataLoader workers would hold the run directory's lock
         run.rundir.close()
         run.world.close(together)
+        run.restore_flags()  # --deterministic's and --precision's process-wide flags
     return run.history[-1] if run.history else {}
 
 

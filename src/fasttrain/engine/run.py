@@ -103,6 +103,7 @@ class Run:
         self.step_inputs, self.train_step = step_batches, step  # graphed.attach replaces them
         self.graph, self.graph_why = None, None
         self.grads_to_none = True  # loop.step's zero_grad; False: in place (graphed.py)
+        self.restore_flags: Callable[[], None] = lambda: None  # switches.process_flags
 
     @property
     def main(self) -> bool:
@@ -181,6 +182,7 @@ def build(config: TrainConfig | None = None, model: nn.Module | str | None = Non
         if getattr(run, "rundir", None) is not None:
             run.rundir.close()  # give the run directory's lock back (in-process callers)
         world.close()  # a UserError on one rank must not leave the group behind
+        run.restore_flags()
         raise
 
 
@@ -200,6 +202,7 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
         cfg = dataclasses.replace(cfg, pin_memory=False)
     run.cfg, run.world = cfg, world
     seed_everything(cfg.seed)
+    run.restore_flags = switches.process_flags()  # called as the run ends (loop.fit)
     switches.deterministic(cfg)
     run.device = dev = world.device  # cuda:LOCAL_RANK under torchrun on GPUs
     run.autocast, run.scaler = switches.precision(cfg, dev, world.sharded)

@@ -1,6 +1,7 @@
 """Single switches resolved once into what the step uses, so that the hot loop has no `if` for them.
 
     seed_everything(cfg.seed); deterministic(cfg)    --seed, --deterministic
+    restore = process_flags()                        what the run ends by putting back
     autocast, scaler = precision(cfg, dev, sharded)  --precision (and TF32), --cuda-graphs' device
     on_device = data_on_device(cfg, dev, task)       --data-on-device auto
     clip = clipper(run, module)                      --grad-clip: clip() once a step
@@ -28,6 +29,24 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def process_flags() -> Callable[[], None]:
+    """What puts back the process-wide flags that deterministic() and precision() set
+    (deterministic algorithms, cuDNN's benchmark, TF32): a run calls it as it ends (loop.fit),
+    so that its caller's code after it, or the next run in the process, starts from the flags
+    it had, not from this run's --deterministic or --precision."""
+    algorithms = (torch.are_deterministic_algorithms_enabled(),
+                  torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn = torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32
+    matmul = torch.backends.cuda.matmul.allow_tf32
+
+    def restore() -> None:
+        torch.use_deterministic_algorithms(algorithms[0], warn_only=algorithms[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = cudnn
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+
+    return restore
 
 
 def deterministic(cfg: TrainConfig) -> None:
