@@ -106,8 +106,49 @@ def run_last(nodeid: str) -> int:
     return LAST.index(path) + 1 if path in LAST else 0
 
 
+# -- CPU runs: the heaviest modules first --------------------------------------------------------
+
+# Under pytest-xdist (`-n`, `--dist loadfile --no-loadscope-reorder` in pyproject) a worker takes
+# the next whole module, in this order, whenever it has two tests or fewer left. The modules that
+# take longest go first, so that what is handed out last is short and neither worker idles long
+# at the end. xdist's own order (the modules of most tests first) handed out these few-test
+# modules last: in the CI run of 2026-11-27 (2 workers) test_cuda_epoch.py's nvcc builds (68 s)
+# and test_scaling.py's torchruns (43 s) came at the end, one worker's work alone.
+# Heaviest first; each took ~15 s or more of one worker (2-core EPYC, 2026-11-27); a module not
+# named keeps its place after them.
+HEAVY = (
+    "tests/ladder/test_cuda_epoch.py",  # every csrc/*.cu by nvcc (hopper_builds), sm_80 too
+    "tests/engine/test_trainer.py",  # in-process training runs: memorization, bf16, compile
+    "tests/lab/test_scaling.py",  # 3 torchrun launches
+    "tests/ladder/test_triton_fused.py",  # a Triton-interpreter child
+    "tests/ladder/test_ladder.py",  # numba's JIT
+    "tests/engine/test_steps.py",
+    "tests/lab/test_plan.py",
+    "tests/engine/test_pipeline.py",  # torchrun
+    "tests/ladder/test_sync_probes.py",  # nvcc
+    "tests/ladder/test_cuda_epoch_v7_math.py",  # nvcc, then whole epochs on the host
+    "tests/ladder/test_cuda_epoch_v5_math.py",  # nvcc
+    "tests/ladder/test_cuda_epoch_v6_math.py",  # nvcc
+    "tests/engine/test_augment.py",
+    "tests/ladder/test_cpp_tiled.py",  # g++
+    "tests/lab/test_profile.py",
+    "tests/test_plan_accuracy_bench.py",
+)
+
+
+def run_order(nodeid: str, gpu: bool) -> tuple[int, int]:
+    """A sort key: with a GPU, LAST's modules last (run_last); then HEAVY's in order, the others
+    after them in the order they were collected (the sort is stable)."""
+    path = nodeid.split("::")[0]
+    return (run_last(nodeid) if gpu else 0,
+            HEAVY.index(path) if path in HEAVY else len(HEAVY))
+
+
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: run_last(item.nodeid))  # stable: the others keep their order
+    import torch
+
+    gpu = torch.cuda.is_available()
+    items.sort(key=lambda item: run_order(item.nodeid, gpu))
 
 
 @pytest.hookimpl(hookwrapper=True)
