@@ -111,11 +111,11 @@ def run_last(nodeid: str) -> int:
 # Under pytest-xdist (`-n`, `--dist loadfile --no-loadscope-reorder` in pyproject) a worker takes
 # the next whole module, in this order, whenever it has two tests or fewer left. The modules that
 # take longest go first, so that what is handed out last is short and neither worker idles long
-# at the end. xdist's own order (the modules of most tests first) handed out these few-test
-# modules last: in the CI run of 2026-11-27 (2 workers) test_cuda_epoch.py's nvcc builds (68 s)
-# and test_scaling.py's torchruns (43 s) came at the end, one worker's work alone.
-# Heaviest first; each took ~15 s or more of one worker (2-core EPYC, 2026-11-27); a module not
-# named keeps its place after them.
+# at the end. xdist's own order (the modules of most tests first) hands out a module of few tests
+# late whatever it costs: test_scaling.py (8 tests, 3 torchrun launches, ~55 s of CPU) 59th of
+# 88, test_triton_fused.py (10 tests, ~42 s) 50th. CPU with children, per module, on a loaded
+# 2-core EPYC (2026-11-27). Heaviest first; a module not named keeps its collected place after
+# them.
 HEAVY = (
     "tests/ladder/test_cuda_epoch.py",  # every csrc/*.cu by nvcc (hopper_builds), sm_80 too
     "tests/engine/test_trainer.py",  # in-process training runs: memorization, bf16, compile
