@@ -287,9 +287,9 @@ def test_without_a_gpu_the_heaviest_modules_go_first():
            "tests/lab/test_scaling.py::test_c", "tests/engine/test_trainer.py::test_d[x]",
            "tests/ladder/test_cuda_rungs.py::test_e"]
     cpu = sorted(ids, key=lambda i: run_order(i, gpu=False))
-    assert cpu == [ids[1], ids[3], ids[2], ids[0], ids[4]]
+    assert cpu == [ids[1], ids[2], ids[3], ids[0], ids[4]]
     gpu = sorted(ids, key=lambda i: run_order(i, gpu=True))
-    assert gpu == [ids[3], ids[2], ids[0], ids[4], ids[1]]
+    assert gpu == [ids[2], ids[3], ids[0], ids[4], ids[1]]
 
 
 def test_the_fresh_process_is_fasttrain_bench_with_these_settings(tmp_path):
