@@ -106,8 +106,56 @@ def run_last(nodeid: str) -> int:
     return LAST.index(path) + 1 if path in LAST else 0
 
 
+# -- CPU runs: the heaviest modules first --------------------------------------------------------
+
+# Under pytest-xdist (`-n`, `--dist loadfile --no-loadscope-reorder` in pyproject) a worker takes
+# the next whole module, in this order, whenever it has two tests or fewer left. The modules that
+# take longest go first, so that what is handed out last is short and neither worker idles long
+# at the end. xdist's own order (the modules of most tests first) hands out a module of few tests
+# late whatever it costs: test_scaling.py (8 tests, 3 torchrun launches) 59th of 88,
+# test_triton_fused.py (10 tests, a Triton-interpreter child) 50th. Replayed on each test's CPU
+# time from a run of 2026-11-27 (tests/ with xdist's scheduling rule, 2 workers), xdist's order
+# ended the workers 42 s apart, this one 7 s: a makespan 17 s shorter (an estimate). Every module
+# of 10 s or more, heaviest first; seconds of CPU with children, per module, on a loaded 2-core
+# EPYC (2026-11-27). A module not named keeps its collected place after them.
+HEAVY = (
+    "tests/ladder/test_cuda_epoch.py",  # 83: every csrc/*.cu by nvcc (hopper_builds), sm_80 too
+    "tests/engine/test_steps.py",  # 56
+    "tests/lab/test_scaling.py",  # 55: 3 torchrun launches
+    "tests/engine/test_trainer.py",  # 47
+    "tests/lab/test_plan.py",  # 43
+    "tests/ladder/test_triton_fused.py",  # 42: a Triton-interpreter child
+    "tests/engine/test_early_stop_resume.py",  # 30
+    "tests/lab/test_experiments.py",  # 30
+    "tests/engine/test_rundir.py",  # 26
+    "tests/engine/test_pipeline.py",  # 25: torchrun
+    "tests/lab/test_memory.py",  # 22
+    "tests/engine/test_graphed.py",  # 21
+    "tests/lab/test_layouts.py",  # 21
+    "tests/test_cli.py",  # 16
+    "tests/lab/test_layout_choice.py",  # 15
+    "tests/ladder/test_cpp_tiled.py",  # 15: g++
+    "tests/test_input_pipeline_bench.py",  # 13
+    "tests/ladder/test_lagged_gram.py",  # 13
+    "tests/ladder/test_cuda_epoch_v7_math.py",  # 12: nvcc
+    "tests/ladder/test_cuda_epoch_v6_math.py",  # 10: nvcc
+    "tests/models/test_models.py",  # 10
+)
+
+
+def run_order(nodeid: str, gpu: bool) -> tuple[int, int]:
+    """A sort key: with a GPU, LAST's modules last (run_last); then HEAVY's in order, the others
+    after them in the order they were collected (the sort is stable)."""
+    path = nodeid.split("::")[0]
+    return (run_last(nodeid) if gpu else 0,
+            HEAVY.index(path) if path in HEAVY else len(HEAVY))
+
+
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: run_last(item.nodeid))  # stable: the others keep their order
+    import torch
+
+    gpu = torch.cuda.is_available()
+    items.sort(key=lambda item: run_order(item.nodeid, gpu))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -274,6 +274,24 @@ def test_gpu_runs_take_the_hand_written_kernels_last():
     assert sorted(ids, key=run_last) == [ids[1], ids[3], ids[2], ids[0]]
 
 
+def test_without_a_gpu_the_heaviest_modules_go_first():
+    """CPU runs hand xdist's workers the slowest modules first (conftest's HEAVY); with a GPU the
+    hand-written kernels still go last, the heavy order only among the others."""
+    from pathlib import Path
+
+    from tests.conftest import HEAVY, run_order
+
+    root = Path(__file__).resolve().parents[1]
+    assert [p for p in HEAVY if not (root / p).is_file()] == []  # a renamed module drops out
+    ids = ["tests/data/test_idx.py::test_a", "tests/ladder/test_cuda_epoch.py::test_b",
+           "tests/lab/test_scaling.py::test_c", "tests/engine/test_trainer.py::test_d[x]",
+           "tests/ladder/test_cuda_rungs.py::test_e"]
+    cpu = sorted(ids, key=lambda i: run_order(i, gpu=False))
+    assert cpu == [ids[1], ids[2], ids[3], ids[0], ids[4]]
+    gpu = sorted(ids, key=lambda i: run_order(i, gpu=True))
+    assert gpu == [ids[2], ids[3], ids[0], ids[4], ids[1]]
+
+
 def test_the_fresh_process_is_fasttrain_bench_with_these_settings(tmp_path):
     """bench's own rerun: a real `fasttrain bench` child for the rows given, same settings."""
     import argparse
