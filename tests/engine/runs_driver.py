@@ -70,6 +70,29 @@ def environ(env: dict[str, str]):
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def groups():
+    """The process groups a command makes (its DeviceMesh's) are destroyed after it, and the
+    count torch names unnamed groups by ("1", "2", ...) is put back: the next command's groups
+    get the names they would get in a launch of their own. A compiled graph holds the names of
+    the groups its collectives use (--tp's funcol), and Inductor's on-disk caches key on the
+    graph: with a name that grew with every command, no compiled command of a shared launch
+    ever found a graph compiled before (AOTAutograd's cache: 2 misses in each --tp --compile
+    run; with the names put back, the 2nd of two identical runs hits both)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    before, count = set(c10d._world.pg_names), c10d._world.group_count
+    try:
+        yield
+    finally:
+        made = [pg for pg in c10d._world.pg_names if pg not in before]
+        if made:
+            dist.barrier()  # no rank is still in a collective of one of them
+            for pg in made:
+                dist.destroy_process_group(pg)
+        c10d._world.group_count = count
+
+
 def recorded(argv: list[str], out: Path) -> int:
     """main(argv), its output captured (and still printed) and written with its exit code."""
     if "torch._dynamo" in sys.modules:  # what earlier commands compiled is forgotten
@@ -81,7 +104,7 @@ def recorded(argv: list[str], out: Path) -> int:
     stdout, stderr = io.StringIO(), io.StringIO()
     start = time.perf_counter()
     try:
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), groups():
             code = main(argv)
     finally:  # the launch's log has it too (and then the traceback, if main raised)
         sys.stdout.write(stdout.getvalue())
