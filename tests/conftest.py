@@ -171,3 +171,14 @@ def pytest_runtest_makereport(item, call):
         if torch.cuda.is_available() and not device_usable("cuda"):
             item.session.shouldstop = (f"{item.nodeid} left the CUDA context unusable (a "
                                        f"sticky fault): the GPU tests after it were not run")
+
+
+@pytest.fixture(scope="session")
+def shared(request, tmp_path_factory):
+    """The session's shared launches (tests/engine/launch.py's Part): one per process count, of
+    the commands of every module collected that declares a part (tests/engine and tests/lab)."""
+    from tests.engine.launch import Shared
+
+    modules = {item.module.__name__ for item in request.session.items
+               if getattr(item, "module", None) is not None}
+    return Shared(tmp_path_factory.mktemp("shared"), modules)

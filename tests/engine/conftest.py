@@ -89,14 +89,3 @@ def pipeline_runs(tmp_path_factory):
     from tests.engine.test_pipeline import Runs
 
     return Runs(tmp_path_factory.mktemp("pipeline"))
-
-
-@pytest.fixture(scope="session")
-def shared(request, tmp_path_factory):
-    """The session's shared launches (tests/engine/launch.py's Part): one per process count, of
-    the commands of every module collected that declares a part."""
-    from tests.engine.launch import Shared
-
-    modules = {item.module.__name__ for item in request.session.items
-               if getattr(item, "module", None) is not None}
-    return Shared(tmp_path_factory.mktemp("shared"), modules)

@@ -60,17 +60,22 @@ class Launch:
         self.made: list[Path] = []  # the --out folders made before the launch
 
     def add(self, name: str, *extra: str, out: str | None = None,
-            env: dict[str, str] | None = None) -> Path:
+            env: dict[str, str] | None = None, call: str | None = None) -> Path:
         """`fasttrain train ARGS --out ROOT/<out or name> EXTRA`, with `env` set in its
         processes while it runs (runs_driver.py; "{out}" in a value: that --out, made before the
-        launch); returns that --out."""
+        launch); returns that --out. With `call` ("pkg.module:function"), that function of
+        (argv) → exit code instead of fasttrain's main, given [ROOT/<out or name>, *ARGS,
+        *EXTRA] (a test's driver that builds through the engine, as a command of the launch)."""
         assert self.log is None, "added after the launch"
         path = self.root / (out or name)
-        argv = ["train", *self.args, "--out", str(path), *extra]
+        argv = ([str(path), *self.args, *extra] if call
+                else ["train", *self.args, "--out", str(path), *extra])
         if env:
             env = {k: v.replace("{out}", str(path)) for k, v in env.items()}
             self.made.append(path)
-        self.commands[name] = {"argv": argv, "env": env} if env else argv
+        command = {"argv": argv, **({"env": env} if env else {}),
+                   **({"call": call} if call else {})}
+        self.commands[name] = command if len(command) > 1 else argv
         return path
 
     def __call__(self, name: str) -> Outcome:
@@ -118,14 +123,16 @@ class Part:
     def __init__(self, module: str, procs: int, args: list[str]):
         self.module, self.procs, self.args = module, procs, args
         self.name = module.rsplit(".", 1)[-1]
-        self.added: list[tuple[str, tuple[str, ...], str | None, dict | None, bool]] = []
+        self.added: list[tuple[str, tuple[str, ...], str | None, dict | None, bool,
+                               str | None]] = []
         self.launch: Launch | None = None
         Part.every.append(self)
 
     def add(self, name: str, *extra: str, out: str | None = None,
-            env: dict[str, str] | None = None, refused: bool = False) -> None:
+            env: dict[str, str] | None = None, refused: bool = False,
+            call: str | None = None) -> None:
         assert self.launch is None, "added after the launch"
-        self.added.append((name, extra, out, env, refused))
+        self.added.append((name, extra, out, env, refused, call))
 
     def bound(self, shared: Shared) -> Part:
         self.launch = shared.launch(self.procs)
@@ -152,8 +159,8 @@ class Shared:
             parts = [p for p in Part.every if p.procs == procs and p.module in self.modules]
             for refusals in (False, True):
                 for part in parts:
-                    for name, extra, out, env, refused in part.added:
+                    for name, extra, out, env, refused, call in part.added:
                         if refused == refusals:
                             launch.add(f"{part.name}:{name}", *part.args, *extra, env=env,
-                                       out=f"{part.name}/{out or name}")
+                                       out=f"{part.name}/{out or name}", call=call)
         return self.launches[procs]

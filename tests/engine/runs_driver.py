@@ -1,13 +1,14 @@
 """Runs several `fasttrain train` commands one after the other in the processes of one torchrun
-launch, for tests/engine/test_distributed.py (and, with --record, tests/engine/launch.py's
-shared launches):
+launch, for tests/engine/launch.py's shared launches (with --record):
 
     torchrun --standalone --nproc-per-node 2 -m tests.engine.runs_driver \\
         '["train", "--parallel", "ddp", ...]' '["train", "--parallel", "fsdp", ...]'
 
 Each argument is one command's argv (JSON), or {"argv": argv, "env": {NAME: value}} for one
 that runs with those environment variables set (and then restored), as a launch of its own
-with them would (a test dataset that writes what it reads to $FT_SEEN, say). The driver holds
+with them would (a test dataset that writes what it reads to $FT_SEEN, say); with "call":
+"pkg.module:function" in it, that function(argv) → exit code runs instead of fasttrain's main
+(tests/lab/layout_driver.case: a build measured, not trained). The driver holds
 the process group (gloo) and each run joins it, as under a launcher that set it up
 (engine/distributed.init: the engine closes only a group it created), so a run is built,
 trained, checkpointed and written as it would be alone, from its seed. What is shared is only
@@ -38,16 +39,20 @@ from pathlib import Path
 import torch.distributed as dist
 
 from fasttrain.cli import main
+from fasttrain.engine.inputs import import_object
 from fasttrain.errors import UserError
 
 
 def run(commands: list[list[str] | dict], record: Path | None = None) -> int:
     dist.init_process_group("gloo")
     for i, command in enumerate(commands):
-        argv, env = ((command["argv"], command["env"]) if isinstance(command, dict)
-                     else (command, {}))
+        if isinstance(command, dict):
+            argv, env = command["argv"], command.get("env", {})
+            entry = import_object(command["call"], "call") if "call" in command else main
+        else:
+            argv, env, entry = command, {}, main
         with environ(env):
-            code = main(argv) if record is None else recorded(argv, record / str(i))
+            code = entry(argv) if record is None else recorded(argv, record / str(i), entry)
         if code and not (record is not None and code == UserError.exit_code):
             return code  # the peers fail alike (the same command), or time out in a collective
     dist.barrier()
@@ -70,8 +75,9 @@ def environ(env: dict[str, str]):
                 os.environ[k] = v
 
 
-def recorded(argv: list[str], out: Path) -> int:
-    """main(argv), its output captured (and still printed) and written with its exit code."""
+def recorded(argv: list[str], out: Path, entry=main) -> int:
+    """entry(argv) (fasttrain's main), its output captured (and still printed) and written
+    with its exit code."""
     if "torch._dynamo" in sys.modules:  # what earlier commands compiled is forgotten
         from torch import _dynamo
         from torch._dynamo.utils import counters
@@ -82,7 +88,7 @@ def recorded(argv: list[str], out: Path) -> int:
     start = time.perf_counter()
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            code = main(argv)
+            code = entry(argv)
     finally:  # the launch's log has it too (and then the traceback, if main raised)
         sys.stdout.write(stdout.getvalue())
         sys.stderr.write(stderr.getvalue())

@@ -20,7 +20,7 @@ from fasttrain.engine.checkpoint import complete
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm" / "train.sbatch"
 AT = 60  # the step at which SIGUSR1 reaches the script: a log step, not a checkpoint step
-ARGS = ["--model", "mlp", "--data", "synthetic", "--batch-size", "128", "--max-steps", "300",
+ARGS = ["--model", "mlp", "--data", "synthetic", "--batch-size", "128", "--max-steps", "100",
         "--log-every", "10", "--checkpoint-every", "50", "--optimizer", "sgd", "--lr", "0.05",
         "--device", "cpu", "--no-progress", "--parallel", "ddp"]
 
@@ -68,7 +68,7 @@ def test_time_limit_warning_checkpoints_requeues_and_the_requeued_job_resumes(tm
     assert job.returncode == 0, log
     assert "scontrol requeue 4242" in log and log.count("stopped: signal") == 2, log
     step = complete(tmp_path / "run" / "checkpoints")[-1][0]
-    assert step == AT, log  # saved by the stop itself: the periodic ones are at 50, 100, ...
+    assert step == AT, log  # saved by the stop itself: the periodic ones are at 50, 100
 
     requeued = sbatch(tmp_path)
     log, _ = requeued.communicate(timeout=300)

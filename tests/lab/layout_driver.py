@@ -15,6 +15,8 @@ the seed, into DIR/NAME/): `--case NAME "FLAGS"`, repeated, e.g.
 
 The driver then holds the process group itself and every build joins it (a torchrun launch
 costs its processes' start-up and torch import: seconds each on a busy 2-core machine).
+`case(["DIR", *FLAGS])` measures one layout into DIR, as a command of the session's shared
+launch (tests/engine/launch.py, runs_driver.py's "call"): what test_layout_memory runs.
 
 Bytes are the storages of this rank's local tensors (a DTensor's shard, not its global shape),
 each storage counted once: parameters, gradients, and every tensor of the optimizer state
@@ -81,6 +83,14 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+def case(argv: list[str]) -> int:
+    """One layout, `argv` = [DIR, *FLAGS], measured into DIR (in a process group that is
+    already there: runs_driver's)."""
+    out, *flags = argv
+    measure(parser().parse_args(flags), Path(out))
+    return 0
+
+
 def measure(args: argparse.Namespace, out: Path) -> None:
     """Build the layout of `args`, take a step and a forward/backward, write out/rank<r>.json."""
     run = build(tp=args.tp, pp=args.pp, parallel=args.parallel, pp_schedule=args.pp_schedule,
@@ -113,6 +123,7 @@ def measure(args: argparse.Namespace, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{run.world.rank}.json").write_text(json.dumps(result))
     run.world.close()  # destroys the group only where this run created it
+    run.restore_flags()  # --deterministic's, as a run that ends puts them back (loop.fit)
 
 
 if __name__ == "__main__":

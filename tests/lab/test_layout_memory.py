@@ -30,18 +30,14 @@ which a count by address merges: no check there.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from fasttrain.engine.config import TrainConfig
 from fasttrain.lab.layouts import layout
 from fasttrain.lab.memory import predict_layout
+from tests.engine.launch import Part
 from tests.lab.layout_driver import CONFIG, USER  # the same runs, predicted and measured
-
-DRIVER = Path(__file__).with_name("layout_driver.py")
 
 CASES = {  # name: (processes, driver flags, layout keywords)
     "tp2": (2, ["--tp", "2"], dict(tp=2)),
@@ -54,33 +50,28 @@ CASES = {  # name: (processes, driver flags, layout keywords)
     "user-pp2-tp2-gpipe": (4, ["--pp", "2", "--tp", "2", "--pp-schedule", "gpipe", "--user"],
                            dict(pp=2, tp=2, schedule="gpipe")),
 }
-ROOT = Path(__file__).resolve().parents[2]  # the driver imports tests.engine.userblocks
 
 
-class Measured:
-    """Every case of one process count measured in one torchrun launch (the driver builds them
-    one after the other, in one process group), on demand, once per module: 2 launches, not 8."""
-
-    def __init__(self, root: Path):
-        self.root, self.done = root, set()
-
-    def __call__(self, case: str) -> list[dict]:
-        procs = CASES[case][0]
-        if procs not in self.done:
-            cases = [a for name, (n, flags, _) in CASES.items() if n == procs
-                     for a in ("--case", name, " ".join(flags))]
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc-per-node", str(procs), str(DRIVER), str(self.root), *cases]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            self.done.add(procs)
-        return [json.loads((self.root / case / f"rank{r}.json").read_text())
-                for r in range(procs)]
+# Every case in the session's shared launch of its process count (tests/engine/launch.py), as a
+# call of the driver (layout_driver.case: built, one step, measured), not as launches of their
+# own (2 launches: 38.8 s of the slow suite, 2026-11-27).
+PARTS = {procs: Part(__name__, procs, []) for procs in sorted({n for n, _, _ in CASES.values()})}
+for _name, (_procs, _flags, _) in CASES.items():
+    PARTS[_procs].add(_name, *_flags, call="tests.lab.layout_driver:case")
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> Measured:
-    return Measured(tmp_path_factory.mktemp("layouts"))
+def measured(shared):
+    """case → what each of its ranks holds (layout_driver's rank<r>.json)."""
+    parts = {procs: part.bound(shared) for procs, part in PARTS.items()}
+
+    def ranks(case: str) -> list[dict]:
+        part = parts[CASES[case][0]]
+        part(case).ok()
+        return [json.loads((part.root / case / f"rank{r}.json").read_text())
+                for r in range(part.procs)]
+
+    return ranks
 
 
 @pytest.mark.slow
