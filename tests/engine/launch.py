@@ -55,7 +55,7 @@ class Outcome:
 class Launch:
     def __init__(self, root: Path, procs: int, args: list[str]):
         self.root, self.procs, self.args = root, procs, args  # args: every command's first
-        self.commands: dict[str, list[str] | dict] = {}
+        self.commands: dict[str, dict] = {}  # name: runs_driver's command
         self.log: str | None = None  # torchrun's, once launched
         self.made: list[Path] = []  # the --out folders made before the launch
 
@@ -73,9 +73,7 @@ class Launch:
         if env:
             env = {k: v.replace("{out}", str(path)) for k, v in env.items()}
             self.made.append(path)
-        command = {"argv": argv, **({"env": env} if env else {}),
-                   **({"call": call} if call else {})}
-        self.commands[name] = command if len(command) > 1 else argv
+        self.commands[name] = {"argv": argv, "env": env or {}, "call": call}
         return path
 
     def __call__(self, name: str) -> Outcome:

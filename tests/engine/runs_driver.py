@@ -48,7 +48,7 @@ def run(commands: list[list[str] | dict], record: Path | None = None) -> int:
     for i, command in enumerate(commands):
         if isinstance(command, dict):
             argv, env = command["argv"], command.get("env", {})
-            entry = import_object(command["call"], "call") if "call" in command else main
+            entry = import_object(command["call"], "call") if command.get("call") else main
         else:
             argv, env, entry = command, {}, main
         with environ(env):
