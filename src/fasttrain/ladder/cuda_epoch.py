@@ -80,10 +80,11 @@ V7_PHASES = {
     "workers": ("load x", "wait G", "update", "partials", "cluster barrier", "reduce", "publish"),
 }
 """v7's phases a role, in the order a step runs them (csrc/epoch_v7_phases.cuh): the chain CTA waits
-for G_{t-1} (its Γ loads issued first) and for the worker clusters' counters, adds the bias and the
-Gram terms, reads the partials into Z_t, takes the softmax, sends G_t and releases its counter; a
-worker CTA gathers x_t, waits for the chain's counters and applies the lagged updates, computes its
-partial logits, passes the cluster barrier, reduces its rows over DSMEM and releases its counter."""
+for G_{t-1} and for the worker clusters' counters, adds the bias and the Gram term j = 1, reads the
+partials into Z_t, takes the softmax, sends G_t, releases its counter and adds the next step's Gram
+terms j >= 2 (counted as "Gram terms"); a worker CTA issues the loads of x_{t+1}, waits for the
+chain's counters and applies the lagged updates, computes its partial logits (and stores x_{t+1}),
+passes the cluster barrier, reduces its rows over DSMEM and releases its counter."""
 
 
 def load_library() -> ctypes.CDLL:

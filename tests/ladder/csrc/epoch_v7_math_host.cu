@@ -35,6 +35,13 @@ struct Chain {
   int phases[V7_NB] = {};  // phases its mbarrier has completed (one per step it served)
   std::vector<std::vector<float>> bias_at;  // b_t after each step's bias update (bug 2)
   std::vector<float> loss = std::vector<float>(V7_T, 0.f), correct = loss;
+  // Every thread's registers across steps: Γ_{next,·} and the terms j ≥ 2 already added.
+  std::vector<float> gam = std::vector<float>(size_t(V7_T) * V7_LAG * V7_U);
+  std::vector<float> acc = std::vector<float>(size_t(V7_T) * C);
+  float (&gam_of(int tid))[V7_LAG][V7_U] {
+    return *reinterpret_cast<float(*)[V7_LAG][V7_U]>(&gam[size_t(tid) * V7_LAG * V7_U]);
+  }
+  float (&acc_of(int tid))[C] { return *reinterpret_cast<float(*)[C]>(&acc[size_t(tid) * C]); }
 };
 struct Worker {
   std::vector<float> sm = std::vector<float>(WorkerSmem::FLOATS, 0.f);
@@ -87,6 +94,10 @@ struct Emulation {
       c.phases[p] = 0;
     }
     c.bias_at.assign(e.steps + 1, std::vector<float>(C));
+    for (int tid = 0; tid < V7_T; ++tid) {
+      chain_load_gram(e, s.gram, 0, q, tid, c.gam_of(tid));
+      for (float& a : c.acc_of(tid)) a = 0.f;
+    }
   }
   bool chain_runnable(int q) const {
     const Chain& c = chain[q];
@@ -115,11 +126,9 @@ struct Emulation {
     }
     for (int i = 0; i < C; ++i) c.bias_at[t][i] = bias[i];
     if (t == e.steps) return;
-    std::vector<float> gam(size_t(V7_T) * V7_LAG * V7_U);
-    for (int tid = 0; tid < V7_T; ++tid) {
-      float(&g)[V7_LAG][V7_U] = *reinterpret_cast<float(*)[V7_LAG][V7_U]>(&gam[tid * V7_LAG * V7_U]);
-      chain_load_gram(e, s.gram, t, q, tid, g);
-      chain_gram_terms(e, g, ring, t, tid, red);
+    for (int tid = 0; tid < V7_T; ++tid) {  // j = 1 (j ≥ 2 were added after step t − 1)
+      chain_gram_terms(e, c.gam_of(tid), ring, t, tid, 1, 1, c.acc_of(tid));
+      chain_gram_store(tid, c.acc_of(tid), red);
     }
     const float* used_bias = bug == 2 ? c.bias_at[v7_applied_before(t)].data() : bias;
     const float* part_t = v7_part_rows(s, t, 0);
@@ -142,9 +151,9 @@ struct Emulation {
       float* ds = dst.sm.data() + ChainSmem::RING + slot * ChainSmem::GSLOT;
       for (int i = 0; i < V7_RPC; ++i) {
         const int row = q * V7_RPC + i;
-        if (row < e.rows(t)) std::memcpy(ds + row * V7_GROW, gl + i * 16, 64);
+        if (row < e.rows(t)) std::memcpy(ds + row * V7_RS, gl + i * 16, 64);
       }
-      std::memcpy(ds + BMAX * V7_GROW + q * V7_GROW, gl + V7_RPC * 16, 64);
+      std::memcpy(ds + BMAX * V7_RS + q * V7_GROW, gl + V7_RPC * 16, 64);
       if (++dst.got[slot] == V7_CHAIN) ++dst.phases[slot];  // armed, all bytes in: complete
     }
     for (int i = 0; i < V7_RPC; ++i) {
@@ -152,6 +161,12 @@ struct Emulation {
       if (row < e.rows(t)) std::memcpy(s.g + (size_t(t) * BMAX + row) * V7_GROW, gl + i * 16, 64);
     }
     s.gflag[q] = t + 1;
+    for (int tid = 0; tid < V7_T; ++tid) {  // step t + 1's Γ and its terms j ≥ 2
+      for (float& a : c.acc_of(tid)) a = 0.f;
+      if (t + 1 == e.steps) continue;
+      chain_load_gram(e, s.gram, t + 1, q, tid, c.gam_of(tid));
+      chain_gram_terms(e, c.gam_of(tid), ring, t + 1, tid, 2, V7_LAG, c.acc_of(tid));
+    }
   }
 
   void worker_setup(int k, const float* w) {
@@ -163,6 +178,7 @@ struct Emulation {
         for (int c = 0; c < C; ++c) sm[WorkerSmem::W + f * 16 + c] = w[c * K + f0 + f];
     }
     wnext[k] = wapplied[k] = 0;
+    store_x(k, 0);
   }
   bool worker_runnable(int k) const {
     const int t = wnext[k];
@@ -171,6 +187,14 @@ struct Emulation {
     for (int a = wapplied[k]; a < upto; ++a)
       if (!g_published(a)) return false;
     return true;
+  }
+  void store_x(int k, int t) {  // the kernel fetches a step ahead, and stores here
+    for (int r = 0; r < V7_CLUSTER; ++r)
+      for (int tid = 0; tid < V7_T; ++tid) {
+        uint8_t buf[V7_XF];
+        worker_fetch_x(e, x, order, t, (k * V7_CLUSTER + r) * V7_FW, tid, V7_T, buf);
+        worker_store_x(e, t, tid, V7_T, buf, workers[k][r].sm.data() + WorkerSmem::XS);
+      }
   }
   void update(int k, int a) {
     for (int r = 0; r < V7_CLUSTER; ++r) {
@@ -197,10 +221,6 @@ struct Emulation {
       return;
     }
     const int p = t & 1;
-    for (int r = 0; r < V7_CLUSTER; ++r)
-      for (int tid = 0; tid < V7_T; ++tid)
-        worker_load_x(e, x, order, t, (k * V7_CLUSTER + r) * V7_FW, tid, V7_T,
-                      workers[k][r].sm.data() + WorkerSmem::XS);
     for (; wapplied[k] < applied_before(t); ++wapplied[k]) update(k, wapplied[k]);
     for (int r = 0; r < V7_CLUSTER; ++r) {
       float* sm = workers[k][r].sm.data();
@@ -208,6 +228,7 @@ struct Emulation {
         worker_partial(e, t, sm + WorkerSmem::XS, sm + WorkerSmem::W, tid,
                        sm + WorkerSmem::PBUF + p * BMAX * V7_GROW);
     }
+    if (t + 1 < e.steps) store_x(k, t + 1);  // after the updates read x_{t−L−1}
     for (int r = 0; r < V7_CLUSTER; ++r) {  // after the cluster barrier
       for (int tid = 0; tid < V7_T; ++tid)
         worker_reduce(

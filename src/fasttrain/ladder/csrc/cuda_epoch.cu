@@ -87,7 +87,7 @@
 //      LDS.128 and 5 SHFL for its 140 FMA); whole kernel, static: 261 shared loads (34 LDS.128)
 //      against v4's 484 (84); 128 registers (the 512-thread cap), no spill. Its tiles run on the CPU for
 //      whole cluster epochs against float64 (tests/ladder/test_cuda_epoch_v6_math.py).
-//   v7a (epoch_v7.cuh, epoch_v7_math.cuh; written without a GPU, not yet run on one) the lagged-
+//   v7a (epoch_v7.cuh, epoch_v7_math.cuh; on an H200: 2.74 ms/epoch, v6 2.04) the lagged-
 //      Gram step of docs/measurements/cuda-epoch-v7-design.md, as TWO launches an epoch: a Gram
 //      kernel (every Γ_{t,j} = X_t X_{t−j}ᵀ, j = 1 … 4, u8 mma.sync → fp32) and one persistent
 //      launch of 64 CTAs in clusters of 8: a chain cluster (16 rows a CTA: b_t + the workers'
@@ -98,7 +98,8 @@
 //      whole epochs in an emulation of every role against float64 at 2e-5
 //      (tests/ladder/test_cuda_epoch_v7_math.py). The ctas argument is the chain's 8. Its phase-
 //      profiling build (epoch_v7_phases.cuh, cuda_epoch_v7_phase_profile) times each role's
-//      phases, as v4's does v4's loop; not yet run on a GPU either.
+//      phases, as v4's does v4's loop (docs/measurements/cuda-epoch-v7-design.md, "v7a on an
+//      H200": the measured phases and what each change since the first run bought).
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
 #include "epoch_v4.cuh"

@@ -62,12 +62,13 @@ __device__ __noinline__ bool poll_at_least(const int* flag, int want, int code) 
     }
   }
 }
-// After a __syncthreads that follows every thread's writes: publish `steps` (thread 0).
+// After a __syncthreads that follows every thread's writes: publish `steps` (thread 0). The
+// release is cumulative: the CTA's writes ordered before it by the barrier are visible to an
+// acquire that reads the count (the pattern of CUTLASS's GenericBarrier::arrive_inc, a fence and
+// a relaxed add after __syncthreads; st.release is that fence and a store). v7a had a
+// __threadfence() before it too: a second fence, 0.67–0.74 µs a step with the store on an H200.
 __device__ __forceinline__ void publish(int* flag, int steps) {
-  if (threadIdx.x == 0) {
-    __threadfence();
-    st_release(flag, steps);
-  }
+  if (threadIdx.x == 0) st_release(flag, steps);
 }
 // A 4-byte word of cluster CTA `rank`'s shared memory at my address `addr` (DSMEM).
 __device__ __forceinline__ uint32_t ld_dsmem(uint32_t addr, int rank) {
@@ -130,17 +131,22 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
   float loss = 0.f, correct = 0.f;
   bool failed = false;
   V7PhaseClock<TIMED> clock;
+  // Software-pipelined Gram terms: entering step t, gam holds Γ_{t,·} (loaded during step t − 1)
+  // and acc the terms j ≥ 2 (added at the end of step t − 1); only j = 1 waits for G_{t−1}.
+  float gam[V7_LAG][V7_U], acc[C];
+  chain_load_gram(e, v.s.gram, 0, q, tid, gam);
+  for (int c = 0; c < C; ++c) acc[c] = 0.f;
   for (int t = 0; t < steps; ++t) {
-    float gam[V7_LAG][V7_U];
-    chain_load_gram(e, v.s.gram, t, q, tid, gam);  // no dependence on the waits below
     bool ok = true;
     if (t > 0)
       ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
                         WAIT_G | blockIdx.x << 4 | t << 12);
     clock.mark(V7C_WAIT_G);
-    if (tid < V7_WCLUSTERS)  // (the test hook, fault 2: chain CTA 0 waits at step 2 for more)
+    // (The test hook, fault 2: chain CTA 0 waits at step 2 for a count no worker reaches.)
+    const bool fault = t == 2 && q == 0 && g_signal_fault == 2;
+    if (tid < V7_WCLUSTERS)
       ok = ok && poll_at_least(v.s.pflag + tid * V7_CLUSTER + q,
-                               v7_part_ready(t) + (t == 2 && q == 0 && g_signal_fault == 2),
+                               fault ? 0x7fffffff : v7_part_ready(t),
                                WAIT_V7_PARTIALS | blockIdx.x << 4 | t << 12);
     if (__syncthreads_or(!ok)) {
       failed = true;
@@ -152,7 +158,9 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
         mbar_arm(bar_u + 8 * v7_slot(t - 1), v7_g_bytes(e, t - 1 + V7_NB));
       chain_bias(e, ring, t - 1, tid, bias);
     }
-    chain_gram_terms(e, gam, ring, t, tid, red);
+    chain_gram_terms(e, gam, ring, t, tid, 1, 1, acc);
+    chain_gram_store(tid, acc, red);
+    if (t + 1 < steps) chain_load_gram(e, v.s.gram, t + 1, q, tid, gam);  // in flight till the end
     __syncthreads();
     clock.mark(V7C_GRAM);
     // The partials through L2 (ld.global.cg: other SMs wrote them during this launch).
@@ -177,7 +185,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
       const int row = q * V7_RPC + i;
       if (i < V7_RPC && row >= nt) continue;
       const float4 val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * w4);
-      const int off = i < V7_RPC ? row * V7_GROW : BMAX * V7_GROW + q * V7_GROW;
+      const int off = i < V7_RPC ? row * V7_RS : BMAX * V7_RS + q * V7_GROW;
       st_async4(mapa(ring_u + 4 * (slot * S::GSLOT + off + 4 * w4), d), val,
                 mapa(bar_u + 8 * slot, d));
       if (d == 0 && i < V7_RPC)
@@ -187,6 +195,11 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
     clock.mark(V7C_SEND);
     publish(v.s.gflag + q, t + 1);
     clock.mark(V7C_PUBLISH);
+    // Step t + 1's terms j ≥ 2: G_{t−1} … G_{t+1−L}, all in the ring (the re-armed slot of
+    // G_{t−1} is next written with G_{t+L}, after my G_{t+L−1}).
+    for (int c = 0; c < C; ++c) acc[c] = 0.f;
+    if (t + 1 < steps) chain_gram_terms(e, gam, ring, t + 1, tid, 2, V7_LAG, acc);
+    clock.mark(V7C_GRAM);
   }
   if (!failed) {  // G_{steps−1}: the last bias update, and no st.async left in flight to me
     const int t = steps;
@@ -242,20 +255,29 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
 
   int applied = 0;
   bool failed = false;
+  uint8_t xb[V7_XF];  // x_{t+1}'s bytes, loaded during step t
+  worker_fetch_x(e, v.a.x, v.a.order, 0, f0, tid, V7_T, xb);
+  worker_store_x(e, 0, tid, V7_T, xb, xs);
   for (int t = 0; t < steps; ++t) {
     const int p = t & 1;
-    worker_load_x(e, v.a.x, v.a.order, t, f0, tid, V7_T, xs);
+    if (t + 1 < steps) worker_fetch_x(e, v.a.x, v.a.order, t + 1, f0, tid, V7_T, xb);
     clock.mark(V7W_LOAD_X);
     bool ok = true;
     for (; ok && applied < v7_applied_before(t); ++applied) ok = update(applied);
-    __syncthreads();  // x_t in place
+    __syncthreads();  // x_t in place (stored at the end of step t − 1)
     clock.mark(V7W_LOAD_X);
     if (ok) worker_partial(e, t, xs, w, tid, pbuf + p * BMAX * V7_GROW);
+    // x_{t+1} into slot (t + 1) % XR, whose x_{t−L−1} this step's last update read (its
+    // __syncthreads passed); read from the next step's barrier on.
+    if (t + 1 < steps) worker_store_x(e, t + 1, tid, V7_T, xb, xs);
     clock.mark(V7W_PARTIALS);
     if (tid == 0) okb[p] = ok;
     cluster_barrier();
-    bool all = true;
-    for (int src = 0; src < V7_CLUSTER; ++src) all = all && ld_dsmem(smem_addr(okb + p), src);
+    // Lanes 0 … 7 of every warp read the 8 ok bits at once (a chain of dependent DSMEM reads
+    // took most of this phase's 1.2 µs a step on an H200); every warp reaches the same verdict.
+    const int lane = tid % 32;
+    const bool mine = lane >= V7_CLUSTER || ld_dsmem(smem_addr(okb + p), lane) != 0;
+    const bool all = __all_sync(0xffffffffu, mine);
     clock.mark(V7W_BARRIER);
     if (!all) {  // uniform over the cluster: leave together, nobody reads a departed CTA
       cluster_barrier();

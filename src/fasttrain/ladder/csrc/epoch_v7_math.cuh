@@ -40,6 +40,12 @@ constexpr int V7_NB = V7_LAG + 1;    // chain G ring: G_{t−1} … G_{t−L} re
 constexpr int V7_XR = V7_LAG + 2;    // worker x ring: x_t and the update's x_{t−L−1}
 constexpr int V7_LANES = V7_T / V7_RPC;  // 32 lanes split a chain row's Gram terms
 constexpr int V7_GROW = 16;          // floats of a row of G or of a partial (10 used)
+// A row's stride in the chain's G ring: 20 floats (80 bytes), so that the 8 lanes of a 128-bit
+// shared load's phase (rows m … m + 7) hit 8 distinct 4-bank groups. At 16 floats they hit 2,
+// a 4-way conflict: v7a's Gram terms took 6.4 µs a step on an H200 (2026-11-27), the model of
+// 16 warps × 16 (j, u) × 3 loads × 16 wavefronts at 1 a clock predicting 6.2.
+constexpr int V7_RS = 20;
+constexpr int V7_XF = (BMAX * V7_FW + V7_T - 1) / V7_T;  // a worker thread's bytes of x_t
 static_assert(V7_FW * V7_WORKERS == K && V7_RPC * V7_CHAIN == BMAX, "an even split");
 static_assert(BMAX % V7_LANES == 0 && 2 * V7_FW * C <= V7_T && 2 * BMAX <= V7_T, "one pass");
 
@@ -93,10 +99,11 @@ FT_V7 float* v7_part_rows(const V7Scratch& s, int t, int k) {
 }
 
 // ---- chain CTA q: shared memory, in floats ----------------------------------------------------
-// ring [NB][GSLOT]: slot t % NB holds G_t's 128 rows (V7_GROW floats each) and, after them, the 8
-// chain CTAs' column sums of their rows (their share of the bias gradient), as v4's g inbox.
+// ring [NB][GSLOT]: slot t % NB holds G_t's 128 rows (at stride V7_RS, V7_GROW floats written)
+// and, after them, the 8 chain CTAs' column sums of their rows (their share of the bias
+// gradient), as v4's g inbox.
 struct ChainSmem {
-  static constexpr int GSLOT = BMAX * V7_GROW + V7_CHAIN * V7_GROW;
+  static constexpr int GSLOT = BMAX * V7_RS + V7_CHAIN * V7_GROW;
   static constexpr int RING = 0;
   static constexpr int BIAS = RING + V7_NB * GSLOT;
   static constexpr int RED = BIAS + 16;           // [C][RPC][LANES + 1]: conflict-free writes
@@ -132,13 +139,19 @@ FT_V7 int v7_g_bytes(const V7Epoch& e, int t) {
 }
 
 // ---- chain: per-thread bodies -----------------------------------------------------------------
-// Thread tid = (row i, lane l): the Grams it reads for step t, loaded before the waits (they were
-// written by the previous launch): gam[j − 1][u] = Γ_{t,j}[16q + i][l + 32u] (0 outside).
+// Thread tid = (row i, lane l): the Grams it reads for step t, loaded a step ahead (they were
+// written by the previous launch): gam[j − 1][u] = Γ_{t,j}[16q + i][l + 32u] (0 outside). The
+// terms are split by their place on the critical path: j = 1 after G_{t−1} has arrived, j ≥ 2 at
+// the end of step t − 1 (G_{t−2} … are in the ring by then).
+// Tried and measured slower (H200, 2026-11-27): the terms j ≥ 2 by 4 warps of 4 rows a thread,
+// Γ copied into shared memory by cp.async (each row of G read once for 4 rows, not once a row):
+// 2.87 µs a step for the Gram phase against 1.85, 4 warps too few to hide the loads' latency.
 struct ChainLane {
   int i, l;
 };
 FT_V7 ChainLane chain_lane(int tid) { return {tid / V7_LANES, tid % V7_LANES}; }
 constexpr int V7_U = BMAX / V7_LANES;  // 4 columns of Γ a lane and j
+FT_V7 int red_at(int c, int i, int l) { return (c * V7_RPC + i) * (V7_LANES + 1) + l; }
 FT_V7 void chain_load_gram(const V7Epoch& e, const float* gram, int t, int q, int tid,
                            float (&gam)[V7_LAG][V7_U]) {
   const ChainLane ln = chain_lane(tid);
@@ -150,29 +163,36 @@ FT_V7 void chain_load_gram(const V7Epoch& e, const float* gram, int t, int q, in
       gam[j - 1][u] = in ? gram[v7_gram_offset(t, j) + size_t(row) * BMAX + m] : 0.f;
     }
 }
-// Σ_j Σ_{m ≡ l} Γ_{t,j}[row][m] G_{t−j}[m][c] → red (summed over the lanes by chain_logits).
+// Σ_{j = j0 … j1} Σ_{m ≡ l} Γ_{t,j}[row][m] G_{t−j}[m][c] added to acc; G's row m from the ring
+// in three 128-bit loads (classes 0 … 11; 10 and 11 unused).
 FT_V7 void chain_gram_terms(const V7Epoch& e, const float (&gam)[V7_LAG][V7_U], const float* ring,
-                            int t, int tid, float* red) {
+                            int t, int tid, int j0, int j1, float (&acc)[C]) {
   const ChainLane ln = chain_lane(tid);
-  float acc[C];
-  for (int c = 0; c < C; ++c) acc[c] = 0.f;
   const int w = v7_window(t);
-  for (int j = 1; j <= V7_LAG; ++j) {
+  for (int j = j0; j <= j1; ++j) {
     if (j > w) break;
     const float* g = ring + v7_slot(t - j) * ChainSmem::GSLOT;
     for (int u = 0; u < V7_U; ++u) {
       const int m = ln.l + V7_LANES * u;
       if (m >= e.rows(t - j)) break;
-      for (int c = 0; c < C; ++c) acc[c] = fmaf(gam[j - 1][u], g[m * V7_GROW + c], acc[c]);
+      float gm[12];
+      for (int h = 0; h < 3; ++h)
+        *reinterpret_cast<float4*>(gm + 4 * h) =
+            *reinterpret_cast<const float4*>(g + m * V7_RS + 4 * h);
+      for (int c = 0; c < C; ++c) acc[c] = fmaf(gam[j - 1][u], gm[c], acc[c]);
     }
   }
-  for (int c = 0; c < C; ++c) red[(c * V7_RPC + ln.i) * (V7_LANES + 1) + ln.l] = acc[c];
+}
+// The lanes' sums → red (summed over the lanes by chain_logits).
+FT_V7 void chain_gram_store(int tid, const float (&acc)[C], float* red) {
+  const ChainLane ln = chain_lane(tid);
+  for (int c = 0; c < C; ++c) red[red_at(c, ln.i, ln.l)] = acc[c];
 }
 // b_t = b_{t−1} − lr Σ_src colsum_src(G_{t−1}) (threads c < C; every chain CTA in the same order,
 // so their copies stay equal).
 FT_V7 void chain_bias(const V7Epoch& e, const float* ring, int t_prev, int tid, float* bias) {
   if (tid >= C) return;
-  const float* cs = ring + v7_slot(t_prev) * ChainSmem::GSLOT + BMAX * V7_GROW;
+  const float* cs = ring + v7_slot(t_prev) * ChainSmem::GSLOT + BMAX * V7_RS;
   float db = 0.f;
   for (int src = 0; src < V7_CHAIN; ++src) db += cs[src * V7_GROW + tid];
   bias[tid] -= e.lr * db;
@@ -188,7 +208,7 @@ FT_V7 void chain_logits(const V7Epoch& e, Part part, int t, int q, int tid, cons
   float p = 0.f;
   for (int k = 0; k < V7_WCLUSTERS; ++k) p += part(k, row * V7_GROW + c);
   float corr = 0.f;
-  for (int l = 0; l < V7_LANES; ++l) corr += red[(c * V7_RPC + i) * (V7_LANES + 1) + l];
+  for (int l = 0; l < V7_LANES; ++l) corr += red[red_at(c, i, l)];
   const float cg = e.lr * (1.f / 255.f) * (1.f / 255.f);
   zs[i * 16 + c] = p + bias[c] - cg * corr;
 }
@@ -225,14 +245,25 @@ FT_V7 void chain_colsum(int tid, float* gl) {
 }
 
 // ---- workers: per-thread bodies ---------------------------------------------------------------
-// My features of batch t (rows gathered by the order) as floats into x ring slot t % XR.
-FT_V7 void worker_load_x(const V7Epoch& e, const uint8_t* x, const int* order, int t, int f0,
-                         int tid, int T, float* xs) {
+// My features of batch t (rows gathered by the order), in two halves: the byte loads into
+// registers a step ahead (their latency hidden behind the step's waits and work), then, after the
+// step's update has read x_{t−L−1} (slot (t + 1) % XR's previous batch), as floats into x ring slot
+// t % XR. T threads, T · V7_XF ≥ BMAX · FW.
+FT_V7 void worker_fetch_x(const V7Epoch& e, const uint8_t* x, const int* order, int t, int f0,
+                          int tid, int T, uint8_t (&buf)[V7_XF]) {
+  const int nt = e.rows(t);
+  for (int k = 0; k < V7_XF; ++k) {
+    const int it = tid + k * T, i = it / V7_FW, f = it % V7_FW;
+    buf[k] = it < nt * V7_FW ? x[size_t(order[t * e.bs + i]) * K + f0 + f] : 0;
+  }
+}
+FT_V7 void worker_store_x(const V7Epoch& e, int t, int tid, int T, const uint8_t (&buf)[V7_XF],
+                          float* xs) {
   const int nt = e.rows(t);
   float* dst = xs + (t % V7_XR) * BMAX * 16;
-  for (int it = tid; it < nt * V7_FW; it += T) {
-    const int i = it / V7_FW, f = it % V7_FW;
-    dst[i * 16 + f] = x[size_t(order[t * e.bs + i]) * K + f0 + f];
+  for (int k = 0; k < V7_XF; ++k) {
+    const int it = tid + k * T, i = it / V7_FW, f = it % V7_FW;
+    if (it < nt * V7_FW) dst[i * 16 + f] = buf[k];
   }
 }
 // G_a's rows from global memory into gs (the caller loads them coherently: ld.global.cg).

@@ -21,23 +21,24 @@
 namespace {
 
 enum V7ChainPhase {
-  V7C_WAIT_G,     // issue the step's Γ loads, wait for G_{t−1} from the 8 chain CTAs (mbarrier)
+  V7C_WAIT_G,     // wait for G_{t−1} from the 8 chain CTAs (mbarrier)
   V7C_WAIT_PART,  // wait for the 7 worker clusters' counters of my rows (thread k polls k)
-  V7C_GRAM,       // b_t from G_{t−1}'s column sums, the Gram terms − c Σ_j Γ_{t,j} G_{t−j}
+  V7C_GRAM,       // b_t from G_{t−1}'s column sums, the Gram term j = 1, the next step's Γ
+                  // loads issued; after the publish, the next step's terms j ≥ 2
   V7C_LOGITS,     // the worker partials from L2 (ld.global.cg) + bias + Gram terms: Z_t
   V7C_SOFTMAX,    // softmax, loss, G_t of my 16 rows, the next labels, G's column sum
   V7C_SEND,       // G_t to the 8 chain CTAs (st.async) and to global memory
-  V7C_PUBLISH,    // thread 0: fence, release my G counter
+  V7C_PUBLISH,    // thread 0: release my G counter
   V7C_PHASES
 };
 enum V7WorkerPhase {
-  V7W_LOAD_X,     // gather my 14 features of x_t (byte loads, waited for at the step's barrier)
+  V7W_LOAD_X,     // issue the byte loads of my 14 features of x_{t+1}; the step's barrier
   V7W_WAIT_G,     // wait for the 8 chain CTAs' G counters of the update's step
   V7W_UPDATE,     // load G_a from L2, the update's sums and its application to W's slice
-  V7W_PARTIALS,   // P_t of my features
+  V7W_PARTIALS,   // P_t of my features; x_{t+1} into the x ring (waits for its loads)
   V7W_BARRIER,    // the cluster barrier after the partials, the cluster's ok bits (DSMEM)
   V7W_REDUCE,     // rank r sums rows 16r … of the 8 partials over DSMEM, writes them to global
-  V7W_PUBLISH,    // thread 0: fence, release my partial counter
+  V7W_PUBLISH,    // thread 0: release my partial counter
   V7W_PHASES
 };
 constexpr int V7_PHASE_COLS = V7C_PHASES > V7W_PHASES ? V7C_PHASES : V7W_PHASES;
