@@ -100,6 +100,10 @@
 //      profiling build (epoch_v7_phases.cuh, cuda_epoch_v7_phase_profile) times each role's
 //      phases, as v4's does v4's loop (docs/measurements/cuda-epoch-v7-design.md, "v7a on an
 //      H200": the measured phases and what each change since the first run bought).
+//      Its Gram kernel: v1 (v7a's, 493.8 µs a launch on an H200) or v2 (gram_v2.cuh: a CTA a
+//      step's 64 rows for all 4 lags, operands staged by cp.async, read by ldmatrix; written
+//      without a GPU, not yet run on one; estimated 60-120 µs an epoch), the epoch's
+//      (V7_GRAM_VERSION); cuda_epoch_v7_grams launches either alone, for sync_cost.py to time.
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
 #include "epoch_v4.cuh"
