@@ -1,8 +1,9 @@
 """cuda-epoch v7a's phase-profiling build (`csrc/epoch_v7_phases.cuh`): on the CPU, ptxas's
 figures for the timed and the untimed epoch kernel (no spill; the untimed one carries none of the
-clocks) and for both Gram kernels (no spill, no stack frame), the library's phase shape against `cuda_epoch.V7_PHASES`, and the Python reader with the
-library faked at the ctypes boundary (`FakeV7Profile` writes what the kernel would); on a GPU
-(marked gpu), that the phases are positive, finite and add up to each role's loop."""
+clocks) and for both Gram kernels (no spill, no stack frame), the library's phase shape against
+`cuda_epoch.V7_PHASES`, and the Python reader with the library faked at the ctypes boundary
+(`FakeV7Profile` writes what the kernel would); on a GPU (marked gpu), that the phases are
+positive, finite and add up to each role's loop."""
 
 import ctypes
 import math
