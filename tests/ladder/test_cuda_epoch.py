@@ -33,7 +33,9 @@ def test_compiles_for_hopper_and_for_gpus_without_clusters(hopper_builds, tmp_pa
                      b"cuda_epoch_bench_grid_sync", b"epoch_grid_kernel",
                      b"cuda_epoch_phase_profile", b"cuda_epoch_v7_scratch_bytes",
                      b"cuda_epoch_v7_residency", b"v7_epoch_kernel", b"v7_gram_kernel",
-                     b"cuda_epoch_v7_phase_profile", b"cuda_epoch_v7_phase_shape"):
+                     b"cuda_epoch_v7_phase_profile", b"cuda_epoch_v7_phase_shape",
+                     b"cuda_epoch_v7_grams", b"cuda_epoch_v7_gram_versions",
+                     b"v7_gram_kernel_v2"):
             assert name in symbols, (so.name, name)
 
 

@@ -194,6 +194,22 @@ GRAM_HD void store_pair(float* out, int na, int nb, int i, int j, int32_t c0, in
 template <class Warp, class AccT>
 GRAM_HD void store_warp(Warp& warp, const Role& r, AccT (&acc)[MT][NTL]) {
   if (!r.active) return;
+  if (r.m0 + WM <= r.na && r.n0 + WN <= r.nb) {  // the whole tile inside: 8-byte stores only
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < NTL; ++nt)
+        warp.each([&](int lane) {
+          const Acc& c = warp.at(acc[mi][nt], lane);
+          float* p = r.out + size_t(r.m0 + 16 * mi + (lane >> 2)) * BMAX + r.n0 + 8 * nt +
+                     2 * (lane & 3);
+          *reinterpret_cast<float2*>(p) =
+              make_float2(static_cast<float>(c.c[0]), static_cast<float>(c.c[1]));
+          *reinterpret_cast<float2*>(p + 8 * BMAX) =
+              make_float2(static_cast<float>(c.c[2]), static_cast<float>(c.c[3]));
+        });
+    return;
+  }
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi)
 #pragma unroll
