@@ -21,6 +21,9 @@ costs, measured, and how the `cuda-epoch` variants compare.
   over CTAs and the slowest CTA), to show what the next version must shorten; v7 per role (its
   chain's and its workers' phases, `cuda_epoch.V7_PHASES`), recorded as "<variant>: chain" and
   "<variant>: workers";
+- v7's Gram launch alone, each Gram kernel (v1 v7a's, v2 operands staged in shared memory): "v7
+  Grams: µs an epoch" (CUDA events, median over the epochs), and whether v2's Grams equal v1's bit
+  for bit (recorded as "cuda_epoch_v7_grams_us");
 - the hand-off and co-residency probes that set cuda-epoch v7's lag (`ladder/sync_probes.py`):
   ns per one-way release/acquire hand-off between two SMs through L2, bare and with a 1 or 5 KiB
   payload, a flag broadcast to 56 CTAs, and whether v7's 16 clusters of 8 can be resident
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
 
     cfg = LadderConfig(epochs=args.epochs + 1)
     data = make_ladder_data(load_dataset(args.data, None, seed=0), cfg)
-    times, deltas, finals, phases = {}, {}, {}, {}
+    times, deltas, finals, phases, grams = {}, {}, {}, {}, {}
     for version, cluster, ctas in variants(has_clusters()):
         threads, smem = launch_config(lib, ctas, version, cluster)
         epoch = iter(range(10**9))
@@ -159,6 +162,8 @@ def main(argv=None) -> int:
               + same)
         if version in PROFILED:
             phases.update(profile_phases(k))
+        if version == 7:
+            grams = time_v7_grams(k, args.epochs)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"schema": "fasttrain.sync_cost/1", "env": env,
@@ -166,7 +171,8 @@ def main(argv=None) -> int:
                                   "epochs": args.epochs},
                        "barrier_ns": barriers, "graph_node_us": node,
                        "cuda_epoch_ms": times, "cuda_epoch_max_dw_vs_v2": deltas,
-                       "cuda_epoch_phases_us": phases, "handoff_probes": probes}, f, indent=2)
+                       "cuda_epoch_phases_us": phases, "cuda_epoch_v7_grams_us": grams,
+                       "handoff_probes": probes}, f, indent=2)
         print(f"wrote {args.json}")
     return 0
 
@@ -188,6 +194,35 @@ def profile_phases(k) -> dict:
                   f"{name} {profile['mean_us'][name]:.2f}/{profile['max_us'][name]:.2f}"
                   for name in profile["mean_us"]))
     return {f"{k.variant}: {role}" if role else k.variant: p for role, p in roles.items()}
+
+
+def time_v7_grams(k, epochs: int) -> dict:
+    """v7's Gram launch alone, each Gram kernel (`cuda_epoch.V7_GRAM_VERSIONS`): µs an epoch (CUDA
+    events, the median of `epochs` after a warm-up one, as epoch_ms), printed as "v7 Grams: …";
+    then whether every kernel's Grams of epoch 0 equal v1's bit for bit (the scratch filled with
+    -1 first: an entry one writes and the other does not differs too). A kernel that fails is its
+    reason in place of its figure. {"v1": µs, "v2": µs, …, "equal_to_v1": {"v2": bool}}."""
+    from fasttrain.ladder.cuda_epoch import V7_GRAM_VERSIONS
+
+    out, grams = {}, {}
+    for g in V7_GRAM_VERSIONS:
+        epoch = iter(range(10**9))
+        try:
+            us = epoch_ms(lambda g=g, e=epoch: k.v7_grams(next(e) % k.cfg.epochs, g), epochs) * 1e3
+            k.scratch.fill_(-1.0)
+            k.v7_grams(0, g)
+            grams[g] = k.v7_gram_tensor().clone()
+        except RuntimeError as e:
+            out[f"v{g}"] = str(e)
+            print(f"    v7 Grams, kernel v{g}: {e}")
+            continue
+        out[f"v{g}"] = us
+        print(f"    v7 Grams, kernel v{g}: {us:.1f} µs an epoch ({STEPS} steps x 4 lags)")
+    if 1 in grams:
+        out["equal_to_v1"] = {f"v{g}": bool(torch.equal(grams[g], grams[1]))
+                              for g in grams if g != 1}
+        print(f"    v7 Grams equal to v1's bit for bit: {out['equal_to_v1']}")
+    return out
 
 
 def handoff_probes() -> dict:

@@ -33,7 +33,9 @@ def test_compiles_for_hopper_and_for_gpus_without_clusters(hopper_builds, tmp_pa
                      b"cuda_epoch_bench_grid_sync", b"epoch_grid_kernel",
                      b"cuda_epoch_phase_profile", b"cuda_epoch_v7_scratch_bytes",
                      b"cuda_epoch_v7_residency", b"v7_epoch_kernel", b"v7_gram_kernel",
-                     b"cuda_epoch_v7_phase_profile", b"cuda_epoch_v7_phase_shape"):
+                     b"cuda_epoch_v7_phase_profile", b"cuda_epoch_v7_phase_shape",
+                     b"cuda_epoch_v7_grams", b"cuda_epoch_v7_gram_versions",
+                     b"v7_gram_kernel_v2"):
             assert name in symbols, (so.name, name)
 
 
@@ -76,7 +78,7 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     assert ce.default_version(True) == 6 and ce.default_version(False) == ce.GRID_VERSION == 3
     for header in ("epoch_v4.cuh", "epoch_v5.cuh", "epoch_v5_math.cuh", "epoch_v6.cuh",
                    "epoch_v6_math.cuh", "epoch_v7.cuh", "epoch_v7_math.cuh", "epoch_v7_phases.cuh",
-                   "epoch_v7_launch.cuh", "gram_u8.cuh"):
+                   "epoch_v7_launch.cuh", "gram_u8.cuh", "gram_v2.cuh"):
         assert f"csrc/{header}" in ce.CudaEpoch.sources
 
 

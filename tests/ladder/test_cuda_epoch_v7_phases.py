@@ -1,8 +1,9 @@
 """cuda-epoch v7a's phase-profiling build (`csrc/epoch_v7_phases.cuh`): on the CPU, ptxas's
 figures for the timed and the untimed epoch kernel (no spill; the untimed one carries none of the
-clocks), the library's phase shape against `cuda_epoch.V7_PHASES`, and the Python reader with the
-library faked at the ctypes boundary (`FakeV7Profile` writes what the kernel would); on a GPU
-(marked gpu), that the phases are positive, finite and add up to each role's loop."""
+clocks) and for both Gram kernels (no spill, no stack frame), the library's phase shape against
+`cuda_epoch.V7_PHASES`, and the Python reader with the library faked at the ctypes boundary
+(`FakeV7Profile` writes what the kernel would); on a GPU (marked gpu), that the phases are
+positive, finite and add up to each role's loop."""
 
 import ctypes
 import math
@@ -23,8 +24,13 @@ requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a
 # Both instantiations of the epoch kernel in one small translation unit: ~8 s of nvcc, against
 # ~35 s for the whole of cuda_epoch.cu (whose build, hopper_builds, keeps no ptxas report).
 KERNELS = """#include "epoch_v7_launch.cuh"
-void* const v7_kernels[] = {(void*)v7_epoch_kernel<false>, (void*)v7_epoch_kernel<true>};
+void* const v7_kernels[] = {(void*)v7_epoch_kernel<false>, (void*)v7_epoch_kernel<true>,
+                            (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
+GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
+"""ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
+128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
+1)) cap a thread at 128."""
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +61,15 @@ def ptxas_report(tmp_path_factory):
         stack, stores, loads, regs = map(int, props.groups())
         report[build_kind] = {"regs": regs, "stack": stack, "spill_stores": stores,
                               "spill_loads": loads, "ptx": entries[mangled]}
+    for kind, (name, _) in GRAM_KERNELS.items():
+        mangled = next(e for e in entries if name in e)
+        props = re.search(rf"Function properties for {mangled}\n\s*(\d+) bytes stack frame, "
+                          rf"(\d+) bytes spill stores, (\d+) bytes spill loads\n.*?Used (\d+) "
+                          rf"registers", r.stderr, re.S)
+        assert props, r.stderr
+        stack, stores, loads, regs = map(int, props.groups())
+        report[kind] = {"regs": regs, "stack": stack, "spill_stores": stores,
+                        "spill_loads": loads, "ptx": entries[mangled]}
     return report
 
 
@@ -66,6 +81,31 @@ def test_neither_build_of_the_epoch_kernel_spills(ptxas_report, kind):
     k = ptxas_report[kind]
     figures = {key: v for key, v in k.items() if key != "ptx"}
     assert k["regs"] <= 128 and k["stack"] == k["spill_stores"] == k["spill_loads"] == 0, figures
+
+
+@requires_nvcc
+@pytest.mark.parametrize("kind", list(GRAM_KERNELS))
+def test_neither_gram_kernel_spills(ptxas_report, kind):
+    """Gram kernel v2 keeps 64 s32 accumulators, its A and B fragments and its 5 source rows in
+    registers (nvcc 13.0, sm_90a: 112, no stack); a row or lag index into its job's arrays that
+    is not a constant would put them in local memory (a stack frame: 104 bytes in its first
+    build), so a stack frame fails too."""
+    k = ptxas_report[kind]
+    figures = {key: v for key, v in k.items() if key != "ptx"}
+    cap = GRAM_KERNELS[kind][1]
+    assert k["regs"] <= cap and k["stack"] == k["spill_stores"] == k["spill_loads"] == 0, figures
+
+
+@requires_nvcc
+def test_gram_kernel_v2_stages_with_cp_async_and_reads_with_ldmatrix(ptxas_report):
+    """Its PTX: the 16-byte zero-filling cp.async, a commit and waits, ldmatrix .x4 and the u8
+    mma; no ld.local (see above)."""
+    ptx = ptxas_report["gram v2"]["ptx"]
+    for op in ("cp.async.cg.shared.global", "cp.async.commit_group", "cp.async.wait_group",
+               "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+               "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32"):
+        assert op in ptx, op
+    assert "ld.local" not in ptx and "st.local" not in ptx
 
 
 @requires_nvcc

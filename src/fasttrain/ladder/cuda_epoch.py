@@ -24,7 +24,8 @@ checked on the CPU against float64; on an H200, 2026-11-27, 2.05 ms/epoch on 14 
 (v7a, the lagged-Gram step of docs/measurements/cuda-epoch-v7-design.md: TWO launches an epoch, a
 Gram kernel and one persistent launch of an 8-CTA chain cluster and 7 worker clusters, 64 CTAs that
 must all be resident — checked at setup; written without a GPU, its per-thread code run on the CPU
-for whole epochs against float64 at 2e-5; not yet run on a GPU, so not the row's). The signalled
+for whole epochs against float64 at 2e-5; not yet run on a GPU, so not the row's; its Grams now by
+Gram kernel v2, `V7_GRAM_VERSION`, written without a GPU and not yet run on one). The signalled
 versions' waits are bounded: a protocol fault ends the launch and shows as a RuntimeError at the
 next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
@@ -60,6 +61,12 @@ PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its
 CTA_COUNTS = (7, 14)
 V7_CTAS = 8  # v7's `ctas`: its chain cluster (the launch holds 64: 7 worker clusters more)
 LAUNCHES = {7: 2}  # launches an epoch where not 1: v7a's Gram kernel, then its epoch kernel
+V7_GRAM_VERSIONS = (1, 2)
+"""v7's Gram kernels (`EpochKernel.v7_grams`): 1 v7a's (a warp a 16 × 32 tile from L2; 493.8 µs a
+launch on an H200, 2026-11-27), 2 a CTA a step's 64 rows for all 4 lags with its operands staged
+in shared memory (csrc/gram_v2.cuh; written without a GPU, not yet run on one), the epoch's."""
+V7_GRAM_VERSION = 2
+V7_FLAG_FLOATS = 64  # v7's scratch: its step counters (V7_FLAG_BYTES), then the Grams
 CROSS_CHECK_ATOL = 1e-3
 """v3 or v4 against v2 after one epoch from the same weights: fp32 summation orders differ (a few
 ulps a step, ~1e-5 after an epoch); a wrong batch, row or class moves weights by updates of
@@ -121,6 +128,12 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_v7_phase_profile.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr,
                                                 ptr, ptr, ptr]
     lib.cuda_epoch_v7_phase_profile.restype = i32
+    # x, y, order, n, bs, lr, w, b, stats, scratch, gram version, stream
+    lib.cuda_epoch_v7_grams.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr, i32,
+                                        ptr]
+    lib.cuda_epoch_v7_grams.restype = i32
+    lib.cuda_epoch_v7_gram_versions.argtypes = [ctypes.POINTER(i32), ctypes.POINTER(i32)]
+    lib.cuda_epoch_v7_gram_versions.restype = i32
     for name in ("cuda_epoch_bench_cluster_sync", "cuda_epoch_bench_grid_sync"):
         getattr(lib, name).argtypes = [i32, i32, ptr, ptr]
         getattr(lib, name).restype = i32
@@ -297,6 +310,28 @@ class EpochKernel:
         self.check_signals()  # a timed-out wait: its CTAs wrote no figures
         return v7_phases_us(list(clocks), list(span), ctas, cols)
 
+    def v7_grams(self, epoch: int, gram_version: int) -> None:
+        """v7: only the first launch of an epoch in `orders[epoch]` order, every Γ_{t,j} into the
+        scratch (and the step counters zeroed) by Gram kernel `gram_version` (V7_GRAM_VERSIONS),
+        on the current stream, not synced: what sync_cost.py times alone."""
+        if self.version != 7 or gram_version not in V7_GRAM_VERSIONS:
+            raise ValueError(f"the Gram kernels are v7's, versions {V7_GRAM_VERSIONS}: not "
+                             f"{gram_version} of {self.variant}")
+        p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+        code = self.lib.cuda_epoch_v7_grams(
+            p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
+            self.cfg.lr, p(self.w), p(self.b), p(self.stats), p(self.scratch), gram_version,
+            stream_handle())
+        check(self.lib, code, f"cuda_epoch_v7_grams (Gram kernel v{gram_version})")
+
+    def v7_gram_tensor(self) -> torch.Tensor:
+        """v7: the Grams in the scratch, [steps][4][128][128] (a view: csrc/epoch_v7_math.cuh's
+        layout, after its 256 bytes of step counters)."""
+        steps = -(-self.n // self.cfg.batch_size)
+        size = steps * 4 * MAX_BATCH * MAX_BATCH
+        return self.scratch[V7_FLAG_FLOATS:V7_FLAG_FLOATS + size].view(steps, 4, MAX_BATCH,
+                                                                       MAX_BATCH)
+
     @property
     def variant(self) -> str:
         if self.version == 7:
@@ -335,7 +370,8 @@ class CudaEpoch(Impl):
                "csrc/epoch_v3.cuh", "csrc/epoch_v4.cuh", "csrc/epoch_v5.cuh",
                "csrc/epoch_v5_math.cuh", "csrc/epoch_v6.cuh", "csrc/epoch_v6_math.cuh",
                "csrc/epoch_v7.cuh", "csrc/epoch_v7_math.cuh", "csrc/epoch_v7_phases.cuh",
-               "csrc/epoch_v7_launch.cuh", "csrc/gram_u8.cuh")  # the kernel its figures come from
+               "csrc/epoch_v7_launch.cuh", "csrc/gram_u8.cuh",
+               "csrc/gram_v2.cuh")  # the kernel its figures come from
     device = "cuda"
 
     @classmethod

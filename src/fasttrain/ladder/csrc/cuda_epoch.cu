@@ -100,6 +100,10 @@
 //      profiling build (epoch_v7_phases.cuh, cuda_epoch_v7_phase_profile) times each role's
 //      phases, as v4's does v4's loop (docs/measurements/cuda-epoch-v7-design.md, "v7a on an
 //      H200": the measured phases and what each change since the first run bought).
+//      Its Gram kernel: v1 (v7a's, 493.8 µs a launch on an H200) or v2 (gram_v2.cuh: a CTA a
+//      step's 64 rows for all 4 lags, operands staged by cp.async, read by ldmatrix; written
+//      without a GPU, not yet run on one; estimated 60-120 µs an epoch), the epoch's
+//      (V7_GRAM_VERSION); cuda_epoch_v7_grams launches either alone, for sync_cost.py to time.
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
 #include "epoch_v4.cuh"
@@ -336,6 +340,29 @@ int cuda_epoch_v7_phase_profile(const void* x, const void* y, const void* order,
                static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
                static_cast<float*>(b), static_cast<float*>(stats), static_cast<float*>(scratch)};
   return v7_phase_profile(a, out, span, stream);
+}
+
+// v7's Grams alone (to time them): the first launch of a v7 epoch (every Γ_{t,j} into `scratch`,
+// the step counters zeroed), by Gram kernel `gram_version` (1: v7a's, 2: gram_v2.cuh's, the
+// epoch's; cuda_epoch_v7_gram_versions), on `stream`; arguments as cuda_epoch_train's (w, b and
+// stats untouched). Returns 0 or a cudaError_t.
+int cuda_epoch_v7_grams(const void* x, const void* y, const void* order, int n, int bs, float lr,
+                        void* w, void* b, void* stats, void* scratch, int gram_version,
+                        cudaStream_t stream) {
+  if (n < 1 || bs < 1 || bs > BMAX || scratch == nullptr) return cudaErrorInvalidValue;
+  const Args a{static_cast<const uint8_t*>(x), static_cast<const int*>(y),
+               static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
+               static_cast<float*>(b), static_cast<float*>(stats), static_cast<float*>(scratch)};
+  return v7_grams(v7_args(a), gram_version, stream);
+}
+
+// The Gram kernel versions cuda_epoch_v7_grams takes (*count of them, in out[0 … count − 1]) and
+// the one a v7 epoch runs (the return value). Host only.
+int cuda_epoch_v7_gram_versions(int* out, int* count) {
+  out[0] = 1;
+  out[1] = 2;
+  *count = 2;
+  return V7_GRAM_VERSION;
 }
 
 // Bytes of the global scratch the grid variant needs for `ctas` CTAs (0 for a bad `ctas`): room

@@ -1,8 +1,10 @@
 // cuda-epoch v7a: the lagged-Gram epoch as two launches on one stream (see cuda_epoch.cu for the
 // changelog, epoch_v7_math.cuh for the algebra, the roles and every per-thread body):
-//   1. v7_gram_kernel: every Γ_{t,j} = X_t X_{t−j}ᵀ of the epoch (j = 1 … L), u8 × u8 → s32 on the
-//      tensor cores (gram_u8.cuh's warp tile, checked on an H200), rounded once to fp32 into
-//      global memory; it also zeroes the epoch kernel's step counters.
+//   1. the Grams: every Γ_{t,j} = X_t X_{t−j}ᵀ of the epoch (j = 1 … L), u8 × u8 → s32 on the
+//      tensor cores, rounded once to fp32 into global memory; it also zeroes the epoch kernel's
+//      step counters. v7_gram_kernel (v1: gram_u8.cuh's warp tile from L2, checked on an H200,
+//      493.8 µs a launch) or v7_gram_kernel_v2 (gram_v2.cuh: a CTA a (t, 64 rows of X_t) for all
+//      L lags, operands staged by cp.async and read by ldmatrix; not yet run on a GPU).
 //   2. v7_epoch_kernel: one persistent launch of V7_CTAS CTAs in clusters of 8: cluster 0 the
 //      chain, clusters 1 … 7 the workers. They hand each other G and the partial logits through
 //      global arrays indexed by step and per-CTA step counters (st.release.gpu after the data,
@@ -31,6 +33,7 @@
 #include "epoch_v7_math.cuh"
 #include "epoch_v7_phases.cuh"
 #include "gram_u8.cuh"
+#include "gram_v2.cuh"
 
 namespace {
 
@@ -100,6 +103,22 @@ __global__ void __launch_bounds__(32 * gram::WARPS) v7_gram_kernel(V7Args v) {
   gram::DeviceWarp warp;
   gram::warp_tile(warp, v.a.x, v.a.order + t * v.e.bs, na, v.a.order + (t - j) * v.e.bs, nb, m0,
                   n0, v.s.gram + v7_gram_offset(t, j), BMAX);
+}
+
+// v2 (gram_v2.cuh): grid (TILES, steps), CTA (tile, t) computes Γ_{t,1…L} for X_t's rows
+// 64·tile …; GRAM_V2_SMEM bytes of dynamic shared memory. Not yet run on a GPU.
+constexpr int GRAM_V2_SMEM = gram::v2::SMEM;
+__global__ void __launch_bounds__(gram::v2::THREADS, 1) v7_gram_kernel_v2(V7Args v) {
+  if (blockIdx.x + blockIdx.y == 0 && threadIdx.x < 64) {
+    if (threadIdx.x < V7_CHAIN) v.s.gflag[threadIdx.x] = 0;
+    if (threadIdx.x < V7_WORKERS) v.s.pflag[threadIdx.x] = 0;
+  }
+  extern __shared__ __align__(128) uint8_t gram_smem[];
+  const int t = blockIdx.y;
+  const gram::v2::Job job = gram::v2::v7_job(v.e, v.a.x, v.a.order, v.s.gram, t, blockIdx.x);
+  if (t == 0 || job.n[0] <= 0) return;  // no lag before the epoch; no rows (CTA-uniform)
+  gram::v2::DeviceCta cta;
+  gram::v2::cta_grams(cta, job, gram_smem);
 }
 
 // ---- 2. the chain (cluster 0, CTA q) ----------------------------------------------------------

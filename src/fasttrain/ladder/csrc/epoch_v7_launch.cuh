@@ -1,6 +1,6 @@
 // cuda-epoch v7a's host side (cuda_epoch.cu's entry points call it): the launch configuration,
-// an epoch's two launches (the Grams, then the epoch kernel, TIMED or not), and the phase
-// profile's read-back.
+// an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel, TIMED or not),
+// and the phase profile's read-back.
 #pragma once
 #include "epoch_v7.cuh"
 
@@ -25,15 +25,35 @@ cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, c
   return cfg;
 }
 
+// The Gram kernels: 1 (v7a's, measured on an H200) or 2 (gram_v2.cuh, not yet run on a GPU).
+constexpr int V7_GRAM_VERSION = 2;  // the epoch's
+V7Args v7_args(const Args& a) {
+  const int steps = (a.n + a.bs - 1) / a.bs;
+  return V7Args{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps)};
+}
+
+// Every Γ_{t,j} of the epoch and the step counters zeroed, by Gram kernel `version`, on `stream`.
+cudaError_t v7_grams(const V7Args& v, int version, cudaStream_t stream) {
+  if (version == 1) {
+    const dim3 grid(BMAX / gram::TILE_N, BMAX / gram::TILE_M, v.e.steps * V7_LAG);
+    v7_gram_kernel<<<grid, 32 * gram::WARPS, 0, stream>>>(v);
+    return cudaGetLastError();
+  }
+  if (version != 2) return cudaErrorInvalidValue;
+  cudaError_t err = cudaFuncSetAttribute(
+      v7_gram_kernel_v2, cudaFuncAttributeMaxDynamicSharedMemorySize, GRAM_V2_SMEM);
+  if (err != cudaSuccess) return err;
+  v7_gram_kernel_v2<<<dim3(gram::v2::TILES, v.e.steps), gram::v2::THREADS, GRAM_V2_SMEM,
+                      stream>>>(v);
+  return cudaGetLastError();
+}
+
 // TIMED: the phase-profiling build of the epoch kernel (the same arithmetic: it trains).
 template <bool TIMED = false>
 cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   if (a.scratch == nullptr) return cudaErrorInvalidValue;
-  const int steps = (a.n + a.bs - 1) / a.bs;
-  const V7Args v{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps)};
-  const dim3 grams(BMAX / gram::TILE_N, BMAX / gram::TILE_M, steps * V7_LAG);
-  v7_gram_kernel<<<grams, 32 * gram::WARPS, 0, stream>>>(v);
-  cudaError_t err = cudaGetLastError();
+  const V7Args v = v7_args(a);
+  cudaError_t err = v7_grams(v, V7_GRAM_VERSION, stream);
   if (err == cudaSuccess)
     err = cudaFuncSetAttribute(v7_epoch_kernel<TIMED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                4 * V7_SMEM_FLOATS);

@@ -1,0 +1,88 @@
+"""cuda-epoch v7's Gram kernel v2 (csrc/gram_v2.cuh, v7_gram_kernel_v2 in csrc/epoch_v7.cuh):
+its CTA code run on the CPU for whole epochs (tests/ladder/csrc/gram_v2_host.cu: every CTA of
+the grid, cp.async copies landing only at their wait, ldmatrix and mma emulated from the PTX
+ISA) against the exact Grams of tests/ladder/lagged_reference.py rounded once to fp32, at
+v7_gram_offset's place, with nothing written past a batch or before the epoch; two planted bugs
+fail it. On a GPU (marked gpu): v2's Grams equal v1's bit for bit on an MNIST-sized epoch.
+Written without a GPU: the GPU test has not yet run."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from tests.ladder import lagged_reference as ref
+from tests.ladder.host_harness import compile_harness
+
+HARNESS = "tests/ladder/csrc/gram_v2_host.cu"
+LAG, BMAX = 4, 128
+EPOCHS = [(128 * 5 + 96, 128), (7 * 96, 96), (5 * 40 + 17, 40), (3 * 128, 128)]
+"""(n, batch): full batches of 128 with a partial last one (96: both CTAs of a step, the second
+with 32 rows), batches of 96 (the second CTA's rows 64 … 95 only), of 40 (the second CTA has no
+rows; a last batch of 17) and an epoch shorter than the lag (j > t: no Γ)."""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    lib = compile_harness(HARNESS, tmp_path_factory.mktemp("gramv2"))
+    p, i32 = ctypes.c_void_p, ctypes.c_int
+    lib.gram_v2_epoch_host.argtypes = [p, p, i32, i32, p, i32]
+    lib.gram_v2_epoch_host.restype = i32
+    return lib
+
+
+def ptr(a: np.ndarray) -> ctypes.c_void_p:
+    assert a.flags.c_contiguous
+    return ctypes.c_void_p(a.ctypes.data)
+
+
+def epoch_data(n, seed=0):
+    """Pixels of n + 50 rows (row order[0] all 255: Γ entries up to 784 · 255², past fp32's 2²⁴,
+    so the rounding shows) and an epoch's order."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 256, size=(n + 50, 784), dtype=np.uint8)
+    order = rng.permutation(n + 50)[:n].astype(np.int32)
+    x[order[0]] = 255
+    return x, order
+
+
+def host_grams(lib, x, order, bs, bug=0):
+    """[steps][L][BMAX][BMAX] from the harness, NaN where nothing was written; the cp.async groups
+    a CTA left in flight."""
+    n = len(order)
+    steps = (n + bs - 1) // bs
+    gram = np.full((steps, LAG, BMAX, BMAX), np.nan, dtype=np.float32)
+    left = lib.gram_v2_epoch_host(ptr(x), ptr(order), n, bs, ptr(gram), bug)
+    return gram, left
+
+
+def expected_grams(x, order, bs):
+    """Γ_{t,j} = X_t X_{t−j}ᵀ exact, rounded once to fp32, for j ≤ min(t, L); NaN elsewhere."""
+    n = len(order)
+    steps = (n + bs - 1) // bs
+    want = np.full((steps, LAG, BMAX, BMAX), np.nan, dtype=np.float32)
+    batch = [order[t * bs:(t + 1) * bs] for t in range(steps)]
+    for t in range(1, steps):
+        for j in range(1, min(t, LAG) + 1):
+            g = ref.gram(x[batch[t]], x[batch[t - j]])
+            want[t, j - 1, :g.shape[0], :g.shape[1]] = g.astype(np.float32)
+    return want
+
+
+@pytest.mark.parametrize("n,bs", EPOCHS)
+def test_v2_grams_equal_the_exact_grams_rounded_once(lib, n, bs):
+    x, order = epoch_data(n)
+    got, left = host_grams(lib, x, order, bs)
+    want = expected_grams(x, order, bs)
+    assert left == 0, "every cp.async group waited for"
+    np.testing.assert_array_equal(got, want)  # NaN where nothing may be written
+
+
+@pytest.mark.parametrize("bug", [1, 2])
+def test_a_planted_bug_fails(lib, bug):
+    """1: copies land a stage late (the MMA reads a stale buffer); 2: copies one 16-byte unit
+    off along k. Either changes the Grams."""
+    x, order = epoch_data(128 * 3 + 96)
+    got, _ = host_grams(lib, x, order, 128, bug=bug)
+    want = expected_grams(x, order, 128)
+    assert not np.array_equal(got, want, equal_nan=True)
