@@ -24,10 +24,11 @@ checked on the CPU against float64; on an H200, 2026-11-27, 2.05 ms/epoch on 14 
 (v7a, the lagged-Gram step of docs/measurements/cuda-epoch-v7-design.md: TWO launches an epoch, a
 Gram kernel and one persistent launch of an 8-CTA chain cluster and 7 worker clusters, 64 CTAs that
 must all be resident — checked at setup; written without a GPU, its per-thread code run on the CPU
-for whole epochs against float64 at 2e-5; not yet run on a GPU, so not the row's; its Grams now by
-Gram kernel v2, `V7_GRAM_VERSION`, written without a GPU and not yet run on one). The signalled
-versions' waits are bounded: a protocol fault ends the launch and shows as a RuntimeError at the
-next check (`EpochKernel.check_signals`), never a hang.
+for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its GPU tests at 2.74
+ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
+Grams now by Gram kernel v2, `V7_GRAM_VERSION`, written without a GPU and not yet run on one).
+The signalled versions' waits are bounded: a protocol fault ends the launch and shows as a
+RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
 2.73 ms = 5.8 µs, v4 2.27 ms = 4.85 µs, v4's weights equal to v3's and within 4.2e-7 of v2's
 after an epoch. So the row runs v6 on clusters and v3 where there are none (the cooperative grid).
