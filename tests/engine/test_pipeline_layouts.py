@@ -31,6 +31,7 @@ from tests.engine.test_tensor_parallel import (
     assert_same_run,
     records,
     train,
+    train_here,
 )
 
 LAYOUTS = {  # name: (processes, flags)
@@ -118,7 +119,7 @@ def test_a_pp_tp_checkpoint_resumes_in_one_process_as_an_uninterrupted_run(one, 
     on (its wrappers invisible in the checkpoint's names), resumed with it off."""
     four("pp2-tp2-checkpointed").ok()
     run = four.root / "pp2-tp2-checkpointed"
-    second = train(run, "--max-steps", "4", "--resume", "auto")
+    second = train_here(run, "--max-steps", "4", "--resume", "auto")
     assert second.returncode == 0 and "step-00000002" in second.stdout, second.stdout
     assert_same_run(one(4), run)
 
