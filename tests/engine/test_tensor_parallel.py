@@ -41,19 +41,22 @@ def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess
                            *extra], capture_output=True, text=True, timeout=400)
 
 
-def train_here(out: Path, *extra: str, args: list[str] = ARGS) -> subprocess.CompletedProcess:
+def train_here(out: Path, *extra: str, args: list[str] = ARGS,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """train(out, *extra) of one process (`args` first), run in this one (its output
     captured): the same run,
     its losses and weights equal to the bit (checked 2026-11-28), without a subprocess's
     start-up and imports: a 6-step run took 9.3 s of CPU as a subprocess, 5.6 s in a fresh
     process that had imported only torch (loaded 2-core machine); less again in a pytest
     process that has run others. The flags a run sets process-wide it puts back as it ends
-    (engine/switches.process_flags)."""
+    (engine/switches.process_flags); `env` is set while it runs, then put back."""
     from fasttrain.cli import main
+    from tests.engine.runs_driver import environ
 
     argv = ["train", *args, "--out", str(out), *extra]
     stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    with (environ(env or {}), contextlib.redirect_stdout(stdout),
+          contextlib.redirect_stderr(stderr)):
         code = main(argv)
     return subprocess.CompletedProcess(argv, code, stdout.getvalue(), stderr.getvalue())
 
