@@ -63,7 +63,7 @@ def tiny_images():
 @pytest.fixture(scope="session")
 def one(tmp_path_factory):
     """One process's gpt run of `steps` steps, as the tp, pp and checkpointing tests train it
-    (test_tensor_parallel.train), trained once per session, in pytest's process
+    (test_tensor_parallel.ARGS), trained once per session, in pytest's process
     (test_tensor_parallel.train_here): its directory. The same reference serves every module
     that compares a layout with one process (CI runs close to its 20 minutes)."""
     from tests.engine.test_tensor_parallel import train_here

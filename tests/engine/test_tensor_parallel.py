@@ -43,13 +43,13 @@ def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess
 
 def train_here(out: Path, *extra: str, args: list[str] = ARGS,
                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """train(out, *extra) of one process (`args` first), run in this one (its output
-    captured): the same run,
-    its losses and weights equal to the bit (checked 2026-11-28), without a subprocess's
-    start-up and imports: a 6-step run took 9.3 s of CPU as a subprocess, 5.6 s in a fresh
-    process that had imported only torch (loaded 2-core machine); less again in a pytest
-    process that has run others. The flags a run sets process-wide it puts back as it ends
-    (engine/switches.process_flags); `env` is set while it runs, then put back."""
+    """train(out, *extra) of one process (`args` first), run in this one, its output
+    captured: the same run, its losses and weights equal to the bit (gpt, userblocks; checked
+    2026-11-28), without a subprocess's start-up and imports. CPU on the loaded 2-core
+    machine: a 6-step gpt run 9.3 s as a subprocess, 5.6 s in a fresh process (imports
+    included), 1.9 s in one that had already run one; fp16, 4 steps: 17.2 and 8.4 s. The flags
+    a run sets process-wide it puts back as it ends (engine/switches.process_flags); `env` is
+    set while it runs, then put back."""
     from fasttrain.cli import main
     from tests.engine.runs_driver import environ
 
