@@ -63,17 +63,17 @@ def tiny_images():
 @pytest.fixture(scope="session")
 def one(tmp_path_factory):
     """One process's gpt run of `steps` steps, as the tp, pp and checkpointing tests train it
-    (test_tensor_parallel.train), trained once per session: its directory. The same reference
-    serves every module that compares a layout with one process (each run is a subprocess of
-    several seconds; CI runs close to its 20 minutes)."""
-    from tests.engine.test_tensor_parallel import train
+    (test_tensor_parallel.ARGS), trained once per session, in pytest's process
+    (test_tensor_parallel.train_here): its directory. The same reference serves every module
+    that compares a layout with one process (CI runs close to its 20 minutes)."""
+    from tests.engine.test_tensor_parallel import train_here
 
     done = {}
 
     def run(steps: int):
         if steps not in done:
             out = tmp_path_factory.mktemp(f"one-{steps}")
-            proc = train(out, "--max-steps", str(steps))
+            proc = train_here(out, "--max-steps", str(steps))
             assert proc.returncode == 0, proc.stdout + proc.stderr
             done[steps] = out
         return done[steps]

@@ -9,6 +9,9 @@ for tests/engine/test_pipeline.py: under torchrun with --pp 2 each rank holds it
         --schedule gpipe,1f1b,interleaved-1f1b --steps 20 --out DIR
     python tests/engine/pipeline_driver.py --pp 1 --steps 20 --out DIR
 
+`case(["DIR", *FLAGS])` trains FLAGS' runs into DIR as a command of the session's shared
+launch (tests/engine/launch.py, runs_driver.py's "call"): test_pipeline_layouts' pp × tp bytes.
+
 Several schedules (comma-separated) train one after the other in one launch, each from the
 same seed with its own model, stages and optimizer, into DIR/<schedule>/: only the process
 group is shared (a torchrun launch costs its processes' start-up and torch import, seconds on
@@ -74,7 +77,7 @@ def logged(loss_sum: torch.Tensor) -> float:
     return loss_sum.item()
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1)
@@ -84,17 +87,40 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--n-embd", type=int, default=32)
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     torch.set_num_threads(1)  # two processes on a shared 2-core machine
     torch.use_deterministic_algorithms(True)  # --deterministic
     if args.pp > 1:
         dist.init_process_group("gloo")
-    for schedule in args.schedule:
-        out = args.out / schedule if len(args.schedule) > 1 else args.out
-        train(args, schedule, out)
+    train_all(args)
     if args.pp > 1:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def case(argv: list[str]) -> int:
+    """[DIR, *FLAGS]: main's runs of FLAGS into DIR, as a command of the session's shared
+    launch (tests/engine/launch.py, runs_driver.py's "call"), whose driver holds the process
+    group; the deterministic flag is put back as it was (the launch's next command meets it)."""
+    out, *flags = argv
+    args = parser().parse_args([*flags, "--out", out])
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        train_all(args)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    return 0
+
+
+def train_all(args: argparse.Namespace) -> None:
+    for schedule in args.schedule:
+        out = args.out / schedule if len(args.schedule) > 1 else args.out
+        train(args, schedule, out)
 
 
 def schedules(text: str) -> list[str]:

@@ -25,6 +25,7 @@ import torch
 
 from fasttrain.engine.checkpoint import complete
 from tests.engine.launch import Part
+from tests.engine.test_tensor_parallel import train_here
 
 pytestmark = pytest.mark.slow  # subprocesses training a hundred steps
 
@@ -63,7 +64,7 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 class Runs:
     """Each configuration trained once per session, on demand: the --parallel modes of MODES
     in the session's shared 2-process launch (launch.Part, one after the other), the one
-    process's run as a subprocess of its own."""
+    process's run in pytest's process."""
 
     def __init__(self, root: Path, two: Part):
         self.root, self.two, self.done = root, two, {}
@@ -75,8 +76,11 @@ class Runs:
             return self.two.root / name
         if name not in self.done:
             out = self.root / name
-            launcher = (sys.executable,) if name == "single" else tuple(TORCHRUN)
-            code, log = finish(start(out, *extra, launcher=launcher))
+            if name == "single":  # in pytest's process (test_tensor_parallel.train_here)
+                proc = train_here(out, *extra, args=ARGS)
+                code, log = proc.returncode, proc.stdout + proc.stderr
+            else:
+                code, log = finish(start(out, *extra))
             assert code == 0, log
             self.done[name] = out
         return self.done[name]

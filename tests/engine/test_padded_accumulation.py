@@ -98,14 +98,11 @@ def two(shared) -> Part:
 def test_padded_token_sequences_on_two_gloo_ranks_train_the_one_process_update(tmp_path, two):
     # Averaged per rank, two ranks' micro-batches of 4 moved the weights up to 0.05 away from
     # one process's batch of 8 (SGD, lr 1); weighed by tokens, by rounding only.
-    import subprocess
-    import sys
-
     from safetensors.torch import load_file
 
-    proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", *PADDED, "--out",
-                           str(tmp_path / "one")], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "FT_ACCUM": "2"})
+    from tests.engine.test_tensor_parallel import train_here
+
+    proc = train_here(tmp_path / "one", args=PADDED, env={"FT_ACCUM": "2"})  # pytest's process
     assert proc.returncode == 0, proc.stdout + proc.stderr
     two("ddp").ok()
     one, ddp = (load_file(d / "weights.safetensors") for d in (tmp_path / "one", two.root / "ddp"))

@@ -23,7 +23,7 @@ from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
 from fasttrain.models.gpt import GPT
 from tests.engine.launch import Part
-from tests.engine.test_tensor_parallel import ARGS
+from tests.engine.test_tensor_parallel import ARGS, train_here
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "engine" / "pipeline_driver.py"
@@ -239,7 +239,8 @@ def test_fp16_under_a_pipeline_fsdp_and_tp_tracks_one_process(tmp_path, two):
     and DTensor gradients are unscaled together). The
     losses track one process's fp16 run (micro-batching and sharding change the rounding).
     The 2-process runs are in the shared launch."""
-    proc = train(tmp_path / "one", "--precision", "fp16", "--max-steps", "4")
+    # TRAIN's run with these flags, in pytest's process (test_tensor_parallel.train_here)
+    proc = train_here(tmp_path / "one", "--precision", "fp16", "--max-steps", "4")
     assert proc.returncode == 0, "one" + proc.stdout + proc.stderr
     for name in FP16:
         two(f"fp16-{name}").ok()

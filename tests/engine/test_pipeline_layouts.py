@@ -7,16 +7,16 @@ rank.
 Tolerance as in test_tensor_parallel.py: the layouts add partial sums in other orders than one
 process (row-wise all-reduces, FSDP's reduce-scatter, the tied embedding's two gradients), so
 fp32 results differ in the last bits; SGD with momentum carries that through as is. Measured
-here (torch 2.13, gloo): after 20 steps losses agree to ~5e-6, weights to ~1e-6; the tests
-allow 1e-5.
+here (torch 2.13, gloo, 2026-11-28), the largest difference from one process over pp2-tp2,
+pp2-fsdp2, pp2-ddp2 and test_tensor_parallel's tp2 and fsdp2xtp2: after 20 steps, losses
+7.2e-7 and weights 1.2e-7; after 6 (TP_STEPS), the same 7.2e-7 and 1.2e-7. The tests allow
+1e-5. They train 6 steps, not 20 (14 steps fewer of 5 runs on 2-4 busy processes: 120 s of
+CPU less for this module and test_tensor_parallel together): with the loss bug planted in
+tensor_parallel's sharded loss (1e-4 too big from the third step on) or the tied
+embedding's gradient left unsummed from the third step on, every 6-step comparison failed.
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,14 +26,13 @@ from fasttrain.errors import UserError
 from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import (
     ARGS,
+    TP_STEPS,
     assert_refused_alike,
     assert_same_run,
     records,
     train,
+    train_here,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-DRIVER = ROOT / "tests" / "engine" / "pipeline_driver.py"
 
 LAYOUTS = {  # name: (processes, flags)
     "pp2-tp2": (4, ["--pp", "2", "--tp", "2"]),
@@ -59,16 +58,20 @@ BAD = {  # the line every rank prints: the flags of a layout refused on 4 proces
 
 
 # This module's 4-process commands, in the session's shared 4-process launch (launch.Part):
-# the layouts over 20 steps (pp2-tp2's 1-step case added nothing to them but 21 s of CI's
+# the layouts over TP_STEPS steps (pp2-tp2's 1-step case added nothing to them but 21 s of CI's
 # budget), the first half of the resumed run, then the refusals.
 FOUR = Part(__name__, 4, ARGS)
 for _name, (_procs, _flags) in LAYOUTS.items():
     if _procs == 4:
-        FOUR.add(_name, "--max-steps", "20", *_flags)
+        FOUR.add(_name, "--max-steps", str(TP_STEPS), *_flags)
 FOUR.add("pp2-tp2-checkpointed", "--max-steps", "2", "--checkpoint-every", "2",
          "--activation-checkpointing", *LAYOUTS["pp2-tp2"][1])
 for _says, _flags in BAD.items():
     FOUR.add(_says, *_flags, "--max-steps", "1", refused=True)
+# pipeline_driver.py's pp × tp run (its bytes), in the same launch: a call, not a train command.
+DRIVEN = Part(__name__, 4, [])
+DRIVEN.add("pp2-tp2-bytes", "--pp", "2", "--tp", "2", "--steps", str(TP_STEPS),
+           call="tests.engine.pipeline_driver:case")
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +79,15 @@ def four(shared) -> Part:
     return FOUR.bound(shared)
 
 
+@pytest.fixture(scope="module")
+def driven(shared) -> Part:
+    return DRIVEN.bound(shared)
+
+
 @pytest.mark.slow
 # The 8-process layout trains 1 step, in a launch of its own.
-@pytest.mark.parametrize("name, steps", [("pp2-tp2", 20), ("pp2-fsdp2", 20), ("pp2-ddp2", 20),
+@pytest.mark.parametrize("name, steps", [("pp2-tp2", TP_STEPS), ("pp2-fsdp2", TP_STEPS),
+                                         ("pp2-ddp2", TP_STEPS),
                                          ("pp2-dp2-tp2", 1)])
 def test_a_pipeline_over_tp_and_dp_trains_as_one_process(tmp_path, one, four, name, steps):
     """Losses (logged from the last stage), gradient clipping (the norm over stages, tp and
@@ -93,7 +102,7 @@ def test_a_pipeline_over_tp_and_dp_trains_as_one_process(tmp_path, one, four, na
         proc = train(out, "--max-steps", str(steps), *flags, procs=procs)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     reference = one(steps)
-    if steps == 20:  # the weights moved: the loss fell (3.462 -> 3.432 here)
+    if steps == TP_STEPS:  # the weights moved: the loss fell (3.462 -> 3.430 here)
         first, *_, last = (r["loss"] for r in records(reference) if r["kind"] == "train")
         assert last < first - 0.02
     assert_same_run(reference, out)
@@ -110,13 +119,13 @@ def test_a_pp_tp_checkpoint_resumes_in_one_process_as_an_uninterrupted_run(one, 
     on (its wrappers invisible in the checkpoint's names), resumed with it off."""
     four("pp2-tp2-checkpointed").ok()
     run = four.root / "pp2-tp2-checkpointed"
-    second = train(run, "--max-steps", "4", "--resume", "auto")
+    second = train_here(run, "--max-steps", "4", "--resume", "auto")
     assert second.returncode == 0 and "step-00000002" in second.stdout, second.stdout
     assert_same_run(one(4), run)
 
 
 @pytest.mark.slow
-def test_pp_tp_ranks_hold_a_quarter_of_each_block_and_their_stages_embeddings(tmp_path,
+def test_pp_tp_ranks_hold_a_quarter_of_each_block_and_their_stages_embeddings(driven,
                                                                             pipeline_runs):
     """Exact bytes (pipeline_driver.py's gpt: 4 blocks of 32 wide, 2 heads, 65 tokens, 16
     positions; SGD momentum = one buffer per parameter), pp 2 × tp 2 against one process:
@@ -124,16 +133,13 @@ def test_pp_tp_ranks_hold_a_quarter_of_each_block_and_their_stages_embeddings(tm
     + as many); ranks 2-3 (blocks 2-3, final norm, the head's copy of the embedding) 56,064 and
     55,936. A block holds 12,704 values, 6,448 of them per tp rank: half of every split matrix
     and of the column-wise biases, the row-wise biases and the LayerNorms whole; the tied
-    embedding's 65 rows are split 33 + 32 over tp, alike on both stages. The weights after 20 steps
-    equal one process's within 1e-5."""
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "4", str(DRIVER), "--pp", "2", "--tp", "2",
-                           "--steps", "20", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    ranks = [torch.load(p) for p in sorted(tmp_path.glob("rank*.pt"))]
-    (whole,) = pipeline_runs(None, 20)  # the driver in one process (test_pipeline's too)
+    embedding's 65 rows are split 33 + 32 over tp, alike on both stages. The weights after
+    TP_STEPS (6) steps equal one process's within 1e-5 (20 steps until 2026-11-28: 1.1 s a
+    step on 4 busy processes, for the same check). In the session's shared 4-process launch (a
+    launch of its own cost the start-up and imports of 4 processes)."""
+    driven("pp2-tp2-bytes").ok()
+    ranks = [torch.load(p) for p in sorted((driven.root / "pp2-tp2-bytes").glob("rank*.pt"))]
+    (whole,) = pipeline_runs(None, TP_STEPS)  # the driver in one process
     assert (whole["param_bytes"], whole["optimizer_bytes"]) == (213_888, 213_888)
     assert [(r["param_bytes"], r["optimizer_bytes"]) for r in ranks] == \
         [(b, b) for b in (57_856, 57_728, 56_064, 55_936)]

@@ -1,8 +1,8 @@
 """Sequence parallel and loss parallel in gpt's tensor-parallel plan (models/gpt.py,
 engine/tensor_parallel.py), on CPU processes (gloo).
 
-The whole runs (tp=2 and fsdp × tp 2×2 equal one process within 1e-5 after 1 and 20 steps,
-loss and weights) are in test_tensor_parallel.py: sequence and loss parallel are what --tp
+The whole runs (tp=2 and fsdp × tp 2×2 equal one process within 1e-5 after 6 steps, loss
+and weights) are in test_tensor_parallel.py: sequence and loss parallel are what --tp
 does for gpt. Here: the layouts themselves (the residual stream sequence-sharded, the logits
 vocab-sharded and never whole), the activation bytes that saves, which runs get loss parallel,
 and a user's step under --tp (whole logits).
@@ -11,8 +11,6 @@ and a user's step under --tp (whole logits).
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,9 +20,8 @@ from fasttrain.engine.inputs import cross_entropy
 from fasttrain.engine.tensor_parallel import wants_loss_parallel
 from fasttrain.models.gpt import GPT
 from tests.engine.launch import Part
-from tests.engine.test_tensor_parallel import ARGS, assert_same_run, torchrun, train
+from tests.engine.test_tensor_parallel import ARGS, assert_same_run, train_here
 
-DRIVER = Path(__file__).with_name("tp_driver.py")
 B, T, VOCAB, WIDTH = 4, 32, 65, 32  # the driver's defaults; 65 = 33 + 32 rows: an uneven split
 
 
@@ -48,13 +45,17 @@ def test_loss_parallel_only_for_the_built_in_cross_entropy_and_the_models_own_pl
     assert not wants_loss_parallel(default, no_keyword, None)
 
 
+# tp_driver.py's measurement, a command of the session's shared 2-process launch (a launch of
+# its own cost the start-up and imports of 3 processes: torchrun's and 2 workers').
+DRIVEN = Part(__name__, 2, [])
+DRIVEN.add("driver", call="tests.engine.tp_driver:case")
+
+
 @pytest.fixture(scope="module")
-def driven(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("driver")
-    proc = subprocess.run([*torchrun(2), str(DRIVER), "--out", str(out)], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads((out / "result.json").read_text())
+def driven(shared) -> dict:
+    part = DRIVEN.bound(shared)
+    part("driver").ok()
+    return json.loads((part.root / "driver" / "result.json").read_text())
 
 
 @pytest.mark.slow
@@ -89,7 +90,7 @@ def two(shared) -> Part:
 
 @pytest.mark.slow
 def test_a_user_step_under_tp_gets_whole_logits_and_trains_as_one_process(tmp_path, two):
-    one = train(tmp_path / "one", *STEP)
+    one = train_here(tmp_path / "one", *STEP)  # one process: pytest's
     assert one.returncode == 0, one.stdout + one.stderr
     two("tp").ok()
     assert_same_run(tmp_path / "one", two.root / "tp")

@@ -337,13 +337,11 @@ def two(shared) -> Part:
 
 @pytest.mark.slow
 def test_ddp_on_two_gloo_processes_equals_one_process_for_streamed_data(tmp_path, two):
-    import subprocess
-    import sys
-
     from safetensors.torch import load_file
 
-    proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", *STREAMED, "--out",
-                           str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
+    from tests.engine.test_tensor_parallel import train_here
+
+    proc = train_here(tmp_path / "one", args=STREAMED)  # one process: pytest's
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "data streamed" in proc.stderr
     ddp = two("ddp").ok()

@@ -16,7 +16,7 @@ from fasttrain.engine import pipeline
 from fasttrain.errors import UserError
 from tests.engine import userblocks
 from tests.engine.launch import Part
-from tests.engine.test_tensor_parallel import assert_same_run, records, torchrun
+from tests.engine.test_tensor_parallel import assert_same_run, records, torchrun, train_here
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--model", "tests.engine.userblocks:make", "--data", "tests.engine.userblocks:data",
@@ -32,9 +32,10 @@ def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess
 
 @pytest.fixture(scope="module")
 def one(tmp_path_factory) -> Path:
-    """One process's 6 steps, the reference of every layout here: trained once."""
+    """One process's 6 steps, the reference of every layout here: trained once, in pytest's
+    process (test_tensor_parallel.train_here)."""
     out = tmp_path_factory.mktemp("user-one")
-    proc = train(out, "--max-steps", "6")
+    proc = train_here(out, "--max-steps", "6", args=ARGS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 

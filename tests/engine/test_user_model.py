@@ -201,13 +201,11 @@ def two(shared) -> Part:
 
 @pytest.mark.slow
 def test_ddp_on_two_gloo_processes_matches_one_process(tmp_path, two):
-    import subprocess
-    import sys
-
     from safetensors.torch import load_file
 
-    proc = subprocess.run([sys.executable, "-m", "fasttrain", "train", *USER, "--out",
-                           str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
+    from tests.engine.test_tensor_parallel import train_here
+
+    proc = train_here(tmp_path / "one", args=USER)  # one process: pytest's
     assert proc.returncode == 0, proc.stdout + proc.stderr
     two("ddp").ok()
     got = {name: load_file(out / "weights.safetensors")

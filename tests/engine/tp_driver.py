@@ -4,6 +4,8 @@ process, for tests/engine/test_sequence_parallel.py:
 
     torchrun --standalone --nproc-per-node 2 tests/engine/tp_driver.py --out DIR [--vocab 65]
 
+or, as a command of the session's shared 2-process launch, `case(["DIR", *FLAGS])`.
+
 Rank 0 writes DIR/result.json: for each mode, the loss and the largest gradient difference
 from the whole model; the layouts seen (the residual stream entering block 0, the logits); and
 the activation bytes this rank saves for backward — every tensor autograd keeps, counted by
@@ -72,15 +74,39 @@ def run(whole: GPT, mesh, x, y, sharded_loss: bool) -> dict:
             "saved_bytes": sum(found.values()), "largest_saved": max(found.values())}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--vocab", type=int, default=65)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=32)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = parser().parse_args()
     dist.init_process_group("gloo")
     torch.use_deterministic_algorithms(True)
+    measure(args)
+    dist.destroy_process_group()
+
+
+def case(argv: list[str]) -> int:
+    """[DIR, *FLAGS]: main's measurement into DIR, as a command of the session's shared launch
+    (tests/engine/launch.py, runs_driver.py's "call"), whose driver holds the process group;
+    the deterministic flag is put back as it was (the launch's next command meets it)."""
+    out, *flags = argv
+    args = parser().parse_args([*flags, "--out", out])
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        measure(args)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    return 0
+
+
+def measure(args: argparse.Namespace) -> None:
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     torch.manual_seed(0)
     whole = GPT((args.seq,), args.vocab, n_layer=2, n_head=4, n_embd=32)
@@ -100,7 +126,6 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "result.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
