@@ -103,17 +103,12 @@ def main() -> None:
 
 
 def case(argv: list[str]) -> int:
-    """[DIR, *FLAGS]: main's runs of FLAGS into DIR, as a command of the session's shared
-    launch (tests/engine/launch.py, runs_driver.py's "call"), whose driver holds the process
-    group; the deterministic flag is put back as it was (the launch's next command meets it)."""
+    """[DIR, *FLAGS]: main's runs of FLAGS into DIR, as a command of the session's shared launch
+    (tests/engine/launch.py, runs_driver.py's "call"), whose driver holds the process group and
+    puts the deterministic flag back after the command."""
     out, *flags = argv
-    args = parser().parse_args([*flags, "--out", out])
-    before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
-    try:
-        train_all(args)
-    finally:
-        torch.use_deterministic_algorithms(before)
+    train_all(parser().parse_args([*flags, "--out", out]))
     return 0
 
 

@@ -19,8 +19,9 @@ non-zero command's, after which nothing more runs.
 With `--record DIR` (first), each command's outcome is written to DIR/<i>/rank<r>.json: its
 exit code, what it printed, what torch.compile did (dynamo's counters: frames and graphs
 captured, graph breaks, AOTAutograd graphs) and its seconds. Each command compiles afresh
-(torch._dynamo.reset), as in a launch of its own; the flags a run sets process-wide
-(--deterministic's) it puts back itself as it ends (engine/switches.process_flags). One that
+(torch._dynamo.reset), as in a launch of its own; the flags a command sets process-wide
+(--deterministic's) are put back after it (engine/switches.process_flags: a run does it itself as
+it ends, the driver does it for every command, a "call"'s function included). One that
 stops with a UserError (exit 2) does not stop the ones after it: that error is raised on every
 rank at the same point (engine/agree.py), so the ranks go on in step. Any other failure still
 ends the launch.
@@ -40,6 +41,7 @@ import torch.distributed as dist
 
 from fasttrain.cli import main
 from fasttrain.engine.inputs import import_object
+from fasttrain.engine.switches import process_flags
 from fasttrain.errors import UserError
 
 
@@ -51,8 +53,12 @@ def run(commands: list[list[str] | dict], record: Path | None = None) -> int:
             entry = import_object(command["call"], "call") if command.get("call") else main
         else:
             argv, env, entry = command, {}, main
-        with environ(env):
-            code = entry(argv) if record is None else recorded(argv, record / str(i), entry)
+        restore = process_flags()  # a called function's flags too: the next command's are its own
+        try:
+            with environ(env):
+                code = entry(argv) if record is None else recorded(argv, record / str(i), entry)
+        finally:
+            restore()
         if code and not (record is not None and code == UserError.exit_code):
             return code  # the peers fail alike (the same command), or time out in a collective
     dist.barrier()

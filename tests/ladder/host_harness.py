@@ -6,6 +6,7 @@ import ctypes
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fasttrain.ladder import build
@@ -25,3 +26,9 @@ def compile_harness(harness: str, out_dir: Path) -> ctypes.CDLL:
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return ctypes.CDLL(str(so))
+
+
+def ptr(a: np.ndarray) -> ctypes.c_void_p:
+    """A C-contiguous array's data, for the harness's pointer arguments."""
+    assert a.flags.c_contiguous
+    return ctypes.c_void_p(a.ctypes.data)

@@ -11,7 +11,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from tests.ladder.host_harness import compile_harness
+from tests.ladder.host_harness import compile_harness, ptr
 
 HARNESS = "tests/ladder/csrc/epoch_v5_math_host.cu"
 C, K = 10, 784
@@ -26,10 +26,6 @@ def lib(tmp_path_factory):
     lib.v5_split.argtypes = [p, ctypes.c_int, p]
     return lib
 
-
-def ptr(a: np.ndarray) -> ctypes.c_void_p:
-    assert a.flags.c_contiguous
-    return ctypes.c_void_p(a.ctypes.data)
 
 
 def step(lib, ctas, rows, buffer=0, seed=0):

@@ -13,7 +13,7 @@ import pytest
 
 from fasttrain.ladder.common import LadderConfig, make_ladder_data
 from tests.conftest import tiny_images
-from tests.ladder.host_harness import compile_harness
+from tests.ladder.host_harness import compile_harness, ptr
 from tests.ladder.test_ladder import ATOL
 
 HARNESS = "tests/ladder/csrc/epoch_v6_math_host.cu"
@@ -29,10 +29,6 @@ def lib(tmp_path_factory):
     lib.v6_shape.argtypes = [i32, p]
     return lib
 
-
-def ptr(a: np.ndarray) -> ctypes.c_void_p:
-    assert a.flags.c_contiguous
-    return ctypes.c_void_p(a.ctypes.data)
 
 
 def reference(data, cfg, epochs):

@@ -16,8 +16,8 @@ import pytest
 from fasttrain.ladder.check import FP32_ATOL
 from fasttrain.ladder.common import LadderConfig, make_ladder_data
 from tests.conftest import real_data_dir, requires_mnist, tiny_images
-from tests.ladder.host_harness import compile_harness
-from tests.ladder.test_cuda_epoch_v6_math import ptr, reference
+from tests.ladder.host_harness import compile_harness, ptr
+from tests.ladder.test_cuda_epoch_v6_math import reference
 from tests.ladder.test_lagged_gram import random_uint8
 
 HARNESS = "tests/ladder/csrc/epoch_v7_math_host.cu"

@@ -52,16 +52,9 @@ def ptxas_report(tmp_path_factory):
     chunks = re.split(r"^(?=\.entry |\.func )", ptx, flags=re.M)
     entries = {m.group(1): c for c in chunks if (m := re.match(r"\.entry (\w+)\(", c))}
     report = {}
-    for name, build_kind in (("ILb0E", "untimed"), ("ILb1E", "timed")):
-        mangled = next(e for e in entries if "v7_epoch_kernel" + name in e)
-        props = re.search(rf"Function properties for {mangled}\n\s*(\d+) bytes stack frame, "
-                          rf"(\d+) bytes spill stores, (\d+) bytes spill loads\n.*?Used (\d+) "
-                          rf"registers", r.stderr, re.S)
-        assert props, r.stderr
-        stack, stores, loads, regs = map(int, props.groups())
-        report[build_kind] = {"regs": regs, "stack": stack, "spill_stores": stores,
-                              "spill_loads": loads, "ptx": entries[mangled]}
-    for kind, (name, _) in GRAM_KERNELS.items():
+    kernels = {"untimed": "v7_epoch_kernelILb0E", "timed": "v7_epoch_kernelILb1E",
+               **{kind: name for kind, (name, _) in GRAM_KERNELS.items()}}
+    for kind, name in kernels.items():
         mangled = next(e for e in entries if name in e)
         props = re.search(rf"Function properties for {mangled}\n\s*(\d+) bytes stack frame, "
                           rf"(\d+) bytes spill stores, (\d+) bytes spill loads\n.*?Used (\d+) "

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.ladder import lagged_reference as ref
-from tests.ladder.host_harness import compile_harness
+from tests.ladder.host_harness import compile_harness, ptr
 
 HARNESS = "tests/ladder/csrc/gram_u8_host.cu"
 SHAPES = [(128, 128), (128, 96), (96, 128), (16, 8), (17, 33), (1, 1)]
@@ -26,10 +26,6 @@ def lib(tmp_path_factory):
     lib.gram_u8_host.restype = None
     return lib
 
-
-def ptr(a: np.ndarray) -> ctypes.c_void_p:
-    assert a.flags.c_contiguous
-    return ctypes.c_void_p(a.ctypes.data)
 
 
 def batches(na, nb, seed=0, n=600):

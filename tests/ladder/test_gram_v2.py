@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.ladder import lagged_reference as ref
-from tests.ladder.host_harness import compile_harness
+from tests.ladder.host_harness import compile_harness, ptr
 
 HARNESS = "tests/ladder/csrc/gram_v2_host.cu"
 LAG, BMAX = 4, 128
@@ -30,10 +30,6 @@ def lib(tmp_path_factory):
     lib.gram_v2_epoch_host.restype = i32
     return lib
 
-
-def ptr(a: np.ndarray) -> ctypes.c_void_p:
-    assert a.flags.c_contiguous
-    return ctypes.c_void_p(a.ctypes.data)
 
 
 def epoch_data(n, seed=0):
