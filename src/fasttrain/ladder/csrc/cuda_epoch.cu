@@ -374,8 +374,8 @@ int cuda_epoch_signal_status(cudaStream_t stream, int* detail) {
 
 // Test hook of the bounded waits: fault 1 makes the next v4 (v5, v6) launches' CTA 0 wait at step
 // 2 for bytes that never come (see epoch_v4.cuh); fault 2 makes v7's chain CTA 0 wait at step 2
-// for a worker counter one past the last it will see; 0 switches it off. Returns 0 or a
-// cudaError_t.
+// for a worker counter no worker reaches (v7a) or a partial tag no step writes (v7b); 0 switches
+// it off. Returns 0 or a cudaError_t.
 int cuda_epoch_signal_fault(int fault) {
   return cudaMemcpyToSymbol(g_signal_fault, &fault, sizeof(int));
 }
