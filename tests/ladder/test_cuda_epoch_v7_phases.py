@@ -87,9 +87,9 @@ def test_neither_build_of_the_epoch_kernel_spills(ptxas_report, kind):
 @pytest.mark.parametrize("kind", list(GRAM_KERNELS))
 def test_neither_gram_kernel_spills(ptxas_report, kind):
     """Gram kernel v2 keeps 64 s32 accumulators, its A and B fragments and its 5 source rows in
-    registers (nvcc 13.0, sm_90a: 112, no stack); a row or lag index into its job's arrays that
-    is not a constant would put them in local memory (a stack frame: 104 bytes in its first
-    build), so a stack frame fails too."""
+    registers (nvcc 13.0, sm_90a: 112, 118 since it also clears v7b's ring, no stack); a row or
+    lag index into its job's arrays that is not a constant would put them in local memory (a
+    stack frame: 104 bytes in its first build), so a stack frame fails too."""
     k = ptxas_report[kind]
     figures = {key: v for key, v in k.items() if key != "ptx"}
     cap = GRAM_KERNELS[kind][1]
