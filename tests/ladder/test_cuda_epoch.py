@@ -80,7 +80,8 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     assert ce.default_version(True) == 6 and ce.default_version(False) == ce.GRID_VERSION == 3
     for header in ("epoch_v4.cuh", "epoch_v5.cuh", "epoch_v5_math.cuh", "epoch_v6.cuh",
                    "epoch_v6_math.cuh", "epoch_v7.cuh", "epoch_v7_math.cuh", "epoch_v7_phases.cuh",
-                   "epoch_v7_launch.cuh", "epoch_v7_api.cuh", "gram_u8.cuh", "gram_v2.cuh"):
+                   "epoch_v7_launch.cuh", "epoch_v7_api.cuh", "epoch_v7b_math.cuh",
+                   "epoch_v7_sync.cuh", "gram_u8.cuh", "gram_v2.cuh"):
         assert f"csrc/{header}" in ce.CudaEpoch.sources
 
 
