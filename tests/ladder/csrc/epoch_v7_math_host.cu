@@ -1,6 +1,7 @@
 // The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a or v7b (epoch_v7.cuh,
-// `variant` 0 or 1) on the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's per-thread bodies, run
-// for every thread of every CTA) in an order its flags allow:
+// `variant` 0 or 1) on the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
+// and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
+// flags allow:
 //   - the Gram kernel: every Γ_{t,j} (exact integer sums rounded once to float) at the kernel's
 //     offsets, and the step counters zeroed;
 //   - a chain CTA's step t runs once its ring slot holds G_{t−1} from all 8 chain CTAs and every

@@ -1,5 +1,6 @@
-// cuda-epoch v7a and v7b (the template parameter V7B): the lagged-Gram epoch as two launches on one stream (see cuda_epoch.cu for the
-// changelog, epoch_v7_math.cuh for the algebra, the roles and every per-thread body):
+// cuda-epoch v7a and v7b (the template parameter V7B): the lagged-Gram epoch as two launches on
+// one stream (see epoch_v7_api.cuh for the changelog, epoch_v7_math.cuh for the algebra, the roles
+// and every per-thread body, epoch_v7b_math.cuh for v7b's):
 //   1. the Grams: every Γ_{t,j} = X_t X_{t−j}ᵀ of the epoch (j = 1 … L), u8 × u8 → s32 on the
 //      tensor cores, rounded once to fp32 into global memory; it also zeroes the epoch kernel's
 //      step counters. v7_gram_kernel (v1: gram_u8.cuh's warp tile from L2, checked on an H200,

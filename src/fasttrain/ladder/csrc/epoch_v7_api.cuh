@@ -82,9 +82,10 @@ void cuda_epoch_v7_phase_shape(int* chain, int* worker, int* ctas, int* cols) {
 }
 
 // One epoch of v7 variant `variant` (its Grams and its epoch kernel, arguments as
-// cuda_epoch_v7_train's) by the phase-profiling build (it trains), then per CTA the clocks its thread 0 spent in each
-// of its role's phases (out: V7_CTAS x cols of cuda_epoch_v7_phase_shape, 32-bit, chain CTAs
-// first) and its loop's span in ns (span: V7_CTAS + 1, the last the steps). Syncs the stream.
+// cuda_epoch_v7_train's) by the phase-profiling build (it trains), then per CTA the clocks its
+// thread 0 spent in each of its role's phases (out: V7_CTAS x cols of cuda_epoch_v7_phase_shape,
+// 32-bit, chain CTAs first) and its loop's span in ns (span: V7_CTAS + 1, the last the steps).
+// Syncs the stream.
 int cuda_epoch_v7_phase_profile(const void* x, const void* y, const void* order, int n, int bs,
                                 float lr, void* w, void* b, void* stats, void* scratch,
                                 int variant, unsigned int* out, long long* span,

@@ -1,7 +1,7 @@
 // cuda-epoch v7's phase-profiling build (cuda_epoch_v7_phase_profile, v7a's and v7b's): where a
 // step's time goes in each role. v7b keeps the phases' names and order (its comments below), so
-// one reader and one GPU test serve both. v4's PhaseClock times v4's loop; v7's chain and workers run loops of their own,
-// so they have phases of their own (below, in the order a step runs them).
+// one reader and one GPU test serve both. v4's PhaseClock times v4's loop; v7's chain and workers
+// run loops of their own, so they have phases of their own (below, in the order a step runs them).
 //
 // Each CTA's thread 0 sums, per phase, the clocks from the previous mark to this one (clock(),
 // 32-bit: a difference is exact modulo 2^32, i.e. for intervals under ~2 s, and a sum is at most
