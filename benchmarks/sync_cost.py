@@ -10,8 +10,10 @@ costs, measured, and how the `cuda-epoch` variants compare.
   cooperative grid × 7 or 14 CTAs, and versions 4 — point-to-point mbarrier signals, clusters
   only —, 5 — v4 with both GEMMs on tensor cores at fp32 accuracy — and 6 — v4 with W in
   registers and the partial logits and update register-tiled, the row's since the H200 — on 7 or 14
-  CTAs, and version 7 — v7a, the lagged-Gram step: a Gram kernel and an epoch kernel of 64 CTAs
-  (an 8-CTA chain, 7 worker clusters), both launches inside the timed epoch): ms per epoch (CUDA
+  CTAs, and version 7 — the lagged-Gram step: a Gram kernel and an epoch kernel of 64 CTAs (an
+  8-CTA chain, 7 worker clusters), both launches inside the timed epoch, each of its variants
+  (`cuda_epoch.V7_VARIANTS`: v7a, and v7b with tagged partial words and a 16-lane softmax) in the
+  same call): ms per epoch (CUDA
   events, median of the epochs after a warm-up one), and its weights after those epochs against
   version 2's on the same cluster/CTAs (v7: v2 on 14 CTAs; max |Δw|: v2 is the kernel the float64
   check passed), to pick the variant the row uses. The signalled versions' (4-7) bounded waits are
@@ -106,6 +108,7 @@ def main(argv=None) -> int:
     from fasttrain.ladder import LadderConfig, make_ladder_data
     from fasttrain.ladder.cuda_epoch import (
         PROFILED,
+        V7_VARIANTS,
         EpochKernel,
         fallback_ctas,
         has_clusters,
@@ -133,12 +136,16 @@ def main(argv=None) -> int:
     cfg = LadderConfig(epochs=args.epochs + 1)
     data = make_ladder_data(load_dataset(args.data, None, seed=0), cfg)
     times, deltas, finals, phases, grams = {}, {}, {}, {}, {}
-    for version, cluster, ctas in variants(has_clusters()):
+    # Version 7 once a variant (v7a, v7b): both timed, profiled and recorded in this one call.
+    kernels = [(v, c, n, v7) for v, c, n in variants(has_clusters())
+               for v7 in (V7_VARIANTS if v == 7 else (None,))]
+    for version, cluster, ctas, v7 in kernels:
         threads, smem = launch_config(lib, ctas, version, cluster)
         epoch = iter(range(10**9))
-        name = f"v{version}, {'cluster' if cluster else 'cooperative grid'} of {ctas} CTAs"
+        kind = "cluster" if cluster else "cooperative grid"
+        name = f"v{version}{v7 or ''}, {kind} of {ctas} CTAs"
         try:  # v4-v7's signal check syncs: once after the timed epochs, not inside them
-            k = EpochKernel(data, cfg, ctas=ctas, cluster=cluster, version=version)
+            k = EpochKernel(data, cfg, ctas=ctas, cluster=cluster, version=version, v7_variant=v7)
             name = k.variant  # v7's setup refuses a GPU that cannot hold its clusters at once
             ms = epoch_ms(lambda k=k, e=epoch: k.run(next(e) % cfg.epochs, check_signals=False),
                           args.epochs)
@@ -162,7 +169,7 @@ def main(argv=None) -> int:
               + same)
         if version in PROFILED:
             phases.update(profile_phases(k))
-        if version == 7:
+        if version == 7 and not grams:  # the Grams are the same launch for every variant
             grams = time_v7_grams(k, args.epochs)
     if args.json:
         with open(args.json, "w") as f:

@@ -74,11 +74,14 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     # 2.50), v3 on a grid.
     assert {(v, c) for v, c, _ in every if v >= 4} == {(4, True), (5, True), (6, True), (7, True)}
     assert ce.VERSION == 6 and ce.SIGNALLED == ce.CLUSTER_ONLY == (4, 5, 6, 7)
-    assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7a: the Grams, then the epoch
+    assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7: the Grams, then the epoch
+    # v7a stays version 7's until a GPU measures v7b faster.
+    assert ce.V7_VARIANTS == ("a", "b") and ce.V7_VARIANT == "a"
     assert ce.default_version(True) == 6 and ce.default_version(False) == ce.GRID_VERSION == 3
     for header in ("epoch_v4.cuh", "epoch_v5.cuh", "epoch_v5_math.cuh", "epoch_v6.cuh",
                    "epoch_v6_math.cuh", "epoch_v7.cuh", "epoch_v7_math.cuh", "epoch_v7_phases.cuh",
-                   "epoch_v7_launch.cuh", "gram_u8.cuh", "gram_v2.cuh"):
+                   "epoch_v7_launch.cuh", "epoch_v7_api.cuh", "epoch_v7b_math.cuh",
+                   "epoch_v7_sync.cuh", "gram_u8.cuh", "gram_v2.cuh"):
         assert f"csrc/{header}" in ce.CudaEpoch.sources
 
 
@@ -135,11 +138,17 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
         code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, dummy, 14,
                                     0, version, None)
         assert code == 1
-    # v7: clusters only, its 8 chain CTAs, and its scratch.
+    # v7: clusters only, its 8 chain CTAs, and its scratch; cuda_epoch_v7_train (v7a 0, v7b 1):
+    # its scratch, a batch that fits and a variant it has.
     for ctas, cluster, scratch in ((8, 0, dummy), (14, 1, dummy), (8, 1, None)):
         code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, scratch,
                                     ctas, cluster, 7, None)
         assert code == 1
+    lib.cuda_epoch_v7_train.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float, p,
+                                        p, p, p, ctypes.c_int, p]
+    for batch, scratch, variant in ((1, None, 1), (129, dummy, 1), (1, dummy, 2), (1, dummy, -1)):
+        assert lib.cuda_epoch_v7_train(dummy, dummy, dummy, 1, batch, 0.1, dummy, dummy, dummy,
+                                       scratch, variant, None) == 1
     # The phase profile exists for v4, v5 and v6 on 7 and 14 CTAs and a batch that fits, and
     # refuses the rest.
     lib.cuda_epoch_phase_profile.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float,
@@ -187,19 +196,23 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
     assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
 
 
+V7_VARIANTS = ["a", "b"]  # cuda_epoch.V7_VARIANTS (test_the_variant_list... checks it)
+
+
 @pytest.mark.gpu
 @requires_gpu
+@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b"])
 @pytest.mark.parametrize("batch", [128, 64, 16])
-def test_v7_matches_float64_reference(batch):
-    """v7a's two launches an epoch (Grams, then the chain and worker clusters) against float64 at
+def test_v7_matches_float64_reference(batch, v7):
+    """v7's two launches an epoch (Grams, then the chain and worker clusters) against float64 at
     2e-5 (ATOL: the lagged step's bugs move the weights by less than the row's 1e-3), two epochs:
-    the step counters are reset by each epoch's Gram launch."""
+    the step counters (v7b: the tagged ring) are reset by each epoch's Gram launch."""
     from fasttrain.ladder.cuda_epoch import has_clusters
 
     if not has_clusters():
         pytest.skip("v7 runs on thread-block clusters only")
-    data, cfg, k = small_run(batch, version=7)
-    assert k.ctas == 8 and k.variant.startswith("v7")
+    data, cfg, k = small_run(batch, version=7, v7_variant=v7)
+    assert k.ctas == 8 and k.variant.startswith(f"v7{v7},")
     for epoch in range(cfg.epochs):
         k.run(epoch)  # raises if a bounded wait timed out
     w_ref, b_ref = reference_sgd(data, cfg, cfg.epochs)
@@ -211,7 +224,8 @@ def test_v7_matches_float64_reference(batch):
 
 @pytest.mark.gpu
 @requires_gpu
-def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches():
+@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b"])
+def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches(v7):
     """A 31-step epoch (the 96-row last batch included) of v7 against v2 at 2e-5, and the profiler
     sees exactly two kernels an epoch: the Grams, then the epoch."""
     from torch.profiler import ProfilerActivity, profile
@@ -222,20 +236,20 @@ def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches():
         pytest.skip("v7 runs on thread-block clusters only")
     cfg = LadderConfig(epochs=3, batch_size=128)
     data = make_ladder_data(tiny_images(n_train=30 * 128 + 96), cfg)
-    v7 = EpochKernel(data, cfg, version=7)
+    k = EpochKernel(data, cfg, version=7, v7_variant=v7)
     v2 = EpochKernel(data, cfg, version=2)
     v2.run(0)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for epoch in range(3):
-            v7.run(epoch, check_signals=False)
+            k.run(epoch, check_signals=False)
         torch.cuda.synchronize()
-    v7.check_signals()
+    k.check_signals()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
     assert len(kernels) == 6, kernels
     assert [("v7_gram_kernel" in k, "v7_epoch_kernel" in k) for k in kernels] == [
         (True, False), (False, True)] * 3
-    one = EpochKernel(data, cfg, version=7)
+    one = EpochKernel(data, cfg, version=7, v7_variant=v7)
     one.run(0)
     assert (one.w - v2.w).abs().max().item() <= ATOL
     assert (one.b - v2.b).abs().max().item() <= ATOL
@@ -243,7 +257,8 @@ def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches():
 
 @pytest.mark.gpu
 @requires_gpu
-def test_v7_is_resident_on_this_gpu_or_refused_at_setup():
+@pytest.mark.parametrize("variant", [0, 1], ids=["v7a", "v7b"])
+def test_v7_is_resident_on_this_gpu_or_refused_at_setup(variant):
     """Its 8 clusters of 8 CTAs must all fit at once (they spin on each other): the setup check's
     figures, which an H100 or H200 (132 SMs) meets."""
     from fasttrain.ladder.cuda_epoch import has_clusters, load_library
@@ -252,24 +267,26 @@ def test_v7_is_resident_on_this_gpu_or_refused_at_setup():
         pytest.skip("v7 runs on thread-block clusters only")
     lib = load_library()
     clusters, needed = ctypes.c_int(), ctypes.c_int()
-    assert lib.cuda_epoch_v7_residency(ctypes.byref(clusters), ctypes.byref(needed)) == 0
+    assert lib.cuda_epoch_v7_residency(variant, ctypes.byref(clusters), ctypes.byref(needed)) == 0
     assert needed.value == 8 and clusters.value >= needed.value, clusters.value
 
 
 @pytest.mark.gpu
 @requires_gpu
-def test_v7_protocol_fault_is_an_error_not_a_hang():
-    """Fault 2 makes v7's chain CTA 0 wait at step 2 for a worker partial that never comes: the
-    launch ends after the wait budget (the other chain CTAs and the worker clusters see the flag in
-    their own waits; a worker cluster leaves together), the error names the wait, nothing is
-    written back, and once the flag is read v7 trains correctly again."""
+@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b"])
+def test_v7_protocol_fault_is_an_error_not_a_hang(v7):
+    """Fault 2 makes v7's chain CTA 0 wait at step 2 for a worker partial that never comes (v7a: a
+    counter no worker reaches; v7b: a tag no step writes): the launch ends after the wait budget
+    (the other chain CTAs and the worker clusters see the flag in their own waits; a worker cluster
+    leaves together), the error names the wait, nothing is written back, and once the flag is read
+    v7 trains correctly again."""
     import time
 
     from fasttrain.ladder.cuda_epoch import has_clusters
 
     if not has_clusters():
         pytest.skip("v7 needs thread-block clusters (sm_90+)")
-    data, cfg, k = small_run(16, version=7)  # 10 steps
+    data, cfg, k = small_run(16, version=7, v7_variant=v7)  # 10 steps
     w0, b0 = k.w.clone(), k.b.clone()
     assert k.lib.cuda_epoch_signal_fault(2) == 0
     try:

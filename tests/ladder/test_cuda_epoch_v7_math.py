@@ -1,11 +1,15 @@
-"""cuda-epoch v7a on the CPU: its per-thread code (`csrc/epoch_v7_math.cuh`) compiled by nvcc for
-the host and run as the kernel's roles run it (`tests/ladder/csrc/epoch_v7_math_host.cu`: every
-thread of the 8 chain CTAs and the 56 worker CTAs, the Grams at the Gram kernel's offsets, each
-unit of work started only when the step counters and ring slots it waits on allow, in a greedy
-and in random orders) for whole epochs, against float64 plain SGD at `check.FP32_ATOL` — the
-lagged step's bugs move the weights by less than the row's 1e-3 cross-check (test_lagged_gram.py).
-What it cannot check (the mbarriers, st.async, DSMEM reads, the acquire/release counters, the
-Gram kernel's tiles on the tensor cores) the GPU tests of test_cuda_epoch.py do."""
+"""cuda-epoch v7a and v7b on the CPU: their per-thread code (`csrc/epoch_v7_math.cuh`) compiled
+by nvcc for the host and run as the kernel's roles run it
+(`tests/ladder/csrc/epoch_v7_math_host.cu`: every thread of the 8 chain CTAs and the 56 worker
+CTAs, the Grams at the Gram kernel's offsets, each unit of work started only when the step
+counters and ring slots it waits on allow, in a greedy, a chain-first and random orders) for
+whole epochs, against float64 plain SGD at `check.FP32_ATOL` — the lagged step's bugs move the
+weights by less than the row's 1e-3 cross-check (test_lagged_gram.py). v7b
+(`csrc/epoch_v7b_math.cuh`: the partials as tagged words in a ring, the softmax on 16 lanes a
+row) runs the same way, its shuffles through the harness's emulation of shfl.sync.bfly, and its
+own planted bugs must fail. What it cannot check (the mbarriers, st.async, DSMEM reads, the
+acquire/release counters, the 64-bit words' atomicity, the Gram kernel's tiles on the tensor
+cores) the GPU tests of test_cuda_epoch.py do."""
 
 import ctypes
 import dataclasses
@@ -23,9 +27,14 @@ from tests.ladder.test_lagged_gram import random_uint8
 HARNESS = "tests/ladder/csrc/epoch_v7_math_host.cu"
 K = 784
 GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
+CHAIN_FIRST = -1  # the chain CTAs run whenever their waits let them: a too-early read shows
+VARIANTS = {"v7a": 0, "v7b": 1}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
+BUGS_V7B = {4: "the tag compared to the wrong step (any written step's word accepted)",
+            5: "the softmax's shuffles of width 8, not 16",
+            6: "the ring's tags not cleared by the Gram launch (a short epoch's are the next's)"}
 
 
 @pytest.fixture(scope="module")
@@ -33,22 +42,27 @@ def lib(tmp_path_factory):
     lib = compile_harness(HARNESS, tmp_path_factory.mktemp("v7"))
     p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.v7_epochs.argtypes = [i32, p, p, p, i32, i32, ctypes.c_float, p, p, p, i32, i32,
-                              ctypes.c_float]
+                              ctypes.c_float, i32]
     lib.v7_shape.argtypes = [i32]
     lib.v7_shape.restype = ctypes.c_longlong
     return lib
 
 
-def v7_run(lib, data, cfg, epochs, policy=GREEDY, bug=0, fill=np.nan):
+def v7_run(lib, data, cfg, epochs, policy=GREEDY, bug=0, fill=np.nan, variant=0, code=0):
+    """The emulation's weights, bias and stats; `code`: the return code it must give (None: any,
+    then returned in place of the stats)."""
     w = data.w0.astype(np.float32).copy()
     b = data.b0.astype(np.float32).copy()
     stats = np.zeros(2)
     x = np.ascontiguousarray(data.train_x.reshape(data.n_train, K), dtype=np.uint8)
     y = data.train_y.astype(np.int32)
     orders = np.ascontiguousarray(data.orders[:epochs], dtype=np.int32)
-    code = lib.v7_epochs(epochs, ptr(x), ptr(y), ptr(orders), data.n_train, cfg.batch_size,
-                         cfg.lr, ptr(w), ptr(b), ptr(stats), policy, bug, fill)
-    assert code == 0, {-2: "deadlock", -3: "a ring slot overwritten before it was read"}[code]
+    got = lib.v7_epochs(epochs, ptr(x), ptr(y), ptr(orders), data.n_train, cfg.batch_size,
+                        cfg.lr, ptr(w), ptr(b), ptr(stats), policy, bug, fill, variant)
+    if code is None:
+        return w, b, got
+    assert got == code, {-1: "bad arguments", -2: "deadlock",
+                         -3: "a ring slot overwritten before it was read"}.get(got, got)
     return w, b, stats
 
 
@@ -68,17 +82,20 @@ def test_the_shape_is_the_designs(lib):
     # (469 steps) the step counters (256 bytes), the Grams (469 x 4 x 128 x 128 fp32: 123 MB), G
     # (469 x 128 rows of 16 floats: 3.8 MB) and the 7 worker clusters' partials (27 MB).
     assert [lib.v7_shape(i) for i in range(4)] == [4, 128, 784, 64]
-    assert lib.v7_shape(4) == 256 + 4 * 469 * (4 * 128 * 128 + 128 * 16 + 7 * 128 * 16)
+    # v7b's ring of tagged partials: L + 1 slots of 7 clusters x 128 rows x 10 words of 8 bytes.
+    assert lib.v7_shape(4) == (256 + 4 * 469 * (4 * 128 * 128 + 128 * 16 + 7 * 128 * 16)
+                               + 8 * 5 * 7 * 128 * 10)
     assert lib.v7_shape(5) <= 227 * 1024
 
 
-@pytest.mark.parametrize("policy", [GREEDY, 1, 2])
-def test_epochs_of_random_uint8_equal_float64(lib, policy):
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1, 2])
+def test_epochs_of_random_uint8_equal_float64(lib, policy, variant):
     # 10 full batches and the 96-row last one (chain CTAs 6 and 7 own none of it), 2 epochs of
     # different order: the lag restarts each epoch and the buffers keep the last epoch's values.
     cfg = LadderConfig(epochs=2)
     data = make_ladder_data(random_uint8(10 * 128 + 96), cfg)
-    w, b, stats = v7_run(lib, data, cfg, 2, policy)
+    w, b, stats = v7_run(lib, data, cfg, 2, policy, variant=VARIANTS[variant])
     w_ref, b_ref, loss, correct = reference(data, cfg, 2)
     assert not np.allclose(w_ref, data.w0, atol=1e-3)
     assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
@@ -86,25 +103,30 @@ def test_epochs_of_random_uint8_equal_float64(lib, policy):
     assert abs(stats[1] - correct) <= 2  # a near-tie may round either way
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(("n", "batch"), [(224, 128), (150, 64), (150, 16)])
-def test_short_epochs_and_small_batches_equal_float64(lib, n, batch):
+def test_short_epochs_and_small_batches_equal_float64(lib, n, batch, variant):
     # 2 steps (fewer than L: every update at the end), 64-row batches (chain CTAs 4-7 idle),
-    # 10 steps of 16 rows (one chain CTA busy, the lag window full).
+    # 10 steps of 16 rows (one chain CTA busy, the lag window full); v7b's ring wraps at 16 rows,
+    # and its tags of a 2- or 3-step epoch are the next epoch's (the chain first: it would read
+    # them).
     cfg = LadderConfig(epochs=2, batch_size=batch)
     data = make_ladder_data(tiny_images(n_train=n), cfg)
-    w, b, _ = v7_run(lib, data, cfg, 2, policy=3)
     w_ref, b_ref, _, _ = reference(data, cfg, 2)
-    assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
+    for policy in (3, CHAIN_FIRST):
+        w, b, _ = v7_run(lib, data, cfg, 2, policy, variant=VARIANTS[variant])
+        assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, policy
 
 
 @requires_mnist
 @pytest.mark.slow
-def test_a_slice_of_mnist_equals_float64(lib):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_slice_of_mnist_equals_float64(lib, variant):
     cfg = LadderConfig(epochs=1)
     data = make_ladder_data(mnist_slice(), cfg)
     w_ref, b_ref, _, _ = reference(data, cfg, 1)
     for policy in (GREEDY, 1):
-        w, b, _ = v7_run(lib, data, cfg, 1, policy)
+        w, b, _ = v7_run(lib, data, cfg, 1, policy, variant=VARIANTS[variant])
         assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, policy
 
 
@@ -130,19 +152,43 @@ def test_planted_bugs_fail_on_random_uint8(lib, bug, fill):
     assert not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS[bug]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("fill", [np.nan, 0.0], ids=["nan", "zeros"])
-def test_what_no_step_has_written_is_never_read(lib, fill):
+def test_what_no_step_has_written_is_never_read(lib, fill, variant):
     # The correct protocol gives the same weights whatever the memory held before.
     cfg = LadderConfig(epochs=1)
     data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
     w_ref, b_ref, _, _ = reference(data, cfg, 1)
-    w, b, _ = v7_run(lib, data, cfg, 1, GREEDY, 0, fill)
+    for policy in (GREEDY, CHAIN_FIRST):
+        w, b, _ = v7_run(lib, data, cfg, 1, policy, 0, fill, VARIANTS[variant])
+        assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, policy
+
+
+V7B_BUG_CASES = {4: (10 * 128 + 96, 128, CHAIN_FIRST), 5: (10 * 128 + 96, 128, GREEDY),
+                 6: (224, 128, CHAIN_FIRST)}
+"""Where each v7b bug shows: (samples, batch, policy). 4 needs a chain that runs before the
+workers have rewritten the slot (the chain first) and more steps than ring slots; 6 a chain that
+starts an epoch before the workers have written its step 0, and an epoch of fewer steps than
+slots (2), whose tags 0 and 1 the next epoch wants again."""
+
+
+@pytest.mark.parametrize("fill", [np.nan, 0.0], ids=["nan", "zeros"])
+@pytest.mark.parametrize("bug", BUGS_V7B)
+def test_v7bs_planted_bugs_fail(lib, bug, fill):
+    n, batch, policy = V7B_BUG_CASES[bug]
+    cfg = LadderConfig(epochs=2, batch_size=batch)
+    data = make_ladder_data(random_uint8(n), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=1, code=None)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7B[bug]  # NaN too
+    w, b, _ = v7_run(lib, data, cfg, 2, policy, 0, fill, variant=1)  # and the fix passes
     assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
 
 
 def test_the_harness_rejects_bad_arguments(lib):
     one = np.zeros(1, np.int32)
-    assert lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, 129, 0.1, ptr(one), ptr(one),
-                         ptr(np.zeros(2)), 0, 0, 0.0) == -1
-    assert lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, 1, 0.1, ptr(one), ptr(one),
-                         ptr(np.zeros(2)), 0, 4, 0.0) == -1
+    def call(bs=1, bug=0, variant=0):
+        return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
+                             ptr(np.zeros(2)), 0, bug, 0.0, variant)
+
+    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=2) == -1

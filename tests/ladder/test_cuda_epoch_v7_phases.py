@@ -1,9 +1,10 @@
-"""cuda-epoch v7a's phase-profiling build (`csrc/epoch_v7_phases.cuh`): on the CPU, ptxas's
-figures for the timed and the untimed epoch kernel (no spill; the untimed one carries none of the
-clocks) and for both Gram kernels (no spill, no stack frame), the library's phase shape against
-`cuda_epoch.V7_PHASES`, and the Python reader with the library faked at the ctypes boundary
-(`FakeV7Profile` writes what the kernel would); on a GPU (marked gpu), that the phases are
-positive, finite and add up to each role's loop."""
+"""cuda-epoch v7's phase-profiling build, v7a's and v7b's (`csrc/epoch_v7_phases.cuh`): on the
+CPU, ptxas's figures for the timed and the untimed epoch kernel of each (no spill; the untimed one
+carries none of the clocks), v7b's 64-bit tagged accesses and shuffles in its PTX, both Gram
+kernels (no spill, no stack frame), the library's phase shape against `cuda_epoch.V7_PHASES`, and
+the Python reader with the library faked at the ctypes boundary (`FakeV7Profile` writes what the
+kernel would); on a GPU (marked gpu), that the phases are positive, finite and add up to each
+role's loop, for v7a and v7b."""
 
 import ctypes
 import math
@@ -21,12 +22,18 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# Both instantiations of the epoch kernel in one small translation unit: ~8 s of nvcc, against
-# ~35 s for the whole of cuda_epoch.cu (whose build, hopper_builds, keeps no ptxas report).
+# The four instantiations of the epoch kernel (v7a, v7b, each untimed and timed) in one small
+# translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
+# build, hopper_builds, keeps no ptxas report).
 KERNELS = """#include "epoch_v7_launch.cuh"
-void* const v7_kernels[] = {(void*)v7_epoch_kernel<false>, (void*)v7_epoch_kernel<true>,
-                            (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
+void* const v7_kernels[] = {
+    (void*)v7_epoch_kernel<false, false>, (void*)v7_epoch_kernel<true, false>,
+    (void*)v7_epoch_kernel<false, true>, (void*)v7_epoch_kernel<true, true>,
+    (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
+EPOCH_KERNELS = {"untimed": "v7_epoch_kernelILb0ELb0E", "timed": "v7_epoch_kernelILb1ELb0E",
+                 "untimed v7b": "v7_epoch_kernelILb0ELb1E", "timed v7b": "v7_epoch_kernelILb1ELb1E"}
+"""ptxas's names of v7_epoch_kernel<TIMED, V7B>."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -35,8 +42,8 @@ GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel
 
 @pytest.fixture(scope="module")
 def ptxas_report(tmp_path_factory):
-    """{"untimed" | "timed": {"regs", "stack", "spill_stores", "spill_loads", "ptx"}} of
-    v7_epoch_kernel, from `nvcc -Xptxas -v` for sm_90a (the build's target) and its kept PTX."""
+    """{kind of EPOCH_KERNELS or GRAM_KERNELS: {"regs", "stack", "spill_stores", "spill_loads",
+    "ptx"}}, from `nvcc -Xptxas -v` for sm_90a (the build's target) and its kept PTX."""
     nvcc = build.find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found on PATH")
@@ -52,8 +59,7 @@ def ptxas_report(tmp_path_factory):
     chunks = re.split(r"^(?=\.entry |\.func )", ptx, flags=re.M)
     entries = {m.group(1): c for c in chunks if (m := re.match(r"\.entry (\w+)\(", c))}
     report = {}
-    kernels = {"untimed": "v7_epoch_kernelILb0E", "timed": "v7_epoch_kernelILb1E",
-               **{kind: name for kind, (name, _) in GRAM_KERNELS.items()}}
+    kernels = {**EPOCH_KERNELS, **{kind: name for kind, (name, _) in GRAM_KERNELS.items()}}
     for kind, name in kernels.items():
         mangled = next(e for e in entries if name in e)
         props = re.search(rf"Function properties for {mangled}\n\s*(\d+) bytes stack frame, "
@@ -67,10 +73,11 @@ def ptxas_report(tmp_path_factory):
 
 
 @requires_nvcc
-@pytest.mark.parametrize("kind", ["untimed", "timed"])
+@pytest.mark.parametrize("kind", list(EPOCH_KERNELS))
 def test_neither_build_of_the_epoch_kernel_spills(ptxas_report, kind):
     """512 threads a CTA cap a thread at 128 registers; the untimed kernel is at the cap (nvcc
-    13.0), so clocks kept in registers could have pushed the timed one into local memory."""
+    13.0), so clocks kept in registers could have pushed the timed one into local memory. v7b's
+    poll returns its sum in a 64-bit register from a function of its own (no stack frame)."""
     k = ptxas_report[kind]
     figures = {key: v for key, v in k.items() if key != "ptx"}
     assert k["regs"] <= 128 and k["stack"] == k["spill_stores"] == k["spill_loads"] == 0, figures
@@ -80,9 +87,9 @@ def test_neither_build_of_the_epoch_kernel_spills(ptxas_report, kind):
 @pytest.mark.parametrize("kind", list(GRAM_KERNELS))
 def test_neither_gram_kernel_spills(ptxas_report, kind):
     """Gram kernel v2 keeps 64 s32 accumulators, its A and B fragments and its 5 source rows in
-    registers (nvcc 13.0, sm_90a: 112, no stack); a row or lag index into its job's arrays that
-    is not a constant would put them in local memory (a stack frame: 104 bytes in its first
-    build), so a stack frame fails too."""
+    registers (nvcc 13.0, sm_90a: 112, 118 since it also clears v7b's ring, no stack); a row or
+    lag index into its job's arrays that is not a constant would put them in local memory (a
+    stack frame: 104 bytes in its first build), so a stack frame fails too."""
     k = ptxas_report[kind]
     figures = {key: v for key, v in k.items() if key != "ptx"}
     cap = GRAM_KERNELS[kind][1]
@@ -102,17 +109,33 @@ def test_gram_kernel_v2_stages_with_cp_async_and_reads_with_ldmatrix(ptxas_repor
 
 
 @requires_nvcc
+def test_v7b_hands_the_partials_over_as_64_bit_scalars(ptxas_report):
+    """v7b's tagged words: one st.relaxed.gpu .b64 a value, polled by ld.relaxed.gpu .b64 (scalar
+    accesses: single-copy atomic; a .v2 would be two accesses), its softmax by shfl.sync.bfly;
+    no counter publish by its workers (v7a's st.release stays, for the chain's G counters)."""
+    ptx, v7a = ptxas_report["untimed v7b"]["ptx"], ptxas_report["untimed"]["ptx"]
+    assert "st.relaxed.gpu.global.b64" in ptx and "ld.relaxed.gpu.global.b64" in ptx
+    assert "shfl.sync.bfly.b32" in ptx and "shfl.sync.bfly.b32" not in v7a
+    assert ".v2.b32" not in "".join(line for line in ptx.splitlines() if "relaxed" in line)
+    assert "st.relaxed.gpu" not in v7a
+    assert ptx.count("st.release.gpu.global") < v7a.count("st.release.gpu.global")
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
     one reads the global timer at the start and end of each role's loop, the clock at least once
     a phase (clock() is a %clock64 read in PTX), and writes both arrays."""
-    untimed, timed = ptxas_report["untimed"]["ptx"], ptxas_report["timed"]["ptx"]
-    assert "%clock" not in untimed and "%globaltimer" not in untimed
-    assert timed.count("%globaltimer") == 4
-    assert timed.count("%clock64") >= len(ce.V7_PHASES["chain"]) + len(ce.V7_PHASES["workers"])
-    for text, used in ((untimed, False), (timed, True)):
-        assert ("g_v7_phase_clocks" in text) == ("g_v7_phase_ns" in text) == used
+    for suffix in ("", " v7b"):
+        untimed = ptxas_report["untimed" + suffix]["ptx"]
+        timed = ptxas_report["timed" + suffix]["ptx"]
+        assert "%clock" not in untimed and "%globaltimer" not in untimed
+        assert timed.count("%globaltimer") == 4
+        phases = len(ce.V7_PHASES["chain"]) + len(ce.V7_PHASES["workers"])
+        assert timed.count("%clock64") >= phases
+        for text, used in ((untimed, False), (timed, True)):
+            assert ("g_v7_phase_clocks" in text) == ("g_v7_phase_ns" in text) == used
 
 
 @requires_nvcc
@@ -129,11 +152,15 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
     # Bad arguments are refused before anything reaches a GPU (1: cudaErrorInvalidValue).
     p = ctypes.c_void_p
     lib.cuda_epoch_v7_phase_profile.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int,
-                                                ctypes.c_float, p, p, p, p, p, p, p]
+                                                ctypes.c_float, p, p, p, p, ctypes.c_int, p, p,
+                                                p]
     dummy = p(16)
-    for n, batch, scratch in ((1, 0, dummy), (1, 129, dummy), (0, 128, dummy), (1, 128, None)):
+    for n, batch, scratch, variant in ((1, 0, dummy, 0), (1, 129, dummy, 1), (0, 128, dummy, 0),
+                                       (1, 128, None, 1), (1, 128, dummy, 2),
+                                       (1, 128, dummy, -1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
-                                               dummy, scratch, dummy, dummy, None) == 1
+                                               dummy, scratch, variant, dummy, dummy, None) == 1
+    assert lib.cuda_epoch_v7_variants() == len(ce.V7_VARIANTS)
 
 
 class FakeV7Profile:
@@ -154,9 +181,9 @@ class FakeV7Profile:
         for ref, v in zip(out, self.shape, strict=True):
             ref._obj.value = v
 
-    def cuda_epoch_v7_phase_profile(self, x, y, order, n, bs, lr, w, b, stats, scratch, clocks,
-                                    span, stream):
-        self.calls.append((n, bs, scratch.value))
+    def cuda_epoch_v7_phase_profile(self, x, y, order, n, bs, lr, w, b, stats, scratch, variant,
+                                    clocks, span, stream):
+        self.calls.append((n, bs, scratch.value, variant))
         chain, workers, ctas, cols = self.shape
         for i in range(ctas):
             for j in range(chain if i < 8 else workers):
@@ -176,11 +203,12 @@ class FakeV7Profile:
         return b"cudaErrorFake"
 
 
-def fake_kernel(lib, monkeypatch):
+def fake_kernel(lib, monkeypatch, v7_variant="a"):
     """An EpochKernel of version 7 on CPU tensors, as __init__ would leave it."""
     monkeypatch.setattr(ce, "stream_handle", lambda: None)
     k = object.__new__(ce.EpochKernel)
     k.lib, k.version, k.cluster, k.ctas, k.n = lib, 7, True, ce.V7_CTAS, 150
+    k.v7_variant = v7_variant
     k.cfg = LadderConfig(batch_size=16)
     k.x, k.y = torch.zeros(150, 784, dtype=torch.uint8), torch.zeros(150, dtype=torch.int32)
     k.orders = torch.zeros(2, 150, dtype=torch.int32)
@@ -189,11 +217,12 @@ def fake_kernel(lib, monkeypatch):
     return k
 
 
-def test_the_reader_turns_clocks_into_us_a_step_per_role(monkeypatch):
+@pytest.mark.parametrize("v7_variant", ce.V7_VARIANTS)
+def test_the_reader_turns_clocks_into_us_a_step_per_role(monkeypatch, v7_variant):
     lib = FakeV7Profile(steps=10, clocks_per_ns=2.0)
-    k = fake_kernel(lib, monkeypatch)
+    k = fake_kernel(lib, monkeypatch, v7_variant)
     profile = k.phase_profile(1)
-    assert lib.calls == [(150, 16, k.scratch.data_ptr())]
+    assert lib.calls == [(150, 16, k.scratch.data_ptr(), ce.V7_VARIANTS.index(v7_variant))]
     assert list(profile) == ["chain", "workers"]
     for role, rows in (("chain", range(8)), ("workers", range(8, 64))):
         names = ce.V7_PHASES[role]
@@ -247,7 +276,8 @@ def test_sync_cost_prints_and_records_each_role(monkeypatch, capsys):
 
 @pytest.mark.gpu
 @requires_gpu
-def test_v7s_phases_are_positive_and_account_for_each_roles_loop():
+@pytest.mark.parametrize("v7_variant", ce.V7_VARIANTS)
+def test_v7s_phases_are_positive_and_account_for_each_roles_loop(v7_variant):
     """The profiling build on a 40-step epoch: every phase of both roles positive and finite, the
     slowest CTA's at least the mean, and each role's phase means adding up to its CTAs' loop (at
     chain CTA 0's clock rate, within 5 %); the kernel's own weights untouched."""
@@ -255,7 +285,7 @@ def test_v7s_phases_are_positive_and_account_for_each_roles_loop():
         pytest.skip("v7 runs on thread-block clusters only")
     cfg = LadderConfig(epochs=1, batch_size=128)
     data = make_ladder_data(tiny_images(n_train=128 * 40), cfg)
-    k = ce.EpochKernel(data, cfg, version=7)
+    k = ce.EpochKernel(data, cfg, version=7, v7_variant=v7_variant)
     w0 = k.w.clone()
     profile = k.phase_profile(0)
     assert torch.equal(k.w, w0)

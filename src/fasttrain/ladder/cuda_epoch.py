@@ -27,6 +27,12 @@ must all be resident — checked at setup; written without a GPU, its per-thread
 for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its GPU tests at 2.74
 ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
 Grams now by Gram kernel v2, `V7_GRAM_VERSION`, written without a GPU and not yet run on one).
+Version 7 has two variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one above,
+and v7b (v7a with the worker partials handed to the chain as 8-byte words {value, step} polled until
+every tag is the step, one L2 round trip instead of a counter and then the data, and the chain's
+softmax on 16 lanes a row with shuffles; written without a GPU, its per-thread code run on the CPU
+for whole epochs against float64, not yet run on one: version 7 means v7a until a GPU measures v7b
+faster, `V7_VARIANT`).
 The signalled versions' waits are bounded: a protocol fault ends the launch and shows as a
 RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
@@ -61,6 +67,11 @@ SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_s
 PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
 V7_CTAS = 8  # v7's `ctas`: its chain cluster (the launch holds 64: 7 worker clusters more)
+V7_VARIANTS = ("a", "b")
+"""v7's variants, in the library's order (`variant` 0, 1 of its v7 entry points): v7a (H200,
+2026-11-27: 2.742 ms/epoch) and v7b (csrc/epoch_v7b_math.cuh; written without a GPU, not yet run on
+one). sync_cost.py times both in one call."""
+V7_VARIANT = "a"  # version 7's, until a GPU measures v7b faster
 LAUNCHES = {7: 2}  # launches an epoch where not 1: v7a's Gram kernel, then its epoch kernel
 V7_GRAM_VERSIONS = (1, 2)
 """v7's Gram kernels (`EpochKernel.v7_grams`): 1 v7a's (a warp a 16 × 32 tile from L2; 493.8 µs a
@@ -92,7 +103,11 @@ for G_{t-1} and for the worker clusters' counters, adds the bias and the Gram te
 partials into Z_t, takes the softmax, sends G_t, releases its counter and adds the next step's Gram
 terms j >= 2 (counted as "Gram terms"); a worker CTA issues the loads of x_{t+1}, waits for the
 chain's counters and applies the lagged updates, computes its partial logits (and stores x_{t+1}),
-passes the cluster barrier, reduces its rows over DSMEM and releases its counter."""
+passes the cluster barrier, reduces its rows over DSMEM and releases its counter. v7b keeps the
+names: "wait partials" is its poll of the tagged words (the data come with their tags), "logits" the
+Gram terms' lane sums and the bias added in registers, "softmax" the 16-lane shuffles; its workers'
+"reduce" ends with the tagged stores and "publish" is empty (no counter: the tags are the
+signal)."""
 
 
 def load_library() -> ctypes.CDLL:
@@ -109,7 +124,7 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_scratch_bytes.restype = ctypes.c_longlong
     lib.cuda_epoch_v7_scratch_bytes.argtypes = [i32, i32]
     lib.cuda_epoch_v7_scratch_bytes.restype = ctypes.c_longlong
-    lib.cuda_epoch_v7_residency.argtypes = [ctypes.POINTER(i32), ctypes.POINTER(i32)]
+    lib.cuda_epoch_v7_residency.argtypes = [i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
     lib.cuda_epoch_v7_residency.restype = i32
     lib.cuda_epoch_variant.argtypes = [i32, i32, i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
     lib.cuda_epoch_variant.restype = i32
@@ -125,9 +140,9 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_phase_profile.restype = i32
     lib.cuda_epoch_v7_phase_shape.argtypes = [ctypes.POINTER(i32)] * 4
     lib.cuda_epoch_v7_phase_shape.restype = None
-    # x, y, order, n, bs, lr, w, b, stats, scratch, clocks out, span out, stream
+    # x, y, order, n, bs, lr, w, b, stats, scratch, v7 variant, clocks out, span out, stream
     lib.cuda_epoch_v7_phase_profile.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr,
-                                                ptr, ptr, ptr]
+                                                i32, ptr, ptr, ptr]
     lib.cuda_epoch_v7_phase_profile.restype = i32
     # x, y, order, n, bs, lr, w, b, stats, scratch, gram version, stream
     lib.cuda_epoch_v7_grams.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr, i32,
@@ -135,6 +150,11 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_v7_grams.restype = i32
     lib.cuda_epoch_v7_gram_versions.argtypes = [ctypes.POINTER(i32), ctypes.POINTER(i32)]
     lib.cuda_epoch_v7_gram_versions.restype = i32
+    # x, y, order, n, bs, lr, w, b, stats, scratch, v7 variant, stream
+    lib.cuda_epoch_v7_train.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr, i32, ptr]
+    lib.cuda_epoch_v7_train.restype = i32
+    lib.cuda_epoch_v7_variants.argtypes = []
+    lib.cuda_epoch_v7_variants.restype = i32
     for name in ("cuda_epoch_bench_cluster_sync", "cuda_epoch_bench_grid_sync"):
         getattr(lib, name).argtypes = [i32, i32, ptr, ptr]
         getattr(lib, name).restype = i32
@@ -192,11 +212,17 @@ class EpochKernel:
     """The device state of one run and the launch of one epoch."""
 
     def __init__(self, data: LadderData, cfg: LadderConfig, ctas: int | None = None,
-                 cluster: bool | None = None, version: int | None = None):
+                 cluster: bool | None = None, version: int | None = None,
+                 v7_variant: str | None = None):
+        """v7_variant: version 7's, one of V7_VARIANTS (default V7_VARIANT); only for version 7."""
         dev = torch.device("cuda")
         self.lib = load_library()
         self.cluster = has_clusters() if cluster is None else cluster
         self.version = default_version(self.cluster) if version is None else version
+        if v7_variant is not None and (self.version != 7 or v7_variant not in V7_VARIANTS):
+            raise ValueError(f"v7_variant is version 7's, one of {V7_VARIANTS}: not "
+                             f"{v7_variant!r} of version {self.version}")
+        self.v7_variant = (v7_variant or V7_VARIANT) if self.version == 7 else None
         ctas = cta_counts(self.version)[-1] if ctas is None else ctas  # v2-v6: CTAS, v7: 8
         self.n, self.cfg, self.ctas = data.n_train, cfg, ctas
         launch_config(self.lib, ctas, self.version, self.cluster)  # a bad variant: ValueError
@@ -219,7 +245,7 @@ class EpochKernel:
         """v7: its 8 clusters of 8 CTAs spin on each other, so all must be on the GPU at once; a
         setup error here, not a launch that never ends."""
         clusters, needed = ctypes.c_int(), ctypes.c_int()
-        check(self.lib, self.lib.cuda_epoch_v7_residency(ctypes.byref(clusters),
+        check(self.lib, self.lib.cuda_epoch_v7_residency(self.v7_index, ctypes.byref(clusters),
                                                          ctypes.byref(needed)),
               "cuda_epoch_v7_residency")
         if clusters.value < needed.value:
@@ -236,10 +262,13 @@ class EpochKernel:
         host sync; timed loops pass False and call check_signals() after)."""
         w, b, stats = (self.w, self.b, self.stats) if w is None else (w, b, stats)
         p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
-        code = self.lib.cuda_epoch_train(
-            p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
-            self.cfg.lr, p(w), p(b), p(stats), p(self.scratch), self.ctas, int(self.cluster),
-            self.version, stream_handle())
+        common = (p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
+                  self.cfg.lr, p(w), p(b), p(stats), p(self.scratch))
+        if self.version == 7:
+            code = self.lib.cuda_epoch_v7_train(*common, self.v7_index, stream_handle())
+        else:
+            code = self.lib.cuda_epoch_train(*common, self.ctas, int(self.cluster), self.version,
+                                             stream_handle())
         check(self.lib, code, f"cuda_epoch_train ({self.variant})")
         if check_signals:
             self.check_signals()
@@ -306,7 +335,8 @@ class EpochKernel:
         span = (ctypes.c_longlong * (ctas + 1))()
         code = self.lib.cuda_epoch_v7_phase_profile(
             p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
-            self.cfg.lr, p(w), p(b), p(stats), p(self.scratch), clocks, span, stream_handle())
+            self.cfg.lr, p(w), p(b), p(stats), p(self.scratch), self.v7_index, clocks, span,
+            stream_handle())
         check(self.lib, code, f"cuda_epoch_v7_phase_profile ({self.variant})")
         self.check_signals()  # a timed-out wait: its CTAs wrote no figures
         return v7_phases_us(list(clocks), list(span), ctas, cols)
@@ -334,9 +364,15 @@ class EpochKernel:
                                                                        MAX_BATCH)
 
     @property
+    def v7_index(self) -> int:
+        """The library's `variant` of this version-7 kernel (V7_VARIANTS's order)."""
+        return V7_VARIANTS.index(self.v7_variant)
+
+    @property
     def variant(self) -> str:
         if self.version == 7:
-            return "v7, a chain cluster of 8 CTAs and 7 worker clusters (64 CTAs)"
+            return (f"v7{self.v7_variant}, a chain cluster of 8 CTAs and 7 worker clusters "
+                    f"(64 CTAs)")
         kind = "cluster" if self.cluster else "cooperative grid"
         return f"v{self.version}, {kind} of {self.ctas} CTAs"
 
@@ -371,7 +407,8 @@ class CudaEpoch(Impl):
                "csrc/epoch_v3.cuh", "csrc/epoch_v4.cuh", "csrc/epoch_v5.cuh",
                "csrc/epoch_v5_math.cuh", "csrc/epoch_v6.cuh", "csrc/epoch_v6_math.cuh",
                "csrc/epoch_v7.cuh", "csrc/epoch_v7_math.cuh", "csrc/epoch_v7_phases.cuh",
-               "csrc/epoch_v7_launch.cuh", "csrc/gram_u8.cuh",
+               "csrc/epoch_v7_launch.cuh", "csrc/epoch_v7_api.cuh",
+               "csrc/epoch_v7b_math.cuh", "csrc/epoch_v7_sync.cuh", "csrc/gram_u8.cuh",
                "csrc/gram_v2.cuh")  # the kernel its figures come from
     device = "cuda"
 

@@ -1,6 +1,7 @@
-// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a (epoch_v7.cuh) on the
-// host for whole epochs, every role's per-step code (epoch_v7_math.cuh's per-thread bodies, run
-// for every thread of every CTA) in an order its flags allow:
+// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a or v7b (epoch_v7.cuh,
+// `variant` 0 or 1) on the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
+// and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
+// flags allow:
 //   - the Gram kernel: every Γ_{t,j} (exact integer sums rounded once to float) at the kernel's
 //     offsets, and the step counters zeroed;
 //   - a chain CTA's step t runs once its ring slot holds G_{t−1} from all 8 chain CTAs and every
@@ -9,24 +10,66 @@
 //     and publishes its counter;
 //   - a worker cluster's step t runs once the G of every update it applies first is published
 //     (all 8 chain counters); its 8 CTAs compute, then reduce over each other's buffers;
+//   - v7b: a chain CTA's step t runs once its G slot is complete and every one of its tagged
+//     partial words carries tag t; a worker writing step t's words into ring slot t % V7_PR
+//     checks that the chain CTA reading them has read the slot's previous step (-3 if not); the
+//     Gram launch clears the ring; the softmax's shuffles run through HostWarp16, which computes
+//     shfl.sync.bfly's source lane by the PTX ISA's formula (width → segment mask and clamp);
 //   - the scheduler picks among the runnable units: policy 0 runs workers whenever it can (as far
-//     ahead as the flags let them: a flag read too early shows), policy ≥ 1 picks at random.
+//     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
+//     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
+//     picks at random.
 // Global buffers start as `fill` (NaN: never written; 0: memory that happens to hold zeros) and
 // keep the previous epoch's values, as device memory would.
 // Planted bugs (the test shows each one fails the float64 check): 1 the workers' lag window one
 // step too short (an update applied that the chain's Gram terms also count), 2 the bias of step
 // s = max(t − L, 0) in Z_t (the bias correction left out), 3 a worker reading G_a when the chain
-// counters say a steps (not a + 1) are published (a stale G).
+// counters say a steps (not a + 1) are published (a stale G); v7b only: 4 the chain's tag
+// compared to the wrong step (any written step accepted: the slot's previous one, t − V7_PR), 5
+// the softmax's shuffles of width 8 (not 16), 6 the Gram launch not clearing the ring (a short
+// epoch's tags are the next epoch's too).
 #define FT_HOST_MATH
 #include <cmath>
+#include <array>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "epoch_v7_math.cuh"
+#include "epoch_v7b_math.cuh"
 
 #if !defined(__CUDA_ARCH__)  // host code only
 namespace {
+
+constexpr int CHAIN_FIRST = -1;
+
+// v7b's softmax lanes: the 32 lanes of a warp in lockstep. shfl_xor is __shfl_xor_sync(full mask,
+// v, mask, width), i.e. shfl.sync.bfly with c = ((32 − width) << 8) | 31; the PTX ISA's
+// definition: segmask = c[12:8], maxLane = (lane & segmask) | (c[4:0] & ~segmask), j = lane ^
+// mask, and a lane whose j > maxLane gets its own value. `width`: the planted bug 5 runs every
+// shuffle at 8, whatever the body asks.
+struct HostWarp16 {
+  int width = 0;  // 0: the body's
+  template <class T>
+  using Reg = std::array<T, 32>;
+  template <class T>
+  T& at(Reg<T>& v, int lane) const { return v[lane]; }
+  template <class T>
+  const T& at(const Reg<T>& v, int lane) const { return v[lane]; }
+  template <class F>
+  void each(F&& f) const {
+    for (int lane = 0; lane < 32; ++lane) f(lane);
+  }
+  Reg<float> shfl_xor(const Reg<float>& v, int mask, int w) const {
+    const int c = ((32 - (width ? width : w)) << 8) | 31, segmask = (c >> 8) & 31;
+    Reg<float> out;
+    for (int lane = 0; lane < 32; ++lane) {
+      const int max_lane = (lane & segmask) | (c & 31 & ~segmask), j = lane ^ mask;
+      out[lane] = v[j <= max_lane ? j : lane];
+    }
+    return out;
+  }
+};
 
 struct Chain {
   std::vector<float> sm = std::vector<float>(ChainSmem::FLOATS, 0.f);
@@ -52,7 +95,7 @@ struct Emulation {
   V7Scratch s;
   const uint8_t* x;
   const int *y, *order;
-  int bug;
+  int bug, variant;
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
@@ -69,7 +112,23 @@ struct Emulation {
     return true;
   }
 
+  // v7b: chain CTA q's tagged words of step t, as its threads load them (bug 4: a word of any
+  // step passes for step t's). False if one is not there yet; p[tid]: the sums.
+  bool tagged_ready(int q, int t, float* p) const {
+    for (int tid = 0; tid < V7_SMT; ++tid) {
+      p[tid] = 0.f;
+      if (!v7b_part_mine(e, t, q, tid)) continue;
+      const auto load = [&](const uint64_t* w) {
+        return bug == 4 && v7b_tag(*w) != V7_TAG_CLEAR ? v7b_word(v7b_value(*w), t) : *w;
+      };
+      if (!v7b_sum_tagged(v7b_part_words(s.ptag, t, q, tid), t, load, p[tid])) return false;
+    }
+    return true;
+  }
+
   void grams() {
+    if (variant == 1 && bug != 6)  // the Gram launch's v7b_clear
+      for (size_t i = 0; i < V7_PTAG_WORDS; ++i) s.ptag[i] = V7_CLEAR_WORD;
     for (int i = 0; i < V7_CHAIN * (1 + V7_WCLUSTERS); ++i) s.gflag[i] = 0;  // both arrays
     for (int t = 0; t < e.steps; ++t)
       for (int j = 1; j <= V7_LAG && j <= t; ++j)
@@ -107,6 +166,10 @@ struct Emulation {
     // phase of that parity has completed, i.e. while the current phase's parity differs.
     if (t > 0 && (c.phases[v7_slot(t - 1)] & 1) == v7_parity(t - 1)) return false;
     if (t == e.steps) return true;  // the last wait: G_{steps−1}
+    if (variant == 1) {
+      std::vector<float> p(V7_SMT);
+      return tagged_ready(q, t, p.data());
+    }
     for (int k = 0; k < V7_WCLUSTERS; ++k)
       if (s.pflag[k * V7_CLUSTER + q] < v7_part_ready(t)) return false;
     return true;
@@ -126,23 +189,43 @@ struct Emulation {
     }
     for (int i = 0; i < C; ++i) c.bias_at[t][i] = bias[i];
     if (t == e.steps) return;
+    float p[V7_SMT];  // v7b: the thread's partials, read (with their tags) after the G wait
+    if (variant == 1 && !tagged_ready(q, t, p)) violated = true;  // ran before its words came
     for (int tid = 0; tid < V7_T; ++tid) {  // j = 1 (j ≥ 2 were added after step t − 1)
       chain_gram_terms(e, c.gam_of(tid), ring, t, tid, 1, 1, c.acc_of(tid));
-      chain_gram_store(tid, c.acc_of(tid), red);
+      chain_gram_store(tid, c.acc_of(tid), red, variant == 1);
     }
     const float* used_bias = bug == 2 ? c.bias_at[v7_applied_before(t)].data() : bias;
-    const float* part_t = v7_part_rows(s, t, 0);
-    for (int tid = 0; tid < V7_T; ++tid)
-      chain_logits(
-          e, [&](int k, int i) { return part_t[size_t(k) * BMAX * V7_GROW + i]; }, t, q, tid,
-          used_bias, red, zs);
     int labels[V7_RPC] = {};
     for (int i = 0; i < V7_RPC; ++i) {
       const int row = q * V7_RPC + i;
       if (row < e.rows(t)) labels[i] = y[order[t * e.bs + row]];
     }
-    for (int tid = 0; tid < V7_T; ++tid)
-      chain_softmax(e, t, q, tid, zs, labels, gl, c.loss[tid], c.correct[tid]);
+    if (variant == 1) {
+      HostWarp16 warp{bug == 5 ? 8 : 0};
+      for (int w = 0; w < V7_SMT / 32; ++w) {
+        HostWarp16::Reg<float> z, loss, correct;
+        for (int lane = 0; lane < 32; ++lane) {
+          const int tid = 32 * w + lane;
+          z[lane] = chain_logit16(e, t, q, tid, p[tid], used_bias, red);
+          loss[lane] = c.loss[tid];
+          correct[lane] = c.correct[tid];
+        }
+        chain_softmax16(warp, e, t, q, w, z, labels, gl, loss, correct);
+        for (int lane = 0; lane < 32; ++lane) {
+          c.loss[32 * w + lane] = loss[lane];
+          c.correct[32 * w + lane] = correct[lane];
+        }
+      }
+    } else {
+      const float* part_t = v7_part_rows(s, t, 0);
+      for (int tid = 0; tid < V7_T; ++tid)
+        chain_logits(
+            e, [&](int k, int i) { return part_t[size_t(k) * BMAX * V7_GROW + i]; }, t, q, tid,
+            used_bias, red, zs);
+      for (int tid = 0; tid < V7_T; ++tid)
+        chain_softmax(e, t, q, tid, zs, labels, gl, c.loss[tid], c.correct[tid]);
+    }
     for (int tid = 0; tid < V7_T; ++tid) chain_colsum(tid, gl);
     const int slot = v7_slot(t);
     for (int d = 0; d < V7_CHAIN; ++d) {  // the st.asyncs into d's slot
@@ -230,13 +313,21 @@ struct Emulation {
     }
     if (t + 1 < e.steps) store_x(k, t + 1);  // after the updates read x_{t−L−1}
     for (int r = 0; r < V7_CLUSTER; ++r) {  // after the cluster barrier
+      const auto remote = [&](int src, int i) {
+        return workers[k][src].sm[WorkerSmem::PBUF + p * BMAX * V7_GROW + i];
+      };
+      if (variant == 1) {  // slot t % V7_PR: chain CTA r must have read step t − V7_PR
+        if (t >= V7_PR && chain[r].next <= t - V7_PR) violated = true;
+        for (int tid = 0; tid < V7_T; ++tid)
+          worker_reduce(e, t, r, tid, remote, [&](int row, int c, float v) {
+            s.ptag[v7b_word_at(t, k, row, c)] = v7b_word(v, t);
+          });
+        continue;  // no counter: the tags are the signal
+      }
+      float* out = v7_part_rows(s, t, k);
       for (int tid = 0; tid < V7_T; ++tid)
-        worker_reduce(
-            e, t, r, tid,
-            [&](int src, int i) {
-              return workers[k][src].sm[WorkerSmem::PBUF + p * BMAX * V7_GROW + i];
-            },
-            v7_part_rows(s, t, k));
+        worker_reduce(e, t, r, tid, remote,
+                      [&](int row, int c, float v) { out[row * V7_GROW + c] = v; });
       s.pflag[k * V7_CLUSTER + r] = t + 1;
     }
   }
@@ -250,13 +341,17 @@ struct Emulation {
     std::mt19937 rng(policy);
     for (;;) {
       std::vector<int> run;  // 0..6 worker clusters, 7.. chain CTAs
-      for (int k = 0; k < V7_WCLUSTERS; ++k)
-        if (worker_runnable(k)) run.push_back(k);
-      if (policy != 0 || run.empty())
+      if (policy == CHAIN_FIRST)
+        for (int q = 0; q < V7_CHAIN; ++q)
+          if (chain_runnable(q)) run.push_back(V7_WCLUSTERS + q);
+      if (policy != CHAIN_FIRST || run.empty())
+        for (int k = 0; k < V7_WCLUSTERS; ++k)
+          if (worker_runnable(k)) run.push_back(k);
+      if (policy > 0 || (policy == 0 && run.empty()))
         for (int q = 0; q < V7_CHAIN; ++q)
           if (chain_runnable(q)) run.push_back(V7_WCLUSTERS + q);
       if (run.empty()) break;
-      const int u = run[policy == 0 ? 0 : rng() % run.size()];
+      const int u = run[policy <= 0 ? 0 : rng() % run.size()];
       if (u < V7_WCLUSTERS)
         worker_step(u, w);
       else
@@ -280,12 +375,16 @@ struct Emulation {
 
 }  // namespace
 
-// `epochs` epochs of v7a on (w [10][784], b [10]) in place, orders [epochs][n]; stats [2] += (loss
-// sum, correct count); the global buffers start as `fill`. Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring overwrite).
+// `epochs` epochs of v7a (variant 0) or v7b (1) on (w [10][784], b [10]) in place, orders
+// [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
+// Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
+// or a step run before its partials came).
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
-                         int bug, float fill) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 3) return -1;
+                         int bug, float fill, int variant) {
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 6 || variant < 0 ||
+      variant > 1 || (bug > 3 && variant != 1))
+    return -1;
   const int steps = (n + bs - 1) / bs;
   std::vector<float> scratch((v7_scratch_bytes(steps) + 3) / 4, fill);
   auto* em = new Emulation{};
@@ -294,6 +393,7 @@ extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* 
   em->x = x;
   em->y = y;
   em->bug = bug;
+  em->variant = variant;
   int code = 0;
   for (int ep = 0; ep < epochs && code == 0; ++ep) {
     em->order = orders + size_t(ep) * n;

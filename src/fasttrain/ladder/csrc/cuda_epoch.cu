@@ -87,29 +87,15 @@
 //      LDS.128 and 5 SHFL for its 140 FMA); whole kernel, static: 261 shared loads (34 LDS.128)
 //      against v4's 484 (84); 128 registers (the 512-thread cap), no spill. Its tiles run on the CPU for
 //      whole cluster epochs against float64 (tests/ladder/test_cuda_epoch_v6_math.py).
-//   v7a (epoch_v7.cuh, epoch_v7_math.cuh; on an H200: 2.74 ms/epoch, v6 2.04) the lagged-
-//      Gram step of docs/measurements/cuda-epoch-v7-design.md, as TWO launches an epoch: a Gram
-//      kernel (every Γ_{t,j} = X_t X_{t−j}ᵀ, j = 1 … 4, u8 mma.sync → fp32) and one persistent
-//      launch of 64 CTAs in clusters of 8: a chain cluster (16 rows a CTA: b_t + the workers'
-//      partials − c Σ_j Γ_{t,j} G_{t−j}, softmax, G to the chain over DSMEM and to the workers
-//      through global memory) and 7 worker clusters (14 features a CTA, W updated with the lagged
-//      G, partial logits reduced over DSMEM) handing data over through step-indexed global
-//      arrays and release/acquire step counters. Its per-thread arithmetic runs on the CPU for
-//      whole epochs in an emulation of every role against float64 at 2e-5
-//      (tests/ladder/test_cuda_epoch_v7_math.py). The ctas argument is the chain's 8. Its phase-
-//      profiling build (epoch_v7_phases.cuh, cuda_epoch_v7_phase_profile) times each role's
-//      phases, as v4's does v4's loop (docs/measurements/cuda-epoch-v7-design.md, "v7a on an
-//      H200": the measured phases and what each change since the first run bought).
-//      Its Gram kernel: v1 (v7a's, 493.8 µs a launch on an H200) or v2 (gram_v2.cuh: a CTA a
-//      step's 64 rows for all 4 lags, operands staged by cp.async, read by ldmatrix; written
-//      without a GPU, not yet run on one; estimated 60-120 µs an epoch), the epoch's
-//      (V7_GRAM_VERSION); cuda_epoch_v7_grams launches either alone, for sync_cost.py to time.
+//   v7a, v7b: the lagged-Gram step, two launches an epoch (its changelog and its entry points:
+//      epoch_v7_api.cuh).
 #include "epoch_v2.cuh"
 #include "epoch_v3.cuh"
 #include "epoch_v4.cuh"
 #include "epoch_v5.cuh"
 #include "epoch_v6.cuh"
 #include "epoch_v7_launch.cuh"
+#include "epoch_v7_api.cuh"
 
 namespace {
 
@@ -298,73 +284,6 @@ int cuda_epoch_variant(int ctas, int version, int cluster, int* threads, int* sm
   return 0;
 }
 
-// Bytes of v7's global scratch for an epoch of n samples in batches of bs: its step counters,
-// every Gram of the epoch (fp32), every step's G and the worker clusters' partial logits.
-long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
-  if (n < 1 || bs < 1 || bs > BMAX) return 0;
-  return static_cast<long long>(v7_scratch_bytes((n + bs - 1) / bs));
-}
-
-// v7's co-residency, checked at setup: *clusters = how many clusters of 8 of its epoch kernel the
-// device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
-// Returns 0 or a cudaError_t.
-int cuda_epoch_v7_residency(int* clusters, int* needed) {
-  *needed = V7_CTAS / V7_CLUSTER;
-  *clusters = 0;
-  cudaError_t err = cudaFuncSetAttribute(
-      v7_epoch_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * V7_SMEM_FLOATS);
-  if (err != cudaSuccess) return err;
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = v7_config(attr, false, nullptr);
-  return cudaOccupancyMaxActiveClusters(clusters, v7_epoch_kernel<>, &cfg);
-}
-
-// v7's phase-profiling build: *chain and *worker phases a CTA of each role (epoch_v7_phases.cuh),
-// *ctas the CTAs profiled, *cols the clock columns a CTA (the buffers' shape). Host only.
-void cuda_epoch_v7_phase_shape(int* chain, int* worker, int* ctas, int* cols) {
-  *chain = V7C_PHASES;
-  *worker = V7W_PHASES;
-  *ctas = V7_CTAS;
-  *cols = V7_PHASE_COLS;
-}
-
-// One epoch of v7 (its Grams and its epoch kernel, arguments as cuda_epoch_train's with ctas = 8)
-// by the phase-profiling build (it trains), then per CTA the clocks its thread 0 spent in each
-// of its role's phases (out: V7_CTAS x cols of cuda_epoch_v7_phase_shape, 32-bit, chain CTAs
-// first) and its loop's span in ns (span: V7_CTAS + 1, the last the steps). Syncs the stream.
-int cuda_epoch_v7_phase_profile(const void* x, const void* y, const void* order, int n, int bs,
-                                float lr, void* w, void* b, void* stats, void* scratch,
-                                unsigned int* out, long long* span, cudaStream_t stream) {
-  if (n < 1 || bs < 1 || bs > BMAX || scratch == nullptr) return cudaErrorInvalidValue;
-  const Args a{static_cast<const uint8_t*>(x), static_cast<const int*>(y),
-               static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
-               static_cast<float*>(b), static_cast<float*>(stats), static_cast<float*>(scratch)};
-  return v7_phase_profile(a, out, span, stream);
-}
-
-// v7's Grams alone (to time them): the first launch of a v7 epoch (every Γ_{t,j} into `scratch`,
-// the step counters zeroed), by Gram kernel `gram_version` (1: v7a's, 2: gram_v2.cuh's, the
-// epoch's; cuda_epoch_v7_gram_versions), on `stream`; arguments as cuda_epoch_train's (w, b and
-// stats untouched). Returns 0 or a cudaError_t.
-int cuda_epoch_v7_grams(const void* x, const void* y, const void* order, int n, int bs, float lr,
-                        void* w, void* b, void* stats, void* scratch, int gram_version,
-                        cudaStream_t stream) {
-  if (n < 1 || bs < 1 || bs > BMAX || scratch == nullptr) return cudaErrorInvalidValue;
-  const Args a{static_cast<const uint8_t*>(x), static_cast<const int*>(y),
-               static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
-               static_cast<float*>(b), static_cast<float*>(stats), static_cast<float*>(scratch)};
-  return v7_grams(v7_args(a), gram_version, stream);
-}
-
-// The Gram kernel versions cuda_epoch_v7_grams takes (*count of them, in out[0 … count − 1]) and
-// the one a v7 epoch runs (the return value). Host only.
-int cuda_epoch_v7_gram_versions(int* out, int* count) {
-  out[0] = 1;
-  out[1] = 2;
-  *count = 2;
-  return V7_GRAM_VERSION;
-}
-
 // Bytes of the global scratch the grid variant needs for `ctas` CTAs (0 for a bad `ctas`): room
 // for the larger inboxes of either version.
 long long cuda_epoch_scratch_bytes(int ctas) {
@@ -455,8 +374,8 @@ int cuda_epoch_signal_status(cudaStream_t stream, int* detail) {
 
 // Test hook of the bounded waits: fault 1 makes the next v4 (v5, v6) launches' CTA 0 wait at step
 // 2 for bytes that never come (see epoch_v4.cuh); fault 2 makes v7's chain CTA 0 wait at step 2
-// for a worker counter one past the last it will see; 0 switches it off. Returns 0 or a
-// cudaError_t.
+// for a worker counter no worker reaches (v7a) or a partial tag no step writes (v7b); 0 switches
+// it off. Returns 0 or a cudaError_t.
 int cuda_epoch_signal_fault(int fault) {
   return cudaMemcpyToSymbol(g_signal_fault, &fault, sizeof(int));
 }

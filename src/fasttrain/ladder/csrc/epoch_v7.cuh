@@ -1,5 +1,6 @@
-// cuda-epoch v7a: the lagged-Gram epoch as two launches on one stream (see cuda_epoch.cu for the
-// changelog, epoch_v7_math.cuh for the algebra, the roles and every per-thread body):
+// cuda-epoch v7a and v7b (the template parameter V7B): the lagged-Gram epoch as two launches on
+// one stream (see epoch_v7_api.cuh for the changelog, epoch_v7_math.cuh for the algebra, the roles
+// and every per-thread body, epoch_v7b_math.cuh for v7b's):
 //   1. the Grams: every Γ_{t,j} = X_t X_{t−j}ᵀ of the epoch (j = 1 … L), u8 × u8 → s32 on the
 //      tensor cores, rounded once to fp32 into global memory; it also zeroes the epoch kernel's
 //      step counters. v7_gram_kernel (v1: gram_u8.cuh's warp tile from L2, checked on an H200,
@@ -28,9 +29,16 @@
 //     barrier, and all leave together after one more barrier.
 // Worker partials: double-buffered by step parity, one cluster barrier a step (a CTA rewrites its
 // buffer p at step t+2 only after barrier t+1, which every CTA passes after reading it at step t).
+// v7b (epoch_v7b_math.cuh: what changed and why it is safe): the reduced partials go to the chain
+// as tagged 8-byte words (st.relaxed.gpu.b64) in a ring of L + 1 slots that each Gram launch
+// clears; no worker counter, no publish: the chain polls its 7 words (ld.relaxed.gpu.b64) until
+// every tag is t (kind WAIT_V7_PARTIALS on a timeout; fault 2 wants a tag no step writes); and its
+// softmax runs on 16 lanes a row with __shfl_xor_sync.
 #pragma once
 #include "epoch_v4.cuh"
 #include "epoch_v7_math.cuh"
+#include "epoch_v7b_math.cuh"
+#include "epoch_v7_sync.cuh"
 #include "epoch_v7_phases.cuh"
 #include "gram_u8.cuh"
 #include "gram_v2.cuh"
@@ -43,53 +51,23 @@ struct V7Args {
   Args a;
   V7Epoch e;
   V7Scratch s;
+  int tagged;  // v7b: the Gram launch clears the tagged partials' ring
 };
 
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_release(int* p, int v) {
-  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-// Poll until *flag ≥ want, at most WAIT_BUDGET clocks (v4's bounded_wait for a global counter).
-__device__ __noinline__ bool poll_at_least(const int* flag, int want, int code) {
-  const long long t0 = clock64();
-  for (int n = 1;; ++n) {
-    if (ld_acquire(flag) >= want) return true;
-    if ((n & 63) == 0 && *static_cast<volatile int*>(&g_signal_error) != 0) return false;
-    if (clock64() - t0 > WAIT_BUDGET) {
-      atomicCAS(&g_signal_error, 0, code);
-      return false;
-    }
-  }
-}
-// After a __syncthreads that follows every thread's writes: publish `steps` (thread 0). The
-// release is cumulative: the CTA's writes ordered before it by the barrier are visible to an
-// acquire that reads the count (the pattern of CUTLASS's GenericBarrier::arrive_inc, a fence and
-// a relaxed add after __syncthreads; st.release is that fence and a store). v7a had a
-// __threadfence() before it too: a second fence, 0.67–0.74 µs a step with the store on an H200.
-__device__ __forceinline__ void publish(int* flag, int steps) {
-  if (threadIdx.x == 0) st_release(flag, steps);
-}
-// A 4-byte word of cluster CTA `rank`'s shared memory at my address `addr` (DSMEM).
-__device__ __forceinline__ uint32_t ld_dsmem(uint32_t addr, int rank) {
-  uint32_t v = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(mapa(addr, rank)) : "memory");
-#endif
-  return v;
-}
-__device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-#endif
+// v7b: every tagged word cleared by the Gram launch's CTA `block` of `blocks` (its threads
+// striding over the ring), before any early return.
+__device__ __forceinline__ void v7b_clear(const V7Args& v, int block, int blocks) {
+  if (!v.tagged) return;
+  for (size_t i = size_t(block) * blockDim.x + threadIdx.x; i < V7_PTAG_WORDS;
+       i += size_t(blocks) * blockDim.x)
+    v.s.ptag[i] = V7_CLEAR_WORD;
 }
 
 // ---- 1. the Grams ----------------------------------------------------------------------------
 // Grid (BMAX / TILE_N, BMAX / TILE_M, steps · L): z = t · L + j − 1, Γ_{t,j} into its block.
 __global__ void __launch_bounds__(32 * gram::WARPS) v7_gram_kernel(V7Args v) {
+  v7b_clear(v, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z),
+            gridDim.x * gridDim.y * gridDim.z);
   if (blockIdx.x + blockIdx.y + blockIdx.z == 0 && threadIdx.x < 64) {
     if (threadIdx.x < V7_CHAIN) v.s.gflag[threadIdx.x] = 0;
     if (threadIdx.x < V7_WORKERS) v.s.pflag[threadIdx.x] = 0;
@@ -109,6 +87,7 @@ __global__ void __launch_bounds__(32 * gram::WARPS) v7_gram_kernel(V7Args v) {
 // 64·tile …; GRAM_V2_SMEM bytes of dynamic shared memory. Not yet run on a GPU.
 constexpr int GRAM_V2_SMEM = gram::v2::SMEM;
 __global__ void __launch_bounds__(gram::v2::THREADS, 1) v7_gram_kernel_v2(V7Args v) {
+  v7b_clear(v, blockIdx.x + gridDim.x * blockIdx.y, gridDim.x * gridDim.y);
   if (blockIdx.x + blockIdx.y == 0 && threadIdx.x < 64) {
     if (threadIdx.x < V7_CHAIN) v.s.gflag[threadIdx.x] = 0;
     if (threadIdx.x < V7_WORKERS) v.s.pflag[threadIdx.x] = 0;
@@ -122,8 +101,8 @@ __global__ void __launch_bounds__(gram::v2::THREADS, 1) v7_gram_kernel_v2(V7Args
 }
 
 // ---- 2. the chain (cluster 0, CTA q) ----------------------------------------------------------
-// TIMED: the phase-profiling build (epoch_v7_phases.cuh), never the timed row's.
-template <bool TIMED>
+// TIMED: the phase-profiling build (epoch_v7_phases.cuh), never the timed row's. V7B: v7b.
+template <bool TIMED, bool V7B>
 __device__ void v7_chain(int q, const V7Args& v, float* sm) {
   using S = ChainSmem;
   const V7Epoch& e = v.e;
@@ -163,10 +142,22 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
     clock.mark(V7C_WAIT_G);
     // (The test hook, fault 2: chain CTA 0 waits at step 2 for a count no worker reaches.)
     const bool fault = t == 2 && q == 0 && g_signal_fault == 2;
-    if (tid < V7_WCLUSTERS)
-      ok = ok && poll_at_least(v.s.pflag + tid * V7_CLUSTER + q,
-                               fault ? 0x7fffffff : v7_part_ready(t),
-                               WAIT_V7_PARTIALS | blockIdx.x << 4 | t << 12);
+    float p = 0.f;  // v7b: my (row, class)'s partials summed, read with their tags
+    if constexpr (!V7B) {
+      if (tid < V7_WCLUSTERS)
+        ok = ok && poll_at_least(v.s.pflag + tid * V7_CLUSTER + q,
+                                 fault ? 0x7fffffff : v7_part_ready(t),
+                                 WAIT_V7_PARTIALS | blockIdx.x << 4 | t << 12);
+    } else if (ok && v7b_part_mine(e, t, q, tid)) {
+      const uint64_t* words = v7b_part_words(v.s.ptag, t, q, tid);
+      const int want = fault ? V7_TAG_NEVER : t;
+      if (!v7b_sum_tagged(words, want, LdRelaxed64{}, p)) {
+        const unsigned long long got =
+            poll_tagged(words, want, WAIT_V7_PARTIALS | blockIdx.x << 4 | t << 12);
+        ok = got >> 32 != 0;
+        p = __uint_as_float(static_cast<uint32_t>(got));
+      }
+    }
     if (__syncthreads_or(!ok)) {
       failed = true;
       break;
@@ -178,20 +169,30 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
       chain_bias(e, ring, t - 1, tid, bias);
     }
     chain_gram_terms(e, gam, ring, t, tid, 1, 1, acc);
-    chain_gram_store(tid, acc, red);
+    chain_gram_store(tid, acc, red, V7B);
     if (t + 1 < steps) chain_load_gram(e, v.s.gram, t + 1, q, tid, gam);  // in flight till the end
     __syncthreads();
     clock.mark(V7C_GRAM);
-    // The partials through L2 (ld.global.cg: other SMs wrote them during this launch).
-    const float* part_t = v7_part_rows(v.s, t, 0);
-    chain_logits(
-        e, [&](int k, int i) { return __ldcg(part_t + size_t(k) * BMAX * V7_GROW + i); }, t, q,
-        tid, bias, red, zs);
-    __syncthreads();
-    clock.mark(V7C_LOGITS);
-    chain_softmax(e, t, q, tid, zs, ys + (t & 1) * V7_RPC, gl, loss, correct);
-    if (tid >= 32 && tid < 32 + V7_RPC && t + 1 < steps)  // next step's labels, off the chain
-      ys[((t + 1) & 1) * V7_RPC + tid - 32] = label(t + 1, tid - 32);
+    // The next step's labels, off the chain, by threads the softmax leaves idle.
+    constexpr int LT = V7B ? V7_SMT : 32;
+    if constexpr (V7B) {  // Z in the register of the lane that takes its softmax: no barrier
+      const float z = tid < V7_SMT ? chain_logit16(e, t, q, tid, p, bias, red) : 0.f;
+      clock.mark(V7C_LOGITS);
+      if (tid < V7_SMT)
+        chain_softmax16(V7DeviceWarp{}, e, t, q, tid / 32, z, ys + (t & 1) * V7_RPC, gl, loss,
+                        correct);
+    } else {
+      // The partials through L2 (ld.global.cg: other SMs wrote them during this launch).
+      const float* part_t = v7_part_rows(v.s, t, 0);
+      chain_logits(
+          e, [&](int k, int i) { return __ldcg(part_t + size_t(k) * BMAX * V7_GROW + i); }, t,
+          q, tid, bias, red, zs);
+      __syncthreads();
+      clock.mark(V7C_LOGITS);
+      chain_softmax(e, t, q, tid, zs, ys + (t & 1) * V7_RPC, gl, loss, correct);
+    }
+    if (tid >= LT && tid < LT + V7_RPC && t + 1 < steps)
+      ys[((t + 1) & 1) * V7_RPC + tid - LT] = label(t + 1, tid - LT);
     __syncthreads();
     chain_colsum(tid, gl);
     __syncthreads();
@@ -239,7 +240,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
 }
 
 // ---- 3. the workers (cluster 1 + k, CTA r) ----------------------------------------------------
-template <bool TIMED>
+template <bool TIMED, bool V7B>
 __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
   using S = WorkerSmem;
   const V7Epoch& e = v.e;
@@ -302,15 +303,23 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
       cluster_barrier();
       return;
     }
-    worker_reduce(
-        e, t, r, tid,
-        [&](int src, int i) {
-          return __uint_as_float(ld_dsmem(smem_addr(pbuf + p * BMAX * V7_GROW + i), src));
-        },
-        v7_part_rows(v.s, t, k));
-    __syncthreads();
-    clock.mark(V7W_REDUCE);
-    publish(v.s.pflag + k * V7_CLUSTER + r, t + 1);
+    const auto remote = [&](int src, int i) {
+      return __uint_as_float(ld_dsmem(smem_addr(pbuf + p * BMAX * V7_GROW + i), src));
+    };
+    if constexpr (V7B) {  // the tagged words are the signal: no barrier, no counter
+      uint64_t* ring = v.s.ptag;
+      worker_reduce(e, t, r, tid, remote, [&](int row, int c, float val) {
+        st_relaxed64(ring + v7b_word_at(t, k, row, c), v7b_word(val, t));
+      });
+      clock.mark(V7W_REDUCE);
+    } else {
+      float* out = v7_part_rows(v.s, t, k);
+      worker_reduce(e, t, r, tid, remote,
+                    [&](int row, int c, float val) { out[row * V7_GROW + c] = val; });
+      __syncthreads();
+      clock.mark(V7W_REDUCE);
+      publish(v.s.pflag + k * V7_CLUSTER + r, t + 1);
+    }
     clock.mark(V7W_PUBLISH);
   }
   for (; !failed && applied < steps; ++applied) failed = !update(applied);
@@ -321,7 +330,7 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
   if (tid < V7_FW * C) v.a.w[(tid % C) * K + f0 + tid / C] = w[(tid / C) * 16 + tid % C];
 }
 
-template <bool TIMED = false>
+template <bool TIMED = false, bool V7B = false>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
@@ -329,9 +338,9 @@ __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel(V7Args v) {
   if (*static_cast<volatile int*>(&g_signal_error) != 0) return;
   const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
   if (cluster == 0)
-    v7_chain<TIMED>(rank, v, sm);
+    v7_chain<TIMED, V7B>(rank, v, sm);
   else
-    v7_worker<TIMED>(cluster - 1, rank, v, sm);
+    v7_worker<TIMED, V7B>(cluster - 1, rank, v, sm);
 #endif
 }
 

@@ -1,6 +1,7 @@
-// cuda-epoch v7a's host side (cuda_epoch.cu's entry points call it): the launch configuration,
-// an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel, TIMED or not),
-// and the phase profile's read-back.
+// cuda-epoch v7's host side (epoch_v7_api.cuh's entry points call it): the launch configuration,
+// an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel of v7a or v7b,
+// TIMED or not), and the phase profile's read-back. v7's variants: V7A (0) and V7B (1), the
+// `variant` of the entry points (cuda_epoch.V7_VARIANTS).
 #pragma once
 #include "epoch_v7.cuh"
 
@@ -27,9 +28,10 @@ cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, c
 
 // The Gram kernels: 1 (v7a's, measured on an H200) or 2 (gram_v2.cuh, not yet run on a GPU).
 constexpr int V7_GRAM_VERSION = 2;  // the epoch's
-V7Args v7_args(const Args& a) {
+enum V7Variant { V7A = 0, V7B = 1, V7_VARIANTS };
+V7Args v7_args(const Args& a, bool tagged = false) {
   const int steps = (a.n + a.bs - 1) / a.bs;
-  return V7Args{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps)};
+  return V7Args{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps), tagged};
 }
 
 // Every Γ_{t,j} of the epoch and the step counters zeroed, by Gram kernel `version`, on `stream`.
@@ -48,32 +50,41 @@ cudaError_t v7_grams(const V7Args& v, int version, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// TIMED: the phase-profiling build of the epoch kernel (the same arithmetic: it trains).
-template <bool TIMED = false>
+// TIMED: the phase-profiling build of the epoch kernel (the same arithmetic: it trains). V7B:
+// v7b's kernel (and its Gram launch clears the tagged partials' ring).
+template <bool TIMED = false, bool V7B = false>
 cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   if (a.scratch == nullptr) return cudaErrorInvalidValue;
-  const V7Args v = v7_args(a);
+  const V7Args v = v7_args(a, V7B);
   cudaError_t err = v7_grams(v, V7_GRAM_VERSION, stream);
   if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(v7_epoch_kernel<TIMED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               4 * V7_SMEM_FLOATS);
+    err = cudaFuncSetAttribute(v7_epoch_kernel<TIMED, V7B>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, 4 * V7_SMEM_FLOATS);
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = v7_config(attr, true, stream);
-  return cudaLaunchKernelEx(&cfg, v7_epoch_kernel<TIMED>, v);
+  return cudaLaunchKernelEx(&cfg, v7_epoch_kernel<TIMED, V7B>, v);
+}
+// `variant` (V7A, V7B) resolved once, here.
+template <bool TIMED = false>
+cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream) {
+  if (variant == V7A) return train_v7<TIMED, false>(a, stream);
+  if (variant == V7B) return train_v7<TIMED, true>(a, stream);
+  return cudaErrorInvalidValue;
 }
 
 // One epoch by the phase-profiling build, then its figures (epoch_v7_phases.cuh): clocks
 // [V7_CTAS][V7_PHASE_COLS], span [V7_CTAS + 1]. Zeroed first: a CTA that left early (a failed
 // wait) reads back as 0, not as an earlier launch's figures. Syncs the stream.
-cudaError_t v7_phase_profile(const Args& a, unsigned int* clocks, long long* span,
+cudaError_t v7_phase_profile(const Args& a, int variant, unsigned int* clocks, long long* span,
                              cudaStream_t stream) {
+  if (variant < 0 || variant >= V7_VARIANTS) return cudaErrorInvalidValue;
   void *c = nullptr, *s = nullptr;
   cudaError_t err = cudaGetSymbolAddress(&c, g_v7_phase_clocks);
   if (err == cudaSuccess) err = cudaGetSymbolAddress(&s, g_v7_phase_ns);
   if (err == cudaSuccess) err = cudaMemsetAsync(c, 0, sizeof(g_v7_phase_clocks), stream);
   if (err == cudaSuccess) err = cudaMemsetAsync(s, 0, sizeof(g_v7_phase_ns), stream);
-  if (err == cudaSuccess) err = train_v7<true>(a, stream);
+  if (err == cudaSuccess) err = train_v7_variant<true>(a, variant, stream);
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
   if (err == cudaSuccess)
     err = cudaMemcpyFromSymbol(clocks, g_v7_phase_clocks, sizeof(g_v7_phase_clocks));

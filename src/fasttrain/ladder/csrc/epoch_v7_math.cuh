@@ -1,4 +1,4 @@
-// cuda-epoch v7a's arithmetic and bookkeeping: the lagged-Gram step (docs/measurements/
+// cuda-epoch v7a's and v7b's arithmetic and bookkeeping: the lagged-Gram step (docs/measurements/
 // cuda-epoch-v7-design.md) cut into the per-thread bodies its roles run between barriers and
 // waits (epoch_v7.cuh runs them on the GPU; tests/ladder/csrc/epoch_v7_math_host.cu runs the same
 // functions on the host for every thread of every CTA, in an order the flags allow).
@@ -16,9 +16,14 @@
 //           partials reduced over DSMEM (rank r: rows 16r …), then handed to the chain.
 // Everything crossing SMs goes through global arrays indexed by step (no ring: nothing is
 // overwritten within an epoch), published by per-CTA step counters (release/acquire).
+// v7b (the bottom of this file) changes two things of the chain: the worker partials travel as
+// 8-byte words {value, step} through a ring of V7_PR slots, no counter (one L2 round trip, not
+// two), and each row's softmax runs on 16 lanes with shuffles (a Warp policy: the kernel's
+// __shfl_xor_sync, the host harness's emulation of the PTX instruction).
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "epoch_shared.cuh"
 
@@ -72,14 +77,18 @@ struct V7Scratch {
   float* gram;   // [steps][L][BMAX][BMAX]: Γ_{t,j} at v7_gram_offset(t, j), row stride BMAX
   float* g;      // [steps][BMAX][V7_GROW]: G_t's rows
   float* part;   // [steps][V7_WCLUSTERS][BMAX][V7_GROW]: worker cluster k's P_t (÷ 255)
+  uint64_t* ptag;  // v7b: [V7_PR][V7_WCLUSTERS][BMAX][C] tagged words of P_t (v7b_word_at)
 };
 constexpr size_t V7_FLAG_BYTES = 256;  // both flag arrays, padded to an aligned block
 static_assert(4 * V7_CHAIN * (1 + V7_WCLUSTERS) <= V7_FLAG_BYTES, "flags fit");
 FT_V7 size_t v7_gram_floats(int steps) { return size_t(steps) * V7_LAG * BMAX * BMAX; }
 FT_V7 size_t v7_g_floats(int steps) { return size_t(steps) * BMAX * V7_GROW; }
 FT_V7 size_t v7_part_floats(int steps) { return size_t(steps) * V7_WCLUSTERS * BMAX * V7_GROW; }
-FT_V7 size_t v7_scratch_bytes(int steps) {
-  return V7_FLAG_BYTES + 4 * (v7_gram_floats(steps) + v7_g_floats(steps) + v7_part_floats(steps));
+constexpr int V7_PR = V7_LAG + 1;  // v7b: slots of the tagged partials' ring (v7b_pslot: why)
+constexpr size_t V7_PTAG_WORDS = size_t(V7_PR) * V7_WCLUSTERS * BMAX * C;  // 44,800: 358 KB
+FT_V7 size_t v7_scratch_bytes(int steps) {  // (the partials' float count keeps ptag 8-aligned)
+  return V7_FLAG_BYTES + 4 * (v7_gram_floats(steps) + v7_g_floats(steps) + v7_part_floats(steps)) +
+         8 * V7_PTAG_WORDS;
 }
 FT_V7 V7Scratch v7_scratch(void* base, int steps) {
   char* p = static_cast<char*>(base);
@@ -89,6 +98,7 @@ FT_V7 V7Scratch v7_scratch(void* base, int steps) {
   s.gram = reinterpret_cast<float*>(p + V7_FLAG_BYTES);
   s.g = s.gram + v7_gram_floats(steps);
   s.part = s.g + v7_g_floats(steps);
+  s.ptag = reinterpret_cast<uint64_t*>(s.part + v7_part_floats(steps));
   return s;
 }
 FT_V7 size_t v7_gram_offset(int t, int j) {  // j = 1 … L
@@ -151,7 +161,12 @@ struct ChainLane {
 };
 FT_V7 ChainLane chain_lane(int tid) { return {tid / V7_LANES, tid % V7_LANES}; }
 constexpr int V7_U = BMAX / V7_LANES;  // 4 columns of Γ a lane and j
-FT_V7 int red_at(int c, int i, int l) { return (c * V7_RPC + i) * (V7_LANES + 1) + l; }
+// red's layout: v7a [C][RPC][LANES + 1]; v7b by row, [RPC][C][LANES + 1]: the writes stay
+// conflict-free (a warp is one row's 32 lanes), and v7b's readers (a half-warp a row, lane c)
+// hit 20 distinct banks, where v7a's readers (thread i · C + c) share a bank 5 ways.
+FT_V7 int red_at(int c, int i, int l, bool by_row = false) {
+  return (by_row ? i * C + c : c * V7_RPC + i) * (V7_LANES + 1) + l;
+}
 FT_V7 void chain_load_gram(const V7Epoch& e, const float* gram, int t, int q, int tid,
                            float (&gam)[V7_LAG][V7_U]) {
   const ChainLane ln = chain_lane(tid);
@@ -183,10 +198,10 @@ FT_V7 void chain_gram_terms(const V7Epoch& e, const float (&gam)[V7_LAG][V7_U], 
     }
   }
 }
-// The lanes' sums → red (summed over the lanes by chain_logits).
-FT_V7 void chain_gram_store(int tid, const float (&acc)[C], float* red) {
+// The lanes' sums → red (summed over the lanes by chain_logits; v7b: by_row, chain_logit16).
+FT_V7 void chain_gram_store(int tid, const float (&acc)[C], float* red, bool by_row = false) {
   const ChainLane ln = chain_lane(tid);
-  for (int c = 0; c < C; ++c) red[red_at(c, ln.i, ln.l)] = acc[c];
+  for (int c = 0; c < C; ++c) red[red_at(c, ln.i, ln.l, by_row)] = acc[c];
 }
 // b_t = b_{t−1} − lr Σ_src colsum_src(G_{t−1}) (threads c < C; every chain CTA in the same order,
 // so their copies stay equal).
@@ -297,15 +312,16 @@ FT_V7 void worker_partial(const V7Epoch& e, int t, const float* xs, const float*
 }
 // Rank r of a worker cluster: rows 16r … of the cluster's 8 partials summed (÷ 255) into the
 // cluster's P_t in global memory, threads tid < RPC · C. pb(src, i): float i of CTA src's
-// buffer (the kernel reads it over DSMEM).
-template <class Remote>
-FT_V7 void worker_reduce(const V7Epoch& e, int t, int r, int tid, Remote pb, float* out) {
+// buffer (the kernel reads it over DSMEM); out(row, c, value) stores it (v7a: a float of
+// v7_part_rows; v7b: a tagged word, v7b_word_at).
+template <class Remote, class Out>
+FT_V7 void worker_reduce(const V7Epoch& e, int t, int r, int tid, Remote pb, Out out) {
   if (tid >= V7_RPC * C) return;
   const int i = tid / C, c = tid % C, row = r * V7_RPC + i;
   if (row >= e.rows(t)) return;
   float s = 0.f;
   for (int src = 0; src < V7_CLUSTER; ++src) s += pb(src, row * V7_GROW + c);
-  out[row * V7_GROW + c] = s * (1.f / 255.f);
+  out(row, c, s * (1.f / 255.f));
 }
 
 }  // namespace

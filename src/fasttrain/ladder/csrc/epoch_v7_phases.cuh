@@ -1,6 +1,7 @@
-// cuda-epoch v7a's phase-profiling build (cuda_epoch_v7_phase_profile): where a step's time goes
-// in each role. v4's PhaseClock times v4's loop; v7's chain and workers run loops of their own,
-// so they have phases of their own (below, in the order a step runs them).
+// cuda-epoch v7's phase-profiling build (cuda_epoch_v7_phase_profile, v7a's and v7b's): where a
+// step's time goes in each role. v7b keeps the phases' names and order (its comments below), so
+// one reader and one GPU test serve both. v4's PhaseClock times v4's loop; v7's chain and workers
+// run loops of their own, so they have phases of their own (below, in the order a step runs them).
 //
 // Each CTA's thread 0 sums, per phase, the clocks from the previous mark to this one (clock(),
 // 32-bit: a difference is exact modulo 2^32, i.e. for intervals under ~2 s, and a sum is at most
@@ -22,11 +23,14 @@ namespace {
 
 enum V7ChainPhase {
   V7C_WAIT_G,     // wait for G_{t−1} from the 8 chain CTAs (mbarrier)
-  V7C_WAIT_PART,  // wait for the 7 worker clusters' counters of my rows (thread k polls k)
+  V7C_WAIT_PART,  // wait for the 7 worker clusters' counters of my rows (thread k polls k);
+                  // v7b: poll my (row, class)'s 7 tagged words, the data with their tags
   V7C_GRAM,       // b_t from G_{t−1}'s column sums, the Gram term j = 1, the next step's Γ
                   // loads issued; after the publish, the next step's terms j ≥ 2
-  V7C_LOGITS,     // the worker partials from L2 (ld.global.cg) + bias + Gram terms: Z_t
-  V7C_SOFTMAX,    // softmax, loss, G_t of my 16 rows, the next labels, G's column sum
+  V7C_LOGITS,     // the worker partials from L2 (ld.global.cg) + bias + Gram terms: Z_t;
+                  // v7b: bias + the Gram terms' lane sums, in the register of Z's lane
+  V7C_SOFTMAX,    // softmax, loss, G_t of my 16 rows, the next labels, G's column sum (v7b:
+                  // 16 lanes a row, shuffles)
   V7C_SEND,       // G_t to the 8 chain CTAs (st.async) and to global memory
   V7C_PUBLISH,    // thread 0: release my G counter
   V7C_PHASES
@@ -38,7 +42,8 @@ enum V7WorkerPhase {
   V7W_PARTIALS,   // P_t of my features; x_{t+1} into the x ring (waits for its loads)
   V7W_BARRIER,    // the cluster barrier after the partials, the cluster's ok bits (DSMEM)
   V7W_REDUCE,     // rank r sums rows 16r … of the 8 partials over DSMEM, writes them to global
-  V7W_PUBLISH,    // thread 0: release my partial counter
+                  // (v7b: as tagged words, st.relaxed.gpu.b64)
+  V7W_PUBLISH,    // thread 0: release my partial counter (v7b: nothing, the tags are the signal)
   V7W_PHASES
 };
 constexpr int V7_PHASE_COLS = V7C_PHASES > V7W_PHASES ? V7C_PHASES : V7W_PHASES;

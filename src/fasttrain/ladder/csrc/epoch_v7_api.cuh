@@ -1,0 +1,123 @@
+// cuda-epoch v7's entry points (cuda_epoch.cu includes this header once; moved out of it as they
+// were, then v7b's `variant` added) and its changelog.
+//
+// Changelog (cuda_epoch.cu's versions continued):
+//   v7a (epoch_v7.cuh, epoch_v7_math.cuh; on an H200: 2.74 ms/epoch, v6 2.04) the lagged-
+//      Gram step of docs/measurements/cuda-epoch-v7-design.md, as TWO launches an epoch: a Gram
+//      kernel (every Γ_{t,j} = X_t X_{t−j}ᵀ, j = 1 … 4, u8 mma.sync → fp32) and one persistent
+//      launch of 64 CTAs in clusters of 8: a chain cluster (16 rows a CTA: b_t + the workers'
+//      partials − c Σ_j Γ_{t,j} G_{t−j}, softmax, G to the chain over DSMEM and to the workers
+//      through global memory) and 7 worker clusters (14 features a CTA, W updated with the lagged
+//      G, partial logits reduced over DSMEM) handing data over through step-indexed global
+//      arrays and release/acquire step counters. Its per-thread arithmetic runs on the CPU for
+//      whole epochs in an emulation of every role against float64 at 2e-5
+//      (tests/ladder/test_cuda_epoch_v7_math.py). The ctas argument is the chain's 8. Its phase-
+//      profiling build (epoch_v7_phases.cuh, cuda_epoch_v7_phase_profile) times each role's
+//      phases, as v4's does v4's loop (docs/measurements/cuda-epoch-v7-design.md, "v7a on an
+//      H200": the measured phases and what each change since the first run bought).
+//      Its Gram kernel: v1 (v7a's, 493.8 µs a launch on an H200) or v2 (gram_v2.cuh: a CTA a
+//      step's 64 rows for all 4 lags, operands staged by cp.async, read by ldmatrix; written
+//      without a GPU, not yet run on one; estimated 60-120 µs an epoch), the epoch's
+//      (V7_GRAM_VERSION); cuda_epoch_v7_grams launches either alone, for sync_cost.py to time.
+//   v7b (epoch_v7b_math.cuh; variant 1 of cuda_epoch_v7_train; written without a GPU, not yet run
+//      on one: v7a stays the version-7 kernel of cuda_epoch_train and the row stays on v6) v7a
+//      with the worker partials as 8-byte words {value, step} in a ring of L + 1 slots, polled by
+//      the chain until every tag is its step (one L2 round trip, not v7a's counter-then-data two;
+//      no worker counter or publish), and the chain's softmax on 16 lanes a row with shuffles,
+//      its logits in registers (no zs round trip). Its per-thread code runs on the CPU for whole
+//      epochs like v7a's, its shuffles through a host emulation of shfl.sync.bfly.
+#pragma once
+#include "epoch_v7_launch.cuh"
+
+extern "C" {
+
+// Bytes of v7's global scratch for an epoch of n samples in batches of bs: its step counters,
+// every Gram of the epoch (fp32), every step's G and the worker clusters' partial logits.
+long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
+  if (n < 1 || bs < 1 || bs > BMAX) return 0;
+  return static_cast<long long>(v7_scratch_bytes((n + bs - 1) / bs));
+}
+
+// v7's co-residency, checked at setup: *clusters = how many clusters of 8 of its epoch kernel the
+// device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
+// Returns 0 or a cudaError_t.
+// `variant`: whose epoch kernel (V7A 0, V7B 1).
+int cuda_epoch_v7_residency(int variant, int* clusters, int* needed) {
+  *needed = V7_CTAS / V7_CLUSTER;
+  *clusters = 0;
+  if (variant < 0 || variant >= V7_VARIANTS) return cudaErrorInvalidValue;
+  const auto kernel = variant == V7B ? v7_epoch_kernel<false, true> : v7_epoch_kernel<>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         4 * V7_SMEM_FLOATS);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = v7_config(attr, false, nullptr);
+  return cudaOccupancyMaxActiveClusters(clusters, kernel, &cfg);
+}
+
+// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a, v7b). Host only.
+int cuda_epoch_v7_variants() { return V7_VARIANTS; }
+
+// One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b), arguments as
+// cuda_epoch_train's with ctas = 8, cluster = 1 and `scratch` of cuda_epoch_v7_scratch_bytes: its
+// Grams, then its epoch kernel, on `stream`. Returns 0 or a cudaError_t (a timed-out wait shows in
+// cuda_epoch_signal_status).
+int cuda_epoch_v7_train(const void* x, const void* y, const void* order, int n, int bs, float lr,
+                        void* w, void* b, void* stats, void* scratch, int variant,
+                        cudaStream_t stream) {
+  if (n < 1 || bs < 1 || bs > BMAX || scratch == nullptr) return cudaErrorInvalidValue;
+  const Args a{static_cast<const uint8_t*>(x), static_cast<const int*>(y),
+               static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
+               static_cast<float*>(b), static_cast<float*>(stats), static_cast<float*>(scratch)};
+  return train_v7_variant(a, variant, stream);
+}
+
+// v7's phase-profiling build: *chain and *worker phases a CTA of each role (epoch_v7_phases.cuh),
+// *ctas the CTAs profiled, *cols the clock columns a CTA (the buffers' shape). Host only.
+void cuda_epoch_v7_phase_shape(int* chain, int* worker, int* ctas, int* cols) {
+  *chain = V7C_PHASES;
+  *worker = V7W_PHASES;
+  *ctas = V7_CTAS;
+  *cols = V7_PHASE_COLS;
+}
+
+// One epoch of v7 variant `variant` (its Grams and its epoch kernel, arguments as
+// cuda_epoch_v7_train's) by the phase-profiling build (it trains), then per CTA the clocks its
+// thread 0 spent in each of its role's phases (out: V7_CTAS x cols of cuda_epoch_v7_phase_shape,
+// 32-bit, chain CTAs first) and its loop's span in ns (span: V7_CTAS + 1, the last the steps).
+// Syncs the stream.
+int cuda_epoch_v7_phase_profile(const void* x, const void* y, const void* order, int n, int bs,
+                                float lr, void* w, void* b, void* stats, void* scratch,
+                                int variant, unsigned int* out, long long* span,
+                                cudaStream_t stream) {
+  if (n < 1 || bs < 1 || bs > BMAX || scratch == nullptr) return cudaErrorInvalidValue;
+  const Args a{static_cast<const uint8_t*>(x), static_cast<const int*>(y),
+               static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
+               static_cast<float*>(b), static_cast<float*>(stats), static_cast<float*>(scratch)};
+  return v7_phase_profile(a, variant, out, span, stream);
+}
+
+// v7's Grams alone (to time them): the first launch of a v7 epoch (every Γ_{t,j} into `scratch`,
+// the step counters zeroed), by Gram kernel `gram_version` (1: v7a's, 2: gram_v2.cuh's, the
+// epoch's; cuda_epoch_v7_gram_versions), on `stream`; arguments as cuda_epoch_train's (w, b and
+// stats untouched). Returns 0 or a cudaError_t.
+int cuda_epoch_v7_grams(const void* x, const void* y, const void* order, int n, int bs, float lr,
+                        void* w, void* b, void* stats, void* scratch, int gram_version,
+                        cudaStream_t stream) {
+  if (n < 1 || bs < 1 || bs > BMAX || scratch == nullptr) return cudaErrorInvalidValue;
+  const Args a{static_cast<const uint8_t*>(x), static_cast<const int*>(y),
+               static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
+               static_cast<float*>(b), static_cast<float*>(stats), static_cast<float*>(scratch)};
+  return v7_grams(v7_args(a), gram_version, stream);
+}
+
+// The Gram kernel versions cuda_epoch_v7_grams takes (*count of them, in out[0 … count − 1]) and
+// the one a v7 epoch runs (the return value). Host only.
+int cuda_epoch_v7_gram_versions(int* out, int* count) {
+  out[0] = 1;
+  out[1] = 2;
+  *count = 2;
+  return V7_GRAM_VERSION;
+}
+
+}  // extern "C"
