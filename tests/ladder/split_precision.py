@@ -1,0 +1,226 @@
+"""The one-SM chain of cuda-epoch v8 in NumPy: its Gram products on the tensor cores in TF32, split
+so that the sums stay fp32-accurate (design: docs/measurements/cuda-epoch-v8-design.md). Not a
+ladder row; a reference for the numerics a v8 kernel would have, checked against float64 SGD.
+
+What the chain computes (the lagged algebra of `lagged_reference`, with the bias folded in):
+every row gets a constant 785th pixel of 255, and W̃ [785, 10] holds the bias as its last row, so
+X̃_t W̃ / 255 = X_t W / 255 + b. The lagged step then has no bias term of its own:
+
+    Z_t = X̃_t W̃_s / 255 + Σ_{j=1..t−s} Γ̃_{t,j} G'_{t−j},   Γ̃_{t,j} = X̃_t X̃_{t−j}ᵀ = Γ_{t,j} + 255²,
+    G'_k = −c G_k,  c = lr/255²
+
+(since lr = c·255², the bias's lagged correction −lr Σ_j 1ᵀ G_{t−j} is the 255² in Γ̃). Γ̃ stays
+an exact integer below 2²⁶ (785 · 255² = 51,044,625); the Gram kernel writes it rounded once to
+fp32, as v7's do. One accumulator a row: it starts as the workers' partial P_t = X̃_t W̃_s / 255,
+takes the terms j = L … 2 (helper warps, a step ahead) and last j = 1 (the critical one), and ends
+as Z_t: the mma's C operand is P_t, its D is Z_t.
+
+TF32 (1 sign, 8 exponent, 10 explicit mantissa bits), emulated on float32 bit patterns:
+- `cvt.rna.tf32.f32` rounds to nearest, ties away from zero (PTX ISA: .rna); its SASS on sm_80 is
+  an integer add of 0x1000 and a mask of 0xffffe000 (`tf32(x, "rna")` does exactly that);
+- an mma.sync .tf32 operand that was not converted is read from its top 19 bits: truncation
+  (`tf32(x, "rz")`; CUTLASS's round_toward_zero conversion to tfloat32_t is that mask, and its
+  fast-fp32 path feeds unconverted "big" values to the mma).
+The products of two TF32 values are exact in fp32 (11 × 11 significant bits). The accumulation of
+one m16n8k8 (8 products and C) is modelled as exact, then rounded once to fp32: to nearest ("rn")
+or toward zero ("rz": NVIDIA does not document it; tensor cores were measured to truncate on
+Volta–Ampere by Fasi et al. 2021, SIAM J. Sci. Comput.). The tests hold the chosen scheme under
+both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fasttrain.ladder.common import LadderConfig, LadderData, batches
+from tests.ladder.lagged_reference import lag_window, softmax_grad
+
+K_MMA = 8  # mma.sync.m16n8k8 .tf32: 8 products of a row and a column a call
+BIAS_PIXEL = 255
+"""The constant 785th pixel: X̃ W̃ / 255 adds W̃[784] = b to every row."""
+
+# The products a scheme issues into one accumulator, per k-step, in order: (piece of Γ̃, piece of
+# G'), piece 0 the big TF32 part, 1 the small one (x − big, rounded again). The small products
+# first, as CUTLASS's 3xTF32 does, so that the big one is added to the largest partial sum last.
+SCHEMES = {
+    "1xTF32": ((0, 0),),
+    "2xTF32 (G' split)": ((0, 1), (0, 0)),
+    "2xTF32 (Γ̃ split)": ((1, 0), (0, 0)),
+    "3xTF32": ((1, 0), (0, 1), (0, 0)),
+}
+
+
+def tf32(x: np.ndarray, rounding: str) -> np.ndarray:
+    """float32 `x` rounded to TF32 (kept as float32 with the 13 low mantissa bits zero): "rna" as
+    cvt.rna.tf32.f32, "rne" to nearest even, "rz" as an unconverted mma operand (truncation)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    if rounding == "rna":  # 0x1000 is half a TF32 ulp: a carry into the exponent is correct too
+        bits = bits + np.uint32(0x1000)
+    elif rounding == "rne":
+        bits = bits + np.uint32(0x0FFF) + ((bits >> np.uint32(13)) & np.uint32(1))
+    elif rounding != "rz":
+        raise ValueError(f"unknown TF32 rounding {rounding!r}")
+    finite = np.isfinite(x)
+    out = np.where(finite, bits & np.uint32(0xFFFFE000), x.view(np.uint32))
+    return out.astype(np.uint32).view(np.float32)
+
+
+def split(x: np.ndarray, big: str = "rna") -> tuple[np.ndarray, np.ndarray]:
+    """(big, small): big = tf32(x), small = tf32(x − big) with rna (x − big is exact in fp32), so
+    big + small carries ~22 of x's 24 significant bits."""
+    x = np.asarray(x, dtype=np.float32)
+    hi = tf32(x, big)
+    return hi, tf32(x - hi, "rna")
+
+
+def round_fp32(x64: np.ndarray, accumulate: str) -> np.ndarray:
+    """float64 sums rounded once to fp32: "rn" to nearest even, "rz" toward zero."""
+    f = x64.astype(np.float32)
+    if accumulate == "rz":
+        over = np.abs(f.astype(np.float64)) > np.abs(x64)
+        f[over] = np.nextafter(f[over], np.float32(0))
+    elif accumulate != "rn":
+        raise ValueError(f"unknown accumulation rounding {accumulate!r}")
+    return f
+
+
+def mma_tf32(acc, a, b, pairs, big="rna", accumulate="rn"):
+    """acc [m, n] fp32 + a [m, K] @ b [K, n] as a warp's chain of m16n8k8 TF32 mma.sync: per k-step
+    of 8, one mma per (piece of a, piece of b) in `pairs`, each adding its 8 exact products and
+    the accumulator exactly, then rounding once to fp32 (`accumulate`). K is zero-padded to 8."""
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    pad = -a.shape[1] % K_MMA
+    if pad:
+        a = np.pad(a, ((0, 0), (0, pad)))
+        b = np.pad(b, ((0, pad), (0, 0)))
+    steps = a.shape[1] // K_MMA
+    pieces_a = [p.astype(np.float64).reshape(a.shape[0], steps, K_MMA).transpose(1, 0, 2)
+                for p in split(a, big)]
+    pieces_b = [p.astype(np.float64).reshape(steps, K_MMA, b.shape[1]) for p in split(b, big)]
+    sums = {(i, j): pieces_a[i] @ pieces_b[j] for i, j in pairs}  # [steps, m, n], exact
+    acc = np.asarray(acc, np.float32).copy()
+    for k in range(steps):
+        for pair in pairs:
+            acc = round_fp32(acc.astype(np.float64) + sums[pair][k], accumulate)
+    return acc
+
+
+def product(scheme: str, big: str = "rna", accumulate: str = "rn", from_zero: bool = False):
+    """The chain's acc + Γ̃ @ G' under `scheme`: a SCHEMES name (TF32 tensor cores), "fp32" (SIMT
+    fp32, v7's arithmetic: NumPy's sgemm) or "float64" (the algebra). `from_zero`: the mma chain
+    starts from 0 and its sum is added to acc by one fp32 add (RN), so the accumulator the tensor
+    core rounds holds the small Gram terms only, not the logits."""
+    if scheme == "float64":
+        return lambda acc, g, gp: acc + g.astype(np.float64) @ gp
+    if scheme == "fp32":
+        return lambda acc, g, gp: acc + g @ gp
+    pairs = SCHEMES[scheme]
+    if from_zero:
+        return lambda acc, g, gp: acc + mma_tf32(np.zeros_like(acc), g, gp, pairs, big, accumulate)
+    return lambda acc, g, gp: mma_tf32(acc, g, gp, pairs, big, accumulate)
+
+
+def augmented(x_all: np.ndarray) -> np.ndarray:
+    """uint8 [N, 785]: the pixels and the constant bias pixel."""
+    return np.concatenate([x_all, np.full((len(x_all), 1), BIAS_PIXEL, np.uint8)], axis=1)
+
+
+def epoch_grams(xa: np.ndarray, order, batch_size: int, lag: int, dtype) -> list[dict]:
+    """grams[t][j] = Γ̃_{t,j} for j = 1 … min(lag, t): exact integers (float64 products of the
+    pixels) rounded once to `dtype`, as the Gram kernel's cvt.rn.f32.s32. Computed once an epoch
+    and shared by every scheme run on it."""
+    xs = [xa[order[a:z]].astype(np.float64) for a, z in batches(len(order), batch_size)]
+    return [{j: (xs[t] @ xs[t - j].T).astype(dtype) for j in range(1, min(lag, t) + 1)}
+            for t in range(len(xs))]
+
+
+def chain_epoch(wt, xa, y_all, order, batch_size, lr, lag, prod, grams, dtype):
+    """One v8 epoch in place on W̃ `wt` [785, 10] (dtype): the workers' lagged weights, the
+    chain's accumulator P_t → Z_t through `prod` (oldest term first, j = 1 last)."""
+    c = dtype(lr / 255**2)
+    step_lr, inv255 = dtype(lr), dtype(1 / 255)
+    xs, gs, gps, applied = [], [], [], 0
+    for t, (a, z) in enumerate(batches(len(order), batch_size)):
+        xs.append(xa[order[a:z]].astype(dtype))
+        s, window = lag_window(t, lag)
+        while applied < s:  # the workers: W̃ −= (lr/255) X̃ᵀ G, L steps behind
+            wt -= (step_lr * inv255) * (xs[applied].T @ gs[applied])
+            applied += 1
+        acc = (xs[t] @ wt) * inv255  # P_t, the workers' partial logits
+        for k in reversed(window):  # j = t − k: the helpers' terms first, j = 1 last
+            acc = prod(acc, grams[t][t - k], gps[k])
+        g, _ = softmax_grad(acc, y_all[order[a:z]])
+        gs.append(g.astype(dtype))  # G_t for the workers
+        gps.append((-c * g).astype(dtype))  # G' = −c G_t, the chain's B operand
+    while applied < len(gs):
+        wt -= (step_lr * inv255) * (xs[applied].T @ gs[applied])
+        applied += 1
+
+
+def chain_sgd(data: LadderData, cfg: LadderConfig, lag: int, scheme: str, epochs: int = 1,
+              dtype=np.float32, big: str = "rna", accumulate: str = "rn", from_zero=False,
+              grams=None):
+    """`epochs` epochs of v8's chain numerics; (w [10, 784], b [10]) in the ladder's layout.
+    `grams` (one `epoch_grams` list an epoch) may be passed to share them between schemes."""
+    if scheme == "float64":
+        dtype = np.float64
+    xa = augmented(data.train_x)
+    wt = np.concatenate([data.w0.T, data.b0[None, :]]).astype(dtype)
+    prod = product(scheme, big, accumulate, from_zero)
+    for e in range(epochs):
+        gr = grams[e] if grams else epoch_grams(xa, data.orders[e], cfg.batch_size, lag, dtype)
+        chain_epoch(wt, xa, data.train_y, data.orders[e], cfg.batch_size, cfg.lr, lag, prod, gr,
+                    dtype)
+    return wt[:784].T, wt[784]
+
+
+CONFIGS = {  # name: (scheme, big, accumulate, from_zero)
+    "fp32 SIMT (v7)": ("fp32", "rna", "rn", False),
+    "1xTF32, rna, acc rn": ("1xTF32", "rna", "rn", False),
+    "1xTF32, operands truncated, acc rz": ("1xTF32", "rz", "rz", False),
+    "3xTF32, rna, acc rn": ("3xTF32", "rna", "rn", False),
+    "3xTF32, big truncated, acc rz": ("3xTF32", "rz", "rz", False),
+    "3xTF32, big truncated, acc rz, from 0": ("3xTF32", "rz", "rz", True),
+}
+
+
+def main(argv=None):
+    """The error table of the v8 design page: each config's chain against float64 plain SGD after
+    each of `epochs` real MNIST epochs (FASTTRAIN_DATA must hold mnist/); the Grams of an epoch are
+    computed once and shared by the configs.
+
+    python -m tests.ladder.split_precision [EPOCHS [LAG [CONFIG-INDEX ...]]]  (default 1 4 all)"""
+    import os
+    import sys
+    import time
+
+    from fasttrain.data import load_dataset
+    from fasttrain.ladder.common import make_ladder_data
+    from tests.ladder.test_ladder import reference_sgd
+
+    args = [int(a) for a in (sys.argv[1:] if argv is None else argv)]
+    epochs, lag = (args[0] if args else 1), (args[1] if len(args) > 1 else 4)
+    names = [list(CONFIGS)[i] for i in args[2:]] or list(CONFIGS)
+    cfg = LadderConfig(epochs=epochs)
+    data = make_ladder_data(load_dataset("mnist", os.environ.get("FASTTRAIN_DATA")), cfg)
+    xa = augmented(data.train_x)
+    wts = {n: np.concatenate([data.w0.T, data.b0[None, :]]).astype(np.float32) for n in names}
+    print(f"L={lag}, {data.n_train} samples, batch {cfg.batch_size}, lr {cfg.lr}: max |w − "
+          f"w_float64 plain SGD| and max |w − w_fp32 SIMT chain| over weights and bias", flush=True)
+    names = ["fp32 SIMT (v7)"] + [n for n in names if n != "fp32 SIMT (v7)"]
+    for e in range(epochs):
+        t0 = time.perf_counter()
+        w64, b64 = reference_sgd(data, cfg, e + 1)
+        grams = epoch_grams(xa, data.orders[e], cfg.batch_size, lag, np.float32)
+        for n in names:
+            scheme, big, acc, fz = CONFIGS[n]
+            chain_epoch(wts[n], xa, data.train_y, data.orders[e], cfg.batch_size, cfg.lr, lag,
+                        product(scheme, big, acc, fz), grams, np.float32)
+            err = max(np.abs(wts[n][:784].T - w64).max(), np.abs(wts[n][784] - b64).max())
+            d32 = np.abs(wts[n] - wts["fp32 SIMT (v7)"]).max()
+            print(f"  epoch {e + 1:2d}  {n:40s} {err:.2e}  {d32:.2e}", flush=True)
+        print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
