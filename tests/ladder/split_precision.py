@@ -94,9 +94,11 @@ def mma_tf32(acc, a, b, pairs, big="rna", accumulate="rn"):
         a = np.pad(a, ((0, 0), (0, pad)))
         b = np.pad(b, ((0, pad), (0, 0)))
     steps = a.shape[1] // K_MMA
-    pieces_a = [p.astype(np.float64).reshape(a.shape[0], steps, K_MMA).transpose(1, 0, 2)
-                for p in split(a, big)]
-    pieces_b = [p.astype(np.float64).reshape(steps, K_MMA, b.shape[1]) for p in split(b, big)]
+    # The mma reads the top 19 bits of each operand register (tf32 "rz": a no-op on TF32 values).
+    pieces_a = [tf32(p, "rz").astype(np.float64).reshape(a.shape[0], steps, K_MMA)
+                .transpose(1, 0, 2) for p in split(a, big)]
+    pieces_b = [tf32(p, "rz").astype(np.float64).reshape(steps, K_MMA, b.shape[1])
+                for p in split(b, big)]
     sums = {(i, j): pieces_a[i] @ pieces_b[j] for i, j in pairs}  # [steps, m, n], exact
     acc = np.asarray(acc, np.float32).copy()
     for k in range(steps):
