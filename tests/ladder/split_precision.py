@@ -84,22 +84,18 @@ def round_fp32(x64: np.ndarray, accumulate: str) -> np.ndarray:
     return f
 
 
-def mma_tf32(acc, a, b, pairs, big="rna", accumulate="rn"):
-    """acc [m, n] fp32 + a [m, K] @ b [K, n] as a warp's chain of m16n8k8 TF32 mma.sync: per k-step
-    of 8, one mma per (piece of a, piece of b) in `pairs`, each adding its 8 exact products and
-    the accumulator exactly, then rounding once to fp32 (`accumulate`). K is zero-padded to 8."""
-    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-    pad = -a.shape[1] % K_MMA
-    if pad:
-        a = np.pad(a, ((0, 0), (0, pad)))
-        b = np.pad(b, ((0, pad), (0, 0)))
-    steps = a.shape[1] // K_MMA
-    # The mma reads the top 19 bits of each operand register (tf32 "rz": a no-op on TF32 values).
-    pieces_a = [tf32(p, "rz").astype(np.float64).reshape(a.shape[0], steps, K_MMA)
-                .transpose(1, 0, 2) for p in split(a, big)]
-    pieces_b = [tf32(p, "rz").astype(np.float64).reshape(steps, K_MMA, b.shape[1])
-                for p in split(b, big)]
-    sums = {(i, j): pieces_a[i] @ pieces_b[j] for i, j in pairs}  # [steps, m, n], exact
+def mma(acc, pieces_a, pieces_b, pairs, k_mma, accumulate="rn"):
+    """acc [m, n] fp32 + Σ_pairs a_i @ b_j as a warp's chain of mma.sync calls of depth `k_mma`
+    along K: per k-step one mma per (i, j) in `pairs`, each adding its exact products and the
+    accumulator exactly, then rounding once to fp32 (`accumulate`). K is zero-padded."""
+    pad = -pieces_a[0].shape[1] % k_mma
+    m, n = pieces_a[0].shape[0], pieces_b[0].shape[1]
+    steps = (pieces_a[0].shape[1] + pad) // k_mma
+    pa = [np.pad(p.astype(np.float64), ((0, 0), (0, pad))).reshape(m, steps, k_mma)
+          .transpose(1, 0, 2) for p in pieces_a]
+    pb = [np.pad(p.astype(np.float64), ((0, pad), (0, 0))).reshape(steps, k_mma, n)
+          for p in pieces_b]
+    sums = {(i, j): pa[i] @ pb[j] for i, j in pairs}  # [steps, m, n], exact
     acc = np.asarray(acc, np.float32).copy()
     for k in range(steps):
         for pair in pairs:
@@ -107,19 +103,57 @@ def mma_tf32(acc, a, b, pairs, big="rna", accumulate="rn"):
     return acc
 
 
+def mma_tf32(acc, a, b, pairs, big="rna", accumulate="rn"):
+    """acc + a @ b by m16n8k8 .tf32 mma.sync: a, b fp32, split by `split(·, big)`; the mma reads
+    the top 19 bits of each operand register (tf32 "rz": a no-op on TF32 values)."""
+    pieces = [[tf32(p, "rz") for p in split(np.asarray(x, np.float32), big)] for x in (a, b)]
+    return mma(acc, *pieces, pairs, K_MMA, accumulate)
+
+
+def split_fp16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo) fp16 (as float32): hi = fp16(x), lo = fp16(x − hi), both to nearest even."""
+    x = np.asarray(x, np.float32)
+    hi = x.astype(np.float16).astype(np.float32)
+    return hi, (x - hi).astype(np.float16).astype(np.float32)
+
+
+FP16_GRAM_SCALE = np.float32(2.0**-16)
+"""Γ̃ < 2²⁶ times 2⁻¹⁶ is below 779: inside fp16's range (65,504), its lo piece a normal number."""
+
+
+def mma_3xfp16(acc, gram, g, c, accumulate="rn"):
+    """acc + Γ̃ (−c G) by m16n8k16 .f16 mma.sync (fp32 accumulation), fp32-accurate: A = Γ̃·2⁻¹⁶
+    and B = n G = p − onehot ∈ [−1, 1] each split in two fp16 pieces (~22 bits), three products
+    from 0, then scaled once by −c·2¹⁶/n and added to acc in fp32. The exact bound |p − y| ≤ 1
+    is what lets a fixed scale replace TF32's exponent range."""
+    n = g.shape[0]
+    b = (np.asarray(g, np.float32) * np.float32(n)).astype(np.float32)  # the kernel's p − y
+    s = mma(np.zeros_like(acc), split_fp16(gram * FP16_GRAM_SCALE), split_fp16(b),
+            SCHEMES["3xTF32"], 16, accumulate)
+    return acc + np.float32(-c * 2.0**16 / n) * s
+
+
 def product(scheme: str, big: str = "rna", accumulate: str = "rn", from_zero: bool = False):
-    """The chain's acc + Γ̃ @ G' under `scheme`: a SCHEMES name (TF32 tensor cores), "fp32" (SIMT
-    fp32, v7's arithmetic: NumPy's sgemm) or "float64" (the algebra). `from_zero`: the mma chain
-    starts from 0 and its sum is added to acc by one fp32 add (RN), so the accumulator the tensor
-    core rounds holds the small Gram terms only, not the logits."""
+    """prod(acc, Γ̃, G, c) = acc + Γ̃ (−c G) under `scheme`: a SCHEMES name (TF32 tensor cores on
+    G' = fl32(−c G)), "3xFP16" (`mma_3xfp16`), "fp32" (SIMT fp32, v7's arithmetic: NumPy's sgemm)
+    or "float64" (the algebra). `from_zero`: the mma chain starts from 0 and its sum is added to
+    acc by one fp32 add (RN), so the accumulator the tensor core rounds holds the small Gram terms
+    only, not the logits."""
     if scheme == "float64":
-        return lambda acc, g, gp: acc + g.astype(np.float64) @ gp
+        return lambda acc, gram, g, c: acc + gram.astype(np.float64) @ (-c * g)
     if scheme == "fp32":
-        return lambda acc, g, gp: acc + g @ gp
+        return lambda acc, gram, g, c: acc + gram @ (-c * g).astype(np.float32)
+    if scheme == "3xFP16":
+        return lambda acc, gram, g, c: mma_3xfp16(acc, gram, g, c, accumulate)
     pairs = SCHEMES[scheme]
-    if from_zero:
-        return lambda acc, g, gp: acc + mma_tf32(np.zeros_like(acc), g, gp, pairs, big, accumulate)
-    return lambda acc, g, gp: mma_tf32(acc, g, gp, pairs, big, accumulate)
+
+    def tensor_cores(acc, gram, g, c):
+        gp = (-c * g).astype(np.float32)
+        if from_zero:
+            return acc + mma_tf32(np.zeros_like(acc), gram, gp, pairs, big, accumulate)
+        return mma_tf32(acc, gram, gp, pairs, big, accumulate)
+
+    return tensor_cores
 
 
 def augmented(x_all: np.ndarray) -> np.ndarray:
@@ -141,7 +175,7 @@ def chain_epoch(wt, xa, y_all, order, batch_size, lr, lag, prod, grams, dtype):
     chain's accumulator P_t → Z_t through `prod` (oldest term first, j = 1 last)."""
     c = dtype(lr / 255**2)
     step_lr, inv255 = dtype(lr), dtype(1 / 255)
-    xs, gs, gps, applied = [], [], [], 0
+    xs, gs, applied = [], [], 0
     for t, (a, z) in enumerate(batches(len(order), batch_size)):
         xs.append(xa[order[a:z]].astype(dtype))
         s, window = lag_window(t, lag)
@@ -150,10 +184,9 @@ def chain_epoch(wt, xa, y_all, order, batch_size, lr, lag, prod, grams, dtype):
             applied += 1
         acc = (xs[t] @ wt) * inv255  # P_t, the workers' partial logits
         for k in reversed(window):  # j = t − k: the helpers' terms first, j = 1 last
-            acc = prod(acc, grams[t][t - k], gps[k])
+            acc = prod(acc, grams[t][t - k], gs[k], c)
         g, _ = softmax_grad(acc, y_all[order[a:z]])
-        gs.append(g.astype(dtype))  # G_t for the workers
-        gps.append((-c * g).astype(dtype))  # G' = −c G_t, the chain's B operand
+        gs.append(g.astype(dtype))  # G_t: the workers' update, the chain's B operand
     while applied < len(gs):
         wt -= (step_lr * inv255) * (xs[applied].T @ gs[applied])
         applied += 1
@@ -183,6 +216,8 @@ CONFIGS = {  # name: (scheme, big, accumulate, from_zero)
     "3xTF32, rna, acc rn": ("3xTF32", "rna", "rn", False),
     "3xTF32, big truncated, acc rz": ("3xTF32", "rz", "rz", False),
     "3xTF32, big truncated, acc rz, from 0": ("3xTF32", "rz", "rz", True),
+    "3xFP16 (scaled), acc rn": ("3xFP16", "rna", "rn", True),
+    "3xFP16 (scaled), acc rz": ("3xFP16", "rna", "rz", True),
 }
 
 

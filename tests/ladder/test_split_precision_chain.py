@@ -18,7 +18,8 @@ from tests.ladder.test_lagged_gram import EXACT_ATOL, max_err, random_uint8
 PRODUCT_ATOL = 1e-7
 """max |w − w(fp32 SIMT chain)| allowed to a tensor-core scheme: what the product itself adds.
 Measured on the 31-step MNIST slice at L = 4 (split_precision.main's configs): 3xTF32 1.5e-8 to
-4.5e-8, 1xTF32 6.6e-7 to 6.7e-6, 3xTF32 with the logits in a truncating accumulator 4.5e-7."""
+4.5e-8, 3xFP16 1.5e-8 to 3.0e-8, 1xTF32 6.6e-7 to 6.7e-6, 3xTF32 with the logits in a truncating
+accumulator 4.5e-7."""
 
 F32 = np.float32
 
@@ -72,6 +73,12 @@ def test_mma_emulation():
     err3 = (np.abs(sp.mma_tf32(zero, g, gp, sp.SCHEMES["3xTF32"]) - exact) / scale).max()
     err1 = (np.abs(sp.mma_tf32(zero, g, gp, sp.SCHEMES["1xTF32"]) - exact) / scale).max()
     assert err3 < 2**-20 < 2**-14 < err1
+    g_rows = (rng.standard_normal((128, 10)) * 1e-2).astype(F32)  # G: (p − y) / n
+    c = 0.1 / 255**2
+    got = sp.mma_3xfp16(zero, g, g_rows, c)
+    want16 = g.astype(np.float64) @ (-c * g_rows.astype(np.float64))
+    assert (np.abs(got - want16) / (c * (np.abs(g.astype(np.float64)) @ np.abs(g_rows)))).max() \
+        < 2**-20
 
 
 @pytest.mark.parametrize("lag", [1, 4, 13])
@@ -115,7 +122,8 @@ def chain_errors(data, lag, names):
     return out
 
 
-FP32_LIKE = ["3xTF32, rna, acc rn", "3xTF32, big truncated, acc rz, from 0"]
+FP32_LIKE = ["3xTF32, rna, acc rn", "3xTF32, big truncated, acc rz, from 0",
+             "3xFP16 (scaled), acc rn", "3xFP16 (scaled), acc rz"]
 NOT_FP32_LIKE = ["1xTF32, rna, acc rn", "1xTF32, operands truncated, acc rz",
                  "3xTF32, big truncated, acc rz"]
 
