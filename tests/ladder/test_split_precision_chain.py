@@ -159,3 +159,46 @@ def test_3xtf32_chain_over_a_whole_mnist_epoch():
     bound = FP32_LIKE_RATIO * errs["fp32 SIMT (v7)"][0]
     assert errs[pessimistic][0] <= min(bound, FP32_ATOL), errs
     assert errs[one][0] > bound, errs
+
+
+MMA_SASS = {1: ("HMMA.1688.F32.TF32", 16), 3: ("HMMA.1688.F32.TF32", 48),
+            4: ("HMMA.16816.F32", 24)}
+"""A warp's mma for the critical product in csrc/v8_chain_mma.cu (1xTF32, 3xTF32, 3xFP16): one m16
+tile × half of K (64) × both n8 tiles, times the products a k-step (1 or 3)."""
+
+
+def test_the_chain_product_compiles_to_the_budgets_mma_counts(tmp_path):
+    """nvcc for sm_90a (~2 CPU-s): no spill, ≤ 128 registers (512 threads a CTA), and, where
+    Triton ships cuobjdump, the SASS's HMMA count a warp (what the design's budget counts)."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    from fasttrain.ladder import build
+
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found on PATH")
+    src = Path(__file__).parent / "csrc" / "v8_chain_mma.cu"
+    cubin = tmp_path / "v8.cubin"
+    r = subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
+                        str(src), "-o", str(cubin)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for scheme in MMA_SASS:
+        props = re.search(rf"Function properties for \w*v8_chain_productILi{scheme}E\w*\n\s*"
+                          rf"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+                          rf".*?Used (\d+) registers", r.stderr, re.S)
+        assert props and int(props.group(1)) <= 128, r.stderr
+    try:
+        import triton
+    except ImportError:
+        pytest.skip("no Triton, so no cuobjdump to read the SASS")
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip(f"this Triton has no {cuobjdump}")
+    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
+                          text=True).stdout
+    functions = re.split(r"\n\s*Function : ", sass)
+    for scheme, (op, count) in MMA_SASS.items():
+        body = next(f for f in functions if f.startswith(f"_Z16v8_chain_productILi{scheme}E"))
+        assert len(re.findall(rf"\b{re.escape(op)}\b", body)) == count, (scheme, op)
