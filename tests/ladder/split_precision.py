@@ -110,27 +110,35 @@ def mma_tf32(acc, a, b, pairs, big="rna", accumulate="rn"):
     return mma(acc, *pieces, pairs, K_MMA, accumulate)
 
 
-def split_fp16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(hi, lo) fp16 (as float32): hi = fp16(x), lo = fp16(x − hi), both to nearest even."""
+def split_fp16(x: np.ndarray, ftz: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(hi, lo) fp16 (as float32): hi = fp16(x), lo = fp16(x − hi), both to nearest even; `ftz`
+    flushes fp16 subnormals (|v| < 2⁻¹⁴) to zero, in case the tensor core does."""
     x = np.asarray(x, np.float32)
     hi = x.astype(np.float16).astype(np.float32)
-    return hi, (x - hi).astype(np.float16).astype(np.float32)
+    lo = (x - hi).astype(np.float16).astype(np.float32)
+    if ftz:
+        tiny = np.float32(2.0**-14)
+        hi, lo = (np.where(np.abs(v) < tiny, np.float32(0), v) for v in (hi, lo))
+    return hi, lo
 
 
-FP16_GRAM_SCALE = np.float32(2.0**-16)
-"""Γ̃ < 2²⁶ times 2⁻¹⁶ is below 779: inside fp16's range (65,504), its lo piece a normal number."""
+FP16_GRAM_SCALE = np.float32(2.0**-12)
+"""Γ̃ (an integer in [255², 2²⁶)) times 2⁻¹²: in [15.9, 12,462], inside fp16's range (65,504), and
+its lo piece a multiple of 2⁻¹² (normal in fp16), so a flush of subnormals loses nothing."""
+FP16_G_SCALE = np.float32(2.0**12)
+"""p − y ∈ [−1, 1] times 2¹²: what a flush of subnormals would lose is below 2⁻²⁶ of it."""
 
 
-def mma_3xfp16(acc, gram, g, c, accumulate="rn"):
-    """acc + Γ̃ (−c G) by m16n8k16 .f16 mma.sync (fp32 accumulation), fp32-accurate: A = Γ̃·2⁻¹⁶
-    and B = n G = p − onehot ∈ [−1, 1] each split in two fp16 pieces (~22 bits), three products
-    from 0, then scaled once by −c·2¹⁶/n and added to acc in fp32. The exact bound |p − y| ≤ 1
-    is what lets a fixed scale replace TF32's exponent range."""
+def mma_3xfp16(acc, gram, g, c, accumulate="rn", ftz=False):
+    """acc + Γ̃ (−c G) by m16n8k16 .f16 mma.sync (fp32 accumulation), fp32-accurate: A = Γ̃·2⁻¹²
+    and B = (p − onehot)·2¹² = n G·2¹², each split in two fp16 pieces (~22 bits), three products
+    from 0, then scaled once by −c/n and added to acc in fp32. The exact bound |p − y| ≤ 1 is what
+    lets fixed scales replace TF32's exponent range."""
     n = g.shape[0]
-    b = (np.asarray(g, np.float32) * np.float32(n)).astype(np.float32)  # the kernel's p − y
-    s = mma(np.zeros_like(acc), split_fp16(gram * FP16_GRAM_SCALE), split_fp16(b),
+    b = np.asarray(g, np.float32) * np.float32(n) * FP16_G_SCALE  # the kernel's (p − y)·2¹²
+    s = mma(np.zeros_like(acc), split_fp16(gram * FP16_GRAM_SCALE, ftz), split_fp16(b, ftz),
             SCHEMES["3xTF32"], 16, accumulate)
-    return acc + np.float32(-c * 2.0**16 / n) * s
+    return acc + np.float32(-c / n) * s
 
 
 def product(scheme: str, big: str = "rna", accumulate: str = "rn", from_zero: bool = False):
@@ -143,8 +151,8 @@ def product(scheme: str, big: str = "rna", accumulate: str = "rn", from_zero: bo
         return lambda acc, gram, g, c: acc + gram.astype(np.float64) @ (-c * g)
     if scheme == "fp32":
         return lambda acc, gram, g, c: acc + gram @ (-c * g).astype(np.float32)
-    if scheme == "3xFP16":
-        return lambda acc, gram, g, c: mma_3xfp16(acc, gram, g, c, accumulate)
+    if scheme.startswith("3xFP16"):  # "3xFP16 ftz": fp16 subnormals flushed
+        return lambda acc, gram, g, c: mma_3xfp16(acc, gram, g, c, accumulate, "ftz" in scheme)
     pairs = SCHEMES[scheme]
 
     def tensor_cores(acc, gram, g, c):
@@ -218,6 +226,7 @@ CONFIGS = {  # name: (scheme, big, accumulate, from_zero)
     "3xTF32, big truncated, acc rz, from 0": ("3xTF32", "rz", "rz", True),
     "3xFP16 (scaled), acc rn": ("3xFP16", "rna", "rn", True),
     "3xFP16 (scaled), acc rz": ("3xFP16", "rna", "rz", True),
+    "3xFP16 (scaled), acc rz, subnormals flushed": ("3xFP16 ftz", "rna", "rz", True),
 }
 
 
