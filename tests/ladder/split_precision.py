@@ -250,10 +250,10 @@ def main(argv=None):
     cfg = LadderConfig(epochs=epochs)
     data = make_ladder_data(load_dataset("mnist", os.environ.get("FASTTRAIN_DATA")), cfg)
     xa = augmented(data.train_x)
-    wts = {n: np.concatenate([data.w0.T, data.b0[None, :]]).astype(np.float32) for n in names}
     print(f"L={lag}, {data.n_train} samples, batch {cfg.batch_size}, lr {cfg.lr}: max |w − "
           f"w_float64 plain SGD| and max |w − w_fp32 SIMT chain| over weights and bias", flush=True)
     names = ["fp32 SIMT (v7)"] + [n for n in names if n != "fp32 SIMT (v7)"]
+    wts = {n: np.concatenate([data.w0.T, data.b0[None, :]]).astype(np.float32) for n in names}
     for e in range(epochs):
         t0 = time.perf_counter()
         w64, b64 = reference_sgd(data, cfg, e + 1)
