@@ -1,7 +1,8 @@
 """cuda-epoch v8's one-SM chain numerics (tests/ladder/split_precision.py): the bias folded into the
 Grams is the same algebra as plain SGD (float64, planted bug fails); the TF32 emulation rounds as
-the hardware does; the chain's Gram products in 3xTF32 stay as close to float64 SGD as the fp32
-SIMT chain (v7's arithmetic), and 1xTF32 does not — though the row's FP32_ATOL cannot tell."""
+the hardware does; the chain's Gram products in 3xTF32 or 3xFP16 (the design's choice) stay as
+close to float64 SGD as the fp32 SIMT chain (v7's arithmetic), and 1xTF32 does not — though the
+row's FP32_ATOL cannot tell; the critical product compiles for sm_90a to the budget's mma."""
 
 import dataclasses
 
@@ -123,15 +124,15 @@ def chain_errors(data, lag, names):
     return out
 
 
-FP32_LIKE = ["3xTF32, rna, acc rn", "3xTF32, big truncated, acc rz, from 0",
-             "3xFP16 (scaled), acc rn", "3xFP16 (scaled), acc rz",
-             "3xFP16 (scaled), acc rz, subnormals flushed"]
+# The 3x schemes under the pessimistic models only (truncating accumulation, subnormals flushed):
+# their rn variants were as close or closer (split_precision.main; the design page's table).
+FP32_LIKE = ["3xTF32, big truncated, acc rz, from 0", "3xFP16 (scaled), acc rz, subnormals flushed"]
 NOT_FP32_LIKE = ["1xTF32, rna, acc rn", "1xTF32, operands truncated, acc rz",
                  "3xTF32, big truncated, acc rz"]
 
 
 @requires_mnist
-def test_3xtf32_chain_is_fp32_accurate_and_1xtf32_is_not():
+def test_3x_chains_are_fp32_accurate_and_1xtf32_is_not():
     errs = chain_errors(mnist_slice(30 * 128 + 96), 4, FP32_LIKE + NOT_FP32_LIKE)
     for name in FP32_LIKE:
         to_sgd, to_fp32 = errs[name]
@@ -153,7 +154,7 @@ Measured after one MNIST epoch (ratio to the fp32 chain's 3.8e-7 at L = 4, 3.5e-
 
 @requires_mnist
 @pytest.mark.slow
-def test_3xtf32_chain_over_a_whole_mnist_epoch():
+def test_3xfp16_chain_over_a_whole_mnist_epoch():
     from fasttrain.data import load_dataset
 
     data = make_ladder_data(load_dataset("mnist", real_data_dir()), LadderConfig(epochs=1))
