@@ -196,12 +196,12 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
     assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
 
 
-V7_VARIANTS = ["a", "b"]  # cuda_epoch.V7_VARIANTS (test_the_variant_list... checks it)
+V7_VARIANTS = ["a", "b", "c"]  # cuda_epoch.V7_VARIANTS (test_the_variant_list... checks it)
 
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b"])
+@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c"])
 @pytest.mark.parametrize("batch", [128, 64, 16])
 def test_v7_matches_float64_reference(batch, v7):
     """v7's two launches an epoch (Grams, then the chain and worker clusters) against float64 at
@@ -224,7 +224,7 @@ def test_v7_matches_float64_reference(batch, v7):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b"])
+@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c"])
 def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches(v7):
     """A 31-step epoch (the 96-row last batch included) of v7 against v2 at 2e-5, and the profiler
     sees exactly two kernels an epoch: the Grams, then the epoch."""
@@ -257,7 +257,7 @@ def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches(v7):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("variant", [0, 1], ids=["v7a", "v7b"])
+@pytest.mark.parametrize("variant", [0, 1, 2], ids=["v7a", "v7b", "v7c"])
 def test_v7_is_resident_on_this_gpu_or_refused_at_setup(variant):
     """Its 8 clusters of 8 CTAs must all fit at once (they spin on each other): the setup check's
     figures, which an H100 or H200 (132 SMs) meets."""
@@ -273,7 +273,7 @@ def test_v7_is_resident_on_this_gpu_or_refused_at_setup(variant):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b"])
+@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c"])
 def test_v7_protocol_fault_is_an_error_not_a_hang(v7):
     """Fault 2 makes v7's chain CTA 0 wait at step 2 for a worker partial that never comes (v7a: a
     counter no worker reaches; v7b: a tag no step writes): the launch ends after the wait budget
