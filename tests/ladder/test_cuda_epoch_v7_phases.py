@@ -173,7 +173,7 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
                                                 p]
     dummy = p(16)
     for n, batch, scratch, variant in ((1, 0, dummy, 0), (1, 129, dummy, 1), (0, 128, dummy, 0),
-                                       (1, 128, None, 1), (1, 128, dummy, 2),
+                                       (1, 128, None, 1), (1, 128, dummy, 3),
                                        (1, 128, dummy, -1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
                                                dummy, scratch, variant, dummy, dummy, None) == 1

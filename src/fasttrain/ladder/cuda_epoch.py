@@ -415,7 +415,8 @@ class CudaEpoch(Impl):
                "csrc/epoch_v7.cuh", "csrc/epoch_v7_math.cuh", "csrc/epoch_v7_phases.cuh",
                "csrc/epoch_v7_launch.cuh", "csrc/epoch_v7_api.cuh",
                "csrc/epoch_v7b_math.cuh", "csrc/epoch_v7_sync.cuh", "csrc/gram_u8.cuh",
-               "csrc/gram_v2.cuh")  # the kernel its figures come from
+               "csrc/gram_v2.cuh", "csrc/epoch_v7c.cuh",
+               "csrc/epoch_v7c_math.cuh")  # the kernel its figures come from
     device = "cuda"
 
     @classmethod
