@@ -7,7 +7,10 @@ whole epochs, against float64 plain SGD at `check.FP32_ATOL` — the lagged step
 weights by less than the row's 1e-3 cross-check (test_lagged_gram.py). v7b
 (`csrc/epoch_v7b_math.cuh`: the partials as tagged words in a ring, the softmax on 16 lanes a
 row) runs the same way, its shuffles through the harness's emulation of shfl.sync.bfly, and its
-own planted bugs must fail. What it cannot check (the mbarriers, st.async, DSMEM reads, the
+own planted bugs must fail. v7c (`csrc/epoch_v7c_math.cuh`: v7b with the chain CTA's terms j >= 2
+on helper warps a step ahead, handed over by a named barrier) runs its critical warps and its
+helper warps as separate units of work, the hand-off and the ring's reuse checked, and its planted
+bugs must fail too. What it cannot check (the mbarriers, st.async, DSMEM reads, the
 acquire/release counters, the 64-bit words' atomicity, the Gram kernel's tiles on the tensor
 cores) the GPU tests of test_cuda_epoch.py do."""
 
@@ -28,13 +31,15 @@ HARNESS = "tests/ladder/csrc/epoch_v7_math_host.cu"
 K = 784
 GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
 CHAIN_FIRST = -1  # the chain CTAs run whenever their waits let them: a too-early read shows
-VARIANTS = {"v7a": 0, "v7b": 1}
+VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
 BUGS_V7B = {4: "the tag compared to the wrong step (any written step's word accepted)",
             5: "the softmax's shuffles of width 8, not 16",
             6: "the ring's tags not cleared by the Gram launch (a short epoch's are the next's)"}
+BUGS_V7C = {7: "the helpers' sums written into the buffer of the wrong step parity",
+            8: "the helpers' lag off by one (step t's G ring slots with step t + 1's Grams)"}
 
 
 @pytest.fixture(scope="module")
@@ -191,4 +196,17 @@ def test_the_harness_rejects_bad_arguments(lib):
         return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
                              ptr(np.zeros(2)), 0, bug, 0.0, variant)
 
-    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=2) == -1
+    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=3) == -1
+    assert call(bug=9, variant=2) == call(bug=8, variant=1) == -1
+
+
+@pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])
+@pytest.mark.parametrize("fill", [np.nan, 0.0], ids=["nan", "zeros"])
+@pytest.mark.parametrize("bug", BUGS_V7C)
+def test_v7cs_planted_bugs_fail(lib, bug, fill, policy):
+    # 11 steps: every helper iteration past the second has terms j = 2 ... 4 to hand over.
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(10 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=2, code=None)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7C[bug]  # NaN too

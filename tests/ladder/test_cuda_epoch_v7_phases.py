@@ -22,18 +22,20 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The four instantiations of the epoch kernel (v7a, v7b, each untimed and timed) in one small
+# The six instantiations of the epoch kernel (v7a, v7b, v7c, each untimed and timed) in one small
 # translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
 KERNELS = """#include "epoch_v7_launch.cuh"
 void* const v7_kernels[] = {
     (void*)v7_epoch_kernel<false, false>, (void*)v7_epoch_kernel<true, false>,
     (void*)v7_epoch_kernel<false, true>, (void*)v7_epoch_kernel<true, true>,
+    (void*)v7_epoch_kernel_c<false>, (void*)v7_epoch_kernel_c<true>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {"untimed": "v7_epoch_kernelILb0ELb0E", "timed": "v7_epoch_kernelILb1ELb0E",
-                 "untimed v7b": "v7_epoch_kernelILb0ELb1E", "timed v7b": "v7_epoch_kernelILb1ELb1E"}
-"""ptxas's names of v7_epoch_kernel<TIMED, V7B>."""
+                 "untimed v7b": "v7_epoch_kernelILb0ELb1E", "timed v7b": "v7_epoch_kernelILb1ELb1E",
+                 "untimed v7c": "v7_epoch_kernel_cILb0E", "timed v7c": "v7_epoch_kernel_cILb1E"}
+"""ptxas's names of v7_epoch_kernel<TIMED, V7B> and of v7c's v7_epoch_kernel_c<TIMED>."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -122,12 +124,27 @@ def test_v7b_hands_the_partials_over_as_64_bit_scalars(ptxas_report):
 
 
 @requires_nvcc
+def test_v7c_splits_its_chain_by_named_barriers(ptxas_report):
+    """v7c (csrc/epoch_v7c.cuh): the critical warps' barriers are named barrier 1 of 256 threads
+    (their failure votes bar.red.or), the hand-off to the helper warps named barrier 2 of 512,
+    both with immediate ids (a register id makes ptxas reserve all 16); its lane sums pick every
+    register by a constant index (an indexed pick after an all-reduce was a 40-byte stack frame:
+    no ld.local/st.local); v7b's tagged words and shuffles stay."""
+    ptx = ptxas_report["untimed v7c"]["ptx"]
+    assert "bar.sync 1, 256;" in ptx and "bar.sync 2, 512;" in ptx
+    assert "bar.red.or.pred" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert "st.relaxed.gpu.global.b64" in ptx and "ld.relaxed.gpu.global.b64" in ptx
+    assert "shfl.sync.bfly.b32" in ptx
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
     one reads the global timer at the start and end of each role's loop, the clock at least once
     a phase (clock() is a %clock64 read in PTX), and writes both arrays."""
-    for suffix in ("", " v7b"):
+    for suffix in ("", " v7b", " v7c"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         assert "%clock" not in untimed and "%globaltimer" not in untimed
@@ -156,7 +173,7 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
                                                 p]
     dummy = p(16)
     for n, batch, scratch, variant in ((1, 0, dummy, 0), (1, 129, dummy, 1), (0, 128, dummy, 0),
-                                       (1, 128, None, 1), (1, 128, dummy, 2),
+                                       (1, 128, None, 1), (1, 128, dummy, 3),
                                        (1, 128, dummy, -1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
                                                dummy, scratch, variant, dummy, dummy, None) == 1

@@ -1,5 +1,5 @@
-// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a or v7b (epoch_v7.cuh,
-// `variant` 0 or 1) on the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
+// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a, v7b or v7c (epoch_v7.cuh,
+// epoch_v7c.cuh, `variant` 0, 1 or 2) on the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
 //   - the Gram kernel: every Γ_{t,j} (exact integer sums rounded once to float) at the kernel's
@@ -15,7 +15,14 @@
 //     checks that the chain CTA reading them has read the slot's previous step (-3 if not); the
 //     Gram launch clears the ring; the softmax's shuffles run through HostWarp16, which computes
 //     shfl.sync.bfly's source lane by the PTX ISA's formula (width → segment mask and clamp);
-//   - the scheduler picks among the runnable units: policy 0 runs workers whenever it can (as far
+//   - v7c (variant 2: v7b's partials and softmax, epoch_v7c_math.cuh's split of the chain CTA):
+//     the critical warps' step t is the chain CTA's unit, its term j = 1 summed over the lanes by
+//     v7c_lane_sum through HostWarp16; the helpers' iteration t (step t + 1's terms j ≥ 2 into
+//     HQ[(t + 1) & 1]) is a unit of its own, runnable once the critical step t has run; the
+//     critical step t ≥ 1 waits for iteration t − 1 (the hand-off). Checked: every G a helper reads
+//     is complete in its slot, and a sender writes a slot only after the owner's helpers have
+//     finished every iteration that reads the slot's previous G;
+//   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
 //     picks at random.
@@ -27,9 +34,11 @@
 // counters say a steps (not a + 1) are published (a stale G); v7b only: 4 the chain's tag
 // compared to the wrong step (any written step accepted: the slot's previous one, t − V7_PR), 5
 // the softmax's shuffles of width 8 (not 16), 6 the Gram launch not clearing the ring (a short
-// epoch's tags are the next epoch's too).
+// epoch's tags are the next epoch's too); v7c only: 7 the helpers' sums written into the buffer of
+// the wrong step parity, 8 the helpers' lag off by one (step t's ring slots with step t + 1's Γ).
 #define FT_HOST_MATH
 #include <cmath>
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <random>
@@ -37,6 +46,7 @@
 
 #include "epoch_v7_math.cuh"
 #include "epoch_v7b_math.cuh"
+#include "epoch_v7c_math.cuh"
 
 #if !defined(__CUDA_ARCH__)  // host code only
 namespace {
@@ -85,6 +95,17 @@ struct Chain {
     return *reinterpret_cast<float(*)[V7_LAG][V7_U]>(&gam[size_t(tid) * V7_LAG * V7_U]);
   }
   float (&acc_of(int tid))[C] { return *reinterpret_cast<float(*)[C]>(&acc[size_t(tid) * C]); }
+  // v7c: the critical threads' Γ_{next,1} and the helpers' Γ of their next iteration's step.
+  std::vector<float> gam1 = std::vector<float>(size_t(V7C_CRIT) * V7C_U);
+  std::vector<float> gamh = std::vector<float>(size_t(V7C_HELP) * V7C_HJ * V7C_U);
+  float (&gam1_of(int tid))[1][V7C_U] {
+    return *reinterpret_cast<float(*)[1][V7C_U]>(&gam1[size_t(tid) * V7C_U]);
+  }
+  float (&gamh_of(int h))[V7C_HJ][V7C_U] {
+    return *reinterpret_cast<float(*)[V7C_HJ][V7C_U]>(&gamh[size_t(h) * V7C_HJ * V7C_U]);
+  }
+  int hnext = 0;          // v7c: the helpers' next iteration (step hnext + 1's terms j ≥ 2)
+  int holds[V7_NB] = {};  // the step whose G a slot holds complete (-1: none, or being written)
 };
 struct Worker {
   std::vector<float> sm = std::vector<float>(WorkerSmem::FLOATS, 0.f);
@@ -127,7 +148,7 @@ struct Emulation {
   }
 
   void grams() {
-    if (variant == 1 && bug != 6)  // the Gram launch's v7b_clear
+    if (variant >= 1 && bug != 6)  // the Gram launch's v7b_clear
       for (size_t i = 0; i < V7_PTAG_WORDS; ++i) s.ptag[i] = V7_CLEAR_WORD;
     for (int i = 0; i < V7_CHAIN * (1 + V7_WCLUSTERS); ++i) s.gflag[i] = 0;  // both arrays
     for (int t = 0; t < e.steps; ++t)
@@ -151,12 +172,53 @@ struct Emulation {
       c.armed[p] = p;
       c.got[p] = 0;
       c.phases[p] = 0;
+      c.holds[p] = -1;
     }
+    c.hnext = 0;
     c.bias_at.assign(e.steps + 1, std::vector<float>(C));
     for (int tid = 0; tid < V7_T; ++tid) {
       chain_load_gram(e, s.gram, 0, q, tid, c.gam_of(tid));
       for (float& a : c.acc_of(tid)) a = 0.f;
     }
+    if (variant != 2) return;
+    for (int tid = 0; tid < V7C_CRIT; ++tid) v7c_load_gram<1>(e, s.gram, 0, q, tid, 1, c.gam1_of(tid));
+    if (e.steps > 1)
+      for (int h = 0; h < V7C_HELP; ++h)
+        v7c_load_gram<V7C_HJ>(e, s.gram, 1, q, h, 2, c.gamh_of(h));
+  }
+  // v7c: the helpers' iteration t = hnext (step t + 1's terms j ≥ 2) starts after the critical
+  // warps' hand-off of step t (here: after their whole step t).
+  bool helper_runnable(int q) const {
+    const Chain& c = chain[q];
+    return variant == 2 && c.hnext + 1 < e.steps && c.next > c.hnext;
+  }
+  void helper_step(int q) {
+    Chain& c = chain[q];
+    float* sm = c.sm.data();
+    const float* ring = sm + ChainSmem::RING;
+    const int t = c.hnext++;
+    for (int j = 2; j <= v7_window(t + 1); ++j)  // G_{t+1−j} complete in its slot
+      if (c.holds[v7_slot(t + 1 - j)] != t + 1 - j) violated = true;
+    HostWarp16 warp{bug == 5 ? 8 : 0};
+    for (int w = 0; w < V7C_HELP / 32; ++w) {
+      HostWarp16::Reg<float> acc[C];
+      for (int lane = 0; lane < 32; ++lane) {
+        float a[C] = {};
+        // bug 8: the lag off by one (step t's ring slots with step t + 1's Γ)
+        v7c_terms<V7C_HJ>(e, c.gamh_of(32 * w + lane), ring, bug == 8 ? t : t + 1, 32 * w + lane,
+                          2, a);
+        for (int k = 0; k < C; ++k) acc[k][lane] = a[k];
+      }
+      const HostWarp16::Reg<float> sum = v7c_lane_sum(warp, acc);
+      for (int lane = 0; lane < 32; ++lane) {
+        const ChainLane16 ln = chain_lane16(32 * w + lane);
+        // bug 7: the sums into the wrong parity's buffer
+        if (ln.c < C) sm[v7c_hq_at(bug == 7 ? t : t + 1) + ln.i * 16 + ln.c] = sum[lane];
+      }
+    }
+    if (t + 2 < e.steps)
+      for (int h = 0; h < V7C_HELP; ++h)
+        v7c_load_gram<V7C_HJ>(e, s.gram, t + 2, q, h, 2, c.gamh_of(h));
   }
   bool chain_runnable(int q) const {
     const Chain& c = chain[q];
@@ -166,7 +228,8 @@ struct Emulation {
     // phase of that parity has completed, i.e. while the current phase's parity differs.
     if (t > 0 && (c.phases[v7_slot(t - 1)] & 1) == v7_parity(t - 1)) return false;
     if (t == e.steps) return true;  // the last wait: G_{steps−1}
-    if (variant == 1) {
+    if (variant == 2 && t >= 1 && c.hnext < t) return false;  // the hand-off: helpers' t − 1
+    if (variant >= 1) {
       std::vector<float> p(V7_SMT);
       return tagged_ready(q, t, p.data());
     }
@@ -190,10 +253,28 @@ struct Emulation {
     for (int i = 0; i < C; ++i) c.bias_at[t][i] = bias[i];
     if (t == e.steps) return;
     float p[V7_SMT];  // v7b: the thread's partials, read (with their tags) after the G wait
-    if (variant == 1 && !tagged_ready(q, t, p)) violated = true;  // ran before its words came
-    for (int tid = 0; tid < V7_T; ++tid) {  // j = 1 (j ≥ 2 were added after step t − 1)
-      chain_gram_terms(e, c.gam_of(tid), ring, t, tid, 1, 1, c.acc_of(tid));
-      chain_gram_store(tid, c.acc_of(tid), red, variant == 1);
+    if (variant >= 1 && !tagged_ready(q, t, p)) violated = true;  // ran before its words came
+    float j1[V7C_CRIT] = {};  // v7c: the critical lanes' term j = 1, summed by shuffles
+    if (variant == 2) {
+      HostWarp16 warp{bug == 5 ? 8 : 0};
+      for (int w = 0; w < V7C_CRIT / 32; ++w) {
+        HostWarp16::Reg<float> acc[C];
+        for (int lane = 0; lane < 32; ++lane) {
+          float a[C] = {};
+          v7c_terms<1>(e, c.gam1_of(32 * w + lane), ring, t, 32 * w + lane, 1, a);
+          for (int k = 0; k < C; ++k) acc[k][lane] = a[k];
+        }
+        const HostWarp16::Reg<float> sum = v7c_lane_sum(warp, acc);
+        for (int lane = 0; lane < 32; ++lane) j1[32 * w + lane] = sum[lane];
+      }
+      if (t + 1 < e.steps)
+        for (int tid = 0; tid < V7C_CRIT; ++tid)
+          v7c_load_gram<1>(e, s.gram, t + 1, q, tid, 1, c.gam1_of(tid));
+    } else {
+      for (int tid = 0; tid < V7_T; ++tid) {  // j = 1 (j ≥ 2 were added after step t − 1)
+        chain_gram_terms(e, c.gam_of(tid), ring, t, tid, 1, 1, c.acc_of(tid));
+        chain_gram_store(tid, c.acc_of(tid), red, variant == 1);
+      }
     }
     const float* used_bias = bug == 2 ? c.bias_at[v7_applied_before(t)].data() : bias;
     int labels[V7_RPC] = {};
@@ -201,13 +282,15 @@ struct Emulation {
       const int row = q * V7_RPC + i;
       if (row < e.rows(t)) labels[i] = y[order[t * e.bs + row]];
     }
-    if (variant == 1) {
+    if (variant >= 1) {
       HostWarp16 warp{bug == 5 ? 8 : 0};
       for (int w = 0; w < V7_SMT / 32; ++w) {
         HostWarp16::Reg<float> z, loss, correct;
         for (int lane = 0; lane < 32; ++lane) {
           const int tid = 32 * w + lane;
-          z[lane] = chain_logit16(e, t, q, tid, p[tid], used_bias, red);
+          z[lane] = variant == 2 ? chain_logit_c(e, t, q, tid, p[tid], used_bias, j1[tid],
+                                                 sm + v7c_hq_at(t))
+                                 : chain_logit16(e, t, q, tid, p[tid], used_bias, red);
           loss[lane] = c.loss[tid];
           correct[lane] = c.correct[tid];
         }
@@ -231,6 +314,8 @@ struct Emulation {
     for (int d = 0; d < V7_CHAIN; ++d) {  // the st.asyncs into d's slot
       Chain& dst = chain[d];
       if (dst.armed[slot] != t) violated = true;  // d has not read G_{t−NB} yet
+      // v7c: nor have d's helpers (iterations t − NB + 1 … t − 2 read G_{t−NB})
+      if (variant == 2 && t >= V7_NB && dst.hnext <= t - V7_NB + V7_LAG - 1) violated = true;
       float* ds = dst.sm.data() + ChainSmem::RING + slot * ChainSmem::GSLOT;
       for (int i = 0; i < V7_RPC; ++i) {
         const int row = q * V7_RPC + i;
@@ -238,12 +323,14 @@ struct Emulation {
       }
       std::memcpy(ds + BMAX * V7_RS + q * V7_GROW, gl + V7_RPC * 16, 64);
       if (++dst.got[slot] == V7_CHAIN) ++dst.phases[slot];  // armed, all bytes in: complete
+      dst.holds[slot] = dst.got[slot] == V7_CHAIN ? t : -1;
     }
     for (int i = 0; i < V7_RPC; ++i) {
       const int row = q * V7_RPC + i;
       if (row < e.rows(t)) std::memcpy(s.g + (size_t(t) * BMAX + row) * V7_GROW, gl + i * 16, 64);
     }
     s.gflag[q] = t + 1;
+    if (variant == 2) return;  // the terms j ≥ 2: the helpers'
     for (int tid = 0; tid < V7_T; ++tid) {  // step t + 1's Γ and its terms j ≥ 2
       for (float& a : c.acc_of(tid)) a = 0.f;
       if (t + 1 == e.steps) continue;
@@ -316,7 +403,7 @@ struct Emulation {
       const auto remote = [&](int src, int i) {
         return workers[k][src].sm[WorkerSmem::PBUF + p * BMAX * V7_GROW + i];
       };
-      if (variant == 1) {  // slot t % V7_PR: chain CTA r must have read step t − V7_PR
+      if (variant >= 1) {  // slot t % V7_PR: chain CTA r must have read step t − V7_PR
         if (t >= V7_PR && chain[r].next <= t - V7_PR) violated = true;
         for (int tid = 0; tid < V7_T; ++tid)
           worker_reduce(e, t, r, tid, remote, [&](int row, int c, float v) {
@@ -340,28 +427,35 @@ struct Emulation {
     for (int k = 0; k < V7_WCLUSTERS; ++k) worker_setup(k, w_in.data());
     std::mt19937 rng(policy);
     for (;;) {
-      std::vector<int> run;  // 0..6 worker clusters, 7.. chain CTAs
-      if (policy == CHAIN_FIRST)
+      std::vector<int> run;  // 0..6 worker clusters, 7..14 chain CTAs, 15..22 v7c's helpers
+      const auto chain_units = [&] {
         for (int q = 0; q < V7_CHAIN; ++q)
           if (chain_runnable(q)) run.push_back(V7_WCLUSTERS + q);
+      };
+      if (policy == CHAIN_FIRST) chain_units();
       if (policy != CHAIN_FIRST || run.empty())
         for (int k = 0; k < V7_WCLUSTERS; ++k)
           if (worker_runnable(k)) run.push_back(k);
-      if (policy > 0 || (policy == 0 && run.empty()))
+      if (policy > 0 || (policy == 0 && run.empty())) chain_units();
+      // v7c's helpers as late as the others allow (the hand-off's test), at random for policy ≥ 1
+      if (policy > 0 || run.empty())
         for (int q = 0; q < V7_CHAIN; ++q)
-          if (chain_runnable(q)) run.push_back(V7_WCLUSTERS + q);
+          if (helper_runnable(q)) run.push_back(V7_WCLUSTERS + V7_CHAIN + q);
       if (run.empty()) break;
       const int u = run[policy <= 0 ? 0 : rng() % run.size()];
       if (u < V7_WCLUSTERS)
         worker_step(u, w);
-      else
+      else if (u < V7_WCLUSTERS + V7_CHAIN)
         chain_step(u - V7_WCLUSTERS);
+      else
+        helper_step(u - V7_WCLUSTERS - V7_CHAIN);
       if (violated) return -3;
     }
     for (int k = 0; k < V7_WCLUSTERS; ++k)
       if (wnext[k] <= e.steps) return -2;
     for (int q = 0; q < V7_CHAIN; ++q) {
       if (chain[q].next <= e.steps) return -2;
+      if (variant == 2 && chain[q].hnext != std::max(e.steps - 1, 0)) return -2;
       for (int tid = 0; tid < V7_T; ++tid) {
         stats[0] += chain[q].loss[tid];
         stats[1] += chain[q].correct[tid];
@@ -375,15 +469,15 @@ struct Emulation {
 
 }  // namespace
 
-// `epochs` epochs of v7a (variant 0) or v7b (1) on (w [10][784], b [10]) in place, orders
+// `epochs` epochs of v7a (variant 0), v7b (1) or v7c (2) on (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
                          int bug, float fill, int variant) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 6 || variant < 0 ||
-      variant > 1 || (bug > 3 && variant != 1))
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 8 || variant < 0 ||
+      variant > 2 || (bug > 3 && variant < 1) || (bug > 6 && variant != 2))
     return -1;
   const int steps = (n + bs - 1) / bs;
   std::vector<float> scratch((v7_scratch_bytes(steps) + 3) / 4, fill);

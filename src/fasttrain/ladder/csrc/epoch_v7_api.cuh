@@ -26,6 +26,10 @@
 //      no worker counter or publish), and the chain's softmax on 16 lanes a row with shuffles,
 //      its logits in registers (no zs round trip). Its per-thread code runs on the CPU for whole
 //      epochs like v7a's, its shuffles through a host emulation of shfl.sync.bfly.
+//   v7c (epoch_v7c.cuh, epoch_v7c_math.cuh; variant 2; written without a GPU, not yet run on one)
+//      v7b with the chain CTA's warps split: warps 0-7 the critical path (the term j = 1 on 16
+//      lanes a row, summed by shuffles), warps 8-15 step t + 1's terms j >= 2 during step t,
+//      handed over by one 512-thread named barrier a step (a stop flag read after it).
 #pragma once
 #include "epoch_v7_launch.cuh"
 
@@ -41,12 +45,14 @@ long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
 // v7's co-residency, checked at setup: *clusters = how many clusters of 8 of its epoch kernel the
 // device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
 // Returns 0 or a cudaError_t.
-// `variant`: whose epoch kernel (V7A 0, V7B 1).
+// `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2).
 int cuda_epoch_v7_residency(int variant, int* clusters, int* needed) {
   *needed = V7_CTAS / V7_CLUSTER;
   *clusters = 0;
   if (variant < 0 || variant >= V7_VARIANTS) return cudaErrorInvalidValue;
-  const auto kernel = variant == V7B ? v7_epoch_kernel<false, true> : v7_epoch_kernel<>;
+  const auto kernel = variant == V7C   ? v7_epoch_kernel_c<>
+                      : variant == V7B ? v7_epoch_kernel<false, true>
+                                       : v7_epoch_kernel<>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          4 * V7_SMEM_FLOATS);
   if (err != cudaSuccess) return err;
@@ -55,10 +61,10 @@ int cuda_epoch_v7_residency(int variant, int* clusters, int* needed) {
   return cudaOccupancyMaxActiveClusters(clusters, kernel, &cfg);
 }
 
-// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a, v7b). Host only.
+// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a, v7b, v7c). Host only.
 int cuda_epoch_v7_variants() { return V7_VARIANTS; }
 
-// One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b), arguments as
+// One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b; 2 v7c), args as
 // cuda_epoch_train's with ctas = 8, cluster = 1 and `scratch` of cuda_epoch_v7_scratch_bytes: its
 // Grams, then its epoch kernel, on `stream`. Returns 0 or a cudaError_t (a timed-out wait shows in
 // cuda_epoch_signal_status).
