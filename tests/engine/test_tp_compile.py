@@ -30,10 +30,10 @@ import torch
 
 from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import ARGS, losses, weights
+from tests.engine.textdata import NO_EVAL
 
 STEPS = ["--max-steps", "4"]
-TRAIN = [*ARGS[:ARGS.index("--data") + 1], "tests.engine.textdata:train_only",
-         *ARGS[ARGS.index("--data") + 2:], *STEPS]  # no evaluation at the end (docstring)
+TRAIN = [*ARGS, *STEPS, *NO_EVAL]  # no evaluation at the end (docstring)
 COMPILED = {  # name: (processes, flags)
     "tp2": (2, ["--tp", "2"]),
     "tp2-checkpointed": (2, ["--tp", "2", "--activation-checkpointing"]),
