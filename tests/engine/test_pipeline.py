@@ -24,6 +24,7 @@ from fasttrain.errors import UserError
 from fasttrain.models.gpt import GPT
 from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import ARGS, train_here
+from tests.engine.textdata import NO_EVAL
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = ROOT / "tests" / "engine" / "pipeline_driver.py"
@@ -169,6 +170,11 @@ def test_microbatches_default_to_twice_the_stages_and_must_divide_the_batch():
 # test_tensor_parallel's gpt run, 3 steps: conftest.one(3) is this run in one process.
 TRAIN = [*ARGS, "--max-steps", "3"]
 FP16 = {"pp": ["--pp", "2"], "fsdp": ["--parallel", "fsdp"], "tp": ["--tp", "2"]}
+# The fp16 runs' data (NO_EVAL): TRAIN's samples without the test split (tests/engine/textdata),
+# so they end without an evaluation, which their test does not read; fp16 is emulated on the CPU,
+# where the evaluation after 4 steps was most of a run: one process's run took 15.8 s of CPU
+# with it, 9.9 s without (2-core EPYC, load ~5, 2026-11-28), its losses, scale and skipped
+# steps the same.
 EVERY = ["--pp", "2", "--checkpoint-every", "2"]  # the resumed run's
 LONG = ["--pp", "2", "--max-steps", "30", "--checkpoint-every", "10", "--log-every", "5"]
 AT = 15  # the preempted run's stop: after the checkpoint of step 10, at a log step
@@ -190,7 +196,7 @@ def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess
 TWO = Part(__name__, 2, TRAIN)
 TWO.add("pp", "--pp", "2", "--pp-schedule", "interleaved-1f1b")
 for _name, _flags in FP16.items():
-    TWO.add(f"fp16-{_name}", "--precision", "fp16", "--max-steps", "4", *_flags)
+    TWO.add(f"fp16-{_name}", "--precision", "fp16", "--max-steps", "4", *NO_EVAL, *_flags)
 TWO.add("full", *EVERY, "--max-steps", "4")
 TWO.add("half", *EVERY, "--max-steps", "2")
 TWO.add("half-resumed", *EVERY, "--max-steps", "4", "--resume", "auto", out="half")
@@ -240,7 +246,7 @@ def test_fp16_under_a_pipeline_fsdp_and_tp_tracks_one_process(tmp_path, two):
     losses track one process's fp16 run (micro-batching and sharding change the rounding).
     The 2-process runs are in the shared launch."""
     # TRAIN's run with these flags, in pytest's process (test_tensor_parallel.train_here)
-    proc = train_here(tmp_path / "one", "--precision", "fp16", "--max-steps", "4")
+    proc = train_here(tmp_path / "one", "--precision", "fp16", "--max-steps", "4", *NO_EVAL)
     assert proc.returncode == 0, "one" + proc.stdout + proc.stderr
     for name in FP16:
         two(f"fp16-{name}").ok()

@@ -14,6 +14,13 @@ wrong gradient or a skipped collective would do (the losses move by ~1e-2 per st
 The eager run and the compiled runs are in the session's shared launches (launch.Part), each
 compiling afresh (runs_driver.py resets dynamo before every command). Each compiled run took
 25-30 s on 2 busy CPU cores (the 4-process one 50 s) when each was a launch of its own.
+
+They train on synthetic-text without its test split (tests/engine/textdata.py: the same
+training samples, the same losses to the bit), so no run evaluates after its last step: that
+evaluation compiled the block twice more (eval mode, then the last, smaller batch with dynamic
+shapes), about half of what a run compiled. `torchrun --nproc-per-node 2 fasttrain train ...
+--tp 2 --compile` took 41 and 45 s of CPU so, 63 s with the evaluation (2-core EPYC, load 2-3,
+one launch each, 2026-11-28); on 4 processes with --parallel fsdp, 91 s against 136 (load 5-9).
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ import torch
 
 from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import ARGS, losses, weights
+from tests.engine.textdata import NO_EVAL
 
 STEPS = ["--max-steps", "4"]
+TRAIN = [*ARGS, *STEPS, *NO_EVAL]  # no evaluation at the end (docstring)
 COMPILED = {  # name: (processes, flags)
     "tp2": (2, ["--tp", "2"]),
     "tp2-checkpointed": (2, ["--tp", "2", "--activation-checkpointing"]),
@@ -33,7 +42,7 @@ COMPILED = {  # name: (processes, flags)
 
 
 # Eager --tp 2 first, then each compiled run, in the session's shared launches (launch.Part).
-PARTS = {2: Part(__name__, 2, [*ARGS, *STEPS]), 4: Part(__name__, 4, [*ARGS, *STEPS])}
+PARTS = {2: Part(__name__, 2, TRAIN), 4: Part(__name__, 4, TRAIN)}
 PARTS[2].add("eager", "--tp", "2")
 for _name, (_procs, _flags) in COMPILED.items():
     PARTS[_procs].add(_name, *_flags, "--compile")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--model", "tests.engine.userblocks:make", "--data", "tests.engine.userblocks:data",
         "--batch-size", "32", "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9",
         "--seed", "1", "--deterministic", "--device", "cpu", "--no-progress", "--log-every", "1"]
-
-
-def train(out: Path, *extra: str, procs: int = 1) -> subprocess.CompletedProcess:
-    launcher = torchrun(procs) if procs > 1 else [sys.executable]
-    return subprocess.run([*launcher, "-m", "fasttrain", "train", *ARGS, "--out", str(out),
-                           *extra], capture_output=True, text=True, timeout=200, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +150,8 @@ def test_a_split_that_leaves_a_block_over_is_one_line():
 def test_pipelines_over_fsdp_evaluate_shares_of_unequal_batch_shapes(tmp_path, launches):
     """A new batch shape makes a stage infer shapes with a forward, which FSDP all-gathers
     over dp: a rank that met one shape more than its peer hung in evaluation. Now the same
-    evaluation as one process."""
-    one = train(tmp_path / "one", *DATA_1025)
+    evaluation as one process (in pytest's process: test_tensor_parallel.train_here)."""
+    one = train_here(tmp_path / "one", *DATA_1025, args=ARGS)
     launches[4]("pp2-fsdp2-1025").ok()
     evals = [[r["test_loss"] for r in records(d) if r["kind"] == "eval"]
              for d in (tmp_path / "one", launches[4].root / "pp2-fsdp2-1025")]
