@@ -13,7 +13,8 @@ costs, measured, and how the `cuda-epoch` variants compare.
   CTAs, and version 7 — the lagged-Gram step: a Gram kernel and an epoch kernel of 64 CTAs (an
   8-CTA chain, 7 worker clusters), both launches inside the timed epoch, each of its variants
   (`cuda_epoch.V7_VARIANTS`: v7a; v7b with tagged partial words and a 16-lane softmax; v7c, v7b
-  with the chain's Gram terms j >= 2 on helper warps) in the
+  with the chain's Gram terms j >= 2 on helper warps; v7d, v7c with workers that fetch the next
+  update's G a step ahead) in the
   same call): ms per epoch (CUDA
   events, median of the epochs after a warm-up one), and its weights after those epochs against
   version 2's on the same cluster/CTAs (v7: v2 on 14 CTAs; max |Δw|: v2 is the kernel the float64

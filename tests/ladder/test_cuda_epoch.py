@@ -76,13 +76,13 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     assert ce.VERSION == 6 and ce.SIGNALLED == ce.CLUSTER_ONLY == (4, 5, 6, 7)
     assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7: the Grams, then the epoch
     # v7a stays version 7's until V7_VARIANT is changed on a GPU's figures.
-    assert ce.V7_VARIANTS == ("a", "b", "c") and ce.V7_VARIANT == "a"
+    assert ce.V7_VARIANTS == ("a", "b", "c", "d") and ce.V7_VARIANT == "a"
     assert ce.default_version(True) == 6 and ce.default_version(False) == ce.GRID_VERSION == 3
     for header in ("epoch_v4.cuh", "epoch_v5.cuh", "epoch_v5_math.cuh", "epoch_v6.cuh",
                    "epoch_v6_math.cuh", "epoch_v7.cuh", "epoch_v7_math.cuh", "epoch_v7_phases.cuh",
                    "epoch_v7_launch.cuh", "epoch_v7_api.cuh", "epoch_v7b_math.cuh",
                    "epoch_v7_sync.cuh", "gram_u8.cuh", "gram_v2.cuh", "epoch_v7c.cuh",
-                   "epoch_v7c_math.cuh"):
+                   "epoch_v7c_math.cuh", "epoch_v7d.cuh", "epoch_v7d_math.cuh"):
         assert f"csrc/{header}" in ce.CudaEpoch.sources
 
 
@@ -140,14 +140,14 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
                                     0, version, None)
         assert code == 1
     # v7: clusters only, its 8 chain CTAs, and its scratch; cuda_epoch_v7_train (v7a 0, v7b 1,
-    # v7c 2): its scratch, a batch that fits and a variant it has.
+    # v7c 2, v7d 3): its scratch, a batch that fits and a variant it has.
     for ctas, cluster, scratch in ((8, 0, dummy), (14, 1, dummy), (8, 1, None)):
         code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, scratch,
                                     ctas, cluster, 7, None)
         assert code == 1
     lib.cuda_epoch_v7_train.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float, p,
                                         p, p, p, ctypes.c_int, p]
-    for batch, scratch, variant in ((1, None, 1), (129, dummy, 1), (1, dummy, 3), (1, dummy, -1)):
+    for batch, scratch, variant in ((1, None, 1), (129, dummy, 1), (1, dummy, 4), (1, dummy, -1)):
         assert lib.cuda_epoch_v7_train(dummy, dummy, dummy, 1, batch, 0.1, dummy, dummy, dummy,
                                        scratch, variant, None) == 1
     # The phase profile exists for v4, v5 and v6 on 7 and 14 CTAs and a batch that fits, and
@@ -197,12 +197,12 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
     assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
 
 
-V7_VARIANTS = ["a", "b", "c"]  # cuda_epoch.V7_VARIANTS (test_the_variant_list... checks it)
+V7_VARIANTS = ["a", "b", "c", "d"]  # cuda_epoch.V7_VARIANTS (test_the_variant_list... checks it)
 
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c"])
+@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c", "v7d"])
 @pytest.mark.parametrize("batch", [128, 64, 16])
 def test_v7_matches_float64_reference(batch, v7):
     """v7's two launches an epoch (Grams, then the chain and worker clusters) against float64 at
@@ -225,7 +225,7 @@ def test_v7_matches_float64_reference(batch, v7):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c"])
+@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c", "v7d"])
 def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches(v7):
     """A 31-step epoch (the 96-row last batch included) of v7 against v2 at 2e-5, and the profiler
     sees exactly two kernels an epoch: the Grams, then the epoch."""
@@ -258,7 +258,7 @@ def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches(v7):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("variant", [0, 1, 2], ids=["v7a", "v7b", "v7c"])
+@pytest.mark.parametrize("variant", [0, 1, 2, 3], ids=["v7a", "v7b", "v7c", "v7d"])
 def test_v7_is_resident_on_this_gpu_or_refused_at_setup(variant):
     """Its 8 clusters of 8 CTAs must all fit at once (they spin on each other): the setup check's
     figures, which an H100 or H200 (132 SMs) meets."""
@@ -274,7 +274,7 @@ def test_v7_is_resident_on_this_gpu_or_refused_at_setup(variant):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c"])
+@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c", "v7d"])
 def test_v7_protocol_fault_is_an_error_not_a_hang(v7):
     """Fault 2 makes v7's chain CTA 0 wait at step 2 for a worker partial that never comes (v7a: a
     counter no worker reaches; v7b: a tag no step writes): the launch ends after the wait budget

@@ -1,5 +1,5 @@
-"""cuda-epoch v7a and v7b on the CPU: their per-thread code (`csrc/epoch_v7_math.cuh`) compiled
-by nvcc for the host and run as the kernel's roles run it
+"""cuda-epoch v7a, v7b, v7c and v7d on the CPU: their per-thread code (`csrc/epoch_v7_math.cuh`)
+compiled by nvcc for the host and run as the kernel's roles run it
 (`tests/ladder/csrc/epoch_v7_math_host.cu`: every thread of the 8 chain CTAs and the 56 worker
 CTAs, the Grams at the Gram kernel's offsets, each unit of work started only when the step
 counters and ring slots it waits on allow, in a greedy, a chain-first and random orders) for
@@ -10,8 +10,12 @@ row) runs the same way, its shuffles through the harness's emulation of shfl.syn
 own planted bugs must fail. v7c (`csrc/epoch_v7c_math.cuh`: v7b with the chain CTA's terms j >= 2
 on helper warps a step ahead, handed over by a named barrier) runs its critical warps and its
 helper warps as separate units of work, the hand-off and the ring's reuse checked, and its planted
-bugs must fail too. What it cannot check (the mbarriers, st.async, DSMEM reads, the
-acquire/release counters, the 64-bit words' atomicity, the Gram kernel's tiles on the tensor
+bugs must fail too. v7d (`csrc/epoch_v7d.cuh`: v7c with workers that fetch the next update's G
+during a step) runs its prefetch as a snapshot of global memory taken after the partials, used by
+the next update only if the counters said G was published before it was taken; its planted bugs
+must fail. What it cannot check (the mbarriers, st.async, DSMEM reads, the
+acquire/release counters (v7d: the acquire and __syncwarp before its early loads), the 64-bit
+words' atomicity, the Gram kernel's tiles on the tensor
 cores) the GPU tests of test_cuda_epoch.py do."""
 
 import ctypes
@@ -31,7 +35,7 @@ HARNESS = "tests/ladder/csrc/epoch_v7_math_host.cu"
 K = 784
 GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
 CHAIN_FIRST = -1  # the chain CTAs run whenever their waits let them: a too-early read shows
-VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2}
+VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
@@ -40,6 +44,8 @@ BUGS_V7B = {4: "the tag compared to the wrong step (any written step's word acce
             6: "the ring's tags not cleared by the Gram launch (a short epoch's are the next's)"}
 BUGS_V7C = {7: "the helpers' sums written into the buffer of the wrong step parity",
             8: "the helpers' lag off by one (step t's G ring slots with step t + 1's Grams)"}
+BUGS_V7D = {9: "the G fetched ahead for step a holding G_{a+1}'s rows",
+            10: "the G fetched ahead before its counters are checked (checked when used)"}
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +202,8 @@ def test_the_harness_rejects_bad_arguments(lib):
         return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
                              ptr(np.zeros(2)), 0, bug, 0.0, variant)
 
-    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=3) == -1
-    assert call(bug=9, variant=2) == call(bug=8, variant=1) == -1
+    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=4) == -1
+    assert call(bug=9, variant=2) == call(bug=8, variant=1) == call(bug=11, variant=3) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])
@@ -210,3 +216,15 @@ def test_v7cs_planted_bugs_fail(lib, bug, fill, policy):
     w_ref, b_ref, _, _ = reference(data, cfg, 2)
     w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=2, code=None)
     assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7C[bug]  # NaN too
+
+
+@pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])
+@pytest.mark.parametrize("fill", [np.nan, 0.0], ids=["nan", "zeros"])
+@pytest.mark.parametrize("bug", BUGS_V7D)
+def test_v7ds_planted_bugs_fail(lib, bug, fill, policy):
+    # 11 steps: 6 updates inside the loop, each after a step that could fetch its G ahead.
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(10 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=3, code=None)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7D[bug]  # NaN too

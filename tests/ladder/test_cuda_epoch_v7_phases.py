@@ -22,20 +22,23 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The six instantiations of the epoch kernel (v7a, v7b, v7c, each untimed and timed) in one small
-# translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
+# The eight instantiations of the epoch kernel (v7a, v7b, v7c, v7d, each untimed and timed) in one
+# small translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
 KERNELS = """#include "epoch_v7_launch.cuh"
 void* const v7_kernels[] = {
     (void*)v7_epoch_kernel<false, false>, (void*)v7_epoch_kernel<true, false>,
     (void*)v7_epoch_kernel<false, true>, (void*)v7_epoch_kernel<true, true>,
     (void*)v7_epoch_kernel_c<false>, (void*)v7_epoch_kernel_c<true>,
+    (void*)v7_epoch_kernel_d<false>, (void*)v7_epoch_kernel_d<true>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {"untimed": "v7_epoch_kernelILb0ELb0E", "timed": "v7_epoch_kernelILb1ELb0E",
                  "untimed v7b": "v7_epoch_kernelILb0ELb1E", "timed v7b": "v7_epoch_kernelILb1ELb1E",
-                 "untimed v7c": "v7_epoch_kernel_cILb0E", "timed v7c": "v7_epoch_kernel_cILb1E"}
-"""ptxas's names of v7_epoch_kernel<TIMED, V7B> and of v7c's v7_epoch_kernel_c<TIMED>."""
+                 "untimed v7c": "v7_epoch_kernel_cILb0E", "timed v7c": "v7_epoch_kernel_cILb1E",
+                 "untimed v7d": "v7_epoch_kernel_dILb0E", "timed v7d": "v7_epoch_kernel_dILb1E"}
+"""ptxas's names of v7_epoch_kernel<TIMED, V7B>, v7c's v7_epoch_kernel_c<TIMED> and v7d's
+v7_epoch_kernel_d<TIMED>."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -139,12 +142,26 @@ def test_v7c_splits_its_chain_by_named_barriers(ptxas_report):
 
 
 @requires_nvcc
+def test_v7d_loads_g_ahead_only_after_an_acquire_and_a_warp_barrier(ptxas_report):
+    """v7d (csrc/epoch_v7d.cuh, V7GAhead::ahead): lanes 0-7 of a fetching warp read the chain's
+    counters with ld.acquire.gpu, the warp votes and passes __syncwarp (bar.warp.sync), and only
+    then are G's rows loaded (ld.global.cg.v4.f32): the loads never come before the check. In
+    the PTX's text order: the first global load after the acquire has a bar.warp.sync between
+    them. v7c's kernel has no such acquire (its workers poll in a function of their own)."""
+    ptx = ptxas_report["untimed v7d"]["ptx"]
+    assert "ld.acquire.gpu" not in ptxas_report["untimed v7c"]["ptx"]
+    acquire = ptx.index("ld.acquire.gpu")
+    load = ptx.index("ld.global.cg.v4.f32", acquire)
+    assert "bar.warp.sync" in ptx[acquire:load] and "vote.sync.all" in ptx[acquire:load]
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
     one reads the global timer at the start and end of each role's loop, the clock at least once
     a phase (clock() is a %clock64 read in PTX), and writes both arrays."""
-    for suffix in ("", " v7b", " v7c"):
+    for suffix in ("", " v7b", " v7c", " v7d"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         assert "%clock" not in untimed and "%globaltimer" not in untimed
@@ -173,7 +190,7 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
                                                 p]
     dummy = p(16)
     for n, batch, scratch, variant in ((1, 0, dummy, 0), (1, 129, dummy, 1), (0, 128, dummy, 0),
-                                       (1, 128, None, 1), (1, 128, dummy, 3),
+                                       (1, 128, None, 1), (1, 128, dummy, 4),
                                        (1, 128, dummy, -1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
                                                dummy, scratch, variant, dummy, dummy, None) == 1

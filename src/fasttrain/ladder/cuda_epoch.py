@@ -27,14 +27,16 @@ must all be resident — checked at setup; written without a GPU, its per-thread
 for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its GPU tests at 2.74
 ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
 Grams now by Gram kernel v2, `V7_GRAM_VERSION`, written without a GPU and not yet run on one).
-Version 7 has three variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
+Version 7 has four variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
 above, v7b (v7a with the worker partials handed to the chain as 8-byte words {value, step} polled
 until every tag is the step, one L2 round trip instead of a counter and then the data, and the
 chain's softmax on 16 lanes a row with shuffles; written without a GPU, its per-thread code run on
 the CPU for whole epochs against float64; on an H200, 2026-11-28, 2.185 ms/epoch against v7a's
 2.372) and v7c (v7b with the chain CTA's Gram terms j >= 2 on 8 helper warps a step ahead, handed
 over by a named barrier; written without a GPU, its per-thread code run on the CPU for whole epochs
-against float64, not yet run on one): version 7 means v7a until `V7_VARIANT` says otherwise.
+against float64; on an H200, 2026-11-28, 2.179 ms/epoch) and v7d (v7c with workers that fetch the
+next update's G during a step; written without a GPU, its per-thread code run on the CPU for whole
+epochs against float64, not yet run on one): version 7 means v7a until `V7_VARIANT` says otherwise.
 The signalled versions' waits are bounded: a protocol fault ends the launch and shows as a
 RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
@@ -69,11 +71,13 @@ SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_s
 PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
 V7_CTAS = 8  # v7's `ctas`: its chain cluster (the launch holds 64: 7 worker clusters more)
-V7_VARIANTS = ("a", "b", "c")
-"""v7's variants, in the library's order (`variant` 0, 1, 2 of its v7 entry points): v7a (H200,
-2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch) and
-v7c (csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; written
-without a GPU, not yet run on one). sync_cost.py times all three in one call."""
+V7_VARIANTS = ("a", "b", "c", "d")
+"""v7's variants, in the library's order (`variant` 0 … 3 of its v7 entry points): v7a (H200,
+2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch), v7c
+(csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; H200,
+2026-11-28 run 2: 2.179 ms/epoch) and v7d (csrc/epoch_v7d.cuh, epoch_v7d_math.cuh: v7c with the
+workers fetching the next update's G a step ahead; written without a GPU, not yet run on one).
+sync_cost.py times all four in one call."""
 V7_VARIANT = "a"  # version 7's, until a GPU measures v7b faster
 LAUNCHES = {7: 2}  # launches an epoch where not 1: v7a's Gram kernel, then its epoch kernel
 V7_GRAM_VERSIONS = (1, 2)
@@ -113,7 +117,9 @@ Gram terms' lane sums and the bias added in registers, "softmax" the 16-lane shu
 signal). v7c's chain (its thread 0 is a critical warp's) keeps them too: "Gram terms" is b_t, the
 term j = 1 with its lane shuffles and the wait at the hand-off barrier for the helper warps (their
 own work, off the critical path, is not timed): a long one says the helpers are late; nothing
-follows the publish."""
+follows the publish. v7d's workers keep them too: "wait G" is empty when the update's G was fetched
+ahead (else the poll and the loads), "update" starts by storing the fetched G into shared memory,
+and "partials" includes the fetching warps' non-blocking check and the issue of their loads."""
 
 
 def load_library() -> ctypes.CDLL:
@@ -415,8 +421,8 @@ class CudaEpoch(Impl):
                "csrc/epoch_v7.cuh", "csrc/epoch_v7_math.cuh", "csrc/epoch_v7_phases.cuh",
                "csrc/epoch_v7_launch.cuh", "csrc/epoch_v7_api.cuh",
                "csrc/epoch_v7b_math.cuh", "csrc/epoch_v7_sync.cuh", "csrc/gram_u8.cuh",
-               "csrc/gram_v2.cuh", "csrc/epoch_v7c.cuh",
-               "csrc/epoch_v7c_math.cuh")  # the kernel its figures come from
+               "csrc/gram_v2.cuh", "csrc/epoch_v7c.cuh", "csrc/epoch_v7c_math.cuh",
+               "csrc/epoch_v7d.cuh", "csrc/epoch_v7d_math.cuh")  # the kernel its figures come from
     device = "cuda"
 
     @classmethod

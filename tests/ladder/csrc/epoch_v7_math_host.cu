@@ -1,5 +1,5 @@
-// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a, v7b or v7c (epoch_v7.cuh,
-// epoch_v7c.cuh, `variant` 0, 1 or 2) on the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
+// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a, v7b, v7c or v7d
+// (epoch_v7.cuh, epoch_v7c.cuh, epoch_v7d.cuh, `variant` 0, 1, 2 or 3) on the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
 //   - the Gram kernel: every Γ_{t,j} (exact integer sums rounded once to float) at the kernel's
@@ -22,6 +22,12 @@
 //     critical step t ≥ 1 waits for iteration t − 1 (the hand-off). Checked: every G a helper reads
 //     is complete in its slot, and a sender writes a slot only after the owner's helpers have
 //     finished every iteration that reads the slot's previous G;
+//   - v7d (variant 3: v7c's chain, workers fetching G ahead, epoch_v7d.cuh's V7GAhead): after
+//     step t's partials a worker cluster copies the next update's G_a (a = the updates applied so
+//     far) from global memory into its fetching threads' registers if all 8 chain counters say
+//     G_a is published (a snapshot of global memory at that point); the update stages the held G
+//     if it is G_a's, else fetches it then (its runnable check has waited for the counters). The
+//     hardware's side of the ordering (acquire, __syncwarp, ld.cg) is the GPU tests';
 //   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
@@ -34,8 +40,11 @@
 // counters say a steps (not a + 1) are published (a stale G); v7b only: 4 the chain's tag
 // compared to the wrong step (any written step accepted: the slot's previous one, t − V7_PR), 5
 // the softmax's shuffles of width 8 (not 16), 6 the Gram launch not clearing the ring (a short
-// epoch's tags are the next epoch's too); v7c only: 7 the helpers' sums written into the buffer of
-// the wrong step parity, 8 the helpers' lag off by one (step t's ring slots with step t + 1's Γ).
+// epoch's tags are the next epoch's too); v7c (and v7d) only: 7 the helpers' sums written into the
+// buffer of the wrong step parity, 8 the helpers' lag off by one (step t's ring slots with step
+// t + 1's Γ); v7d only: 9 the G fetched ahead for step a holding G_{a+1}'s rows (the prefetch a
+// step off), 10 the G fetched ahead before its counters are checked (the check when the update
+// comes: a snapshot taken before the chain published it is used).
 #define FT_HOST_MATH
 #include <cmath>
 #include <algorithm>
@@ -47,6 +56,7 @@
 #include "epoch_v7_math.cuh"
 #include "epoch_v7b_math.cuh"
 #include "epoch_v7c_math.cuh"
+#include "epoch_v7d_math.cuh"
 
 #if !defined(__CUDA_ARCH__)  // host code only
 namespace {
@@ -109,6 +119,8 @@ struct Chain {
 };
 struct Worker {
   std::vector<float> sm = std::vector<float>(WorkerSmem::FLOATS, 0.f);
+  // v7d: the fetching threads' registers (V7GAhead::g), at G's float4 indices (v7d_vec).
+  std::vector<float> pf = std::vector<float>(BMAX * V7_GROW, NAN);
 };
 
 struct Emulation {
@@ -120,6 +132,7 @@ struct Emulation {
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
+  int held[V7_WCLUSTERS] = {};  // v7d: the step whose G the cluster's fetching threads hold
   bool violated = false;
 
   int applied_before(int t) const {
@@ -180,7 +193,7 @@ struct Emulation {
       chain_load_gram(e, s.gram, 0, q, tid, c.gam_of(tid));
       for (float& a : c.acc_of(tid)) a = 0.f;
     }
-    if (variant != 2) return;
+    if (variant < 2) return;
     for (int tid = 0; tid < V7C_CRIT; ++tid) v7c_load_gram<1>(e, s.gram, 0, q, tid, 1, c.gam1_of(tid));
     if (e.steps > 1)
       for (int h = 0; h < V7C_HELP; ++h)
@@ -190,7 +203,7 @@ struct Emulation {
   // warps' hand-off of step t (here: after their whole step t).
   bool helper_runnable(int q) const {
     const Chain& c = chain[q];
-    return variant == 2 && c.hnext + 1 < e.steps && c.next > c.hnext;
+    return variant >= 2 && c.hnext + 1 < e.steps && c.next > c.hnext;
   }
   void helper_step(int q) {
     Chain& c = chain[q];
@@ -228,7 +241,7 @@ struct Emulation {
     // phase of that parity has completed, i.e. while the current phase's parity differs.
     if (t > 0 && (c.phases[v7_slot(t - 1)] & 1) == v7_parity(t - 1)) return false;
     if (t == e.steps) return true;  // the last wait: G_{steps−1}
-    if (variant == 2 && t >= 1 && c.hnext < t) return false;  // the hand-off: helpers' t − 1
+    if (variant >= 2 && t >= 1 && c.hnext < t) return false;  // the hand-off: helpers' t − 1
     if (variant >= 1) {
       std::vector<float> p(V7_SMT);
       return tagged_ready(q, t, p.data());
@@ -255,7 +268,7 @@ struct Emulation {
     float p[V7_SMT];  // v7b: the thread's partials, read (with their tags) after the G wait
     if (variant >= 1 && !tagged_ready(q, t, p)) violated = true;  // ran before its words came
     float j1[V7C_CRIT] = {};  // v7c: the critical lanes' term j = 1, summed by shuffles
-    if (variant == 2) {
+    if (variant >= 2) {
       HostWarp16 warp{bug == 5 ? 8 : 0};
       for (int w = 0; w < V7C_CRIT / 32; ++w) {
         HostWarp16::Reg<float> acc[C];
@@ -288,7 +301,7 @@ struct Emulation {
         HostWarp16::Reg<float> z, loss, correct;
         for (int lane = 0; lane < 32; ++lane) {
           const int tid = 32 * w + lane;
-          z[lane] = variant == 2 ? chain_logit_c(e, t, q, tid, p[tid], used_bias, j1[tid],
+          z[lane] = variant >= 2 ? chain_logit_c(e, t, q, tid, p[tid], used_bias, j1[tid],
                                                  sm + v7c_hq_at(t))
                                  : chain_logit16(e, t, q, tid, p[tid], used_bias, red);
           loss[lane] = c.loss[tid];
@@ -315,7 +328,7 @@ struct Emulation {
       Chain& dst = chain[d];
       if (dst.armed[slot] != t) violated = true;  // d has not read G_{t−NB} yet
       // v7c: nor have d's helpers (iterations t − NB + 1 … t − 2 read G_{t−NB})
-      if (variant == 2 && t >= V7_NB && dst.hnext <= t - V7_NB + V7_LAG - 1) violated = true;
+      if (variant >= 2 && t >= V7_NB && dst.hnext <= t - V7_NB + V7_LAG - 1) violated = true;
       float* ds = dst.sm.data() + ChainSmem::RING + slot * ChainSmem::GSLOT;
       for (int i = 0; i < V7_RPC; ++i) {
         const int row = q * V7_RPC + i;
@@ -330,7 +343,7 @@ struct Emulation {
       if (row < e.rows(t)) std::memcpy(s.g + (size_t(t) * BMAX + row) * V7_GROW, gl + i * 16, 64);
     }
     s.gflag[q] = t + 1;
-    if (variant == 2) return;  // the terms j ≥ 2: the helpers'
+    if (variant >= 2) return;  // the terms j ≥ 2: the helpers'
     for (int tid = 0; tid < V7_T; ++tid) {  // step t + 1's Γ and its terms j ≥ 2
       for (float& a : c.acc_of(tid)) a = 0.f;
       if (t + 1 == e.steps) continue;
@@ -348,6 +361,7 @@ struct Emulation {
         for (int c = 0; c < C; ++c) sm[WorkerSmem::W + f * 16 + c] = w[c * K + f0 + f];
     }
     wnext[k] = wapplied[k] = 0;
+    held[k] = -1;
     store_x(k, 0);
   }
   bool worker_runnable(int k) const {
@@ -366,11 +380,41 @@ struct Emulation {
         worker_store_x(e, t, tid, V7_T, buf, workers[k][r].sm.data() + WorkerSmem::XS);
       }
   }
+  // v7d: every fetching thread's float4s of G_a from global memory (bug 9: G_{a+1}'s, a step
+  // off), as V7GAhead::load; a snapshot of what global memory holds now.
+  void fetch(int k, int a) {
+    const int src = bug == 9 && a + 1 < e.steps ? a + 1 : a;
+    for (int r = 0; r < V7_CLUSTER; ++r)
+      for (int tid = V7D_PF0; tid < V7_T; ++tid)
+        for (int kk = 0; kk < V7D_VEC; ++kk) {
+          const int i = v7d_vec(tid, kk);
+          if (v7d_vec_valid(e, a, i))
+            std::memcpy(workers[k][r].pf.data() + 4 * i, s.g + size_t(src) * BMAX * V7_GROW + 4 * i,
+                        16);
+        }
+    held[k] = a;
+  }
+  // v7d: V7GAhead::ahead during step t's partials: the loads only once all 8 counters say G_a is
+  // published (bug 10: the loads first, the counters checked when the update comes, i.e. after).
+  void ahead(int k, int a) {
+    if (held[k] == a || (bug != 10 && !g_published(a))) return;
+    fetch(k, a);
+  }
   void update(int k, int a) {
+    if (variant == 3 && held[k] != a) fetch(k, a);  // not fetched ahead: V7GAhead::wait's loads
     for (int r = 0; r < V7_CLUSTER; ++r) {
       float* sm = workers[k][r].sm.data();
-      std::memcpy(sm + WorkerSmem::GS, s.g + size_t(a) * BMAX * V7_GROW,
-                  4 * e.rows(a) * V7_GROW);
+      if (variant == 3) {  // V7GAhead::stage
+        for (int tid = V7D_PF0; tid < V7_T; ++tid)
+          for (int kk = 0; kk < V7D_VEC; ++kk) {
+            const int i = v7d_vec(tid, kk);
+            if (v7d_vec_valid(e, a, i))
+              std::memcpy(sm + WorkerSmem::GS + 4 * i, workers[k][r].pf.data() + 4 * i, 16);
+          }
+      } else {
+        std::memcpy(sm + WorkerSmem::GS, s.g + size_t(a) * BMAX * V7_GROW,
+                    4 * e.rows(a) * V7_GROW);
+      }
       for (int tid = 0; tid < V7_T; ++tid)
         worker_update_sums(e, a, sm + WorkerSmem::XS, sm + WorkerSmem::GS, tid,
                            sm + WorkerSmem::URED);
@@ -399,6 +443,7 @@ struct Emulation {
                        sm + WorkerSmem::PBUF + p * BMAX * V7_GROW);
     }
     if (t + 1 < e.steps) store_x(k, t + 1);  // after the updates read x_{t−L−1}
+    if (variant == 3 && wapplied[k] < e.steps) ahead(k, wapplied[k]);  // the next update's G
     for (int r = 0; r < V7_CLUSTER; ++r) {  // after the cluster barrier
       const auto remote = [&](int src, int i) {
         return workers[k][src].sm[WorkerSmem::PBUF + p * BMAX * V7_GROW + i];
@@ -455,7 +500,7 @@ struct Emulation {
       if (wnext[k] <= e.steps) return -2;
     for (int q = 0; q < V7_CHAIN; ++q) {
       if (chain[q].next <= e.steps) return -2;
-      if (variant == 2 && chain[q].hnext != std::max(e.steps - 1, 0)) return -2;
+      if (variant >= 2 && chain[q].hnext != std::max(e.steps - 1, 0)) return -2;
       for (int tid = 0; tid < V7_T; ++tid) {
         stats[0] += chain[q].loss[tid];
         stats[1] += chain[q].correct[tid];
@@ -469,15 +514,16 @@ struct Emulation {
 
 }  // namespace
 
-// `epochs` epochs of v7a (variant 0), v7b (1) or v7c (2) on (w [10][784], b [10]) in place, orders
+// `epochs` epochs of v7a (variant 0), v7b (1), v7c (2) or v7d (3) on (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
                          int bug, float fill, int variant) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 8 || variant < 0 ||
-      variant > 2 || (bug > 3 && variant < 1) || (bug > 6 && variant != 2))
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 10 || variant < 0 ||
+      variant > 3 || (bug > 3 && variant < 1) || (bug > 6 && bug < 9 && variant < 2) ||
+      (bug > 8 && variant != 3))
     return -1;
   const int steps = (n + bs - 1) / bs;
   std::vector<float> scratch((v7_scratch_bytes(steps) + 3) / 4, fill);

@@ -240,7 +240,24 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
 }
 
 // ---- 3. the workers (cluster 1 + k, CTA r) ----------------------------------------------------
-template <bool TIMED, bool V7B>
+// v7a/v7b's hand-over of G_a to a worker CTA: threads 0 … 7 poll the 8 chain counters (wait),
+// then, after the CTA's barrier, every thread loads G_a's rows from L2 into gs (stage); nothing
+// fetched ahead. v7d's V7GAhead (epoch_v7d.cuh) fetches the next update's G during a step.
+struct V7GDirect {
+  __device__ __forceinline__ bool wait(const V7Args& v, int a, int tid) {
+    return tid >= V7_CHAIN ||
+           poll_at_least(v.s.gflag + tid, v7_g_ready(a), WAIT_V7_G | blockIdx.x << 4 | a << 12);
+  }
+  __device__ __forceinline__ void stage(const V7Args& v, int a, int tid, float* gs) {
+    for (int i = tid; i < v.e.rows(a) * V7_GROW / 4; i += V7_T)
+      reinterpret_cast<float4*>(gs)[i] =
+          __ldcg(reinterpret_cast<const float4*>(v.s.g + size_t(a) * BMAX * V7_GROW) + i);
+  }
+  __device__ __forceinline__ void ahead(const V7Args&, int, int) {}
+};
+
+// GF: how G reaches the update (V7GDirect, or v7d's V7GAhead).
+template <bool TIMED, bool V7B, class GF = V7GDirect>
 __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
   using S = WorkerSmem;
   const V7Epoch& e = v.e;
@@ -254,16 +271,12 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
   cluster_barrier();  // every CTA of the cluster runs before anyone reads its shared memory
   V7PhaseClock<TIMED> clock;
 
+  GF gf;
   // The update with G_a, after all 8 chain CTAs published it. False: a wait failed.
   auto update = [&](int a) {
-    bool ok = true;
-    if (tid < V7_CHAIN)
-      ok = poll_at_least(v.s.gflag + tid, v7_g_ready(a), WAIT_V7_G | blockIdx.x << 4 | a << 12);
-    if (__syncthreads_or(!ok)) return false;
+    if (__syncthreads_or(!gf.wait(v, a, tid))) return false;
     clock.mark(V7W_WAIT_G);
-    for (int i = tid; i < e.rows(a) * V7_GROW / 4; i += V7_T)
-      reinterpret_cast<float4*>(gs)[i] =
-          __ldcg(reinterpret_cast<const float4*>(v.s.g + size_t(a) * BMAX * V7_GROW) + i);
+    gf.stage(v, a, tid, gs);
     __syncthreads();
     worker_update_sums(e, a, xs, gs, tid, ured);
     __syncthreads();
@@ -290,6 +303,9 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
     // x_{t+1} into slot (t + 1) % XR, whose x_{t−L−1} this step's last update read (its
     // __syncthreads passed); read from the next step's barrier on.
     if (t + 1 < steps) worker_store_x(e, t + 1, tid, V7_T, xb, xs);
+    // v7d: G of the next update (step `applied`'s), fetched now by the warps the partials leave
+    // idle, its loads in flight through the barrier and the reduce (V7GDirect: nothing).
+    if (ok && applied < steps) gf.ahead(v, applied, tid);
     clock.mark(V7W_PARTIALS);
     if (tid == 0) okb[p] = ok;
     cluster_barrier();

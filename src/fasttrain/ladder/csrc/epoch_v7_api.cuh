@@ -30,6 +30,10 @@
 //      v7b with the chain CTA's warps split: warps 0-7 the critical path (the term j = 1 on 16
 //      lanes a row, summed by shuffles), warps 8-15 step t + 1's terms j >= 2 during step t,
 //      handed over by one 512-thread named barrier a step (a stop flag read after it).
+//   v7d (epoch_v7d.cuh, epoch_v7d_math.cuh; variant 3; written without a GPU, not yet run on one)
+//      v7c with workers that fetch the next update's G a step ahead: during the partials, warps
+//      8-15 check the 8 chain counters without blocking (ld.acquire, then __syncwarp) and load
+//      G into registers, consumed by the next update (which polls as v7b's if it was not there).
 #pragma once
 #include "epoch_v7_launch.cuh"
 
@@ -45,12 +49,13 @@ long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
 // v7's co-residency, checked at setup: *clusters = how many clusters of 8 of its epoch kernel the
 // device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
 // Returns 0 or a cudaError_t.
-// `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2).
+// `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3).
 int cuda_epoch_v7_residency(int variant, int* clusters, int* needed) {
   *needed = V7_CTAS / V7_CLUSTER;
   *clusters = 0;
   if (variant < 0 || variant >= V7_VARIANTS) return cudaErrorInvalidValue;
-  const auto kernel = variant == V7C   ? v7_epoch_kernel_c<>
+  const auto kernel = variant == V7D   ? v7_epoch_kernel_d<>
+                      : variant == V7C ? v7_epoch_kernel_c<>
                       : variant == V7B ? v7_epoch_kernel<false, true>
                                        : v7_epoch_kernel<>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -61,12 +66,13 @@ int cuda_epoch_v7_residency(int variant, int* clusters, int* needed) {
   return cudaOccupancyMaxActiveClusters(clusters, kernel, &cfg);
 }
 
-// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a, v7b, v7c). Host only.
+// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a, v7b, v7c, v7d).
+// Host only.
 int cuda_epoch_v7_variants() { return V7_VARIANTS; }
 
-// One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b; 2 v7c), args as
-// cuda_epoch_train's with ctas = 8, cluster = 1 and `scratch` of cuda_epoch_v7_scratch_bytes: its
-// Grams, then its epoch kernel, on `stream`. Returns 0 or a cudaError_t (a timed-out wait shows in
+// One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b; 2 v7c; 3 v7d),
+// args as cuda_epoch_train's with ctas = 8, cluster = 1 and `scratch` of
+// cuda_epoch_v7_scratch_bytes: its Grams, then its epoch kernel, on `stream`. Returns 0 or a cudaError_t (a timed-out wait shows in
 // cuda_epoch_signal_status).
 int cuda_epoch_v7_train(const void* x, const void* y, const void* order, int n, int bs, float lr,
                         void* w, void* b, void* stats, void* scratch, int variant,

@@ -1,10 +1,11 @@
 // cuda-epoch v7's host side (epoch_v7_api.cuh's entry points call it): the launch configuration,
-// an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel of v7a, v7b or
-// v7c, TIMED or not), and the phase profile's read-back. v7's variants: V7A (0), V7B (1) and V7C
-// (2), the `variant` of the entry points (cuda_epoch.V7_VARIANTS).
+// an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel of v7a, v7b,
+// v7c or v7d, TIMED or not), and the phase profile's read-back. v7's variants: V7A (0), V7B (1), V7C
+// (2) and V7D (3), the `variant` of the entry points (cuda_epoch.V7_VARIANTS).
 #pragma once
 #include "epoch_v7.cuh"
 #include "epoch_v7c.cuh"
+#include "epoch_v7d.cuh"
 
 namespace {
 
@@ -29,7 +30,7 @@ cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, c
 
 // The Gram kernels: 1 (v7a's, measured on an H200) or 2 (gram_v2.cuh, not yet run on a GPU).
 constexpr int V7_GRAM_VERSION = 2;  // the epoch's
-enum V7Variant { V7A = 0, V7B = 1, V7C = 2, V7_VARIANTS };
+enum V7Variant { V7A = 0, V7B = 1, V7C = 2, V7D = 3, V7_VARIANTS };
 V7Args v7_args(const Args& a, bool tagged = false) {
   const int steps = (a.n + a.bs - 1) / a.bs;
   return V7Args{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps), tagged};
@@ -52,11 +53,14 @@ cudaError_t v7_grams(const V7Args& v, int version, cudaStream_t stream) {
 }
 
 // TIMED: the phase-profiling build of the epoch kernel (the same arithmetic: it trains). V7B:
-// v7b's kernel (and its Gram launch clears the tagged partials' ring); V7C (with V7B): v7c's.
-template <bool TIMED = false, bool V7B = false, bool V7C = false>
+// v7b's kernel (and its Gram launch clears the tagged partials' ring); V7C (with V7B): v7c's;
+// V7D (with V7B): v7d's.
+template <bool TIMED = false, bool V7B = false, bool V7C = false, bool V7D = false>
 cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   if (a.scratch == nullptr) return cudaErrorInvalidValue;
-  constexpr auto kernel = V7C ? v7_epoch_kernel_c<TIMED> : v7_epoch_kernel<TIMED, V7B>;
+  constexpr auto kernel = V7D   ? v7_epoch_kernel_d<TIMED>
+                          : V7C ? v7_epoch_kernel_c<TIMED>
+                                : v7_epoch_kernel<TIMED, V7B>;
   const V7Args v = v7_args(a, V7B);
   cudaError_t err = v7_grams(v, V7_GRAM_VERSION, stream);
   if (err == cudaSuccess)
@@ -67,12 +71,13 @@ cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   const cudaLaunchConfig_t cfg = v7_config(attr, true, stream);
   return cudaLaunchKernelEx(&cfg, kernel, v);
 }
-// `variant` (V7A, V7B, V7C) resolved once, here.
+// `variant` (V7A, V7B, V7C, V7D) resolved once, here.
 template <bool TIMED = false>
 cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream) {
   if (variant == V7A) return train_v7<TIMED, false>(a, stream);
   if (variant == V7B) return train_v7<TIMED, true>(a, stream);
   if (variant == V7C) return train_v7<TIMED, true, true>(a, stream);
+  if (variant == V7D) return train_v7<TIMED, true, false, true>(a, stream);
   return cudaErrorInvalidValue;
 }
 
