@@ -11,18 +11,28 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_state_dict,
-)
 
 from fasttrain.models import apply_activation_checkpointing, build_model
 from tests.engine.launch import Part
 from tests.engine.test_tensor_parallel import ARGS, assert_same_run
 
-FLAT = StateDictOptions(flatten_optimizer_state_dict=True)  # as distributed.sharded_state
+# torch.distributed.checkpoint is imported by the tests that use it, not with the module: every
+# pytest process collects this module (each xdist worker, `pytest -m slow`, gpu-check's gpu-tests
+# step), and the import cost 1.3-2.0 s of CPU a process (`import torch` alone 2.8-3.0 s, with
+# torch.distributed.checkpoint 4.3-4.9 s; a busy 2-core EPYC, 2026-11-28).
+
+
+def dcp_api():
+    """torch.distributed.checkpoint, its get_state_dict and set_state_dict, and the options of
+    distributed.sharded_state (the optimizer state flattened)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_state_dict,
+        set_state_dict,
+    )
+
+    return dcp, get_state_dict, set_state_dict, StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def trained(checkpointing: bool, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -38,8 +48,9 @@ def trained(checkpointing: bool, seed: int) -> tuple[torch.nn.Module, torch.opti
 
 
 def test_dcp_names_are_the_unwrapped_models():
-    plain = get_state_dict(*trained(False, 0), options=FLAT)
-    wrapped = get_state_dict(*trained(True, 0), options=FLAT)
+    _, get_state_dict, _, flat = dcp_api()
+    plain = get_state_dict(*trained(False, 0), options=flat)
+    wrapped = get_state_dict(*trained(True, 0), options=flat)
     for a, b in zip(plain, wrapped, strict=True):  # model, then optimizer
         assert list(a) == list(b)
         assert not any("_checkpoint_wrapped_module" in k for k in b)
@@ -47,17 +58,18 @@ def test_dcp_names_are_the_unwrapped_models():
 
 @pytest.mark.parametrize("saved_with, loaded_with", [(True, False), (False, True)])
 def test_a_dcp_checkpoint_loads_with_checkpointing_switched(tmp_path, saved_with, loaded_with):
+    dcp, get_state_dict, set_state_dict, flat = dcp_api()
     model, opt = trained(saved_with, seed=1)
-    dcp.save(dict(zip(("model", "optimizer"), get_state_dict(model, opt, options=FLAT),
+    dcp.save(dict(zip(("model", "optimizer"), get_state_dict(model, opt, options=flat),
                       strict=True)), checkpoint_id=tmp_path)
     other, other_opt = trained(loaded_with, seed=2)  # different weights and momenta
-    state = dict(zip(("model", "optimizer"), get_state_dict(other, other_opt, options=FLAT),
+    state = dict(zip(("model", "optimizer"), get_state_dict(other, other_opt, options=flat),
                      strict=True))
     dcp.load(state, checkpoint_id=tmp_path)
     set_state_dict(other, other_opt, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"], options=FLAT)
-    want = get_state_dict(model, opt, options=FLAT)
-    got = get_state_dict(other, other_opt, options=FLAT)
+                   optim_state_dict=state["optimizer"], options=flat)
+    want = get_state_dict(model, opt, options=flat)
+    got = get_state_dict(other, other_opt, options=flat)
     for a, b in zip(want, got, strict=True):
         assert a.keys() == b.keys()
         for k in a:

@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fasttrain.engine.scaler import sharded_scaler
+# engine/scaler.py is imported by the test, not with the module: it imports torch's FSDP, DTensor
+# and sympy (~1 s of CPU), which every pytest process that collects this module would pay (the
+# engine itself imports it only for fp16 on sharded layouts).
 
 
 @pytest.fixture
@@ -38,6 +40,8 @@ def params(mesh, bad: bool):
 def test_plain_and_dtensor_gradients_unscale_together_and_skip_together(mesh, bad):
     shard, plain = params(mesh, bad)
     opt = torch.optim.SGD([shard, plain], lr=0.5)
+    from fasttrain.engine.scaler import sharded_scaler
+
     scaler = sharded_scaler(torch.device("cpu"))
     assert scaler.get_scale() == 2.0**16
     scaler.unscale_(opt)
