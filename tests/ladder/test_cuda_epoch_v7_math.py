@@ -32,6 +32,10 @@ VARIANTS = {"v7a": 0, "v7b": 1}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
+GRAMS = {"two launches": 0, "one launch": 1}  # the Grams by their own launch, or by producers
+BUGS_ONE_LAUNCH = {7: "the chain not waiting for the producers' flag of Γ",
+                   8: "a producer's flag published before the Gram's last row",
+                   9: "the chain and workers not waiting for producer 0's reset"}
 BUGS_V7B = {4: "the tag compared to the wrong step (any written step's word accepted)",
             5: "the softmax's shuffles of width 8, not 16",
             6: "the ring's tags not cleared by the Gram launch (a short epoch's are the next's)"}
@@ -42,13 +46,14 @@ def lib(tmp_path_factory):
     lib = compile_harness(HARNESS, tmp_path_factory.mktemp("v7"))
     p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.v7_epochs.argtypes = [i32, p, p, p, i32, i32, ctypes.c_float, p, p, p, i32, i32,
-                              ctypes.c_float, i32]
+                              ctypes.c_float, i32, i32]
     lib.v7_shape.argtypes = [i32]
     lib.v7_shape.restype = ctypes.c_longlong
     return lib
 
 
-def v7_run(lib, data, cfg, epochs, policy=GREEDY, bug=0, fill=np.nan, variant=0, code=0):
+def v7_run(lib, data, cfg, epochs, policy=GREEDY, bug=0, fill=np.nan, variant=0, code=0,
+           grams=0):
     """The emulation's weights, bias and stats; `code`: the return code it must give (None: any,
     then returned in place of the stats)."""
     w = data.w0.astype(np.float32).copy()
@@ -58,7 +63,7 @@ def v7_run(lib, data, cfg, epochs, policy=GREEDY, bug=0, fill=np.nan, variant=0,
     y = data.train_y.astype(np.int32)
     orders = np.ascontiguousarray(data.orders[:epochs], dtype=np.int32)
     got = lib.v7_epochs(epochs, ptr(x), ptr(y), ptr(orders), data.n_train, cfg.batch_size,
-                        cfg.lr, ptr(w), ptr(b), ptr(stats), policy, bug, fill, variant)
+                        cfg.lr, ptr(w), ptr(b), ptr(stats), policy, bug, fill, variant, grams)
     if code is None:
         return w, b, got
     assert got == code, {-1: "bad arguments", -2: "deadlock",
@@ -187,8 +192,57 @@ def test_v7bs_planted_bugs_fail(lib, bug, fill):
 
 def test_the_harness_rejects_bad_arguments(lib):
     one = np.zeros(1, np.int32)
-    def call(bs=1, bug=0, variant=0):
+    def call(bs=1, bug=0, variant=0, grams=0):
         return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
-                             ptr(np.zeros(2)), 0, bug, 0.0, variant)
+                             ptr(np.zeros(2)), 0, bug, 0.0, variant, grams)
 
     assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=2) == -1
+    assert call(grams=2) == call(grams=1, bug=10) == call(grams=1, bug=4) == -1
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1, 2])
+def test_one_launch_epochs_of_random_uint8_equal_float64(lib, policy, variant):
+    # v7 in one launch: the producers among the units (run last by the greedy orders), 3 epochs on
+    # one scratch (the flags numbered by epoch: nothing zeroed between them), each epoch's
+    # counters reset by producer 0 behind its flag.
+    cfg = LadderConfig(epochs=3)
+    data = make_ladder_data(random_uint8(10 * 128 + 96), cfg)
+    w, b, stats = v7_run(lib, data, cfg, 3, policy, variant=VARIANTS[variant], grams=1)
+    w_ref, b_ref, loss, correct = reference(data, cfg, 3)
+    assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
+    assert stats[0] == pytest.approx(loss, rel=1e-5)
+    assert abs(stats[1] - correct) <= 3  # a near-tie may round either way
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(("n", "batch"), [(224, 128), (150, 64), (150, 16)])
+def test_one_launch_short_epochs_and_small_batches_equal_float64(lib, n, batch, variant):
+    # 64-row batches: every step's second item has no rows (its flag published all the same).
+    cfg = LadderConfig(epochs=2, batch_size=batch)
+    data = make_ladder_data(tiny_images(n_train=n), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    for policy in (3, CHAIN_FIRST, GREEDY):
+        for fill in (np.nan, 0.0):
+            w, b, _ = v7_run(lib, data, cfg, 2, policy, 0, fill, VARIANTS[variant], grams=1)
+            assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (policy, fill)
+
+
+ONE_LAUNCH_BUG_POLICY = {7: CHAIN_FIRST, 8: CHAIN_FIRST, 9: GREEDY}
+"""Where each one-launch bug shows: 7 and 8 a chain that runs as soon as it may (the producers
+last), 9 workers that run as far ahead as the (stale) counters let them."""
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("fill", [np.nan, 0.0], ids=["nan", "zeros"])
+@pytest.mark.parametrize("bug", BUGS_ONE_LAUNCH)
+def test_one_launch_planted_bugs_fail(lib, bug, fill, variant):
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    policy = ONE_LAUNCH_BUG_POLICY[bug]
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, VARIANTS[variant], code=None,
+                        grams=1)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_ONE_LAUNCH[bug]
+    w, b, _ = v7_run(lib, data, cfg, 2, policy, 0, fill, VARIANTS[variant], grams=1)  # the fix
+    assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
