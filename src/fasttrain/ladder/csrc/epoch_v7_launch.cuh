@@ -90,7 +90,8 @@ cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
 // `grams`: as train_v7_variant's (the producer CTAs are not profiled: they write no figures).
 cudaError_t v7_phase_profile(const Args& a, int variant, unsigned int* clocks, long long* span,
                              cudaStream_t stream, int grams = V7_GRAMS_KERNEL) {
-  if (variant < 0 || variant >= V7_VARIANTS) return cudaErrorInvalidValue;
+  if (variant < 0 || variant >= V7_VARIANTS || grams < 0 || grams >= V7_GRAMS_MODES)
+    return cudaErrorInvalidValue;
   void *c = nullptr, *s = nullptr;
   cudaError_t err = cudaGetSymbolAddress(&c, g_v7_phase_clocks);
   if (err == cudaSuccess) err = cudaGetSymbolAddress(&s, g_v7_phase_ns);
