@@ -214,7 +214,7 @@ def fake_kernel(lib, monkeypatch, v7_variant="a", v7_grams="kernel"):
     monkeypatch.setattr(ce, "stream_handle", lambda: None)
     k = object.__new__(ce.EpochKernel)
     k.lib, k.version, k.cluster, k.ctas, k.n = lib, 7, True, ce.V7_CTAS, 150
-    k.v7_variant, k.v7_grams = v7_variant, v7_grams
+    k.v7_variant, k.v7_grams_by = v7_variant, v7_grams
     k.cfg = LadderConfig(batch_size=16)
     k.x, k.y = torch.zeros(150, 784, dtype=torch.uint8), torch.zeros(150, dtype=torch.int32)
     k.orders = torch.zeros(2, 150, dtype=torch.int32)

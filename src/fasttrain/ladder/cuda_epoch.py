@@ -239,7 +239,7 @@ class EpochKernel:
             raise ValueError(f"v7_grams is version 7's, one of {V7_GRAMS}: not {v7_grams!r} of "
                              f"version {self.version}")
         self.v7_variant = (v7_variant or V7_VARIANT) if self.version == 7 else None
-        self.v7_grams = (v7_grams or V7_GRAMS_DEFAULT) if self.version == 7 else None
+        self.v7_grams_by = (v7_grams or V7_GRAMS_DEFAULT) if self.version == 7 else None
         ctas = cta_counts(self.version)[-1] if ctas is None else ctas  # v2-v6: CTAS, v7: 8
         self.n, self.cfg, self.ctas = data.n_train, cfg, ctas
         launch_config(self.lib, ctas, self.version, self.cluster)  # a bad variant: ValueError
@@ -269,13 +269,13 @@ class EpochKernel:
                                                          ctypes.byref(needed)),
               "cuda_epoch_v7_residency")
         if clusters.value < needed.value:
-            roles = ("one chain, 7 worker clusters" if self.v7_grams == "kernel" else
+            roles = ("one chain, 7 worker clusters" if self.v7_grams_by == "kernel" else
                      "one chain, 7 worker and 7 Gram producer clusters (v7_grams='launch')")
             raise RuntimeError(
                 f"cuda-epoch v7 needs {needed.value} co-resident clusters of 8 CTAs ({roles}, "
                 f"each CTA a whole SM) and this GPU holds {clusters.value} "
                 f"(cudaOccupancyMaxActiveClusters; another process or MPS may hold SMs). Use "
-                f"version {VERSION}" + (" or v7_grams='kernel'." if self.v7_grams == "launch"
+                f"version {VERSION}" + (" or v7_grams='kernel'." if self.v7_grams_by == "launch"
                                         else "."))
 
     def run(self, epoch: int, w=None, b=None, stats=None, check_signals: bool = True) -> None:
@@ -398,17 +398,17 @@ class EpochKernel:
     @property
     def launches(self) -> int:
         """Kernel launches an epoch: LAUNCHES's, v7 in one launch 1."""
-        return 1 if self.v7_grams == "launch" else LAUNCHES.get(self.version, 1)
+        return 1 if self.v7_grams_by == "launch" else LAUNCHES.get(self.version, 1)
 
     @property
     def v7_grams_index(self) -> int:
         """The library's `grams` of this version-7 kernel (V7_GRAMS's order)."""
-        return V7_GRAMS.index(self.v7_grams)
+        return V7_GRAMS.index(self.v7_grams_by)
 
     @property
     def variant(self) -> str:
         if self.version == 7:
-            if self.v7_grams == "launch":
+            if self.v7_grams_by == "launch":
                 return (f"v7{self.v7_variant} in one launch, a chain cluster of 8 CTAs, 7 worker "
                         f"and 7 Gram producer clusters (120 CTAs)")
             return (f"v7{self.v7_variant}, a chain cluster of 8 CTAs and 7 worker clusters "
