@@ -125,13 +125,15 @@ def test_short_epochs_and_small_batches_equal_float64(lib, n, batch, variant):
 
 @requires_mnist
 @pytest.mark.slow
+@pytest.mark.parametrize("grams", GRAMS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_a_slice_of_mnist_equals_float64(lib, variant):
+def test_a_slice_of_mnist_equals_float64(lib, variant, grams):
     cfg = LadderConfig(epochs=1)
     data = make_ladder_data(mnist_slice(), cfg)
     w_ref, b_ref, _, _ = reference(data, cfg, 1)
     for policy in (GREEDY, 1):
-        w, b, _ = v7_run(lib, data, cfg, 1, policy, variant=VARIANTS[variant])
+        w, b, _ = v7_run(lib, data, cfg, 1, policy, variant=VARIANTS[variant],
+                         grams=GRAMS[grams])
         assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, policy
 
 
