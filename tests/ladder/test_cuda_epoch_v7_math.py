@@ -36,7 +36,7 @@ BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
 GRAMS = {"two launches": 0, "one launch": 1}  # the Grams by their own launch, or by producers
-ONE_LAUNCH = {"v7a": 0, "v7b": 1}  # with a one-launch kernel (cuda_epoch.V7_ONE_LAUNCH)
+ONE_LAUNCH = VARIANTS  # every variant has a one-launch kernel (v7c since the merge)
 # v7prod's one-launch bugs 7-9, renumbered 9-11 at its merge with v7c (whose are 7 and 8).
 BUGS_ONE_LAUNCH = {9: "the chain not waiting for the producers' flag of Γ",
                    10: "a producer's flag published before the Gram's last row",
@@ -208,7 +208,7 @@ def test_the_harness_rejects_bad_arguments(lib):
     assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=3) == -1
     assert call(bug=9, variant=2) == call(bug=8, variant=1) == call(bug=10) == -1
     assert call(grams=2) == call(grams=1, bug=12) == call(grams=1, bug=4) == -1
-    assert call(grams=1, variant=2) == call(grams=1, bug=7, variant=2) == -1  # v7c: two launches
+    assert call(grams=1, variant=3) == call(grams=1, bug=9, variant=2, bs=129) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])

@@ -244,21 +244,26 @@ struct Emulation {
     }
     if (variant != 2) return;
     for (int tid = 0; tid < V7C_CRIT; ++tid) v7c_load_gram<1>(e, s.gram, 0, q, tid, 1, c.gam1_of(tid));
-    if (e.steps > 1)
+    if (e.steps > 1 && grams == 0)  // one launch: in the helpers' first unit, after its gate
       for (int h = 0; h < V7C_HELP; ++h)
         v7c_load_gram<V7C_HJ>(e, s.gram, 1, q, h, 2, c.gamh_of(h));
   }
   // v7c: the helpers' iteration t = hnext (step t + 1's terms j ≥ 2) starts after the critical
   // warps' hand-off of step t (here: after their whole step t).
+  // One launch: iteration t loads Γ_{t+2} (and iteration 0 Γ_1 first, the kernel's setup load):
+  // it runs once their producers' flags are set (the helpers' gate).
   bool helper_runnable(int q) const {
     const Chain& c = chain[q];
-    return variant == 2 && c.hnext + 1 < e.steps && c.next > c.hnext;
+    if (variant != 2 || c.hnext + 1 >= e.steps || c.next <= c.hnext) return false;
+    return gram_ready(c.hnext + 2, q) && (c.hnext > 0 || gram_ready(1, q));
   }
   void helper_step(int q) {
     Chain& c = chain[q];
     float* sm = c.sm.data();
     const float* ring = sm + ChainSmem::RING;
     const int t = c.hnext++;
+    if (grams == 1 && t == 0)  // the setup's load of Γ_1, after its gate
+      for (int h = 0; h < V7C_HELP; ++h) v7c_load_gram<V7C_HJ>(e, s.gram, 1, q, h, 2, c.gamh_of(h));
     for (int j = 2; j <= v7_window(t + 1); ++j)  // G_{t+1−j} complete in its slot
       if (c.holds[v7_slot(t + 1 - j)] != t + 1 - j) violated = true;
     HostWarp16 warp{bug == 5 ? 8 : 0};
@@ -579,8 +584,7 @@ extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* 
                          int bug, float fill, int variant, int grams) {
   if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 11 || variant < 0 ||
       variant > 2 || grams < 0 || grams > 1 || (bug > 3 && bug < 7 && variant < 1) ||
-      (bug > 6 && bug < 9 && variant != 2) || (bug >= 9 && grams != 1) ||
-      (grams == 1 && variant == 2))  // v7c in one launch: not emulated (yet)
+      (bug > 6 && bug < 9 && variant != 2) || (bug >= 9 && grams != 1))
     return -1;
   const int steps = (n + bs - 1) / bs;
   std::vector<float> scratch((v7l_scratch_bytes(steps) + 3) / 4, fill);

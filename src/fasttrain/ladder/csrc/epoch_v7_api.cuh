@@ -31,7 +31,7 @@
 //      lanes a row, summed by shuffles), warps 8-15 step t + 1's terms j >= 2 during step t,
 //      handed over by one 512-thread named barrier a step (a stop flag read after it).
 //   v7 in one launch (epoch_v7l.cuh, epoch_v7l_math.cuh; the entry points' `grams` 1,
-//      V7_GRAMS_LAUNCH, for v7a and v7b (v7c: two launches only, refused); written without a GPU, not yet run on one: two
+//      V7_GRAMS_LAUNCH, for every variant; written without a GPU, not yet run on one: two
 //      launches stay the default) the Grams made during the epoch by 7 producer clusters of the
 //      same kernel (120 CTAs, 15 clusters of 8: the most an H200 holds of this config) with Gram
 //      v2's CTA code, each (step, 64 rows) released by an epoch-numbered flag that the chain
@@ -56,17 +56,17 @@ long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
 // device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
 // Returns 0 or a cudaError_t.
 // `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2); `grams`: V7_GRAMS_KERNEL 0 (8 clusters)
-// or V7_GRAMS_LAUNCH 1 (one launch: 15 clusters, the producers'; v7a and v7b only).
+// or V7_GRAMS_LAUNCH 1 (one launch: 15 clusters, the producers').
 int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) {
   *needed = (grams == V7_GRAMS_LAUNCH ? V7L_CTAS : V7_CTAS) / V7_CLUSTER;
   *clusters = 0;
-  if (variant < 0 || variant >= V7_VARIANTS || grams < 0 || grams >= V7_GRAMS_MODES ||
-      (grams == V7_GRAMS_LAUNCH && variant == V7C))
+  if (variant < 0 || variant >= V7_VARIANTS || grams < 0 || grams >= V7_GRAMS_MODES)
     return cudaErrorInvalidValue;
   void (*kernel)(V7Args) =
       grams == V7_GRAMS_LAUNCH
-          ? (variant == V7B ? v7_epoch_kernel<false, true, V7_GRAMS_LAUNCH>
-                            : v7_epoch_kernel<false, false, V7_GRAMS_LAUNCH>)
+          ? (variant == V7C   ? v7_epoch_kernel_c<false, V7_GRAMS_LAUNCH>
+             : variant == V7B ? v7_epoch_kernel<false, true, V7_GRAMS_LAUNCH>
+                              : v7_epoch_kernel<false, false, V7_GRAMS_LAUNCH>)
           : (variant == V7C   ? v7_epoch_kernel_c<>
              : variant == V7B ? v7_epoch_kernel<false, true>
                               : v7_epoch_kernel<>);
