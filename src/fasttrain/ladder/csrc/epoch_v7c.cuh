@@ -140,7 +140,8 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
         p = __uint_as_float(static_cast<uint32_t>(got));
       }
     }
-    if (bar_or<V7C_BAR_CRIT, V7C_CRIT>(!ok || !gram_ok)) {  // the helpers leave at their next hand-off
+    // gram_ok: step t − 1's gate. The helpers leave at their next hand-off.
+    if (bar_or<V7C_BAR_CRIT, V7C_CRIT>(!ok || !gram_ok)) {
       if (tid == 0) *stop = 1;
       if (steps > 1) bar_sync<V7C_BAR_HAND, V7_T>();
       failed = true;
@@ -165,7 +166,9 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
       bar_sync<V7C_BAR_HAND, V7_T>();
     else
       bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
-    if (*stop) {  // a helper's wait failed (they leave after this hand-off too)
+    // Not at t = 0 (no hand-off yet): a helper's failed gate(1) may already have set the flag,
+    // and the helpers reach their first hand-off; step 1 reads it after that hand-off.
+    if (t > 0 && *stop) {  // a helper's wait failed (they leave after this hand-off too)
       failed = true;
       break;
     }
