@@ -78,9 +78,9 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     # v7a stays version 7's until V7_VARIANT is changed on a GPU's figures.
     assert ce.V7_VARIANTS == ("a", "b", "c", "d") and ce.V7_VARIANT == "a"
     # Two launches stay the default; one launch (the producers in the epoch kernel) is selectable
-    # for v7a, v7b and v7c (v7d runs in two launches only).
+    # for every variant.
     assert ce.V7_GRAMS == ("kernel", "launch") and ce.V7_GRAMS_DEFAULT == "kernel"
-    assert ce.V7_ONE_LAUNCH == ("a", "b", "c")
+    assert ce.V7_ONE_LAUNCH == ce.V7_VARIANTS
     assert ce.default_version(True) == 6 and ce.default_version(False) == ce.GRID_VERSION == 3
     for header in ("epoch_v4.cuh", "epoch_v5.cuh", "epoch_v5_math.cuh", "epoch_v6.cuh",
                    "epoch_v6_math.cuh", "epoch_v7.cuh", "epoch_v7_math.cuh", "epoch_v7_phases.cuh",
@@ -152,10 +152,10 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
         assert code == 1
     lib.cuda_epoch_v7_train.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float, p,
                                         p, p, p, ctypes.c_int, ctypes.c_int, p]
-    # ... and `grams` 0 (two launches) or 1 (one: not v7d), for every variant.
+    # ... and `grams` 0 (two launches) or 1 (one), for every variant.
     for batch, scratch, variant, grams in ((1, None, 1, 0), (129, dummy, 1, 0), (1, dummy, 4, 0),
                                            (1, dummy, -1, 0), (1, None, 0, 1), (1, None, 2, 1),
-                                           (1, dummy, 3, 1), (1, dummy, 4, 1), (1, dummy, 0, 2),
+                                           (1, None, 3, 1), (1, dummy, 4, 1), (1, dummy, 0, 2),
                                            (1, dummy, 1, -1)):
         assert lib.cuda_epoch_v7_train(dummy, dummy, dummy, 1, batch, 0.1, dummy, dummy, dummy,
                                        scratch, variant, grams, None) == 1
@@ -207,10 +207,10 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
 
 
 V7_VARIANTS = ["a", "b", "c", "d"]  # cuda_epoch.V7_VARIANTS (test_the_variant_list... checks it)
-V7_ONE_LAUNCH = ["a", "b", "c"]  # cuda_epoch.V7_ONE_LAUNCH
+V7_ONE_LAUNCH = ["a", "b", "c", "d"]  # cuda_epoch.V7_ONE_LAUNCH
 V7_GRAMS = ["kernel", "launch"]  # cuda_epoch.V7_GRAMS
 V7_RUNS = [(v, g) for g in V7_GRAMS for v in V7_VARIANTS if g == "kernel" or v in V7_ONE_LAUNCH]
-"""(variant, v7_grams) of every v7 kernel: v7a-v7d in two launches, v7a-v7c in one."""
+"""(variant, v7_grams) of every v7 kernel: v7a-v7d in two launches and in one."""
 V7_RUN_IDS = [f"v7{v}-{'two-launches' if g == 'kernel' else 'one-launch'}" for v, g in V7_RUNS]
 
 
@@ -276,7 +276,7 @@ def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches(v7):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_ONE_LAUNCH, ids=["v7a", "v7b", "v7c"])  # ce.V7_ONE_LAUNCH
+@pytest.mark.parametrize("v7", V7_ONE_LAUNCH, ids=["v7a", "v7b", "v7c", "v7d"])  # ce.V7_ONE_LAUNCH
 def test_v7_in_one_launch_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_one_launch(v7):
     """The one-launch counterpart of the test above: the same 31-step epoch (the 96-row last batch
     included) of v7 with its Grams made by its producer clusters (v7_grams="launch") against v2 at
@@ -312,7 +312,8 @@ def test_v7_in_one_launch_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_one_
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize(("variant", "grams"),
-                         [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1)], ids=V7_RUN_IDS)
+                         [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1)],
+                         ids=V7_RUN_IDS)
 def test_v7_is_resident_on_this_gpu_or_refused_at_setup(variant, grams):
     """Its 8 clusters of 8 CTAs (one launch: 15, the producers' 7 more) must all fit at once (they
     spin on each other): the setup check's figures, which an H100 or H200 (132 SMs) meets (an H200

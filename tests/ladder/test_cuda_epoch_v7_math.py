@@ -40,7 +40,7 @@ BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
 GRAMS = {"two launches": 0, "one launch": 1}  # the Grams by their own launch, or by producers
-ONE_LAUNCH = {"v7a": 0, "v7b": 1, "v7c": 2}  # the variants with a one-launch kernel (not v7d)
+ONE_LAUNCH = VARIANTS  # every variant has a one-launch kernel (v7d since v7m2)
 # v7prod's one-launch bugs 7-9, renumbered 9-11 at its merge with v7c (whose are 7 and 8), then
 # 11-13 at its merge with v7d (whose are 9 and 10).
 BUGS_ONE_LAUNCH = {11: "the chain not waiting for the producers' flag of Γ",
@@ -216,7 +216,7 @@ def test_the_harness_rejects_bad_arguments(lib):
     assert call(bug=9, variant=2) == call(bug=8, variant=1) == call(bug=11, variant=3) == -1
     assert call(bug=14, variant=3, grams=1) == call(bug=12) == -1
     assert call(grams=2) == call(grams=1, bug=14) == call(grams=1, bug=4) == -1
-    assert call(grams=1, variant=3) == call(grams=1, bug=11, variant=2, bs=129) == -1
+    assert call(grams=1, variant=4) == call(grams=1, bug=11, variant=2, bs=129) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])

@@ -82,10 +82,10 @@ V7_VARIANT = "a"  # version 7's, until a GPU measures v7b faster
 LAUNCHES = {7: 2}  # launches an epoch where not 1: v7a's Gram kernel, then its epoch kernel
 V7_GRAMS = ("kernel", "launch")
 """Who makes v7's Grams (`EpochKernel(..., v7_grams=...)`, the entry points' `grams` 0, 1), for
-the variants of V7_ONE_LAUNCH: "kernel", their own launch before the epoch kernel (two launches
+every variant (V7_ONE_LAUNCH): "kernel", their own launch before the epoch kernel (two launches
 an epoch, the default), or "launch", 7 producer clusters of the epoch kernel itself (one launch of
 120 CTAs: csrc/epoch_v7l.cuh; written without a GPU, not yet run on one)."""
-V7_ONE_LAUNCH = ("a", "b", "c")  # the variants with a one-launch kernel (v7_grams="launch")
+V7_ONE_LAUNCH = V7_VARIANTS  # the variants with a one-launch kernel (v7_grams="launch"): all
 V7_GRAMS_DEFAULT = "kernel"
 V7_CLUSTERS = {"kernel": 8, "launch": 15}  # clusters of 8 CTAs one v7 epoch kernel launches
 V7_GRAM_VERSIONS = (1, 2)

@@ -630,7 +630,7 @@ extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* 
   if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 13 || variant < 0 ||
       variant > 3 || grams < 0 || grams > 1 || (bug > 3 && bug < 7 && variant < 1) ||
       (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
-      (bug >= 11 && grams != 1) || (grams == 1 && variant == 3))
+      (bug >= 11 && grams != 1))
     return -1;
   const int steps = (n + bs - 1) / bs;
   std::vector<float> scratch((v7l_scratch_bytes(steps) + 3) / 4, fill);

@@ -35,7 +35,7 @@
 //      8-15 check the 8 chain counters without blocking (ld.acquire, then __syncwarp) and load
 //      G into registers, consumed by the next update (which polls as v7b's if it was not there).
 //   v7 in one launch (epoch_v7l.cuh, epoch_v7l_math.cuh; the entry points' `grams` 1,
-//      V7_GRAMS_LAUNCH, for every variant but v7d; written without a GPU, not yet run on one: two
+//      V7_GRAMS_LAUNCH, for every variant; written without a GPU, not yet run on one: two
 //      launches stay the default) the Grams made during the epoch by 7 producer clusters of the
 //      same kernel (120 CTAs, 15 clusters of 8: the most an H200 holds of this config) with Gram
 //      v2's CTA code, each (step, 64 rows) released by an epoch-numbered flag that the chain
@@ -60,16 +60,16 @@ long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
 // device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
 // Returns 0 or a cudaError_t.
 // `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3); `grams`: V7_GRAMS_KERNEL 0
-// (8 clusters) or V7_GRAMS_LAUNCH 1 (one launch: 15 clusters, the producers'; not v7d).
+// (8 clusters) or V7_GRAMS_LAUNCH 1 (one launch: 15 clusters, the producers').
 int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) {
   *needed = (grams == V7_GRAMS_LAUNCH ? V7L_CTAS : V7_CTAS) / V7_CLUSTER;
   *clusters = 0;
   if (variant < 0 || variant >= V7_VARIANTS || grams < 0 || grams >= V7_GRAMS_MODES)
     return cudaErrorInvalidValue;
-  if (grams == V7_GRAMS_LAUNCH && variant == V7D) return cudaErrorInvalidValue;
   void (*kernel)(V7Args) =
       grams == V7_GRAMS_LAUNCH
-          ? (variant == V7C   ? v7_epoch_kernel_c<false, V7_GRAMS_LAUNCH>
+          ? (variant == V7D   ? v7_epoch_kernel_d<false, V7_GRAMS_LAUNCH>
+             : variant == V7C ? v7_epoch_kernel_c<false, V7_GRAMS_LAUNCH>
              : variant == V7B ? v7_epoch_kernel<false, true, V7_GRAMS_LAUNCH>
                               : v7_epoch_kernel<false, false, V7_GRAMS_LAUNCH>)
           : (variant == V7D   ? v7_epoch_kernel_d<>
@@ -91,7 +91,7 @@ int cuda_epoch_v7_variants() { return V7_VARIANTS; }
 // One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b; 2 v7c; 3 v7d),
 // args as cuda_epoch_train's with ctas = 8, cluster = 1 and `scratch` of
 // cuda_epoch_v7_scratch_bytes: its Grams, then its epoch kernel (`grams` 0), or its one launch
-// (`grams` 1, not v7d: the scratch zeroed before its first epoch), on `stream`. Returns 0 or a
+// (`grams` 1: the scratch zeroed before its first epoch), on `stream`. Returns 0 or a
 // cudaError_t (a timed-out wait shows in
 // cuda_epoch_signal_status).
 int cuda_epoch_v7_train(const void* x, const void* y, const void* order, int n, int bs, float lr,

@@ -1,7 +1,7 @@
 // cuda-epoch v7's host side (epoch_v7_api.cuh's entry points call it): the launch configuration,
 // an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel of v7a, v7b,
 // v7c or v7d, TIMED or not) or its one launch (`grams` V7_GRAMS_LAUNCH: the epoch kernel with its
-// producer clusters, epoch_v7l.cuh; v7a, v7b, v7c), and the phase profile's read-back. v7's
+// producer clusters, epoch_v7l.cuh), and the phase profile's read-back. v7's
 // variants: V7A (0), V7B (1), V7C (2) and V7D (3), the `variant` of the entry points
 // (cuda_epoch.V7_VARIANTS); `grams` is independent of it.
 #pragma once
@@ -57,15 +57,14 @@ cudaError_t v7_grams(const V7Args& v, int version, cudaStream_t stream) {
 
 // TIMED: the phase-profiling build of the epoch kernel (the same arithmetic: it trains). V7B:
 // v7b's kernel (and its Gram launch, or its producer CTA 0, clears the tagged partials' ring);
-// V7C (with V7B): v7c's; V7D (with V7B): v7d's (two launches only). GRAMS: V7_GRAMS_KERNEL, two
+// V7C (with V7B): v7c's; V7D (with V7B): v7d's. GRAMS: V7_GRAMS_KERNEL, two
 // launches (the Gram kernel, then the epoch kernel); V7_GRAMS_LAUNCH, one (the scratch of
 // v7l_scratch_bytes, zeroed before its first epoch: epoch_v7l_math.cuh).
 template <bool TIMED = false, bool V7B = false, bool V7C = false, int GRAMS = V7_GRAMS_KERNEL,
           bool V7D = false>
 cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   if (a.scratch == nullptr) return cudaErrorInvalidValue;
-  static_assert(!V7D || GRAMS == V7_GRAMS_KERNEL, "v7d runs in two launches");
-  constexpr auto kernel = V7D   ? v7_epoch_kernel_d<TIMED>
+  constexpr auto kernel = V7D   ? v7_epoch_kernel_d<TIMED, GRAMS>
                           : V7C ? v7_epoch_kernel_c<TIMED, GRAMS>
                                 : v7_epoch_kernel<TIMED, V7B, GRAMS>;
   const V7Args v = v7_args(a, V7B);
@@ -87,6 +86,7 @@ cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
     if (variant == V7A) return train_v7<TIMED, false, false, V7_GRAMS_LAUNCH>(a, stream);
     if (variant == V7B) return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH>(a, stream);
     if (variant == V7C) return train_v7<TIMED, true, true, V7_GRAMS_LAUNCH>(a, stream);
+    if (variant == V7D) return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, true>(a, stream);
     return cudaErrorInvalidValue;
   }
   if (grams != V7_GRAMS_KERNEL) return cudaErrorInvalidValue;
@@ -103,8 +103,7 @@ cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
 // `grams`: as train_v7_variant's (the producer CTAs are not profiled: they write no figures).
 cudaError_t v7_phase_profile(const Args& a, int variant, unsigned int* clocks, long long* span,
                              cudaStream_t stream, int grams = V7_GRAMS_KERNEL) {
-  if (variant < 0 || variant >= V7_VARIANTS || grams < 0 || grams >= V7_GRAMS_MODES ||
-      (grams == V7_GRAMS_LAUNCH && variant == V7D))
+  if (variant < 0 || variant >= V7_VARIANTS || grams < 0 || grams >= V7_GRAMS_MODES)
     return cudaErrorInvalidValue;
   void *c = nullptr, *s = nullptr;
   cudaError_t err = cudaGetSymbolAddress(&c, g_v7_phase_clocks);

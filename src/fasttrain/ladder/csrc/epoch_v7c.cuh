@@ -217,11 +217,11 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   }
 }
 
-// GRAMS: as v7_epoch_kernel's (its one-launch prologue and producers, v7b's ring cleared).
-template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>
-__global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_c(V7Args v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(128) float sm[];
+// v7c's epoch kernel body, shared with v7d (epoch_v7d.cuh): GF, how G reaches the workers' update
+// (V7GDirect: v7c's; V7GAhead: v7d's). GRAMS: as v7_epoch_kernel's (its one-launch prologue and
+// producers, v7b's ring cleared).
+template <bool TIMED, int GRAMS, class GF>
+__device__ __forceinline__ void v7c_epoch(const V7Args& v, float* sm) {
   constexpr bool ONE = GRAMS == V7_GRAMS_LAUNCH;
   V7LScratch l = {};
   int gen = 0;
@@ -249,8 +249,15 @@ __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_c(V7Args v) {
     else
       v7c_chain<TIMED>(rank, v, sm);
   } else {
-    v7_worker<TIMED, true>(cluster - 1, rank, v, sm);
+    v7_worker<TIMED, true, GF>(cluster - 1, rank, v, sm);
   }
+}
+
+template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>
+__global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_c(V7Args v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) float sm[];
+  v7c_epoch<TIMED, GRAMS, V7GDirect>(v, sm);
 #endif
 }
 
