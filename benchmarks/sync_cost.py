@@ -14,8 +14,9 @@ costs, measured, and how the `cuda-epoch` variants compare.
   8-CTA chain, 7 worker clusters), both launches inside the timed epoch, each of its variants
   (`cuda_epoch.V7_VARIANTS`: v7a; v7b with tagged partial words and a 16-lane softmax; v7c, v7b
   with the chain's Gram terms j >= 2 on helper warps; v7d, v7c with workers that fetch the next
-  update's G a step ahead) in the
-  same call): ms per epoch (CUDA
+  update's G a step ahead) in the same call, and v7b, v7c and v7d in ONE launch
+  (`v7_grams="launch"`: their Grams made by 7 producer clusters of the epoch kernel itself, 120
+  CTAs; `V7_TIMED`)): ms per epoch (CUDA
   events, median of the epochs after a warm-up one), and its weights after those epochs against
   version 2's on the same cluster/CTAs (v7: v2 on 14 CTAs; max |Δw|: v2 is the kernel the float64
   check passed), to pick the variant the row uses. The signalled versions' (4-7) bounded waits are
@@ -23,8 +24,8 @@ costs, measured, and how the `cuda-epoch` variants compare.
 - v4's, v5's, v6's and v7's phases: one epoch by their phase-profiling build
   (`EpochKernel.phase_profile`), the µs a step each CTA's thread 0 spends in each phase (mean
   over CTAs and the slowest CTA), to show what the next version must shorten; v7 per role (its
-  chain's and its workers' phases, `cuda_epoch.V7_PHASES`), recorded as "<variant>: chain" and
-  "<variant>: workers";
+  chain's and its workers' phases, `cuda_epoch.V7_PHASES`, the chain's "wait Γ" its wait for the
+  producers' Grams in one launch), recorded as "<variant>: chain" and "<variant>: workers";
 - v7's Gram launch alone, each Gram kernel (v1 v7a's, v2 operands staged in shared memory): "v7
   Grams: µs an epoch" (CUDA events, median over the epochs), and whether v2's Grams equal v1's bit
   for bit (recorded as "cuda_epoch_v7_grams_us");
@@ -48,6 +49,12 @@ import sys
 import torch
 
 from fasttrain.env import env_block, hardware_line
+
+V7_TIMED = (("a", "kernel"), ("b", "kernel"), ("c", "kernel"), ("d", "kernel"),
+            ("b", "launch"), ("c", "launch"), ("d", "launch"))
+"""v7's (variant, v7_grams) this script times and profiles: every variant in two launches, and v7b,
+v7c and v7d (the fastest in two launches on an H200, 2026-11-28: 2.231, 2.179 and 2.062 ms) in
+one."""
 
 ITERS = 10_000
 STEPS = 469
@@ -110,7 +117,6 @@ def main(argv=None) -> int:
     from fasttrain.ladder import LadderConfig, make_ladder_data
     from fasttrain.ladder.cuda_epoch import (
         PROFILED,
-        V7_VARIANTS,
         EpochKernel,
         fallback_ctas,
         has_clusters,
@@ -138,16 +144,18 @@ def main(argv=None) -> int:
     cfg = LadderConfig(epochs=args.epochs + 1)
     data = make_ladder_data(load_dataset(args.data, None, seed=0), cfg)
     times, deltas, finals, phases, grams = {}, {}, {}, {}, {}
-    # Version 7 once a variant (v7a, v7b): both timed, profiled and recorded in this one call.
-    kernels = [(v, c, n, v7) for v, c, n in variants(has_clusters())
-               for v7 in (V7_VARIANTS if v == 7 else (None,))]
-    for version, cluster, ctas, v7 in kernels:
+    # Version 7 once each of V7_TIMED: all timed, profiled and recorded in this one call.
+    kernels = [(v, c, n, *v7) for v, c, n in variants(has_clusters())
+               for v7 in (V7_TIMED if v == 7 else ((None, None),))]
+    for version, cluster, ctas, v7, v7_grams in kernels:
         threads, smem = launch_config(lib, ctas, version, cluster)
         epoch = iter(range(10**9))
         kind = "cluster" if cluster else "cooperative grid"
-        name = f"v{version}{v7 or ''}, {kind} of {ctas} CTAs"
+        one = " in one launch" if v7_grams == "launch" else ""
+        name = f"v{version}{v7 or ''}{one}, {kind} of {ctas} CTAs"
         try:  # v4-v7's signal check syncs: once after the timed epochs, not inside them
-            k = EpochKernel(data, cfg, ctas=ctas, cluster=cluster, version=version, v7_variant=v7)
+            k = EpochKernel(data, cfg, ctas=ctas, cluster=cluster, version=version, v7_variant=v7,
+                            v7_grams=v7_grams)
             name = k.variant  # v7's setup refuses a GPU that cannot hold its clusters at once
             ms = epoch_ms(lambda k=k, e=epoch: k.run(next(e) % cfg.epochs, check_signals=False),
                           args.epochs)

@@ -77,12 +77,17 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7: the Grams, then the epoch
     # v7a stays version 7's until V7_VARIANT is changed on a GPU's figures.
     assert ce.V7_VARIANTS == ("a", "b", "c", "d") and ce.V7_VARIANT == "a"
+    # Two launches stay the default; one launch (the producers in the epoch kernel) is selectable
+    # for every variant.
+    assert ce.V7_GRAMS == ("kernel", "launch") and ce.V7_GRAMS_DEFAULT == "kernel"
+    assert ce.V7_ONE_LAUNCH == ce.V7_VARIANTS
     assert ce.default_version(True) == 6 and ce.default_version(False) == ce.GRID_VERSION == 3
     for header in ("epoch_v4.cuh", "epoch_v5.cuh", "epoch_v5_math.cuh", "epoch_v6.cuh",
                    "epoch_v6_math.cuh", "epoch_v7.cuh", "epoch_v7_math.cuh", "epoch_v7_phases.cuh",
                    "epoch_v7_launch.cuh", "epoch_v7_api.cuh", "epoch_v7b_math.cuh",
                    "epoch_v7_sync.cuh", "gram_u8.cuh", "gram_v2.cuh", "epoch_v7c.cuh",
-                   "epoch_v7c_math.cuh", "epoch_v7d.cuh", "epoch_v7d_math.cuh"):
+                   "epoch_v7c_math.cuh", "epoch_v7d.cuh", "epoch_v7d_math.cuh", "epoch_v7l.cuh",
+                   "epoch_v7l_math.cuh"):
         assert f"csrc/{header}" in ce.CudaEpoch.sources
 
 
@@ -146,10 +151,14 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
                                     ctas, cluster, 7, None)
         assert code == 1
     lib.cuda_epoch_v7_train.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float, p,
-                                        p, p, p, ctypes.c_int, p]
-    for batch, scratch, variant in ((1, None, 1), (129, dummy, 1), (1, dummy, 4), (1, dummy, -1)):
+                                        p, p, p, ctypes.c_int, ctypes.c_int, p]
+    # ... and `grams` 0 (two launches) or 1 (one), for every variant.
+    for batch, scratch, variant, grams in ((1, None, 1, 0), (129, dummy, 1, 0), (1, dummy, 4, 0),
+                                           (1, dummy, -1, 0), (1, None, 0, 1), (1, None, 2, 1),
+                                           (1, None, 3, 1), (1, dummy, 4, 1), (1, dummy, 0, 2),
+                                           (1, dummy, 1, -1)):
         assert lib.cuda_epoch_v7_train(dummy, dummy, dummy, 1, batch, 0.1, dummy, dummy, dummy,
-                                       scratch, variant, None) == 1
+                                       scratch, variant, grams, None) == 1
     # The phase profile exists for v4, v5 and v6 on 7 and 14 CTAs and a batch that fits, and
     # refuses the rest.
     lib.cuda_epoch_phase_profile.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float,
@@ -198,22 +207,31 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
 
 
 V7_VARIANTS = ["a", "b", "c", "d"]  # cuda_epoch.V7_VARIANTS (test_the_variant_list... checks it)
+V7_ONE_LAUNCH = ["a", "b", "c", "d"]  # cuda_epoch.V7_ONE_LAUNCH
+V7_GRAMS = ["kernel", "launch"]  # cuda_epoch.V7_GRAMS
+V7_RUNS = [(v, g) for g in V7_GRAMS for v in V7_VARIANTS if g == "kernel" or v in V7_ONE_LAUNCH]
+"""(variant, v7_grams) of every v7 kernel: v7a-v7d in two launches and in one."""
+V7_RUN_IDS = [f"v7{v}-{'two-launches' if g == 'kernel' else 'one-launch'}" for v, g in V7_RUNS]
 
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c", "v7d"])
+@pytest.mark.parametrize(("v7", "grams"), V7_RUNS, ids=V7_RUN_IDS)
 @pytest.mark.parametrize("batch", [128, 64, 16])
-def test_v7_matches_float64_reference(batch, v7):
-    """v7's two launches an epoch (Grams, then the chain and worker clusters) against float64 at
+def test_v7_matches_float64_reference(batch, v7, grams):
+    """v7's two launches an epoch (Grams, then the chain and worker clusters), or its one launch
+    (v7_grams="launch": the Grams by producer clusters of the same kernel), against float64 at
     2e-5 (ATOL: the lagged step's bugs move the weights by less than the row's 1e-3), two epochs:
-    the step counters (v7b: the tagged ring) are reset by each epoch's Gram launch."""
+    the step counters (v7b: the tagged ring) are reset by each epoch's Gram launch (one launch:
+    by producer CTA 0 behind a flag of the epoch's generation)."""
     from fasttrain.ladder.cuda_epoch import has_clusters
 
     if not has_clusters():
         pytest.skip("v7 runs on thread-block clusters only")
-    data, cfg, k = small_run(batch, version=7, v7_variant=v7)
-    assert k.ctas == 8 and k.variant.startswith(f"v7{v7},")
+    data, cfg, k = small_run(batch, version=7, v7_variant=v7, v7_grams=grams)
+    assert k.ctas == 8 and k.variant.startswith(f"v7{v7}")
+    assert ("one launch" in k.variant) == (grams == "launch") and k.launches == 2 - (
+        grams == "launch")
     for epoch in range(cfg.epochs):
         k.run(epoch)  # raises if a bounded wait timed out
     w_ref, b_ref = reference_sgd(data, cfg, cfg.epochs)
@@ -258,24 +276,63 @@ def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches(v7):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("variant", [0, 1, 2, 3], ids=["v7a", "v7b", "v7c", "v7d"])
-def test_v7_is_resident_on_this_gpu_or_refused_at_setup(variant):
-    """Its 8 clusters of 8 CTAs must all fit at once (they spin on each other): the setup check's
-    figures, which an H100 or H200 (132 SMs) meets."""
+@pytest.mark.parametrize("v7", V7_ONE_LAUNCH, ids=["v7a", "v7b", "v7c", "v7d"])  # ce.V7_ONE_LAUNCH
+def test_v7_in_one_launch_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_one_launch(v7):
+    """The one-launch counterpart of the test above: the same 31-step epoch (the 96-row last batch
+    included) of v7 with its Grams made by its producer clusters (v7_grams="launch") against v2 at
+    2e-5, and the profiler sees exactly one kernel an epoch (the epoch kernel) over three epochs in
+    a row on one scratch (the flags numbered by epoch, nothing zeroed between them; the float64
+    test checks two such epochs' weights)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from fasttrain.ladder.cuda_epoch import EpochKernel, has_clusters
+
+    if not has_clusters():
+        pytest.skip("v7 runs on thread-block clusters only")
+    cfg = LadderConfig(epochs=3, batch_size=128)
+    data = make_ladder_data(tiny_images(n_train=30 * 128 + 96), cfg)
+    k = EpochKernel(data, cfg, version=7, v7_variant=v7, v7_grams="launch")
+    v2 = EpochKernel(data, cfg, version=2)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for epoch in range(3):
+            k.run(epoch, check_signals=False)
+        torch.cuda.synchronize()
+    k.check_signals()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    assert len(kernels) == 3 and all("v7_epoch_kernel" in k for k in kernels), kernels
+    assert bool(torch.isfinite(k.w).all())
+    one = EpochKernel(data, cfg, version=7, v7_variant=v7, v7_grams="launch")
+    one.run(0)
+    v2.run(0)
+    assert (one.w - v2.w).abs().max().item() <= ATOL
+    assert (one.b - v2.b).abs().max().item() <= ATOL
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize(("variant", "grams"),
+                         [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1)],
+                         ids=V7_RUN_IDS)
+def test_v7_is_resident_on_this_gpu_or_refused_at_setup(variant, grams):
+    """Its 8 clusters of 8 CTAs (one launch: 15, the producers' 7 more) must all fit at once (they
+    spin on each other): the setup check's figures, which an H100 or H200 (132 SMs) meets (an H200
+    holds 15 of the one-launch config, measured by sync_cost's probes on 2026-11-28)."""
     from fasttrain.ladder.cuda_epoch import has_clusters, load_library
 
     if not has_clusters():
         pytest.skip("v7 runs on thread-block clusters only")
     lib = load_library()
     clusters, needed = ctypes.c_int(), ctypes.c_int()
-    assert lib.cuda_epoch_v7_residency(variant, ctypes.byref(clusters), ctypes.byref(needed)) == 0
-    assert needed.value == 8 and clusters.value >= needed.value, clusters.value
+    assert lib.cuda_epoch_v7_residency(variant, grams, ctypes.byref(clusters),
+                                       ctypes.byref(needed)) == 0
+    assert needed.value == (8, 15)[grams] and clusters.value >= needed.value, clusters.value
 
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c", "v7d"])
-def test_v7_protocol_fault_is_an_error_not_a_hang(v7):
+@pytest.mark.parametrize(("v7", "grams"), V7_RUNS, ids=V7_RUN_IDS)
+def test_v7_protocol_fault_is_an_error_not_a_hang(v7, grams):
     """Fault 2 makes v7's chain CTA 0 wait at step 2 for a worker partial that never comes (v7a: a
     counter no worker reaches; v7b: a tag no step writes): the launch ends after the wait budget
     (the other chain CTAs and the worker clusters see the flag in their own waits; a worker cluster
@@ -287,7 +344,7 @@ def test_v7_protocol_fault_is_an_error_not_a_hang(v7):
 
     if not has_clusters():
         pytest.skip("v7 needs thread-block clusters (sm_90+)")
-    data, cfg, k = small_run(16, version=7, v7_variant=v7)  # 10 steps
+    data, cfg, k = small_run(16, version=7, v7_variant=v7, v7_grams=grams)  # 10 steps
     w0, b0 = k.w.clone(), k.b.clone()
     assert k.lib.cuda_epoch_signal_fault(2) == 0
     try:

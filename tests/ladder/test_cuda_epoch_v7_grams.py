@@ -71,6 +71,7 @@ def fake_kernel(lib, monkeypatch, n=150, bs=16, epochs=3):
     monkeypatch.setattr(ce, "stream_handle", lambda: None)
     k = object.__new__(ce.EpochKernel)
     k.lib, k.version, k.cluster, k.ctas, k.n = lib, 7, True, ce.V7_CTAS, n
+    k.v7_variant, k.v7_grams_by = "a", "kernel"
     k.cfg = LadderConfig(batch_size=bs, epochs=epochs)
     k.x, k.y = torch.zeros(n, 784, dtype=torch.uint8), torch.zeros(n, dtype=torch.int32)
     k.orders = torch.zeros(epochs, n, dtype=torch.int32)

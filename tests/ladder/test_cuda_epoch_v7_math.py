@@ -39,6 +39,13 @@ VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
+GRAMS = {"two launches": 0, "one launch": 1}  # the Grams by their own launch, or by producers
+ONE_LAUNCH = VARIANTS  # every variant has a one-launch kernel (v7d since v7m2)
+# v7prod's one-launch bugs 7-9, renumbered 9-11 at its merge with v7c (whose are 7 and 8), then
+# 11-13 at its merge with v7d (whose are 9 and 10).
+BUGS_ONE_LAUNCH = {11: "the chain not waiting for the producers' flag of Γ",
+                   12: "a producer's flag published before the Gram's last row",
+                   13: "the chain and workers not waiting for producer 0's reset"}
 BUGS_V7B = {4: "the tag compared to the wrong step (any written step's word accepted)",
             5: "the softmax's shuffles of width 8, not 16",
             6: "the ring's tags not cleared by the Gram launch (a short epoch's are the next's)"}
@@ -53,13 +60,14 @@ def lib(tmp_path_factory):
     lib = compile_harness(HARNESS, tmp_path_factory.mktemp("v7"))
     p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.v7_epochs.argtypes = [i32, p, p, p, i32, i32, ctypes.c_float, p, p, p, i32, i32,
-                              ctypes.c_float, i32]
+                              ctypes.c_float, i32, i32]
     lib.v7_shape.argtypes = [i32]
     lib.v7_shape.restype = ctypes.c_longlong
     return lib
 
 
-def v7_run(lib, data, cfg, epochs, policy=GREEDY, bug=0, fill=np.nan, variant=0, code=0):
+def v7_run(lib, data, cfg, epochs, policy=GREEDY, bug=0, fill=np.nan, variant=0, code=0,
+           grams=0):
     """The emulation's weights, bias and stats; `code`: the return code it must give (None: any,
     then returned in place of the stats)."""
     w = data.w0.astype(np.float32).copy()
@@ -69,7 +77,7 @@ def v7_run(lib, data, cfg, epochs, policy=GREEDY, bug=0, fill=np.nan, variant=0,
     y = data.train_y.astype(np.int32)
     orders = np.ascontiguousarray(data.orders[:epochs], dtype=np.int32)
     got = lib.v7_epochs(epochs, ptr(x), ptr(y), ptr(orders), data.n_train, cfg.batch_size,
-                        cfg.lr, ptr(w), ptr(b), ptr(stats), policy, bug, fill, variant)
+                        cfg.lr, ptr(w), ptr(b), ptr(stats), policy, bug, fill, variant, grams)
     if code is None:
         return w, b, got
     assert got == code, {-1: "bad arguments", -2: "deadlock",
@@ -131,13 +139,15 @@ def test_short_epochs_and_small_batches_equal_float64(lib, n, batch, variant):
 
 @requires_mnist
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_a_slice_of_mnist_equals_float64(lib, variant):
+@pytest.mark.parametrize(("variant", "grams"), [(v, g) for g in GRAMS for v in VARIANTS
+                                               if GRAMS[g] == 0 or v in ONE_LAUNCH])
+def test_a_slice_of_mnist_equals_float64(lib, variant, grams):
     cfg = LadderConfig(epochs=1)
     data = make_ladder_data(mnist_slice(), cfg)
     w_ref, b_ref, _, _ = reference(data, cfg, 1)
     for policy in (GREEDY, 1):
-        w, b, _ = v7_run(lib, data, cfg, 1, policy, variant=VARIANTS[variant])
+        w, b, _ = v7_run(lib, data, cfg, 1, policy, variant=VARIANTS[variant],
+                         grams=GRAMS[grams])
         assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, policy
 
 
@@ -198,12 +208,15 @@ def test_v7bs_planted_bugs_fail(lib, bug, fill):
 
 def test_the_harness_rejects_bad_arguments(lib):
     one = np.zeros(1, np.int32)
-    def call(bs=1, bug=0, variant=0):
+    def call(bs=1, bug=0, variant=0, grams=0):
         return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
-                             ptr(np.zeros(2)), 0, bug, 0.0, variant)
+                             ptr(np.zeros(2)), 0, bug, 0.0, variant, grams)
 
     assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=4) == -1
     assert call(bug=9, variant=2) == call(bug=8, variant=1) == call(bug=11, variant=3) == -1
+    assert call(bug=14, variant=3, grams=1) == call(bug=12) == -1
+    assert call(grams=2) == call(grams=1, bug=14) == call(grams=1, bug=4) == -1
+    assert call(grams=1, variant=4) == call(grams=1, bug=11, variant=2, bs=129) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])
@@ -228,3 +241,51 @@ def test_v7ds_planted_bugs_fail(lib, bug, fill, policy):
     w_ref, b_ref, _, _ = reference(data, cfg, 2)
     w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=3, code=None)
     assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7D[bug]  # NaN too
+
+
+@pytest.mark.parametrize("variant", ONE_LAUNCH)
+@pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1, 2])
+def test_one_launch_epochs_of_random_uint8_equal_float64(lib, policy, variant):
+    # v7 in one launch: the producers among the units (run last by the greedy orders), 3 epochs on
+    # one scratch (the flags numbered by epoch: nothing zeroed between them), each epoch's
+    # counters reset by producer 0 behind its flag.
+    cfg = LadderConfig(epochs=3)
+    data = make_ladder_data(random_uint8(10 * 128 + 96), cfg)
+    w, b, stats = v7_run(lib, data, cfg, 3, policy, variant=ONE_LAUNCH[variant], grams=1)
+    w_ref, b_ref, loss, correct = reference(data, cfg, 3)
+    assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
+    assert stats[0] == pytest.approx(loss, rel=1e-5)
+    assert abs(stats[1] - correct) <= 3  # a near-tie may round either way
+
+
+@pytest.mark.parametrize("variant", ONE_LAUNCH)
+@pytest.mark.parametrize(("n", "batch"), [(224, 128), (150, 64), (150, 16)])
+def test_one_launch_short_epochs_and_small_batches_equal_float64(lib, n, batch, variant):
+    # 64-row batches: every step's second item has no rows (its flag published all the same).
+    cfg = LadderConfig(epochs=2, batch_size=batch)
+    data = make_ladder_data(tiny_images(n_train=n), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    for policy in (3, CHAIN_FIRST, GREEDY):
+        for fill in (np.nan, 0.0):
+            w, b, _ = v7_run(lib, data, cfg, 2, policy, 0, fill, ONE_LAUNCH[variant], grams=1)
+            assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (policy, fill)
+
+
+ONE_LAUNCH_BUG_POLICY = {11: CHAIN_FIRST, 12: CHAIN_FIRST, 13: GREEDY}
+"""Where each one-launch bug shows: 11 and 12 a chain that runs as soon as it may (the producers
+last), 13 workers that run as far ahead as the (stale) counters let them."""
+
+
+@pytest.mark.parametrize("variant", ONE_LAUNCH)
+@pytest.mark.parametrize("fill", [np.nan, 0.0], ids=["nan", "zeros"])
+@pytest.mark.parametrize("bug", BUGS_ONE_LAUNCH)
+def test_one_launch_planted_bugs_fail(lib, bug, fill, variant):
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    policy = ONE_LAUNCH_BUG_POLICY[bug]
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, ONE_LAUNCH[variant], code=None,
+                        grams=1)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_ONE_LAUNCH[bug]
+    w, b, _ = v7_run(lib, data, cfg, 2, policy, 0, fill, ONE_LAUNCH[variant], grams=1)  # the fix
+    assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL

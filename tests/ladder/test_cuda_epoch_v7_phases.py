@@ -22,23 +22,31 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The eight instantiations of the epoch kernel (v7a, v7b, v7c, v7d, each untimed and timed) in one
-# small translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
+# The sixteen instantiations of the epoch kernel (v7a, v7b, v7c, v7d, each untimed and timed, each
+# in two launches and in one: GRAMS 0, 1) in one small
+# translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
 KERNELS = """#include "epoch_v7_launch.cuh"
 void* const v7_kernels[] = {
     (void*)v7_epoch_kernel<false, false>, (void*)v7_epoch_kernel<true, false>,
     (void*)v7_epoch_kernel<false, true>, (void*)v7_epoch_kernel<true, true>,
+    (void*)v7_epoch_kernel<false, false, 1>, (void*)v7_epoch_kernel<true, false, 1>,
+    (void*)v7_epoch_kernel<false, true, 1>, (void*)v7_epoch_kernel<true, true, 1>,
     (void*)v7_epoch_kernel_c<false>, (void*)v7_epoch_kernel_c<true>,
+    (void*)v7_epoch_kernel_c<false, 1>, (void*)v7_epoch_kernel_c<true, 1>,
     (void*)v7_epoch_kernel_d<false>, (void*)v7_epoch_kernel_d<true>,
+    (void*)v7_epoch_kernel_d<false, 1>, (void*)v7_epoch_kernel_d<true, 1>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
-EPOCH_KERNELS = {"untimed": "v7_epoch_kernelILb0ELb0E", "timed": "v7_epoch_kernelILb1ELb0E",
-                 "untimed v7b": "v7_epoch_kernelILb0ELb1E", "timed v7b": "v7_epoch_kernelILb1ELb1E",
-                 "untimed v7c": "v7_epoch_kernel_cILb0E", "timed v7c": "v7_epoch_kernel_cILb1E",
-                 "untimed v7d": "v7_epoch_kernel_dILb0E", "timed v7d": "v7_epoch_kernel_dILb1E"}
-"""ptxas's names of v7_epoch_kernel<TIMED, V7B>, v7c's v7_epoch_kernel_c<TIMED> and v7d's
-v7_epoch_kernel_d<TIMED>."""
+EPOCH_KERNELS = {f"{build}{v7b}{one}": f"v7_epoch_kernelILb{t}ELb{b}ELi{g}E"
+                 for one, g in (("", 0), (" one launch", 1)) for v7b, b in (("", 0), (" v7b", 1))
+                 for build, t in (("untimed", 0), ("timed", 1))}
+EPOCH_KERNELS |= {f"{build} v7{c}{one}": f"v7_epoch_kernel_{c}ILb{t}ELi{g}E"
+                  for c in ("c", "d") for one, g in (("", 0), (" one launch", 1))
+                  for build, t in (("untimed", 0), ("timed", 1))}
+"""ptxas's names of v7_epoch_kernel<TIMED, V7B, GRAMS> ("untimed", "timed v7b one launch", …), of
+v7c's v7_epoch_kernel_c<TIMED, GRAMS> ("untimed v7c", "timed v7c one launch", …) and of v7d's
+v7_epoch_kernel_d<TIMED, GRAMS> ("untimed v7d", "timed v7d one launch", …)."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -161,7 +169,8 @@ def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
     one reads the global timer at the start and end of each role's loop, the clock at least once
     a phase (clock() is a %clock64 read in PTX), and writes both arrays."""
-    for suffix in ("", " v7b", " v7c", " v7d"):
+    for suffix in ("", " v7b", " v7c", " v7d", " one launch", " v7b one launch",
+                   " v7c one launch", " v7d one launch"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         assert "%clock" not in untimed and "%globaltimer" not in untimed
@@ -186,14 +195,16 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
     # Bad arguments are refused before anything reaches a GPU (1: cudaErrorInvalidValue).
     p = ctypes.c_void_p
     lib.cuda_epoch_v7_phase_profile.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int,
-                                                ctypes.c_float, p, p, p, p, ctypes.c_int, p, p,
-                                                p]
+                                                ctypes.c_float, p, p, p, p, ctypes.c_int,
+                                                ctypes.c_int, p, p, p]
     dummy = p(16)
-    for n, batch, scratch, variant in ((1, 0, dummy, 0), (1, 129, dummy, 1), (0, 128, dummy, 0),
-                                       (1, 128, None, 1), (1, 128, dummy, 4),
-                                       (1, 128, dummy, -1)):
+    for n, batch, scratch, variant, grams in (
+            (1, 0, dummy, 0, 0), (1, 129, dummy, 1, 0), (0, 128, dummy, 0, 0),
+            (1, 128, None, 1, 0), (1, 128, dummy, 4, 0), (1, 128, dummy, -1, 0),
+            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 4, 1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
-                                               dummy, scratch, variant, dummy, dummy, None) == 1
+                                               dummy, scratch, variant, grams, dummy, dummy,
+                                               None) == 1
     assert lib.cuda_epoch_v7_variants() == len(ce.V7_VARIANTS)
 
 
@@ -202,7 +213,7 @@ class FakeV7Profile:
     and phase j of its role, `clocks(i, j)` clocks, and a span of its clocks at `clocks_per_ns`
     (or `spans`); `timeout`: cuda_epoch_signal_status reports a timed-out wait."""
 
-    def __init__(self, steps=10, clocks_per_ns=2.0, shape=(7, 7, 64, 7), spans=None,
+    def __init__(self, steps=10, clocks_per_ns=2.0, shape=(8, 7, 64, 8), spans=None,
                  timeout=False):
         self.steps, self.rate, self.shape, self.spans = steps, clocks_per_ns, shape, spans
         self.timeout, self.calls = timeout, []
@@ -216,8 +227,8 @@ class FakeV7Profile:
             ref._obj.value = v
 
     def cuda_epoch_v7_phase_profile(self, x, y, order, n, bs, lr, w, b, stats, scratch, variant,
-                                    clocks, span, stream):
-        self.calls.append((n, bs, scratch.value, variant))
+                                    grams, clocks, span, stream):
+        self.calls.append((n, bs, scratch.value, variant, grams))
         chain, workers, ctas, cols = self.shape
         for i in range(ctas):
             for j in range(chain if i < 8 else workers):
@@ -237,12 +248,12 @@ class FakeV7Profile:
         return b"cudaErrorFake"
 
 
-def fake_kernel(lib, monkeypatch, v7_variant="a"):
+def fake_kernel(lib, monkeypatch, v7_variant="a", v7_grams="kernel"):
     """An EpochKernel of version 7 on CPU tensors, as __init__ would leave it."""
     monkeypatch.setattr(ce, "stream_handle", lambda: None)
     k = object.__new__(ce.EpochKernel)
     k.lib, k.version, k.cluster, k.ctas, k.n = lib, 7, True, ce.V7_CTAS, 150
-    k.v7_variant = v7_variant
+    k.v7_variant, k.v7_grams_by = v7_variant, v7_grams
     k.cfg = LadderConfig(batch_size=16)
     k.x, k.y = torch.zeros(150, 784, dtype=torch.uint8), torch.zeros(150, dtype=torch.int32)
     k.orders = torch.zeros(2, 150, dtype=torch.int32)
@@ -251,12 +262,14 @@ def fake_kernel(lib, monkeypatch, v7_variant="a"):
     return k
 
 
+@pytest.mark.parametrize("v7_grams", ce.V7_GRAMS)
 @pytest.mark.parametrize("v7_variant", ce.V7_VARIANTS)
-def test_the_reader_turns_clocks_into_us_a_step_per_role(monkeypatch, v7_variant):
+def test_the_reader_turns_clocks_into_us_a_step_per_role(monkeypatch, v7_variant, v7_grams):
     lib = FakeV7Profile(steps=10, clocks_per_ns=2.0)
-    k = fake_kernel(lib, monkeypatch, v7_variant)
+    k = fake_kernel(lib, monkeypatch, v7_variant, v7_grams)
     profile = k.phase_profile(1)
-    assert lib.calls == [(150, 16, k.scratch.data_ptr(), ce.V7_VARIANTS.index(v7_variant))]
+    assert lib.calls == [(150, 16, k.scratch.data_ptr(), ce.V7_VARIANTS.index(v7_variant),
+                          ce.V7_GRAMS.index(v7_grams))]
     assert list(profile) == ["chain", "workers"]
     for role, rows in (("chain", range(8)), ("workers", range(8, 64))):
         names = ce.V7_PHASES[role]
@@ -274,8 +287,8 @@ def test_the_reader_turns_clocks_into_us_a_step_per_role(monkeypatch, v7_variant
 def test_the_reader_converts_every_cta_at_chain_cta_0s_rate(monkeypatch):
     """Worker spans twice their clocks' time at CTA 0's rate: the sums fall short of the step,
     which is what the GPU test would catch (phases that do not cover the loop)."""
-    spans = [round(sum(FakeV7Profile.clocks(i, j) for j in range(7)) / 2) * (1 if i < 8 else 2)
-             for i in range(64)]
+    spans = [round(sum(FakeV7Profile.clocks(i, j) for j in range(8 if i < 8 else 7)) / 2)
+             * (1 if i < 8 else 2) for i in range(64)]
     profile = fake_kernel(FakeV7Profile(spans=spans), monkeypatch).phase_profile(0)
     assert sum(profile["chain"]["mean_us"].values()) == pytest.approx(
         profile["chain"]["step_us"], rel=1e-3)
@@ -310,8 +323,9 @@ def test_sync_cost_prints_and_records_each_role(monkeypatch, capsys):
 
 @pytest.mark.gpu
 @requires_gpu
+@pytest.mark.parametrize("v7_grams", ce.V7_GRAMS)
 @pytest.mark.parametrize("v7_variant", ce.V7_VARIANTS)
-def test_v7s_phases_are_positive_and_account_for_each_roles_loop(v7_variant):
+def test_v7s_phases_are_positive_and_account_for_each_roles_loop(v7_variant, v7_grams):
     """The profiling build on a 40-step epoch: every phase of both roles positive and finite, the
     slowest CTA's at least the mean, and each role's phase means adding up to its CTAs' loop (at
     chain CTA 0's clock rate, within 5 %); the kernel's own weights untouched."""
@@ -319,7 +333,7 @@ def test_v7s_phases_are_positive_and_account_for_each_roles_loop(v7_variant):
         pytest.skip("v7 runs on thread-block clusters only")
     cfg = LadderConfig(epochs=1, batch_size=128)
     data = make_ladder_data(tiny_images(n_train=128 * 40), cfg)
-    k = ce.EpochKernel(data, cfg, version=7, v7_variant=v7_variant)
+    k = ce.EpochKernel(data, cfg, version=7, v7_variant=v7_variant, v7_grams=v7_grams)
     w0 = k.w.clone()
     profile = k.phase_profile(0)
     assert torch.equal(k.w, w0)

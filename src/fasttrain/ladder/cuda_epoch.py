@@ -80,6 +80,14 @@ workers fetching the next update's G a step ahead; written without a GPU, not ye
 sync_cost.py times all four in one call."""
 V7_VARIANT = "a"  # version 7's, until a GPU measures v7b faster
 LAUNCHES = {7: 2}  # launches an epoch where not 1: v7a's Gram kernel, then its epoch kernel
+V7_GRAMS = ("kernel", "launch")
+"""Who makes v7's Grams (`EpochKernel(..., v7_grams=...)`, the entry points' `grams` 0, 1), for
+every variant (V7_ONE_LAUNCH): "kernel", their own launch before the epoch kernel (two launches
+an epoch, the default), or "launch", 7 producer clusters of the epoch kernel itself (one launch of
+120 CTAs: csrc/epoch_v7l.cuh; written without a GPU, not yet run on one)."""
+V7_ONE_LAUNCH = V7_VARIANTS  # the variants with a one-launch kernel (v7_grams="launch"): all
+V7_GRAMS_DEFAULT = "kernel"
+V7_CLUSTERS = {"kernel": 8, "launch": 15}  # clusters of 8 CTAs one v7 epoch kernel launches
 V7_GRAM_VERSIONS = (1, 2)
 """v7's Gram kernels (`EpochKernel.v7_grams`): 1 v7a's (a warp a 16 × 32 tile from L2; 493.8 µs a
 launch on an H200, 2026-11-27), 2 a CTA a step's 64 rows for all 4 lags with its operands staged
@@ -102,13 +110,16 @@ PHASES = ("partials", "widen", "wait partials", "softmax, send g", "wait g", "up
 sends; the next batch's widening; the wait for my rows' partials; their softmax and the g sends; the
 wait for every row's g; the weight gradient and update."""
 V7_PHASES = {
-    "chain": ("wait G", "wait partials", "Gram terms", "logits", "softmax", "send G", "publish"),
+    "chain": ("wait G", "wait partials", "Gram terms", "logits", "softmax", "send G", "publish",
+              "wait Γ"),
     "workers": ("load x", "wait G", "update", "partials", "cluster barrier", "reduce", "publish"),
 }
 """v7's phases a role, in the order a step runs them (csrc/epoch_v7_phases.cuh): the chain CTA waits
 for G_{t-1} and for the worker clusters' counters, adds the bias and the Gram term j = 1, reads the
 partials into Z_t, takes the softmax, sends G_t, releases its counter and adds the next step's Gram
-terms j >= 2 (counted as "Gram terms"); a worker CTA issues the loads of x_{t+1}, waits for the
+terms j >= 2 (counted as "Gram terms"); "wait Γ" is its wait for the producers' flag of the
+next step's Grams before it loads them (one launch, `v7_grams="launch"`; ~0 in two launches, where
+it waits for nothing); a worker CTA issues the loads of x_{t+1}, waits for the
 chain's counters and applies the lagged updates, computes its partial logits (and stores x_{t+1}),
 passes the cluster barrier, reduces its rows over DSMEM and releases its counter. v7b keeps the
 names: "wait partials" is its poll of the tagged words (the data come with their tags), "logits" the
@@ -136,7 +147,8 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_scratch_bytes.restype = ctypes.c_longlong
     lib.cuda_epoch_v7_scratch_bytes.argtypes = [i32, i32]
     lib.cuda_epoch_v7_scratch_bytes.restype = ctypes.c_longlong
-    lib.cuda_epoch_v7_residency.argtypes = [i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
+    # v7 variant, grams (V7_GRAMS's index), clusters out, needed out
+    lib.cuda_epoch_v7_residency.argtypes = [i32, i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
     lib.cuda_epoch_v7_residency.restype = i32
     lib.cuda_epoch_variant.argtypes = [i32, i32, i32, ctypes.POINTER(i32), ctypes.POINTER(i32)]
     lib.cuda_epoch_variant.restype = i32
@@ -152,9 +164,9 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_phase_profile.restype = i32
     lib.cuda_epoch_v7_phase_shape.argtypes = [ctypes.POINTER(i32)] * 4
     lib.cuda_epoch_v7_phase_shape.restype = None
-    # x, y, order, n, bs, lr, w, b, stats, scratch, v7 variant, clocks out, span out, stream
+    # x, y, order, n, bs, lr, w, b, stats, scratch, v7 variant, grams, clocks out, span out, stream
     lib.cuda_epoch_v7_phase_profile.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr,
-                                                i32, ptr, ptr, ptr]
+                                                i32, i32, ptr, ptr, ptr]
     lib.cuda_epoch_v7_phase_profile.restype = i32
     # x, y, order, n, bs, lr, w, b, stats, scratch, gram version, stream
     lib.cuda_epoch_v7_grams.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr, i32,
@@ -162,8 +174,9 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_v7_grams.restype = i32
     lib.cuda_epoch_v7_gram_versions.argtypes = [ctypes.POINTER(i32), ctypes.POINTER(i32)]
     lib.cuda_epoch_v7_gram_versions.restype = i32
-    # x, y, order, n, bs, lr, w, b, stats, scratch, v7 variant, stream
-    lib.cuda_epoch_v7_train.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr, i32, ptr]
+    # x, y, order, n, bs, lr, w, b, stats, scratch, v7 variant, grams, stream
+    lib.cuda_epoch_v7_train.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr, i32, i32,
+                                        ptr]
     lib.cuda_epoch_v7_train.restype = i32
     lib.cuda_epoch_v7_variants.argtypes = []
     lib.cuda_epoch_v7_variants.restype = i32
@@ -225,8 +238,9 @@ class EpochKernel:
 
     def __init__(self, data: LadderData, cfg: LadderConfig, ctas: int | None = None,
                  cluster: bool | None = None, version: int | None = None,
-                 v7_variant: str | None = None):
-        """v7_variant: version 7's, one of V7_VARIANTS (default V7_VARIANT); only for version 7."""
+                 v7_variant: str | None = None, v7_grams: str | None = None):
+        """v7_variant: version 7's, one of V7_VARIANTS (default V7_VARIANT); v7_grams: who makes its
+        Grams, one of V7_GRAMS (default V7_GRAMS_DEFAULT, two launches); only for version 7."""
         dev = torch.device("cuda")
         self.lib = load_library()
         self.cluster = has_clusters() if cluster is None else cluster
@@ -234,7 +248,14 @@ class EpochKernel:
         if v7_variant is not None and (self.version != 7 or v7_variant not in V7_VARIANTS):
             raise ValueError(f"v7_variant is version 7's, one of {V7_VARIANTS}: not "
                              f"{v7_variant!r} of version {self.version}")
+        if v7_grams is not None and (self.version != 7 or v7_grams not in V7_GRAMS):
+            raise ValueError(f"v7_grams is version 7's, one of {V7_GRAMS}: not {v7_grams!r} of "
+                             f"version {self.version}")
         self.v7_variant = (v7_variant or V7_VARIANT) if self.version == 7 else None
+        self.v7_grams_by = (v7_grams or V7_GRAMS_DEFAULT) if self.version == 7 else None
+        if self.v7_grams_by == "launch" and self.v7_variant not in V7_ONE_LAUNCH:
+            raise ValueError(f"v7_grams='launch' is for v7 variants {V7_ONE_LAUNCH}: not "
+                             f"{self.v7_variant!r}")
         ctas = cta_counts(self.version)[-1] if ctas is None else ctas  # v2-v6: CTAS, v7: 8
         self.n, self.cfg, self.ctas = data.n_train, cfg, ctas
         launch_config(self.lib, ctas, self.version, self.cluster)  # a bad variant: ValueError
@@ -251,21 +272,27 @@ class EpochKernel:
             scratch = self.lib.cuda_epoch_scratch_bytes(ctas)
         if scratch == 0:
             raise ValueError(f"cuda-epoch runs on 7 or 14 CTAs, not {ctas}")
-        self.scratch = torch.empty(scratch // 4, device=dev)
+        # Zeroed: v7's one-launch path numbers its flags by the epoch from a ticket count that must
+        # start at 0 (csrc/epoch_v7l_math.cuh); the other versions overwrite what they read.
+        self.scratch = torch.zeros(scratch // 4, device=dev)
 
     def check_residency(self) -> None:
-        """v7: its 8 clusters of 8 CTAs spin on each other, so all must be on the GPU at once; a
-        setup error here, not a launch that never ends."""
+        """v7: its 8 clusters of 8 CTAs (15 in one launch) spin on each other, so all must be on
+        the GPU at once; a setup error here, not a launch that never ends."""
         clusters, needed = ctypes.c_int(), ctypes.c_int()
-        check(self.lib, self.lib.cuda_epoch_v7_residency(self.v7_index, ctypes.byref(clusters),
+        check(self.lib, self.lib.cuda_epoch_v7_residency(self.v7_index, self.v7_grams_index,
+                                                         ctypes.byref(clusters),
                                                          ctypes.byref(needed)),
               "cuda_epoch_v7_residency")
         if clusters.value < needed.value:
+            roles = ("one chain, 7 worker clusters" if self.v7_grams_by == "kernel" else
+                     "one chain, 7 worker and 7 Gram producer clusters (v7_grams='launch')")
             raise RuntimeError(
-                f"cuda-epoch v7 needs {needed.value} co-resident clusters of 8 CTAs (one chain, "
-                f"7 worker clusters, each CTA a whole SM) and this GPU holds {clusters.value} "
+                f"cuda-epoch v7 needs {needed.value} co-resident clusters of 8 CTAs ({roles}, "
+                f"each CTA a whole SM) and this GPU holds {clusters.value} "
                 f"(cudaOccupancyMaxActiveClusters; another process or MPS may hold SMs). Use "
-                f"version {VERSION}.")
+                f"version {VERSION}" + (" or v7_grams='kernel'." if self.v7_grams_by == "launch"
+                                        else "."))
 
     def run(self, epoch: int, w=None, b=None, stats=None, check_signals: bool = True) -> None:
         """One epoch in `orders[epoch]` order on (w, b, stats), by default the run's own.
@@ -277,7 +304,8 @@ class EpochKernel:
         common = (p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
                   self.cfg.lr, p(w), p(b), p(stats), p(self.scratch))
         if self.version == 7:
-            code = self.lib.cuda_epoch_v7_train(*common, self.v7_index, stream_handle())
+            code = self.lib.cuda_epoch_v7_train(*common, self.v7_index, self.v7_grams_index,
+                                                stream_handle())
         else:
             code = self.lib.cuda_epoch_train(*common, self.ctas, int(self.cluster), self.version,
                                              stream_handle())
@@ -295,8 +323,10 @@ class EpochKernel:
         if code == SIGNAL_TIMEOUT:
             d = detail.value
             what = {1: "its rows' partial logits", 2: "the rows' g",
-                    3: "v7's worker partials (chain)", 4: "v7's G (worker)"}.get(d & 15,
-                                                                              f"kind {d & 15}")
+                    3: "v7's worker partials (chain)", 4: "v7's G (worker)",
+                    5: "v7's Grams from the producers (chain, one launch)",
+                    6: "v7's counters reset by producer CTA 0 (one launch)"}.get(
+                        d & 15, f"kind {d & 15}")
             raise RuntimeError(
                 f"cuda_epoch_train ({self.variant}): CTA {(d >> 4) & 255} waited too long for "
                 f"{what} at step {d >> 12} and the kernel gave up (a protocol fault of the "
@@ -347,7 +377,8 @@ class EpochKernel:
         span = (ctypes.c_longlong * (ctas + 1))()
         code = self.lib.cuda_epoch_v7_phase_profile(
             p(self.x), p(self.y), p(self.orders[epoch]), self.n, self.cfg.batch_size,
-            self.cfg.lr, p(w), p(b), p(stats), p(self.scratch), self.v7_index, clocks, span,
+            self.cfg.lr, p(w), p(b), p(stats), p(self.scratch), self.v7_index,
+            self.v7_grams_index, clocks, span,
             stream_handle())
         check(self.lib, code, f"cuda_epoch_v7_phase_profile ({self.variant})")
         self.check_signals()  # a timed-out wait: its CTAs wrote no figures
@@ -381,8 +412,21 @@ class EpochKernel:
         return V7_VARIANTS.index(self.v7_variant)
 
     @property
+    def launches(self) -> int:
+        """Kernel launches an epoch: LAUNCHES's, v7 in one launch 1."""
+        return 1 if self.v7_grams_by == "launch" else LAUNCHES.get(self.version, 1)
+
+    @property
+    def v7_grams_index(self) -> int:
+        """The library's `grams` of this version-7 kernel (V7_GRAMS's order)."""
+        return V7_GRAMS.index(self.v7_grams_by)
+
+    @property
     def variant(self) -> str:
         if self.version == 7:
+            if self.v7_grams_by == "launch":
+                return (f"v7{self.v7_variant} in one launch, a chain cluster of 8 CTAs, 7 worker "
+                        f"and 7 Gram producer clusters (120 CTAs)")
             return (f"v7{self.v7_variant}, a chain cluster of 8 CTAs and 7 worker clusters "
                     f"(64 CTAs)")
         kind = "cluster" if self.cluster else "cooperative grid"
@@ -422,7 +466,8 @@ class CudaEpoch(Impl):
                "csrc/epoch_v7_launch.cuh", "csrc/epoch_v7_api.cuh",
                "csrc/epoch_v7b_math.cuh", "csrc/epoch_v7_sync.cuh", "csrc/gram_u8.cuh",
                "csrc/gram_v2.cuh", "csrc/epoch_v7c.cuh", "csrc/epoch_v7c_math.cuh",
-               "csrc/epoch_v7d.cuh", "csrc/epoch_v7d_math.cuh")  # the kernel its figures come from
+               "csrc/epoch_v7d.cuh", "csrc/epoch_v7d_math.cuh", "csrc/epoch_v7l.cuh",
+               "csrc/epoch_v7l_math.cuh")  # the kernel its figures come from
     device = "cuda"
 
     @classmethod
@@ -474,7 +519,7 @@ class CudaEpoch(Impl):
 
     def details(self) -> dict:
         return {"variant": self.kernel.variant, "fallback_reason": self.fallback_reason,
-                "launches_per_epoch": LAUNCHES.get(self.kernel.version, 1)}
+                "launches_per_epoch": self.kernel.launches}
 
     def train_epoch(self, epoch: int) -> float | None:
         self.kernel.run(epoch, check_signals=False)  # v4: a sync, done at the loss read

@@ -32,8 +32,17 @@
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
 //     picks at random.
+//   - one launch (`grams` 1, epoch_v7l.cuh): no Gram launch. Each epoch takes its generation g
+//     from the ticket count (V7L_CTAS tickets a launch); the 56 producer CTAs are units of their
+//     own: producer 0's first unit zeroes the counters, clears v7b's ring and sets reset = g;
+//     then producer p's units are the items p, p + 56, … (the Grams of (t, 64 rows), then its
+//     ready flag = g). A chain or worker CTA starts (its setup) only once reset == g; a chain
+//     CTA's step t (which loads Γ_{t+1}) runs only once the flag of its rows' item of step t + 1
+//     is g. The policies run the producers last (only when nothing else can run), so a chain that
+//     does not wait for a flag reads what no producer has written yet.
 // Global buffers start as `fill` (NaN: never written; 0: memory that happens to hold zeros) and
-// keep the previous epoch's values, as device memory would.
+// keep the previous epoch's values, as device memory would; the one-launch tail (tickets and
+// flags) starts zeroed, as EpochKernel's torch.zeros.
 // Planted bugs (the test shows each one fails the float64 check): 1 the workers' lag window one
 // step too short (an update applied that the chain's Gram terms also count), 2 the bias of step
 // s = max(t − L, 0) in Z_t (the bias correction left out), 3 a worker reading G_a when the chain
@@ -44,7 +53,10 @@
 // buffer of the wrong step parity, 8 the helpers' lag off by one (step t's ring slots with step
 // t + 1's Γ); v7d only: 9 the G fetched ahead for step a holding G_{a+1}'s rows (the prefetch a
 // step off), 10 the G fetched ahead before its counters are checked (the check when the update
-// comes: a snapshot taken before the chain published it is used).
+// comes: a snapshot taken before the chain published it is used); one launch only (v7prod's 7-9,
+// renumbered at the merges): 11 the chain not waiting for Γ's flag, 12 a producer's flag published
+// before the Gram's last row (written by its next unit), 13 the chain and workers not waiting for
+// the reset (stale counters of the previous epoch).
 #define FT_HOST_MATH
 #include <cmath>
 #include <algorithm>
@@ -57,6 +69,7 @@
 #include "epoch_v7b_math.cuh"
 #include "epoch_v7c_math.cuh"
 #include "epoch_v7d_math.cuh"
+#include "epoch_v7l_math.cuh"
 
 #if !defined(__CUDA_ARCH__)  // host code only
 namespace {
@@ -128,12 +141,61 @@ struct Emulation {
   V7Scratch s;
   const uint8_t* x;
   const int *y, *order;
-  int bug, variant;
+  int bug, variant, grams = 0;
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
   int held[V7_WCLUSTERS] = {};  // v7d: the step whose G the cluster's fetching threads hold
   bool violated = false;
+  // One launch: its scratch tail, generation, who has started, each producer's next unit.
+  V7LScratch l;
+  int gen = 0;
+  const float *b_in = nullptr, *w_in = nullptr;
+  bool cstarted[V7_CHAIN] = {}, wstarted[V7_WCLUSTERS] = {}, reset_done = false;
+  int pnext[V7L_PRODUCERS] = {}, plast[V7L_PRODUCERS] = {};  // plast: bug 12's row left, or -1
+
+  bool reset_seen() const { return bug == 13 || *l.reset == gen; }
+  bool gram_ready(int t, int q) const {  // the chain's gate (epoch_v7l.cuh's V7GramsGate)
+    return grams == 0 || bug == 11 || t >= e.steps || l.ready[v7l_item(t, v7l_tile(q))] == gen;
+  }
+  // Rows [r0, r1) of item (t, tile)'s Γ_{t,j}, every j, as the kernel's job writes them.
+  void gram_rows(int t, int tile, int r0, int r1) {
+    for (int j = 1; j <= V7_LAG && j <= t; ++j)
+      for (int a = tile * V7L_ROWS + r0; a < tile * V7L_ROWS + r1 && a < e.rows(t); ++a)
+        for (int b = 0; b < e.rows(t - j); ++b) {
+          const uint8_t* xa = x + size_t(order[t * e.bs + a]) * K;
+          const uint8_t* xb = x + size_t(order[(t - j) * e.bs + b]) * K;
+          int32_t sum = 0;
+          for (int k = 0; k < K; ++k) sum += int32_t(xa[k]) * int32_t(xb[k]);
+          s.gram[v7_gram_offset(t, j) + size_t(a) * BMAX + b] = static_cast<float>(sum);
+        }
+  }
+  bool producer_runnable(int p) const {
+    return (p == 0 && !reset_done) || plast[p] >= 0 || pnext[p] < v7l_items(e.steps);
+  }
+  void producer_step(int p) {
+    if (p == 0 && !reset_done) {  // v7's counters zeroed, v7b's ring cleared, then reset = g
+      for (int i = 0; i < V7_CHAIN * (1 + V7_WCLUSTERS); ++i) s.gflag[i] = 0;
+      if (variant >= 1)
+        for (size_t i = 0; i < V7_PTAG_WORDS; ++i) s.ptag[i] = V7_CLEAR_WORD;
+      *l.reset = gen;
+      reset_done = true;
+      return;
+    }
+    if (plast[p] >= 0) {  // bug 12: the row its flag was published without
+      const int i = plast[p];
+      plast[p] = -1;
+      gram_rows(i / V7L_TILES, i % V7L_TILES, V7L_ROWS - 1, V7L_ROWS);
+      return;
+    }
+    const int i = pnext[p];
+    pnext[p] += V7L_PRODUCERS;
+    const int t = i / V7L_TILES, tile = i % V7L_TILES;
+    const bool late = bug == 12 && t > 0 && tile * V7L_ROWS + V7L_ROWS <= e.rows(t);
+    gram_rows(t, tile, 0, late ? V7L_ROWS - 1 : V7L_ROWS);
+    if (late) plast[p] = i;
+    l.ready[i] = gen;
+  }
 
   int applied_before(int t) const {
     const int s0 = v7_applied_before(t);
@@ -160,7 +222,7 @@ struct Emulation {
     return true;
   }
 
-  void grams() {
+  void grams_launch() {
     if (variant >= 1 && bug != 6)  // the Gram launch's v7b_clear
       for (size_t i = 0; i < V7_PTAG_WORDS; ++i) s.ptag[i] = V7_CLEAR_WORD;
     for (int i = 0; i < V7_CHAIN * (1 + V7_WCLUSTERS); ++i) s.gflag[i] = 0;  // both arrays
@@ -195,21 +257,26 @@ struct Emulation {
     }
     if (variant < 2) return;
     for (int tid = 0; tid < V7C_CRIT; ++tid) v7c_load_gram<1>(e, s.gram, 0, q, tid, 1, c.gam1_of(tid));
-    if (e.steps > 1)
+    if (e.steps > 1 && grams == 0)  // one launch: in the helpers' first unit, after its gate
       for (int h = 0; h < V7C_HELP; ++h)
         v7c_load_gram<V7C_HJ>(e, s.gram, 1, q, h, 2, c.gamh_of(h));
   }
   // v7c: the helpers' iteration t = hnext (step t + 1's terms j ≥ 2) starts after the critical
   // warps' hand-off of step t (here: after their whole step t).
+  // One launch: iteration t loads Γ_{t+2} (and iteration 0 Γ_1 first, the kernel's setup load):
+  // it runs once their producers' flags are set (the helpers' gate).
   bool helper_runnable(int q) const {
     const Chain& c = chain[q];
-    return variant >= 2 && c.hnext + 1 < e.steps && c.next > c.hnext;
+    if (variant < 2 || c.hnext + 1 >= e.steps || c.next <= c.hnext) return false;
+    return gram_ready(c.hnext + 2, q) && (c.hnext > 0 || gram_ready(1, q));
   }
   void helper_step(int q) {
     Chain& c = chain[q];
     float* sm = c.sm.data();
     const float* ring = sm + ChainSmem::RING;
     const int t = c.hnext++;
+    if (grams == 1 && t == 0)  // the setup's load of Γ_1, after its gate
+      for (int h = 0; h < V7C_HELP; ++h) v7c_load_gram<V7C_HJ>(e, s.gram, 1, q, h, 2, c.gamh_of(h));
     for (int j = 2; j <= v7_window(t + 1); ++j)  // G_{t+1−j} complete in its slot
       if (c.holds[v7_slot(t + 1 - j)] != t + 1 - j) violated = true;
     HostWarp16 warp{bug == 5 ? 8 : 0};
@@ -234,9 +301,13 @@ struct Emulation {
         v7c_load_gram<V7C_HJ>(e, s.gram, t + 2, q, h, 2, c.gamh_of(h));
   }
   bool chain_runnable(int q) const {
+    if (grams == 1 && !cstarted[q]) return reset_seen();  // its setup, after the reset
+    for (int d = 0; d < V7_CHAIN && grams == 1; ++d)  // the chain's cluster barrier after setup
+      if (!cstarted[d]) return false;
     const Chain& c = chain[q];
     const int t = c.next;
     if (t > e.steps) return false;
+    if (!gram_ready(t + 1, q)) return false;  // step t loads Γ_{t+1}
     // The kernel's try_wait.parity(v7_parity(t − 1)) on slot v7_slot(t − 1): it passes once the
     // phase of that parity has completed, i.e. while the current phase's parity differs.
     if (t > 0 && (c.phases[v7_slot(t - 1)] & 1) == v7_parity(t - 1)) return false;
@@ -365,6 +436,7 @@ struct Emulation {
     store_x(k, 0);
   }
   bool worker_runnable(int k) const {
+    if (grams == 1 && !wstarted[k]) return reset_seen();  // its setup, after the reset
     const int t = wnext[k];
     if (t > e.steps) return false;
     const int upto = t == e.steps ? e.steps : applied_before(t);
@@ -466,13 +538,32 @@ struct Emulation {
 
   // One epoch: 0, -2 (no unit can run: a deadlock) or -3 (a ring slot overwritten too early).
   int epoch(float* w, float* b, double* stats, int policy) {
-    grams();
-    for (int q = 0; q < V7_CHAIN; ++q) chain_setup(q, b);
-    std::vector<float> w_in(w, w + C * K);
-    for (int k = 0; k < V7_WCLUSTERS; ++k) worker_setup(k, w_in.data());
+    std::vector<float> w_copy(w, w + C * K);
+    b_in = b;
+    w_in = w_copy.data();
+    if (grams == 0) {
+      grams_launch();
+      for (int q = 0; q < V7_CHAIN; ++q) chain_setup(q, b);
+      for (int k = 0; k < V7_WCLUSTERS; ++k) worker_setup(k, w_in);
+    } else {  // the launch's V7L_CTAS tickets; nobody has started
+      gen = v7l_generation(*l.arrive);
+      *l.arrive += V7L_CTAS;
+      reset_done = false;
+      for (int q = 0; q < V7_CHAIN; ++q) chain[q].next = 0;  // not started: not finished either
+      for (int k = 0; k < V7_WCLUSTERS; ++k) wnext[k] = 0;
+      for (bool& c : cstarted) c = false;
+      for (bool& c : wstarted) c = false;
+      for (int p = 0; p < V7L_PRODUCERS; ++p) {
+        pnext[p] = p;
+        plast[p] = -1;
+      }
+    }
     std::mt19937 rng(policy);
+    constexpr int HELP = V7_WCLUSTERS + V7_CHAIN;  // unit numbers of v7c's helpers
+    constexpr int PROD = HELP + V7_CHAIN;          // ... and of the producers
     for (;;) {
-      std::vector<int> run;  // 0..6 worker clusters, 7..14 chain CTAs, 15..22 v7c's helpers
+      // 0..6 worker clusters, 7..14 chain CTAs, 15..22 v7c's helpers, 23.. producers
+      std::vector<int> run;
       const auto chain_units = [&] {
         for (int q = 0; q < V7_CHAIN; ++q)
           if (chain_runnable(q)) run.push_back(V7_WCLUSTERS + q);
@@ -485,15 +576,29 @@ struct Emulation {
       // v7c's helpers as late as the others allow (the hand-off's test), at random for policy ≥ 1
       if (policy > 0 || run.empty())
         for (int q = 0; q < V7_CHAIN; ++q)
-          if (helper_runnable(q)) run.push_back(V7_WCLUSTERS + V7_CHAIN + q);
+          if (helper_runnable(q)) run.push_back(HELP + q);
+      if (grams == 1 && (policy > 0 || run.empty()))  // greedy orders: the producers last
+        for (int p = 0; p < V7L_PRODUCERS; ++p)
+          if (producer_runnable(p)) run.push_back(PROD + p);
       if (run.empty()) break;
       const int u = run[policy <= 0 ? 0 : rng() % run.size()];
-      if (u < V7_WCLUSTERS)
-        worker_step(u, w);
-      else if (u < V7_WCLUSTERS + V7_CHAIN)
+      if (u >= PROD) {
+        producer_step(u - PROD);
+      } else if (u >= HELP) {
+        helper_step(u - HELP);
+      } else if (u < V7_WCLUSTERS) {
+        if (grams == 1 && !wstarted[u]) {
+          wstarted[u] = true;
+          worker_setup(u, w_in);
+        } else {
+          worker_step(u, w);
+        }
+      } else if (grams == 1 && !cstarted[u - V7_WCLUSTERS]) {
+        cstarted[u - V7_WCLUSTERS] = true;
+        chain_setup(u - V7_WCLUSTERS, b_in);
+      } else {
         chain_step(u - V7_WCLUSTERS);
-      else
-        helper_step(u - V7_WCLUSTERS - V7_CHAIN);
+      }
       if (violated) return -3;
     }
     for (int k = 0; k < V7_WCLUSTERS; ++k)
@@ -518,18 +623,24 @@ struct Emulation {
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
+// `grams`: 0 two launches (the Gram launch first), 1 one launch (the producers among the units).
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
-                         int bug, float fill, int variant) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 10 || variant < 0 ||
-      variant > 3 || (bug > 3 && variant < 1) || (bug > 6 && bug < 9 && variant < 2) ||
-      (bug > 8 && variant != 3))
+                         int bug, float fill, int variant, int grams) {
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 13 || variant < 0 ||
+      variant > 3 || grams < 0 || grams > 1 || (bug > 3 && bug < 7 && variant < 1) ||
+      (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
+      (bug >= 11 && grams != 1))
     return -1;
   const int steps = (n + bs - 1) / bs;
-  std::vector<float> scratch((v7_scratch_bytes(steps) + 3) / 4, fill);
+  std::vector<float> scratch((v7l_scratch_bytes(steps) + 3) / 4, fill);
+  const size_t tail = v7_scratch_bytes(steps) / 4;  // the one-launch tail: zeroed
+  std::fill(scratch.begin() + tail, scratch.end(), 0.f);
   auto* em = new Emulation{};
   em->e = V7Epoch{n, bs, steps, lr};
   em->s = v7_scratch(scratch.data(), steps);
+  em->l = v7l_scratch(scratch.data(), steps);
+  em->grams = grams;
   em->x = x;
   em->y = y;
   em->bug = bug;

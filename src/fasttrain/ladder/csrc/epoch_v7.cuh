@@ -40,6 +40,7 @@
 #include "epoch_v7b_math.cuh"
 #include "epoch_v7_sync.cuh"
 #include "epoch_v7_phases.cuh"
+#include "epoch_v7l.cuh"
 #include "gram_u8.cuh"
 #include "gram_v2.cuh"
 
@@ -102,8 +103,10 @@ __global__ void __launch_bounds__(gram::v2::THREADS, 1) v7_gram_kernel_v2(V7Args
 
 // ---- 2. the chain (cluster 0, CTA q) ----------------------------------------------------------
 // TIMED: the phase-profiling build (epoch_v7_phases.cuh), never the timed row's. V7B: v7b.
-template <bool TIMED, bool V7B>
-__device__ void v7_chain(int q, const V7Args& v, float* sm) {
+// gate(t): Γ_{t,·} may be read (epoch_v7l.cuh: always in two launches; in one, the producers'
+// flag, false on a failed wait, which the next step's check turns into the loop's exit).
+template <bool TIMED, bool V7B, class Gate = V7GramsReady>
+__device__ void v7_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   using S = ChainSmem;
   const V7Epoch& e = v.e;
   const int tid = threadIdx.x, steps = e.steps;
@@ -127,7 +130,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
   cluster_barrier();  // every chain CTA's mbarriers armed before anyone sends
 
   float loss = 0.f, correct = 0.f;
-  bool failed = false;
+  bool failed = false, gram_ok = true;
   V7PhaseClock<TIMED> clock;
   // Software-pipelined Gram terms: entering step t, gam holds Γ_{t,·} (loaded during step t − 1)
   // and acc the terms j ≥ 2 (added at the end of step t − 1); only j = 1 waits for G_{t−1}.
@@ -158,7 +161,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
         p = __uint_as_float(static_cast<uint32_t>(got));
       }
     }
-    if (__syncthreads_or(!ok)) {
+    if (__syncthreads_or(!ok || !gram_ok)) {
       failed = true;
       break;
     }
@@ -170,6 +173,9 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm) {
     }
     chain_gram_terms(e, gam, ring, t, tid, 1, 1, acc);
     chain_gram_store(tid, acc, red, V7B);
+    clock.mark(V7C_GRAM);
+    if (t + 1 < steps) gram_ok = gate(t + 1);  // one launch: the producers' flag of Γ_{t+1}
+    clock.mark(V7C_WAIT_GRAM);
     if (t + 1 < steps) chain_load_gram(e, v.s.gram, t + 1, q, tid, gam);  // in flight till the end
     __syncthreads();
     clock.mark(V7C_GRAM);
@@ -346,17 +352,42 @@ __device__ void v7_worker(int k, int r, const V7Args& v, float* sm) {
   if (tid < V7_FW * C) v.a.w[(tid % C) * K + f0 + tid / C] = w[(tid / C) * 16 + tid % C];
 }
 
-template <bool TIMED = false, bool V7B = false>
+// GRAMS: V7_GRAMS_KERNEL (the Grams by their own launch before this one: V7_CTAS CTAs) or
+// V7_GRAMS_LAUNCH (one launch of V7L_CTAS: the producer clusters after the workers, epoch_v7l.cuh).
+template <bool TIMED = false, bool V7B = false, int GRAMS = V7_GRAMS_KERNEL>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
+  constexpr bool ONE = GRAMS == V7_GRAMS_LAUNCH;
+  V7LScratch l = {};
+  int gen = 0;
+  if constexpr (ONE) {  // the ticket before anything that may leave (epoch_v7l_math.cuh)
+    l = v7l_scratch(v.a.scratch, v.e.steps);
+    gen = v7l_arrive(l, v.e.steps, v7l_tile(blockIdx.x % V7_CLUSTER));
+  }
   // A stale failure not yet read by the host: every CTA leaves (as v4).
   if (*static_cast<volatile int*>(&g_signal_error) != 0) return;
   const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
-  if (cluster == 0)
-    v7_chain<TIMED, V7B>(rank, v, sm);
-  else
+  if constexpr (ONE) {
+    if (cluster > V7_WCLUSTERS) {
+      v7l_producer(blockIdx.x - V7_CTAS, v.e, v.a.x, v.a.order, v.s.gram,
+                   reinterpret_cast<uint8_t*>(sm), [&] {
+                     for (int i = threadIdx.x; i < V7_CHAIN * (1 + V7_WCLUSTERS); i += V7_T)
+                       v.s.gflag[i] = 0;  // both counter arrays (gflag, pflag)
+                     v7b_clear(v, 0, 1);
+                   });
+      return;
+    }
+    if (!v7l_wait_reset(l, gen)) return;
+  }
+  if (cluster == 0) {
+    if constexpr (ONE)
+      v7_chain<TIMED, V7B>(rank, v, sm, V7GramsGate{});
+    else
+      v7_chain<TIMED, V7B>(rank, v, sm);
+  } else {
     v7_worker<TIMED, V7B>(cluster - 1, rank, v, sm);
+  }
 #endif
 }
 

@@ -34,35 +34,53 @@
 //      v7c with workers that fetch the next update's G a step ahead: during the partials, warps
 //      8-15 check the 8 chain counters without blocking (ld.acquire, then __syncwarp) and load
 //      G into registers, consumed by the next update (which polls as v7b's if it was not there).
+//   v7 in one launch (epoch_v7l.cuh, epoch_v7l_math.cuh; the entry points' `grams` 1,
+//      V7_GRAMS_LAUNCH, for every variant; written without a GPU, not yet run on one: two
+//      launches stay the default) the Grams made during the epoch by 7 producer clusters of the
+//      same kernel (120 CTAs, 15 clusters of 8: the most an H200 holds of this config) with Gram
+//      v2's CTA code, each (step, 64 rows) released by an epoch-numbered flag that the chain
+//      acquires before it loads that Γ; v7's counters zeroed by producer CTA 0 behind a flag of
+//      the same generation. Its producer role and the chain's wait run on the CPU in the host
+//      emulation for whole epochs (tests/ladder/test_cuda_epoch_v7_math.py).
 #pragma once
 #include "epoch_v7_launch.cuh"
 
 extern "C" {
 
 // Bytes of v7's global scratch for an epoch of n samples in batches of bs: its step counters,
-// every Gram of the epoch (fp32), every step's G and the worker clusters' partial logits.
+// every Gram of the epoch (fp32), every step's G and the worker clusters' partial logits, then
+// the one-launch path's tickets and ready flags (zeroed once, before the first epoch: the
+// one-launch path needs it; the two-launch path ignores that tail).
 long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
   if (n < 1 || bs < 1 || bs > BMAX) return 0;
-  return static_cast<long long>(v7_scratch_bytes((n + bs - 1) / bs));
+  return static_cast<long long>(v7l_scratch_bytes((n + bs - 1) / bs));
 }
 
 // v7's co-residency, checked at setup: *clusters = how many clusters of 8 of its epoch kernel the
 // device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
 // Returns 0 or a cudaError_t.
-// `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3).
-int cuda_epoch_v7_residency(int variant, int* clusters, int* needed) {
-  *needed = V7_CTAS / V7_CLUSTER;
+// `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3); `grams`: V7_GRAMS_KERNEL 0
+// (8 clusters) or V7_GRAMS_LAUNCH 1 (one launch: 15 clusters, the producers').
+int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) {
+  *needed = (grams == V7_GRAMS_LAUNCH ? V7L_CTAS : V7_CTAS) / V7_CLUSTER;
   *clusters = 0;
-  if (variant < 0 || variant >= V7_VARIANTS) return cudaErrorInvalidValue;
-  const auto kernel = variant == V7D   ? v7_epoch_kernel_d<>
-                      : variant == V7C ? v7_epoch_kernel_c<>
-                      : variant == V7B ? v7_epoch_kernel<false, true>
-                                       : v7_epoch_kernel<>;
+  if (variant < 0 || variant >= V7_VARIANTS || grams < 0 || grams >= V7_GRAMS_MODES)
+    return cudaErrorInvalidValue;
+  void (*kernel)(V7Args) =
+      grams == V7_GRAMS_LAUNCH
+          ? (variant == V7D   ? v7_epoch_kernel_d<false, V7_GRAMS_LAUNCH>
+             : variant == V7C ? v7_epoch_kernel_c<false, V7_GRAMS_LAUNCH>
+             : variant == V7B ? v7_epoch_kernel<false, true, V7_GRAMS_LAUNCH>
+                              : v7_epoch_kernel<false, false, V7_GRAMS_LAUNCH>)
+          : (variant == V7D   ? v7_epoch_kernel_d<>
+             : variant == V7C ? v7_epoch_kernel_c<>
+             : variant == V7B ? v7_epoch_kernel<false, true>
+                              : v7_epoch_kernel<>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          4 * V7_SMEM_FLOATS);
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = v7_config(attr, false, nullptr);
+  const cudaLaunchConfig_t cfg = v7_config(attr, false, nullptr, grams);
   return cudaOccupancyMaxActiveClusters(clusters, kernel, &cfg);
 }
 
@@ -72,16 +90,18 @@ int cuda_epoch_v7_variants() { return V7_VARIANTS; }
 
 // One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b; 2 v7c; 3 v7d),
 // args as cuda_epoch_train's with ctas = 8, cluster = 1 and `scratch` of
-// cuda_epoch_v7_scratch_bytes: its Grams, then its epoch kernel, on `stream`. Returns 0 or a cudaError_t (a timed-out wait shows in
+// cuda_epoch_v7_scratch_bytes: its Grams, then its epoch kernel (`grams` 0), or its one launch
+// (`grams` 1: the scratch zeroed before its first epoch), on `stream`. Returns 0 or a
+// cudaError_t (a timed-out wait shows in
 // cuda_epoch_signal_status).
 int cuda_epoch_v7_train(const void* x, const void* y, const void* order, int n, int bs, float lr,
-                        void* w, void* b, void* stats, void* scratch, int variant,
+                        void* w, void* b, void* stats, void* scratch, int variant, int grams,
                         cudaStream_t stream) {
   if (n < 1 || bs < 1 || bs > BMAX || scratch == nullptr) return cudaErrorInvalidValue;
   const Args a{static_cast<const uint8_t*>(x), static_cast<const int*>(y),
                static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
                static_cast<float*>(b), static_cast<float*>(stats), static_cast<float*>(scratch)};
-  return train_v7_variant(a, variant, stream);
+  return train_v7_variant(a, variant, stream, grams);
 }
 
 // v7's phase-profiling build: *chain and *worker phases a CTA of each role (epoch_v7_phases.cuh),
@@ -94,19 +114,20 @@ void cuda_epoch_v7_phase_shape(int* chain, int* worker, int* ctas, int* cols) {
 }
 
 // One epoch of v7 variant `variant` (its Grams and its epoch kernel, arguments as
-// cuda_epoch_v7_train's) by the phase-profiling build (it trains), then per CTA the clocks its
+// cuda_epoch_v7_train's, `grams` too) by the phase-profiling build (it trains), then per CTA of
+// the chain and the workers (the producers are not profiled) the clocks its
 // thread 0 spent in each of its role's phases (out: V7_CTAS x cols of cuda_epoch_v7_phase_shape,
 // 32-bit, chain CTAs first) and its loop's span in ns (span: V7_CTAS + 1, the last the steps).
 // Syncs the stream.
 int cuda_epoch_v7_phase_profile(const void* x, const void* y, const void* order, int n, int bs,
                                 float lr, void* w, void* b, void* stats, void* scratch,
-                                int variant, unsigned int* out, long long* span,
+                                int variant, int grams, unsigned int* out, long long* span,
                                 cudaStream_t stream) {
   if (n < 1 || bs < 1 || bs > BMAX || scratch == nullptr) return cudaErrorInvalidValue;
   const Args a{static_cast<const uint8_t*>(x), static_cast<const int*>(y),
                static_cast<const int*>(order), n, bs, lr, static_cast<float*>(w),
                static_cast<float*>(b), static_cast<float*>(stats), static_cast<float*>(scratch)};
-  return v7_phase_profile(a, variant, out, span, stream);
+  return v7_phase_profile(a, variant, out, span, stream, grams);
 }
 
 // v7's Grams alone (to time them): the first launch of a v7 epoch (every Γ_{t,j} into `scratch`,

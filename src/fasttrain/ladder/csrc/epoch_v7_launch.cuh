@@ -1,7 +1,9 @@
 // cuda-epoch v7's host side (epoch_v7_api.cuh's entry points call it): the launch configuration,
 // an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel of v7a, v7b,
-// v7c or v7d, TIMED or not), and the phase profile's read-back. v7's variants: V7A (0), V7B (1), V7C
-// (2) and V7D (3), the `variant` of the entry points (cuda_epoch.V7_VARIANTS).
+// v7c or v7d, TIMED or not) or its one launch (`grams` V7_GRAMS_LAUNCH: the epoch kernel with its
+// producer clusters, epoch_v7l.cuh), and the phase profile's read-back. v7's
+// variants: V7A (0), V7B (1), V7C (2) and V7D (3), the `variant` of the entry points
+// (cuda_epoch.V7_VARIANTS); `grams` is independent of it.
 #pragma once
 #include "epoch_v7.cuh"
 #include "epoch_v7c.cuh"
@@ -9,11 +11,12 @@
 
 namespace {
 
-// The epoch kernel over V7_CTAS CTAs in clusters of 8, cooperative (every role spins on the
-// others: the grid must be resident, see epoch_v7.cuh).
-cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, cudaStream_t stream) {
+// The epoch kernel over V7_CTAS CTAs (V7L_CTAS in one launch) in clusters of 8, cooperative
+// (every role spins on the others: the grid must be resident, see epoch_v7.cuh).
+cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, cudaStream_t stream,
+                             int grams = V7_GRAMS_KERNEL) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(V7_CTAS);
+  cfg.gridDim = dim3(grams == V7_GRAMS_LAUNCH ? V7L_CTAS : V7_CTAS);
   cfg.blockDim = dim3(V7_T);
   cfg.dynamicSmemBytes = 4 * V7_SMEM_FLOATS;
   cfg.stream = stream;
@@ -53,46 +56,61 @@ cudaError_t v7_grams(const V7Args& v, int version, cudaStream_t stream) {
 }
 
 // TIMED: the phase-profiling build of the epoch kernel (the same arithmetic: it trains). V7B:
-// v7b's kernel (and its Gram launch clears the tagged partials' ring); V7C (with V7B): v7c's;
-// V7D (with V7B): v7d's.
-template <bool TIMED = false, bool V7B = false, bool V7C = false, bool V7D = false>
+// v7b's kernel (and its Gram launch, or its producer CTA 0, clears the tagged partials' ring);
+// V7C (with V7B): v7c's; V7D (with V7B): v7d's. GRAMS: V7_GRAMS_KERNEL, two
+// launches (the Gram kernel, then the epoch kernel); V7_GRAMS_LAUNCH, one (the scratch of
+// v7l_scratch_bytes, zeroed before its first epoch: epoch_v7l_math.cuh).
+template <bool TIMED = false, bool V7B = false, bool V7C = false, int GRAMS = V7_GRAMS_KERNEL,
+          bool V7D = false>
 cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   if (a.scratch == nullptr) return cudaErrorInvalidValue;
-  constexpr auto kernel = V7D   ? v7_epoch_kernel_d<TIMED>
-                          : V7C ? v7_epoch_kernel_c<TIMED>
-                                : v7_epoch_kernel<TIMED, V7B>;
+  constexpr auto kernel = V7D   ? v7_epoch_kernel_d<TIMED, GRAMS>
+                          : V7C ? v7_epoch_kernel_c<TIMED, GRAMS>
+                                : v7_epoch_kernel<TIMED, V7B, GRAMS>;
   const V7Args v = v7_args(a, V7B);
-  cudaError_t err = v7_grams(v, V7_GRAM_VERSION, stream);
+  cudaError_t err = GRAMS == V7_GRAMS_KERNEL ? v7_grams(v, V7_GRAM_VERSION, stream) : cudaSuccess;
   if (err == cudaSuccess)
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                4 * V7_SMEM_FLOATS);
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = v7_config(attr, true, stream);
+  const cudaLaunchConfig_t cfg = v7_config(attr, true, stream, GRAMS);
   return cudaLaunchKernelEx(&cfg, kernel, v);
 }
-// `variant` (V7A, V7B, V7C, V7D) resolved once, here.
+// `variant` (V7A, V7B, V7C, V7D) and `grams` (V7_GRAMS_KERNEL, V7_GRAMS_LAUNCH) resolved once,
+// here.
 template <bool TIMED = false>
-cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream) {
+cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
+                             int grams = V7_GRAMS_KERNEL) {
+  if (grams == V7_GRAMS_LAUNCH) {
+    if (variant == V7A) return train_v7<TIMED, false, false, V7_GRAMS_LAUNCH>(a, stream);
+    if (variant == V7B) return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH>(a, stream);
+    if (variant == V7C) return train_v7<TIMED, true, true, V7_GRAMS_LAUNCH>(a, stream);
+    if (variant == V7D) return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, true>(a, stream);
+    return cudaErrorInvalidValue;
+  }
+  if (grams != V7_GRAMS_KERNEL) return cudaErrorInvalidValue;
   if (variant == V7A) return train_v7<TIMED, false>(a, stream);
   if (variant == V7B) return train_v7<TIMED, true>(a, stream);
   if (variant == V7C) return train_v7<TIMED, true, true>(a, stream);
-  if (variant == V7D) return train_v7<TIMED, true, false, true>(a, stream);
+  if (variant == V7D) return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, true>(a, stream);
   return cudaErrorInvalidValue;
 }
 
 // One epoch by the phase-profiling build, then its figures (epoch_v7_phases.cuh): clocks
 // [V7_CTAS][V7_PHASE_COLS], span [V7_CTAS + 1]. Zeroed first: a CTA that left early (a failed
 // wait) reads back as 0, not as an earlier launch's figures. Syncs the stream.
+// `grams`: as train_v7_variant's (the producer CTAs are not profiled: they write no figures).
 cudaError_t v7_phase_profile(const Args& a, int variant, unsigned int* clocks, long long* span,
-                             cudaStream_t stream) {
-  if (variant < 0 || variant >= V7_VARIANTS) return cudaErrorInvalidValue;
+                             cudaStream_t stream, int grams = V7_GRAMS_KERNEL) {
+  if (variant < 0 || variant >= V7_VARIANTS || grams < 0 || grams >= V7_GRAMS_MODES)
+    return cudaErrorInvalidValue;
   void *c = nullptr, *s = nullptr;
   cudaError_t err = cudaGetSymbolAddress(&c, g_v7_phase_clocks);
   if (err == cudaSuccess) err = cudaGetSymbolAddress(&s, g_v7_phase_ns);
   if (err == cudaSuccess) err = cudaMemsetAsync(c, 0, sizeof(g_v7_phase_clocks), stream);
   if (err == cudaSuccess) err = cudaMemsetAsync(s, 0, sizeof(g_v7_phase_ns), stream);
-  if (err == cudaSuccess) err = train_v7_variant<true>(a, variant, stream);
+  if (err == cudaSuccess) err = train_v7_variant<true>(a, variant, stream, grams);
   if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
   if (err == cudaSuccess)
     err = cudaMemcpyFromSymbol(clocks, g_v7_phase_clocks, sizeof(g_v7_phase_clocks));

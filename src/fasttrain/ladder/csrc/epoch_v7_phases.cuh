@@ -33,6 +33,8 @@ enum V7ChainPhase {
                   // 16 lanes a row, shuffles)
   V7C_SEND,       // G_t to the 8 chain CTAs (st.async) and to global memory
   V7C_PUBLISH,    // thread 0: release my G counter
+  V7C_WAIT_GRAM,  // one launch (epoch_v7l.cuh): wait for the producers' flag of Γ_{t+1} (two
+                  // launches: nothing, ~0)
   V7C_PHASES
 };
 enum V7WorkerPhase {

@@ -1,7 +1,10 @@
 // cuda-epoch v7c: v7b's epoch kernel with the chain CTA's terms j ≥ 2 on helper warps
 // (epoch_v7c_math.cuh: the split, its per-thread bodies and why it is not run 5's rejected one).
 // The workers are v7b's (v7_worker<TIMED, true>); the Gram launch is v7b's (it clears the tagged
-// ring). Written without a GPU, not yet run on one.
+// ring). Written without a GPU, not yet run on one. In one launch (GRAMS = V7_GRAMS_LAUNCH,
+// epoch_v7l.cuh) both halves of the chain CTA wait for the producers' flag of the Γ they load
+// (the critical warps Γ_{t+1,1} during step t, the helpers Γ_{t+2,j≥2} during their iteration t)
+// through the Gate, as v7_chain; a helper's failed wait is a stop, as its failed G wait.
 //
 // Synchronisation inside a chain CTA (the two halves never use __syncthreads after the setup):
 //   named barrier V7C_BAR_CRIT (1), 256 threads: the critical warps' own barriers (v7b's
@@ -44,7 +47,9 @@ __device__ __forceinline__ bool bar_or(bool pred) {
 }
 
 // Helper warps (tid ≥ 256) of chain CTA q: iterations t = 0 … steps − 2, step t + 1's terms j ≥ 2.
-__device__ void v7c_helpers(int q, const V7Args& v, float* sm) {
+// gate(t): Γ_{t,·} may be read (v7_chain's Gate: V7GramsReady in two launches).
+template <class Gate>
+__device__ void v7c_helpers(int q, const V7Args& v, float* sm, Gate gate) {
   const V7Epoch& e = v.e;
   const int h = threadIdx.x - V7C_CRIT, steps = e.steps;
   const float* ring = sm + ChainSmem::RING;
@@ -53,7 +58,10 @@ __device__ void v7c_helpers(int q, const V7Args& v, float* sm) {
   const uint32_t bar_u = smem_addr(sm + ChainSmem::BAR);
   const ChainLane16 ln = chain_lane16(h);
   float gam[V7C_HJ][V7C_U];
-  if (steps > 1) v7c_load_gram<V7C_HJ>(e, v.s.gram, 1, q, h, 2, gam);
+  if (steps > 1) {
+    if (!gate(1)) *stop = 1;  // read by everyone after the first hand-off
+    v7c_load_gram<V7C_HJ>(e, v.s.gram, 1, q, h, 2, gam);
+  }
   for (int t = 0; t + 1 < steps; ++t) {
     // G_{t−1} is in the ring (the critical warps passed its wait before this iteration's start):
     // the try_wait passes at once; it is the acquire of the st.async bytes for these threads.
@@ -63,7 +71,10 @@ __device__ void v7c_helpers(int q, const V7Args& v, float* sm) {
     float acc[C];
     for (int c = 0; c < C; ++c) acc[c] = 0.f;
     v7c_terms<V7C_HJ>(e, gam, ring, t + 1, h, 2, acc);
-    if (t + 2 < steps) v7c_load_gram<V7C_HJ>(e, v.s.gram, t + 2, q, h, 2, gam);
+    if (t + 2 < steps) {
+      if (!gate(t + 2)) *stop = 1;  // one launch: the producers' flag of Γ_{t+2}
+      v7c_load_gram<V7C_HJ>(e, v.s.gram, t + 2, q, h, 2, gam);
+    }
     const float s = v7c_lane_sum(V7DeviceWarp{}, acc);
     if (ln.c < C) sm[v7c_hq_at(t + 1) + ln.i * 16 + ln.c] = s;
     if (h < V7_RPC) {
@@ -77,8 +88,8 @@ __device__ void v7c_helpers(int q, const V7Args& v, float* sm) {
 }
 
 // ---- the chain (cluster 0, CTA q), v7c ---------------------------------------------------------
-template <bool TIMED>
-__device__ void v7c_chain(int q, const V7Args& v, float* sm) {
+template <bool TIMED, class Gate = V7GramsReady>
+__device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   using S = ChainSmem;
   const V7Epoch& e = v.e;
   const int tid = threadIdx.x, steps = e.steps;
@@ -102,12 +113,12 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm) {
   __syncthreads();
   cluster_barrier();  // every chain CTA's mbarriers armed before anyone sends
   if (tid >= V7C_CRIT) {
-    v7c_helpers(q, v, sm);
+    v7c_helpers(q, v, sm, gate);
     return;
   }
 
   float loss = 0.f, correct = 0.f;
-  bool failed = false;
+  bool failed = false, gram_ok = true;
   V7PhaseClock<TIMED> clock;
   float gam[1][V7C_U];  // Γ_{t,1}: my 8 columns, loaded during step t − 1
   v7c_load_gram<1>(e, v.s.gram, 0, q, tid, 1, gam);
@@ -129,7 +140,8 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm) {
         p = __uint_as_float(static_cast<uint32_t>(got));
       }
     }
-    if (bar_or<V7C_BAR_CRIT, V7C_CRIT>(!ok)) {  // the helpers leave at their next hand-off
+    // gram_ok: step t − 1's gate. The helpers leave at their next hand-off.
+    if (bar_or<V7C_BAR_CRIT, V7C_CRIT>(!ok || !gram_ok)) {
       if (tid == 0) *stop = 1;
       if (steps > 1) bar_sync<V7C_BAR_HAND, V7_T>();
       failed = true;
@@ -144,6 +156,9 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm) {
     float acc[C];
     for (int c = 0; c < C; ++c) acc[c] = 0.f;
     v7c_terms<1>(e, gam, ring, t, tid, 1, acc);
+    // One launch: the producers' flag of Γ_{t+1} (its wait in the phase "Gram terms": a mark of
+    // its own pushed the timed build 12 bytes into local memory).
+    if (t + 1 < steps) gram_ok = gate(t + 1);
     if (t + 1 < steps) v7c_load_gram<1>(e, v.s.gram, t + 1, q, tid, 1, gam);
     const float j1 = v7c_lane_sum(V7DeviceWarp{}, acc);
     // b_t written; step t's HQ and labels from the helpers (their iteration t − 1).
@@ -151,7 +166,9 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm) {
       bar_sync<V7C_BAR_HAND, V7_T>();
     else
       bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
-    if (*stop) {  // a helper's wait failed (they leave after this hand-off too)
+    // Not at t = 0 (no hand-off yet): a helper's failed gate(1) may already have set the flag,
+    // and the helpers reach their first hand-off; step 1 reads it after that hand-off.
+    if (t > 0 && *stop) {  // a helper's wait failed (they leave after this hand-off too)
       failed = true;
       break;
     }
@@ -200,16 +217,47 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm) {
   }
 }
 
-template <bool TIMED = false>
+// v7c's epoch kernel body, shared with v7d (epoch_v7d.cuh): GF, how G reaches the workers' update
+// (V7GDirect: v7c's; V7GAhead: v7d's). GRAMS: as v7_epoch_kernel's (its one-launch prologue and
+// producers, v7b's ring cleared).
+template <bool TIMED, int GRAMS, class GF>
+__device__ __forceinline__ void v7c_epoch(const V7Args& v, float* sm) {
+  constexpr bool ONE = GRAMS == V7_GRAMS_LAUNCH;
+  V7LScratch l = {};
+  int gen = 0;
+  if constexpr (ONE) {  // the ticket before anything that may leave (epoch_v7l_math.cuh)
+    l = v7l_scratch(v.a.scratch, v.e.steps);
+    gen = v7l_arrive(l, v.e.steps, v7l_tile(blockIdx.x % V7_CLUSTER));
+  }
+  if (*static_cast<volatile int*>(&g_signal_error) != 0) return;  // a stale failure: leave (v4)
+  const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
+  if constexpr (ONE) {
+    if (cluster > V7_WCLUSTERS) {
+      v7l_producer(blockIdx.x - V7_CTAS, v.e, v.a.x, v.a.order, v.s.gram,
+                   reinterpret_cast<uint8_t*>(sm), [&] {
+                     for (int i = threadIdx.x; i < V7_CHAIN * (1 + V7_WCLUSTERS); i += V7_T)
+                       v.s.gflag[i] = 0;  // both counter arrays (gflag, pflag)
+                     v7b_clear(v, 0, 1);
+                   });
+      return;
+    }
+    if (!v7l_wait_reset(l, gen)) return;
+  }
+  if (cluster == 0) {
+    if constexpr (ONE)
+      v7c_chain<TIMED>(rank, v, sm, V7GramsGate{});
+    else
+      v7c_chain<TIMED>(rank, v, sm);
+  } else {
+    v7_worker<TIMED, true, GF>(cluster - 1, rank, v, sm);
+  }
+}
+
+template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_c(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
-  if (*static_cast<volatile int*>(&g_signal_error) != 0) return;  // a stale failure: leave (v4)
-  const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
-  if (cluster == 0)
-    v7c_chain<TIMED>(rank, v, sm);
-  else
-    v7_worker<TIMED, true>(cluster - 1, rank, v, sm);
+  v7c_epoch<TIMED, GRAMS, V7GDirect>(v, sm);
 #endif
 }
 

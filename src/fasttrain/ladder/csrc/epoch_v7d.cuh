@@ -79,16 +79,13 @@ struct V7GAhead {
   }
 };
 
-template <bool TIMED = false>
+// v7c's kernel (its chain; in one launch, GRAMS = V7_GRAMS_LAUNCH, its producers, ticket, ring
+// clear and reset wait) with the workers' G fetched ahead.
+template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_d(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
-  if (*static_cast<volatile int*>(&g_signal_error) != 0) return;  // a stale failure: leave (v4)
-  const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
-  if (cluster == 0)
-    v7c_chain<TIMED>(rank, v, sm);
-  else
-    v7_worker<TIMED, true, V7GAhead>(cluster - 1, rank, v, sm);
+  v7c_epoch<TIMED, GRAMS, V7GAhead>(v, sm);
 #endif
 }
 
