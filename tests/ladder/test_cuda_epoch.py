@@ -63,25 +63,26 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     kinds = (len(ce.VERSIONS) - 1) * 2 - (len(ce.CLUSTER_ONLY) - 1)  # (version, cluster), not v7
     assert len(every) == len(set(every)) == kinds * len(ce.CTA_COUNTS) + 1  # v7: one variant
     assert every[-1] == (7, True, ce.V7_CTAS) and ce.fallback_ctas(ce.V7_CTAS) == ce.CTAS
-    assert (ce.VERSION, True, ce.CTAS) in every and (ce.FALLBACK, True, ce.CTAS) in every
+    # The row's kernel on the CTAs it runs on (v7: its 8-CTA chain), and its fallback on CTAS.
+    assert (ce.VERSION, True, ce.cta_counts(ce.VERSION)[-1]) in every
+    assert (ce.FALLBACK, True, ce.CTAS) in every
     assert (ce.GRID_VERSION, False, ce.CTAS) in every
     assert ce.FALLBACK not in (ce.VERSION, ce.GRID_VERSION)
     # Without clusters only the cooperative grid, and v2 (the reference of the others) first.
     assert ce.variants(clusters=False) == [v for v in every if not v[1]]
     assert every[0][0] == ce.FALLBACK == 2
-    # v4, v5 and v6 (point-to-point signals) are timed on clusters, never on a grid; v6 is the
-    # default on clusters (the fastest on the H200: 2.05 ms/epoch against v4's 2.30 and v5's
-    # 2.50), v3 on a grid.
+    # v4-v7 (point-to-point signals) are timed on clusters, never on a grid; v7 is the default on
+    # clusters (v7c in one launch, the fastest on the H200 on 2026-11-28: 1.960 ms/epoch against
+    # v6's 2.036), v3 on a grid.
     assert {(v, c) for v, c, _ in every if v >= 4} == {(4, True), (5, True), (6, True), (7, True)}
-    assert ce.VERSION == 6 and ce.SIGNALLED == ce.CLUSTER_ONLY == (4, 5, 6, 7)
+    assert ce.VERSION == 7 and ce.SIGNALLED == ce.CLUSTER_ONLY == (4, 5, 6, 7)
     assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7: the Grams, then the epoch
-    # v7a stays version 7's until V7_VARIANT is changed on a GPU's figures.
-    assert ce.V7_VARIANTS == ("a", "b", "c", "d") and ce.V7_VARIANT == "a"
-    # Two launches stay the default; one launch (the producers in the epoch kernel) is selectable
-    # for every variant.
-    assert ce.V7_GRAMS == ("kernel", "launch") and ce.V7_GRAMS_DEFAULT == "kernel"
+    # v7c in one launch (the producers in the epoch kernel) is version 7's; two launches and the
+    # other variants stay selectable.
+    assert ce.V7_VARIANTS == ("a", "b", "c", "d") and ce.V7_VARIANT == "c"
+    assert ce.V7_GRAMS == ("kernel", "launch") and ce.V7_GRAMS_DEFAULT == "launch"
     assert ce.V7_ONE_LAUNCH == ce.V7_VARIANTS
-    assert ce.default_version(True) == 6 and ce.default_version(False) == ce.GRID_VERSION == 3
+    assert ce.default_version(True) == 7 and ce.default_version(False) == ce.GRID_VERSION == 3
     for header in ("epoch_v4.cuh", "epoch_v5.cuh", "epoch_v5_math.cuh", "epoch_v6.cuh",
                    "epoch_v6_math.cuh", "epoch_v7.cuh", "epoch_v7_math.cuh", "epoch_v7_phases.cuh",
                    "epoch_v7_launch.cuh", "epoch_v7_api.cuh", "epoch_v7b_math.cuh",
@@ -470,6 +471,7 @@ def test_a_version_that_disagrees_with_the_fallback_is_replaced_by_it(monkeypatc
             self.version = version = ce.VERSION if version is None else version
             self.w = self.b = self.stats = torch.zeros(1)
             self.variant = f"v{version}"
+            self.launches = 1
             made.append(version)
 
         def run(self, epoch, w=None, b=None, stats=None):
@@ -507,4 +509,5 @@ def test_the_default_kernel_asks_the_library_for_its_resolved_version(monkeypatc
     monkeypatch.setattr(ce, "launch_config", launch_config)
     with pytest.raises(ValueError, match="stop here"):
         ce.EpochKernel(SimpleNamespace(n_train=150), LadderConfig())
-    assert asked == [(ce.CTAS, ce.default_version(clusters), clusters)]
+    version = ce.default_version(clusters)
+    assert asked == [(ce.cta_counts(version)[-1], version, clusters)]

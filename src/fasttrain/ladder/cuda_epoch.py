@@ -26,7 +26,8 @@ Gram kernel and one persistent launch of an 8-CTA chain cluster and 7 worker clu
 must all be resident — checked at setup; written without a GPU, its per-thread code run on the CPU
 for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its GPU tests at 2.74
 ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
-Grams now by Gram kernel v2, `V7_GRAM_VERSION`, written without a GPU and not yet run on one).
+Grams now by Gram kernel v2, `V7_GRAM_VERSION`: 211-237 µs an epoch on an H200, 2026-11-28,
+bit-equal to v1's 522-551).
 Version 7 has four variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
 above, v7b (v7a with the worker partials handed to the chain as 8-byte words {value, step} polled
 until every tag is the step, one L2 round trip instead of a counter and then the data, and the
@@ -36,7 +37,10 @@ the CPU for whole epochs against float64; on an H200, 2026-11-28, 2.185 ms/epoch
 over by a named barrier; written without a GPU, its per-thread code run on the CPU for whole epochs
 against float64; on an H200, 2026-11-28, 2.179 ms/epoch) and v7d (v7c with workers that fetch the
 next update's G during a step; written without a GPU, its per-thread code run on the CPU for whole
-epochs against float64, not yet run on one): version 7 means v7a until `V7_VARIANT` says otherwise.
+epochs against float64; on an H200, 2026-11-28, 2.062 ms/epoch), each in two launches or in one
+(`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch since the
+H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call; 1.967 in the
+bench), the row's version since.
 The signalled versions' waits are bounded: a protocol fault ends the launch and shows as a
 RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
@@ -61,8 +65,9 @@ from fasttrain.ladder.common import Impl, LadderConfig, LadderData
 
 SOURCE = "cuda_epoch.cu"
 CTAS = 14  # 56 features a CTA: 8.3 µs/step against 9.8 with 7 CTAs (H100, v2)
-VERSION = 6  # the row's kernel version on clusters (cross-checked against FALLBACK): H200, 14 CTAs,
-# sync_cost.py: v6 2.047 ms/epoch, v4 2.304, v5 2.497 (2026-11-27)
+VERSION = 7  # the row's kernel version on clusters (cross-checked against FALLBACK): H200,
+# sync_cost.py 2026-11-28 (run 5): v7c in one launch 1.960 ms/epoch, v7d in one launch 1.998,
+# v6 (14 CTAs) 2.036; the bench's row 1.967 (v6: 2.047 ms/epoch, v4 2.304, v5 2.497, 2026-11-27)
 GRID_VERSION = 3  # the row's version without clusters (v4 is cluster-only)
 FALLBACK = 2
 VERSIONS = (2, 3, 4, 5, 6, 7)  # csrc/cuda_epoch.cu's changelog
@@ -76,22 +81,25 @@ V7_VARIANTS = ("a", "b", "c", "d")
 2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch), v7c
 (csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; H200,
 2026-11-28 run 2: 2.179 ms/epoch) and v7d (csrc/epoch_v7d.cuh, epoch_v7d_math.cuh: v7c with the
-workers fetching the next update's G a step ahead; written without a GPU, not yet run on one).
+workers fetching the next update's G a step ahead; H200, 2026-11-28 run 3: 2.062 ms/epoch). In one
+launch (V7_GRAMS), run 5: v7b 2.068, v7c 1.960, v7d 1.998 (v6 2.036).
 sync_cost.py times all four in one call."""
-V7_VARIANT = "a"  # version 7's, until a GPU measures v7b faster
-LAUNCHES = {7: 2}  # launches an epoch where not 1: v7a's Gram kernel, then its epoch kernel
+V7_VARIANT = "c"  # version 7's: v7c in one launch, the fastest on an H200 (2026-11-28)
+LAUNCHES = {7: 2}  # where not 1: v7's Gram kernel, then its epoch kernel (1 in one launch)
 V7_GRAMS = ("kernel", "launch")
 """Who makes v7's Grams (`EpochKernel(..., v7_grams=...)`, the entry points' `grams` 0, 1), for
 every variant (V7_ONE_LAUNCH): "kernel", their own launch before the epoch kernel (two launches
-an epoch, the default), or "launch", 7 producer clusters of the epoch kernel itself (one launch of
-120 CTAs: csrc/epoch_v7l.cuh; written without a GPU, not yet run on one)."""
+an epoch), or "launch", 7 producer clusters of the epoch kernel itself (one launch of 120 CTAs:
+csrc/epoch_v7l.cuh; the row's since its H200 run, 2026-11-28: every v7 GPU test passed in both
+modes, and v7c in one launch was the fastest)."""
 V7_ONE_LAUNCH = V7_VARIANTS  # the variants with a one-launch kernel (v7_grams="launch"): all
-V7_GRAMS_DEFAULT = "kernel"
+V7_GRAMS_DEFAULT = "launch"
 V7_CLUSTERS = {"kernel": 8, "launch": 15}  # clusters of 8 CTAs one v7 epoch kernel launches
 V7_GRAM_VERSIONS = (1, 2)
 """v7's Gram kernels (`EpochKernel.v7_grams`): 1 v7a's (a warp a 16 × 32 tile from L2; 493.8 µs a
 launch on an H200, 2026-11-27), 2 a CTA a step's 64 rows for all 4 lags with its operands staged
-in shared memory (csrc/gram_v2.cuh; written without a GPU, not yet run on one), the epoch's."""
+in shared memory (csrc/gram_v2.cuh; H200, 2026-11-28: 211-237 µs an epoch, bit-equal to v1), the
+epoch's."""
 V7_GRAM_VERSION = 2
 V7_FLAG_FLOATS = 64  # v7's scratch: its step counters (V7_FLAG_BYTES), then the Grams
 CROSS_CHECK_ATOL = 1e-3
@@ -131,6 +139,10 @@ own work, off the critical path, is not timed): a long one says the helpers are 
 follows the publish. v7d's workers keep them too: "wait G" is empty when the update's G was fetched
 ahead (else the poll and the loads), "update" starts by storing the fetched G into shared memory,
 and "partials" includes the fetching warps' non-blocking check and the issue of their loads."""
+V7_UNTIMED = {"c": {"chain": ("wait Γ",)}, "d": {"chain": ("wait Γ",)}}
+"""Phases a variant's profiling build does not clock, so they read 0: v7c's and v7d's chain counts
+its wait for the producers' flag inside "Gram terms" (a separate clock mark spilled v7c's timed
+one-launch build). The H200's run 5 (2026-11-28) found them 0 in both launch modes."""
 
 
 def load_library() -> ctypes.CDLL:
@@ -240,7 +252,7 @@ class EpochKernel:
                  cluster: bool | None = None, version: int | None = None,
                  v7_variant: str | None = None, v7_grams: str | None = None):
         """v7_variant: version 7's, one of V7_VARIANTS (default V7_VARIANT); v7_grams: who makes its
-        Grams, one of V7_GRAMS (default V7_GRAMS_DEFAULT, two launches); only for version 7."""
+        Grams, one of V7_GRAMS (default V7_GRAMS_DEFAULT, one launch); only for version 7."""
         dev = torch.device("cuda")
         self.lib = load_library()
         self.cluster = has_clusters() if cluster is None else cluster

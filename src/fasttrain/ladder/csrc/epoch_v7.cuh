@@ -5,7 +5,7 @@
 //      tensor cores, rounded once to fp32 into global memory; it also zeroes the epoch kernel's
 //      step counters. v7_gram_kernel (v1: gram_u8.cuh's warp tile from L2, checked on an H200,
 //      493.8 µs a launch) or v7_gram_kernel_v2 (gram_v2.cuh: a CTA a (t, 64 rows of X_t) for all
-//      L lags, operands staged by cp.async and read by ldmatrix; not yet run on a GPU).
+//      L lags, operands staged by cp.async and read by ldmatrix; 211-237 µs an epoch on an H200).
 //   2. v7_epoch_kernel: one persistent launch of V7_CTAS CTAs in clusters of 8: cluster 0 the
 //      chain, clusters 1 … 7 the workers. They hand each other G and the partial logits through
 //      global arrays indexed by step and per-CTA step counters (st.release.gpu after the data,

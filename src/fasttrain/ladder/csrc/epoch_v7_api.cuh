@@ -17,26 +17,27 @@
 //      H200": the measured phases and what each change since the first run bought).
 //      Its Gram kernel: v1 (v7a's, 493.8 µs a launch on an H200) or v2 (gram_v2.cuh: a CTA a
 //      step's 64 rows for all 4 lags, operands staged by cp.async, read by ldmatrix; written
-//      without a GPU, not yet run on one; estimated 60-120 µs an epoch), the epoch's
+//      without a GPU; on an H200, 2026-11-28: 211-237 µs an epoch, bit-equal to v1), the epoch's
 //      (V7_GRAM_VERSION); cuda_epoch_v7_grams launches either alone, for sync_cost.py to time.
-//   v7b (epoch_v7b_math.cuh; variant 1 of cuda_epoch_v7_train; written without a GPU, not yet run
-//      on one: v7a stays the version-7 kernel of cuda_epoch_train and the row stays on v6) v7a
+//   v7b (epoch_v7b_math.cuh; variant 1 of cuda_epoch_v7_train; written without a GPU; H200,
+//      2026-11-28: 2.18-2.23 ms/epoch in two launches, v7a 2.34-2.39) v7a
 //      with the worker partials as 8-byte words {value, step} in a ring of L + 1 slots, polled by
 //      the chain until every tag is its step (one L2 round trip, not v7a's counter-then-data two;
 //      no worker counter or publish), and the chain's softmax on 16 lanes a row with shuffles,
 //      its logits in registers (no zs round trip). Its per-thread code runs on the CPU for whole
 //      epochs like v7a's, its shuffles through a host emulation of shfl.sync.bfly.
-//   v7c (epoch_v7c.cuh, epoch_v7c_math.cuh; variant 2; written without a GPU, not yet run on one)
+//   v7c (epoch_v7c.cuh, epoch_v7c_math.cuh; variant 2; H200, 2026-11-28: 2.15-2.20 ms/epoch)
 //      v7b with the chain CTA's warps split: warps 0-7 the critical path (the term j = 1 on 16
 //      lanes a row, summed by shuffles), warps 8-15 step t + 1's terms j >= 2 during step t,
 //      handed over by one 512-thread named barrier a step (a stop flag read after it).
-//   v7d (epoch_v7d.cuh, epoch_v7d_math.cuh; variant 3; written without a GPU, not yet run on one)
+//   v7d (epoch_v7d.cuh, epoch_v7d_math.cuh; variant 3; H200, 2026-11-28: 2.06-2.09 ms/epoch)
 //      v7c with workers that fetch the next update's G a step ahead: during the partials, warps
 //      8-15 check the 8 chain counters without blocking (ld.acquire, then __syncwarp) and load
 //      G into registers, consumed by the next update (which polls as v7b's if it was not there).
 //   v7 in one launch (epoch_v7l.cuh, epoch_v7l_math.cuh; the entry points' `grams` 1,
-//      V7_GRAMS_LAUNCH, for every variant; written without a GPU, not yet run on one: two
-//      launches stay the default) the Grams made during the epoch by 7 producer clusters of the
+//      V7_GRAMS_LAUNCH, for every variant; its first H200 run faulted: the launch
+//      gave the producers less shared memory than Gram v2's staging, now v7_smem_bytes; then v7c
+//      1.960 ms/epoch, v7d 1.998, v7b 2.068 against v6's 2.036: v7c in one launch is the row's) the Grams made during the epoch by 7 producer clusters of the
 //      same kernel (120 CTAs, 15 clusters of 8: the most an H200 holds of this config) with Gram
 //      v2's CTA code, each (step, 64 rows) released by an epoch-numbered flag that the chain
 //      acquires before it loads that Γ; v7's counters zeroed by producer CTA 0 behind a flag of
@@ -77,7 +78,7 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
              : variant == V7B ? v7_epoch_kernel<false, true>
                               : v7_epoch_kernel<>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         4 * V7_SMEM_FLOATS);
+                                         v7_smem_bytes(grams));
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = v7_config(attr, false, nullptr, grams);

@@ -11,6 +11,11 @@
 
 namespace {
 
+// The epoch kernel's dynamic shared memory: one launch's producers need Gram v2's (epoch_v7l.cuh).
+constexpr int v7_smem_bytes(int grams) {
+  return grams == V7_GRAMS_LAUNCH ? V7L_SMEM_BYTES : 4 * V7_SMEM_FLOATS;
+}
+
 // The epoch kernel over V7_CTAS CTAs (V7L_CTAS in one launch) in clusters of 8, cooperative
 // (every role spins on the others: the grid must be resident, see epoch_v7.cuh).
 cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, cudaStream_t stream,
@@ -18,7 +23,7 @@ cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, c
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grams == V7_GRAMS_LAUNCH ? V7L_CTAS : V7_CTAS);
   cfg.blockDim = dim3(V7_T);
-  cfg.dynamicSmemBytes = 4 * V7_SMEM_FLOATS;
+  cfg.dynamicSmemBytes = v7_smem_bytes(grams);
   cfg.stream = stream;
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = V7_CLUSTER;
@@ -71,7 +76,7 @@ cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   cudaError_t err = GRAMS == V7_GRAMS_KERNEL ? v7_grams(v, V7_GRAM_VERSION, stream) : cudaSuccess;
   if (err == cudaSuccess)
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               4 * V7_SMEM_FLOATS);
+                               v7_smem_bytes(GRAMS));
   if (err != cudaSuccess) return err;
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = v7_config(attr, true, stream, GRAMS);

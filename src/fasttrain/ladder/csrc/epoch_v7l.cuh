@@ -28,6 +28,14 @@
 
 namespace {
 
+// The producers run Gram v2's CTA code in the epoch kernel's dynamic shared memory, which in one
+// launch must hold Gram v2's double-buffered staging (gram::v2::SMEM, 92,160 bytes): more than
+// the chain's or the workers' 4 · V7_SMEM_FLOATS. (Launched with the latter, the producers
+// overran it: an illegal address on an H200, 2026-11-28, run 4.)
+constexpr int V7L_SMEM_BYTES =
+    gram::v2::SMEM > 4 * V7_SMEM_FLOATS ? gram::v2::SMEM : 4 * V7_SMEM_FLOATS;
+static_assert(V7L_SMEM_BYTES <= 227 * 1024, "fits a Hopper SM's shared memory");
+
 enum V7LWait { WAIT_V7_GAMMA = 5, WAIT_V7_RESET = 6 };
 constexpr int V7L_WINDOW = 8;  // steps' flags a chain thread reads at once
 static_assert(gram::v2::TILES == V7L_TILES && gram::v2::ROWS == V7L_ROWS, "Gram v2's items");
