@@ -105,6 +105,52 @@ __global__ void __launch_bounds__(gram::v2::THREADS, 1) v7_gram_kernel_v2(V7Args
 // TIMED: the phase-profiling build (epoch_v7_phases.cuh), never the timed row's. V7B: v7b.
 // gate(t): Γ_{t,·} may be read (epoch_v7l.cuh: always in two launches; in one, the producers'
 // flag, false on a failed wait, which the next step's check turns into the loop's exit).
+// Chain CTA q's G_t (its valid rows and their column sum, in gl) to every chain CTA's ring slot
+// t % NB (st.async, completing on that slot's mbarrier), the rows also to global memory for the
+// workers; by threads 0 … THREADS − 1 (v7a/v7b: all 512; v7c: its 256 critical threads).
+template <int THREADS>
+__device__ __forceinline__ void chain_send_g(const V7Args& v, int t, int q, int tid,
+                                             const float* gl, uint32_t ring_u, uint32_t bar_u) {
+  const int nt = v.e.rows(t), slot = v7_slot(t);
+  for (int it = tid; it < V7_CHAIN * (V7_RPC + 1) * 4; it += THREADS) {
+    const int w4 = it & 3, i = (it >> 2) % (V7_RPC + 1), d = (it >> 2) / (V7_RPC + 1);
+    const int row = q * V7_RPC + i;
+    if (i < V7_RPC && row >= nt) continue;
+    const float4 val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * w4);
+    const int off = i < V7_RPC ? row * V7_RS : BMAX * V7_RS + q * V7_GROW;
+    st_async4(mapa(ring_u + 4 * (slot * ChainSmem::GSLOT + off + 4 * w4), d), val,
+              mapa(bar_u + 8 * slot, d));
+    if (d == 0 && i < V7_RPC)
+      *reinterpret_cast<float4*>(v.s.g + (size_t(t) * BMAX + row) * V7_GROW + 4 * w4) = val;
+  }
+}
+
+// Every epoch kernel's prologue (v7_epoch_kernel's, v7c_epoch's): in one launch (GRAMS
+// V7_GRAMS_LAUNCH) the ticket first, the producer CTAs' whole run (v7's counters and v7b's ring
+// cleared by producer CTA 0), and the chain's and workers' wait for that reset; in both modes a
+// stale failure not yet read by the host makes every CTA leave (as v4). True: this CTA runs its
+// chain or worker role.
+template <int GRAMS>
+__device__ __forceinline__ bool v7_prologue(const V7Args& v, float* sm) {
+  if constexpr (GRAMS == V7_GRAMS_LAUNCH) {  // the ticket before anything that may leave
+    const V7LScratch l = v7l_scratch(v.a.scratch, v.e.steps);
+    const int gen = v7l_arrive(l, v.e.steps, v7l_tile(blockIdx.x % V7_CLUSTER));
+    if (*static_cast<volatile int*>(&g_signal_error) != 0) return false;
+    if (blockIdx.x / V7_CLUSTER > V7_WCLUSTERS) {
+      v7l_producer(blockIdx.x - V7_CTAS, v.e, v.a.x, v.a.order, v.s.gram,
+                   reinterpret_cast<uint8_t*>(sm), [&] {
+                     for (int i = threadIdx.x; i < V7_CHAIN * (1 + V7_WCLUSTERS); i += V7_T)
+                       v.s.gflag[i] = 0;  // both counter arrays (gflag, pflag)
+                     v7b_clear(v, 0, 1);
+                   });
+      return false;
+    }
+    return v7l_wait_reset(l, gen);
+  } else {
+    return *static_cast<volatile int*>(&g_signal_error) == 0;
+  }
+}
+
 template <bool TIMED, bool V7B, class Gate = V7GramsReady>
 __device__ void v7_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   using S = ChainSmem;
@@ -205,18 +251,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
     clock.mark(V7C_SOFTMAX);
     // G_t: my valid rows and their column sum to every chain CTA's slot t % NB, the rows to
     // global memory for the workers.
-    const int nt = e.rows(t), slot = v7_slot(t);
-    for (int it = tid; it < V7_CHAIN * (V7_RPC + 1) * 4; it += V7_T) {
-      const int w4 = it & 3, i = (it >> 2) % (V7_RPC + 1), d = (it >> 2) / (V7_RPC + 1);
-      const int row = q * V7_RPC + i;
-      if (i < V7_RPC && row >= nt) continue;
-      const float4 val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * w4);
-      const int off = i < V7_RPC ? row * V7_RS : BMAX * V7_RS + q * V7_GROW;
-      st_async4(mapa(ring_u + 4 * (slot * S::GSLOT + off + 4 * w4), d), val,
-                mapa(bar_u + 8 * slot, d));
-      if (d == 0 && i < V7_RPC)
-        *reinterpret_cast<float4*>(v.s.g + (size_t(t) * BMAX + row) * V7_GROW + 4 * w4) = val;
-    }
+    chain_send_g<V7_T>(v, t, q, tid, gl, ring_u, bar_u);
     __syncthreads();
     clock.mark(V7C_SEND);
     publish(v.s.gflag + q, t + 1);
@@ -358,30 +393,10 @@ template <bool TIMED = false, bool V7B = false, int GRAMS = V7_GRAMS_KERNEL>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
-  constexpr bool ONE = GRAMS == V7_GRAMS_LAUNCH;
-  V7LScratch l = {};
-  int gen = 0;
-  if constexpr (ONE) {  // the ticket before anything that may leave (epoch_v7l_math.cuh)
-    l = v7l_scratch(v.a.scratch, v.e.steps);
-    gen = v7l_arrive(l, v.e.steps, v7l_tile(blockIdx.x % V7_CLUSTER));
-  }
-  // A stale failure not yet read by the host: every CTA leaves (as v4).
-  if (*static_cast<volatile int*>(&g_signal_error) != 0) return;
+  if (!v7_prologue<GRAMS>(v, sm)) return;
   const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
-  if constexpr (ONE) {
-    if (cluster > V7_WCLUSTERS) {
-      v7l_producer(blockIdx.x - V7_CTAS, v.e, v.a.x, v.a.order, v.s.gram,
-                   reinterpret_cast<uint8_t*>(sm), [&] {
-                     for (int i = threadIdx.x; i < V7_CHAIN * (1 + V7_WCLUSTERS); i += V7_T)
-                       v.s.gflag[i] = 0;  // both counter arrays (gflag, pflag)
-                     v7b_clear(v, 0, 1);
-                   });
-      return;
-    }
-    if (!v7l_wait_reset(l, gen)) return;
-  }
   if (cluster == 0) {
-    if constexpr (ONE)
+    if constexpr (GRAMS == V7_GRAMS_LAUNCH)
       v7_chain<TIMED, V7B>(rank, v, sm, V7GramsGate{});
     else
       v7_chain<TIMED, V7B>(rank, v, sm);

@@ -182,18 +182,7 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
     bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
     clock.mark(V7C_SOFTMAX);
     // G_t to every chain CTA's slot t % NB and to global memory, as v7b, by 256 threads.
-    const int nt = e.rows(t), slot = v7_slot(t);
-    for (int it = tid; it < V7_CHAIN * (V7_RPC + 1) * 4; it += V7C_CRIT) {
-      const int w4 = it & 3, i = (it >> 2) % (V7_RPC + 1), d = (it >> 2) / (V7_RPC + 1);
-      const int row = q * V7_RPC + i;
-      if (i < V7_RPC && row >= nt) continue;
-      const float4 val = *reinterpret_cast<const float4*>(gl + i * 16 + 4 * w4);
-      const int off = i < V7_RPC ? row * V7_RS : BMAX * V7_RS + q * V7_GROW;
-      st_async4(mapa(ring_u + 4 * (slot * S::GSLOT + off + 4 * w4), d), val,
-                mapa(bar_u + 8 * slot, d));
-      if (d == 0 && i < V7_RPC)
-        *reinterpret_cast<float4*>(v.s.g + (size_t(t) * BMAX + row) * V7_GROW + 4 * w4) = val;
-    }
+    chain_send_g<V7C_CRIT>(v, t, q, tid, gl, ring_u, bar_u);
     bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
     clock.mark(V7C_SEND);
     publish(v.s.gflag + q, t + 1);
@@ -222,29 +211,10 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
 // producers, v7b's ring cleared).
 template <bool TIMED, int GRAMS, class GF>
 __device__ __forceinline__ void v7c_epoch(const V7Args& v, float* sm) {
-  constexpr bool ONE = GRAMS == V7_GRAMS_LAUNCH;
-  V7LScratch l = {};
-  int gen = 0;
-  if constexpr (ONE) {  // the ticket before anything that may leave (epoch_v7l_math.cuh)
-    l = v7l_scratch(v.a.scratch, v.e.steps);
-    gen = v7l_arrive(l, v.e.steps, v7l_tile(blockIdx.x % V7_CLUSTER));
-  }
-  if (*static_cast<volatile int*>(&g_signal_error) != 0) return;  // a stale failure: leave (v4)
+  if (!v7_prologue<GRAMS>(v, sm)) return;
   const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
-  if constexpr (ONE) {
-    if (cluster > V7_WCLUSTERS) {
-      v7l_producer(blockIdx.x - V7_CTAS, v.e, v.a.x, v.a.order, v.s.gram,
-                   reinterpret_cast<uint8_t*>(sm), [&] {
-                     for (int i = threadIdx.x; i < V7_CHAIN * (1 + V7_WCLUSTERS); i += V7_T)
-                       v.s.gflag[i] = 0;  // both counter arrays (gflag, pflag)
-                     v7b_clear(v, 0, 1);
-                   });
-      return;
-    }
-    if (!v7l_wait_reset(l, gen)) return;
-  }
   if (cluster == 0) {
-    if constexpr (ONE)
+    if constexpr (GRAMS == V7_GRAMS_LAUNCH)
       v7c_chain<TIMED>(rank, v, sm, V7GramsGate{});
     else
       v7c_chain<TIMED>(rank, v, sm);
