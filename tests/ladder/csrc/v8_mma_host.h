@@ -1,0 +1,77 @@
+// The host's side of csrc/v8_mma.cuh: the 32 lanes of a warp in lockstep (Reg<T> a lane's value
+// each, as HostWarp16 in epoch_v7_math_host.cu), and mma.sync.m16n8k16 f16 → f32 emulated through
+// the same fragment maps the kernels load and store with.
+//
+// The rounding model (tests/ladder/split_precision.py's): each product of two fp16 values is exact
+// (22 bits); the 16 products and C are summed, then rounded once to fp32, to nearest ("acc rn", the
+// default) or toward zero ("acc rz", the pessimistic model: Fasi et al. 2021 found truncating
+// accumulation on Volta through Ampere). Each product is exact in double; the running sum is kept
+// as an unevaluated pair hi + lo by Knuth's two-sum, exact to ~106 bits, and rounded once.
+#pragma once
+#include <array>
+#include <cmath>
+#include <cstdint>
+
+#include "v8_mma.cuh"
+
+struct V8HostWarp {
+  bool round_toward_zero = false;  // "acc rz"
+  template <class T>
+  using Reg = std::array<T, 32>;
+  template <class T>
+  T& at(Reg<T>& v, int lane) const { return v[lane]; }
+  template <class T>
+  const T& at(const Reg<T>& v, int lane) const { return v[lane]; }
+  template <class F>
+  void each(F&& f) const {
+    for (int lane = 0; lane < 32; ++lane) f(lane);
+  }
+
+  void mma(Reg<float> (&d)[4], const Reg<uint32_t> (&a)[4], const Reg<uint32_t> (&b)[2]) const {
+    double A[16][16], B[16][8], C[16][8];
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int r = 0; r < 4; ++r)
+        for (int h = 0; h < 2; ++h) {
+          const V8Rc e = v8_a_at(lane, r, h);
+          A[e.row][e.col] = __half2float(v8_half(a[r][lane], h));
+        }
+      for (int r = 0; r < 2; ++r)
+        for (int h = 0; h < 2; ++h) {
+          const V8Rc e = v8_b_at(lane, r, h);
+          B[e.row][e.col] = __half2float(v8_half(b[r][lane], h));
+        }
+      for (int i = 0; i < 4; ++i) {
+        const V8Rc e = v8_c_at(lane, i);
+        C[e.row][e.col] = d[i][lane];
+      }
+    }
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        const V8Rc e = v8_c_at(lane, i);
+        double hi = C[e.row][e.col], lo = 0.0;
+        for (int k = 0; k < 16; ++k) {  // two-sum: hi + lo stays the exact running sum
+          const double p = A[e.row][k] * B[k][e.col], s = hi + p, bp = s - hi;
+          lo += (hi - (s - bp)) + (p - bp);
+          hi = s;
+        }
+        d[i][lane] = round_to_float(hi, lo);
+      }
+  }
+
+  // The exact hi + lo (|lo| ≤ half an ulp of hi's double) rounded once to float. f = fp32(hi) is
+  // within half a float ulp of hi, so the exact rounding is f or a neighbour: d = f − (hi + lo),
+  // computed exactly enough (f − hi is exact: the two are within a float ulp), picks it.
+  float round_to_float(double hi, double lo) const {
+    const double s = hi + lo, e = lo - (s - hi);  // s + e == hi + lo, |e| ≤ ulp(s)/2
+    float f = static_cast<float>(s);
+    const double d = (double(f) - s) - e;  // f − exact
+    if (round_toward_zero) {
+      if ((s > 0 && d > 0) || (s < 0 && d < 0)) f = std::nextafter(f, 0.0f);
+      return f;
+    }
+    // fp32(s) may round a tie the wrong way when e ≠ 0 (double rounding): re-decide it.
+    const float other = std::nextafter(f, d > 0 ? -INFINITY : INFINITY);
+    const double d2 = (double(other) - s) - e;
+    return std::fabs(d2) < std::fabs(d) ? other : f;
+  }
+};
