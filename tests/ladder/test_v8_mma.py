@@ -72,3 +72,13 @@ def test_the_split_keeps_22_bits(lib):
     np.testing.assert_array_equal(hi, x.astype(np.float16).astype(np.float32))
     rel = np.abs((hi.astype(np.float64) + lo) - x) / np.abs(x)
     assert rel.max() < 2.0 ** -21 and rel.max() > 0, rel.max()
+
+
+@pytest.mark.parametrize("width", [4, 8, 32])
+def test_butterflies_sum_each_segment_of_lanes(lib, width):
+    """A row's classes sit in a quad of lanes in the accumulator layout: the softmax's butterflies
+    at width 4 must sum a quad and nothing else."""
+    v = (np.arange(32) ** 2).astype(np.float32)
+    out = np.empty(32, np.float32)
+    lib.v8_butterfly_sum_ref(ptr(v), width, ptr(out))
+    np.testing.assert_array_equal(out, np.repeat(v.reshape(-1, width).sum(1), width))

@@ -60,3 +60,17 @@ void v8_split_ref(const float* x, int n, float* hi, float* lo) {
   }
 }
 }
+
+extern "C" {
+// out[lane] = v[lane] after butterflies over masks 1, 2, … < width (each adds the partner's).
+void v8_butterfly_sum_ref(const float* v, int width, float* out) {
+  V8HostWarp warp;
+  V8HostWarp::Reg<float> x;
+  for (int lane = 0; lane < 32; ++lane) x[lane] = v[lane];
+  for (int m = 1; m < width; m <<= 1) {
+    const V8HostWarp::Reg<float> o = warp.shfl_xor(x, m, width);
+    for (int lane = 0; lane < 32; ++lane) x[lane] += o[lane];
+  }
+  for (int lane = 0; lane < 32; ++lane) out[lane] = x[lane];
+}
+}

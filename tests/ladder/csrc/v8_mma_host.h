@@ -27,6 +27,18 @@ struct V8HostWarp {
     for (int lane = 0; lane < 32; ++lane) f(lane);
   }
 
+  // __shfl_xor_sync(full mask, v, mask, width): shfl.sync.bfly with c = ((32 − width) << 8) | 31;
+  // the PTX ISA's source lane: j = lane ^ mask, kept only if j ≤ (lane & segmask) | (31 & ~segmask).
+  Reg<float> shfl_xor(const Reg<float>& v, int mask, int width = 32) const {
+    const int segmask = (32 - width) & 31;
+    Reg<float> out;
+    for (int lane = 0; lane < 32; ++lane) {
+      const int max_lane = (lane & segmask) | (31 & ~segmask), j = lane ^ mask;
+      out[lane] = v[j <= max_lane ? j : lane];
+    }
+    return out;
+  }
+
   void mma(Reg<float> (&d)[4], const Reg<uint32_t> (&a)[4], const Reg<uint32_t> (&b)[2]) const {
     double A[16][16], B[16][8], C[16][8];
     for (int lane = 0; lane < 32; ++lane) {

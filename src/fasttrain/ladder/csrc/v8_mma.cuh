@@ -71,6 +71,9 @@ struct V8DeviceWarp {
   __device__ __forceinline__ const T& at(const T& v, int) const { return v; }
   template <class F>
   __device__ __forceinline__ void each(F&& f) const { f(static_cast<int>(threadIdx.x & 31)); }
+  __device__ __forceinline__ float shfl_xor(float v, int mask, int width = 32) const {
+    return __shfl_xor_sync(0xffffffffu, v, mask, width);
+  }
   // d = a·b + d, fp32 accumulate.
   __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4],
                                       const uint32_t (&b)[2]) const {
