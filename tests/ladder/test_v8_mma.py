@@ -82,3 +82,12 @@ def test_butterflies_sum_each_segment_of_lanes(lib, width):
     out = np.empty(32, np.float32)
     lib.v8_butterfly_sum_ref(ptr(v), width, ptr(out))
     np.testing.assert_array_equal(out, np.repeat(v.reshape(-1, width).sum(1), width))
+
+
+@pytest.mark.parametrize("mask,width", [(1, 4), (4, 4), (16, 8), (16, 32)])
+def test_a_partner_outside_the_segment_leaves_the_lane_its_own_value(lib, mask, width):
+    v = np.arange(32, dtype=np.float32)
+    out = np.empty(32, np.float32)
+    lib.v8_shfl_xor_ref(ptr(v), mask, width, ptr(out))
+    want = np.where(mask < width, np.arange(32) ^ mask, np.arange(32))
+    np.testing.assert_array_equal(out, want)

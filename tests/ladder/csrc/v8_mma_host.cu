@@ -74,3 +74,13 @@ void v8_butterfly_sum_ref(const float* v, int width, float* out) {
   for (int lane = 0; lane < 32; ++lane) out[lane] = x[lane];
 }
 }
+
+extern "C" {
+void v8_shfl_xor_ref(const float* v, int mask, int width, float* out) {
+  V8HostWarp warp;
+  V8HostWarp::Reg<float> x;
+  for (int lane = 0; lane < 32; ++lane) x[lane] = v[lane];
+  const V8HostWarp::Reg<float> o = warp.shfl_xor(x, mask, width);
+  for (int lane = 0; lane < 32; ++lane) out[lane] = o[lane];
+}
+}
