@@ -85,9 +85,13 @@ def test_butterflies_sum_each_segment_of_lanes(lib, width):
 
 
 @pytest.mark.parametrize("mask,width", [(1, 4), (4, 4), (16, 8), (16, 32)])
-def test_a_partner_outside_the_segment_leaves_the_lane_its_own_value(lib, mask, width):
+def test_a_partner_in_a_later_segment_leaves_the_lane_its_own_value(lib, mask, width):
+    """CUDA's __shfl_xor_sync: a lane may read an earlier segment, never a later one (there it
+    gets its own value): PTX's bfly keeps j = lane ^ mask only while j ≤ the segment's last lane."""
     v = np.arange(32, dtype=np.float32)
     out = np.empty(32, np.float32)
     lib.v8_shfl_xor_ref(ptr(v), mask, width, ptr(out))
-    want = np.where(mask < width, np.arange(32) ^ mask, np.arange(32))
+    lane = np.arange(32)
+    j, last = lane ^ mask, lane | (width - 1)
+    want = np.where(j <= last, j, lane)
     np.testing.assert_array_equal(out, want)
