@@ -17,6 +17,9 @@ The kernel is csrc/v8_chain.cu (nvcc → cached .so → ctypes, as ladder/sync_p
 
 from __future__ import annotations
 
+import ctypes
+import statistics
+
 import numpy as np
 
 from fasttrain.ladder.common import batches
@@ -70,3 +73,127 @@ def chain_inputs(x_u8: np.ndarray, y: np.ndarray, order: np.ndarray, w0: np.ndar
         wt -= (lr / PIXEL) * (xt.T @ g64[t, :n])
     return {"grams": grams, "pq": pq, "labels": labels, "n": len(order),
             "c": np.float32(lr / PIXEL**2), "z64": z64, "g64": g64, "loss64": loss}
+
+
+def load_library() -> ctypes.CDLL:
+    """Build (once, cached) and load csrc/v8_chain.cu with its entry points typed."""
+    from fasttrain.ladder import build
+
+    lib = build.load(SOURCE)
+    p = ctypes.c_void_p
+    lib.v8_chain_run.argtypes = [p, p, p, ctypes.c_int, ctypes.c_float, p, p, p, p,
+                                 ctypes.c_int, p]
+    lib.v8_chain_run.restype = ctypes.c_int
+    for name in ("v8_chain_error_name", "v8_chain_error_string"):
+        getattr(lib, name).argtypes = [ctypes.c_int]
+        getattr(lib, name).restype = ctypes.c_char_p
+    for name in ("v8_chain_timing_len", "v8_chain_threads"):
+        getattr(lib, name).restype = ctypes.c_int
+    if lib.v8_chain_timing_len() != len(TIMING):
+        raise ChainError(f"{SOURCE} writes {lib.v8_chain_timing_len()} timing words, this module "
+                         f"reads {len(TIMING)}: update one to the other")
+    return lib
+
+
+def mnist_epoch(epoch: int = 0) -> dict:
+    """`chain_inputs` of a real MNIST epoch (the ladder's init and order; FASTTRAIN_DATA or the
+    dataset cache must hold mnist/)."""
+    import os
+
+    from fasttrain.data import load_dataset
+    from fasttrain.ladder.common import LadderConfig, make_ladder_data
+
+    cfg = LadderConfig(epochs=epoch + 1)
+    data = make_ladder_data(load_dataset("mnist", os.environ.get("FASTTRAIN_DATA")), cfg)
+    return chain_inputs(data.train_x, data.train_y, data.orders[epoch], data.w0, data.b0, cfg.lr)
+
+
+def run(lib, inp: dict, *, phases: bool = False, logits: bool = False, device="cuda",
+        stream=None) -> dict:
+    """One launch of the chain over `inp` (`chain_inputs`): its G [steps, 128, 10], Z (if
+    `logits`), summed loss and hits, and timing words (TIMING)."""
+    import torch
+
+    steps = inp["grams"].shape[0]
+
+    def dev(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+    gram, pq, labels = dev(inp["grams"]), dev(inp["pq"]), dev(inp["labels"])
+    g = torch.zeros((steps, ROWS, CLASSES), dtype=torch.float32, device=device)
+    z = torch.full_like(g, float("nan")) if logits else None
+    stats = torch.zeros((lib.v8_chain_threads(), 2), dtype=torch.float32, device=device)
+    timing = torch.zeros(len(TIMING), dtype=torch.int64, device=device)
+    if stream is None and str(device).startswith("cuda"):
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def p(t):
+        return ctypes.c_void_p(t.data_ptr()) if t is not None else None
+
+    code = lib.v8_chain_run(p(gram), p(pq), p(labels), int(inp["n"]), float(inp["c"]), p(g),
+                            p(z), p(stats), p(timing), int(phases), stream)
+    if code:
+        raise ChainError(f"v8_chain_run: {lib.v8_chain_error_name(code).decode()}: "
+                         f"{lib.v8_chain_error_string(code).decode()}")
+    s = stats.double().sum(0).tolist()  # waits for the kernel
+    return {"g": g.cpu().numpy(), "z": z.cpu().numpy() if logits else None, "loss": s[0],
+            "hits": s[1], "timing": dict(zip(TIMING, timing.tolist(), strict=True))}
+
+
+def check(inp: dict, out: dict) -> dict:
+    """A run's distance from float64 plain SGD: G and (if it wrote them) Z over the batches' rows,
+    the summed loss relative."""
+    valid = inp["labels"] >= 0
+    err = {"g_max_abs_err": float(np.abs(out["g"][valid] - inp["g64"][valid]).max()),
+           "loss_rel_err": abs(out["loss"] - inp["loss64"]) / inp["loss64"],
+           "padding_zero": bool((out["g"][~valid] == 0).all())}
+    if out["z"] is not None:
+        err["z_max_abs_err"] = float(np.abs(out["z"][valid] - inp["z64"][valid]).max())
+    return err
+
+
+def measure(lib=None, repeats: int = 3, *, inp: dict | None = None, device="cuda",
+            stream=None) -> dict:
+    """µs a step of the chain over one epoch (`inp`, default: MNIST's first, 469 steps): a
+    warm-up launch, `repeats` timed launches (median, min, max of globaltimer over the epoch's
+    steps), then one launch of the phase build (clock64 sums, converted at its own clocks per ns)
+    that also writes Z for the check against float64."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if inp is not None and not {"grams", "pq", "labels", "n", "c"} <= set(inp):
+        raise ValueError("inp must be a chain_inputs() dict (grams, pq, labels, n, c, ...)")
+    lib = lib if lib is not None else load_library()
+    inp = inp if inp is not None else mnist_epoch()
+    steps = inp["grams"].shape[0]
+    launch = {"device": device, "stream": stream}
+    run(lib, inp, **launch)  # warm-up: the module load, the smem attribute, the caches
+    us = [run(lib, inp, **launch)["timing"]["epoch_ns"] / 1e3 / steps for _ in range(repeats)]
+    ph = run(lib, inp, phases=True, logits=True, **launch)
+    tm = ph["timing"]
+    ghz = tm["epoch_clocks"] / tm["epoch_ns"] if tm["epoch_ns"] > 0 else float("nan")
+    phases = {k: tm[k] / steps / ghz / 1e3 for k in TIMING[2:]}
+    return {"steps": steps, "n": int(inp["n"]), "repeats": repeats,
+            "us_per_step": {"median": statistics.median(us), "min": min(us), "max": max(us),
+                            "runs": us},
+            "phase_build_us_per_step": tm["epoch_ns"] / 1e3 / steps, "clock_ghz": ghz,
+            "phase_us_per_step": phases, "check": check(inp, ph), "hits": ph["hits"]}
+
+
+def describe(result: dict) -> list[str]:
+    """The probe's figures, a line each."""
+    if "error" in result:
+        return [f"v8 chain alone: {result['error']}"]
+    u, c = result["us_per_step"], result["check"]
+    ph = result["phase_us_per_step"]
+    return [
+        f"v8 chain alone (1 CTA, 512 threads, {result['steps']} steps of {result['n']} samples): "
+        f"{u['median']:.3f} µs a step (median of {result['repeats']}, {u['min']:.3f}-"
+        f"{u['max']:.3f}); {u['median'] * result['steps'] / 1e3:.3f} ms an epoch",
+        f"  phase build {result['phase_build_us_per_step']:.3f} µs a step at "
+        f"{result['clock_ghz']:.2f} GHz; warp 0: " +
+        ", ".join(f"{k} {ph[k]:.3f}" for k in TIMING[2:8]) +
+        f"; warp 8: wait Γ̃ {ph['wait_gram']:.3f}, issue Γ̃ {ph['issue_gram']:.3f} (µs a step)",
+        f"  check vs float64 SGD: G {c['g_max_abs_err']:.2e}, Z {c.get('z_max_abs_err', 0):.2e}, "
+        f"loss {c['loss_rel_err']:.1e} relative; {result['hits']:.0f} hits; padding rows "
+        f"{'zero' if c['padding_zero'] else 'NOT zero'}",
+    ]
