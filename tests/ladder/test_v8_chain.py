@@ -112,6 +112,25 @@ def errors(inp, got, rz):
     }
 
 
+@pytest.mark.parametrize("lag", [1, 4])
+def test_pq_is_the_lagged_algebras_p_plus_q(lag):
+    """P_t + Q_t = X̃_t W̃_{t−L}/255 − c Σ_{j=2..L} Γ̃_{t,j} G_{t−j} (float64) is X̃_t W̃_{t−1}/255,
+    what chain_inputs stores, for any L: the probe's logits are the lagged chain's."""
+    cfg = LadderConfig(epochs=1)
+    data = make_ladder_data(random_uint8(600), cfg)
+    inp = inputs(data)
+    xa = sp.augmented(data.train_x)[data.orders[0]].astype(np.float64)
+    xs = [xa[a:a + 128] for a in range(0, 600, 128)]
+    w = [np.concatenate([data.w0.T, data.b0[None, :]]).astype(np.float64)]
+    for t, x in enumerate(xs):
+        w.append(w[-1] - cfg.lr / 255 * x.T @ inp["g64"][t, :len(x)])
+    for t, x in enumerate(xs):
+        p = x @ w[max(t - lag, 0)] / 255
+        for j in range(2, min(lag, t) + 1):
+            p -= cfg.lr / 255**2 * (x @ xs[t - j].T) @ inp["g64"][t - j, :len(xs[t - j])]
+        np.testing.assert_allclose(inp["pq"][t, :len(x)], p, rtol=1e-6, atol=1e-6 * abs(p).max())
+
+
 @pytest.mark.parametrize("rz", [False, True], ids=["acc rn", "acc rz"])
 @pytest.mark.parametrize("which", ["small", "mnist"])
 def test_host_chain_matches_the_fp32_chain_and_float64(lib, request, which, rz):
