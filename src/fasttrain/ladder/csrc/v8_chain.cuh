@@ -210,24 +210,33 @@ FT_V8 void v8c_softmax(const Warp& warp, int w, const V8Reg<Warp, float> (&d)[2]
       const F other = warp.shfl_xor(se[h], o, quad);
       warp.each([&](int lane) { warp.at(se[h], lane) += warp.at(other, lane); });
     }
+  // One reciprocal a row and one log a row (every lane: no divergent slow paths); G = (p − y)
+  // times 1/n_t (exact for 128; within an ulp of split_precision's (p − y)/n for 96).
+  const float inv_rows = 1.f / static_cast<float>(rows);
   warp.each([&](int lane) {
+    float inv_se[2], lse[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      inv_se[h] = 1.f / warp.at(se[h], lane);
+      lse[h] = logf(warp.at(se[h], lane)) + warp.at(m[h], lane);
+    }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const V8Rc e = v8_c_at(lane, i);
         const int row = 16 * w + e.row, col = 8 * nt + e.col, label = warp.at(y[i >> 1], lane);
-        const float z = warp.at(pmy[nt][i], lane), mx = warp.at(m[i >> 1], lane);
+        const float z = warp.at(pmy[nt][i], lane);
         float v = 0.f;
         if (row < rows && col < V8C_C) {
-          v = warp.at(ex[nt][i], lane) / warp.at(se[i >> 1], lane) - (col == label ? 1.f : 0.f);
+          v = warp.at(ex[nt][i], lane) * inv_se[i >> 1] - (col == label ? 1.f : 0.f);
           if (col == label) {
-            warp.at(loss, lane) += logf(warp.at(se[i >> 1], lane)) + mx - z;
-            warp.at(correct, lane) += z == mx ? 1.f : 0.f;
+            warp.at(loss, lane) += lse[i >> 1] - z;
+            warp.at(correct, lane) += z == warp.at(m[i >> 1], lane) ? 1.f : 0.f;
           }
           if (z_out) z_out[row * V8C_C + col] = z;
         }
-        if (col < V8C_C) g_out[row * V8C_C + col] = v / static_cast<float>(rows);
+        if (col < V8C_C) g_out[row * V8C_C + col] = v * inv_rows;
         warp.at(pmy[nt][i], lane) = v;
       }
   });
