@@ -40,7 +40,7 @@ def lib(tmp_path_factory):
     lib = compile_harness("tests/ladder/csrc/v8_chain_host.cu", tmp_path_factory.mktemp("v8c"))
     lib.v8_chain_host.restype = ctypes.c_int
     lib.v8_chain_host.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int, ctypes.c_float] + \
-        [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
+        [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int]
     return lib
 
 
@@ -68,13 +68,14 @@ def mnist():
     return inputs(make_ladder_data(d, LadderConfig(epochs=1)))
 
 
-def run_host(lib, inp, rz=False, bug=0):
+def run_host(lib, inp, rz=False, bug=0, variant=2):
     steps = inp["grams"].shape[0]
     g = np.full((steps, 128, 10), np.nan, np.float32)
     z = np.full_like(g, np.nan)
     stats = np.zeros(2, np.float32)
     assert lib.v8_chain_host(ptr(inp["grams"]), ptr(inp["pq"]), ptr(inp["labels"]), inp["n"],
-                             float(inp["c"]), int(rz), bug, ptr(g), ptr(z), ptr(stats)) == 0
+                             float(inp["c"]), int(rz), bug, ptr(g), ptr(z), ptr(stats),
+                             int(variant == 2)) == 0
     return g, z, stats
 
 
@@ -131,20 +132,22 @@ def test_pq_is_the_lagged_algebras_p_plus_q(lag):
         np.testing.assert_allclose(inp["pq"][t, :len(x)], p, rtol=1e-6, atol=1e-6 * abs(p).max())
 
 
+@pytest.mark.parametrize("variant", v8_chain.VARIANTS)
 @pytest.mark.parametrize("rz", [False, True], ids=["acc rn", "acc rz"])
 @pytest.mark.parametrize("which", ["small", "mnist"])
-def test_host_chain_matches_the_fp32_chain_and_float64(lib, request, which, rz):
+def test_host_chain_matches_the_fp32_chain_and_float64(lib, request, which, rz, variant):
     inp = request.getfixturevalue(which)
-    e = errors(inp, run_host(lib, inp, rz), rz)
+    e = errors(inp, run_host(lib, inp, rz, variant=variant), rz)
     print(which, rz, e)
     assert e["padding_zero"], e
     assert e["g_3xfp16"] <= G_ATOL and e["g_fp32"] <= G_ATOL, e
     assert e["z64"] <= Z64_ATOL and e["loss_rel"] <= 1e-5, e
 
 
+@pytest.mark.parametrize("variant", v8_chain.VARIANTS)
 @pytest.mark.parametrize("bug", [1, 2, 3, 4], ids=["scale", "n", "lo dropped", "quad width"])
-def test_planted_bugs_fail(lib, small, bug):
-    e = errors(small, run_host(lib, small, bug=bug), False)
+def test_planted_bugs_fail(lib, small, bug, variant):
+    e = errors(small, run_host(lib, small, bug=bug, variant=variant), False)
     print(bug, e)
     assert e["g_3xfp16"] > G_ATOL, e
 
@@ -166,15 +169,16 @@ class FakeChain:
     def v8_chain_error_string(self, code):
         return b"invalid argument"
 
-    def v8_chain_run(self, gram, pq, labels, n, c, g, z, stats, timing, phases, stream):
-        self.calls.append((n, c, z is not None, phases, stream))
+    def v8_chain_run(self, gram, pq, labels, n, c, g, z, stats, timing, phases, variant, stream):
+        self.calls.append((variant, z is not None, phases))
         if self.fail:
             return self.fail
         steps = -(-n // 128)
         zbuf = np.empty((steps, 128, 10), np.float32)
         s = np.zeros(2, np.float32)
         assert self.harness.v8_chain_host(gram, pq, labels, n, c, 0, 0, g,
-                                          z if z is not None else ptr(zbuf), ptr(s)) == 0
+                                          z if z is not None else ptr(zbuf), ptr(s),
+                                          int(variant == 2)) == 0
         st = (ctypes.c_float * 1024).from_address(stats.value)
         st[0], st[1] = float(s[0]), float(s[1])
         ns = self.epoch_ns.pop(0)
@@ -184,9 +188,11 @@ class FakeChain:
 
 
 def test_measure_and_describe_over_the_host_emulation(lib, small):
-    fake = FakeChain(lib, epoch_ns=[99, 5_000, 4_000, 6_000, 5_500])
+    fake = FakeChain(lib, epoch_ns=[99, 5_000, 4_000, 6_000, 5_500, 99, 5_000, 4_500, 4_500, 1])
     r = v8_chain.measure(fake, repeats=3, inp=small, device="cpu")
-    assert [call[2:4] for call in fake.calls] == [(False, 0)] * 4 + [(True, 1)]
+    assert fake.calls == [(v, z, p) for v in (1, 2) for z, p in [(False, 0)] * 4 + [(True, 1)]]
+    assert r["best"] == "v2" and r["variants"]["v2"]["us_per_step"]["median"] == 0.9
+    r = r["variants"]["v1"]
     assert r["steps"] == 5 and r["us_per_step"]["runs"] == [1.0, 0.8, 1.2]
     assert r["us_per_step"]["median"] == 1.0 and r["clock_ghz"] == 2.0
     assert r["phase_us_per_step"]["softmax"] == pytest.approx(5_500 / 5 / 8 / 1e3)
@@ -194,8 +200,8 @@ def test_measure_and_describe_over_the_host_emulation(lib, small):
     assert r["check"]["g_max_abs_err"] == pytest.approx(e["g64"])
     assert r["check"]["z_max_abs_err"] == pytest.approx(e["z64"])
     assert r["check"]["padding_zero"]
-    lines = v8_chain.describe(r)
-    assert "1.000 µs a step (median of 3, 0.800-1.200)" in lines[0], lines
+    lines = v8_chain.describe({"best": "v1", "variants": {"v1": r}})
+    assert "v1 (best)" in lines[0] and "1.000 µs a step (median of 3, 0.800-1.200)" in lines[0]
     with pytest.raises(v8_chain.ChainError, match="v8_chain_run: cudaErrorInvalidValue"):
         v8_chain.run(FakeChain(lib, fail=1), small, device="cpu")
 
@@ -218,9 +224,9 @@ def test_bad_inputs_raise_valueerror():
 
 
 def test_the_chain_compiles_without_spills_within_the_register_cap(tmp_path):
-    """One nvcc for sm_90a (~3 CPU-s here): both builds (timing, phases) ≤ 128 registers (512
-    threads a CTA) and no spill; where Triton ships cuobjdump, 24 HMMA.16816 a warp-step (4 k-steps
-    × 2 n-tiles × 3 products: the design's count)."""
+    """One nvcc for sm_90a (~4 CPU-s here): the 4 builds (timing, phases × v1, v2) ≤ 128
+    registers (512 threads a CTA) and no spill; where Triton ships cuobjdump, 24 HMMA.16816 a
+    warp-step (4 k-steps × 2 n-tiles × 3 products: the design's count)."""
     import re
     import subprocess
     from pathlib import Path
@@ -235,10 +241,10 @@ def test_the_chain_compiles_without_spills_within_the_register_cap(tmp_path):
                         str(build.CSRC / v8_chain.SOURCE), "-o", str(cubin)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    regs = re.findall(r"Function properties for \w*v8_chain_kernelILb[01]E\w*\n\s*"
+    regs = re.findall(r"Function properties for \w*v8_chain_kernelILb[01]ELb[01]E\w*\n\s*"
                       r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
                       r".*?Used (\d+) registers", r.stderr, re.S)
-    assert len(regs) == 2 and max(map(int, regs)) <= 128, r.stderr
+    assert len(regs) == 4 and max(map(int, regs)) <= 128, r.stderr
     try:
         import triton
     except ImportError:
@@ -249,7 +255,7 @@ def test_the_chain_compiles_without_spills_within_the_register_cap(tmp_path):
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
                           text=True).stdout
     bodies = re.split(r"\n\s*Function : ", sass)[1:]
-    assert len(bodies) == 2
+    assert len(bodies) == 4
     for body in bodies:
         assert len(re.findall(r"\bHMMA\.16816\.F32\b", body)) == 24
 
@@ -261,11 +267,12 @@ def _gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", v8_chain.VARIANTS)
 @pytest.mark.parametrize("which", ["small", "mnist"])
-def test_the_probe_matches_the_fp32_chain_on_the_gpu(request, which):
+def test_the_probe_matches_the_fp32_chain_on_the_gpu(request, which, variant):
     lib = _gpu()
     inp = request.getfixturevalue(which)
-    out = v8_chain.run(lib, inp, logits=True)
+    out = v8_chain.run(lib, inp, variant=variant, logits=True)
     got = (out["g"], out["z"], np.array([out["loss"], out["hits"]]))
     e = {acc: errors(inp, got, acc == "rz") for acc in ("rn", "rz")}
     assert e["rn"]["padding_zero"], e
@@ -278,7 +285,8 @@ def test_the_probe_matches_the_fp32_chain_on_the_gpu(request, which):
 @pytest.mark.gpu
 def test_measure_on_the_gpu_gives_finite_microseconds(mnist):
     r = v8_chain.measure(_gpu(), repeats=2, inp=mnist)
-    assert 0 < r["us_per_step"]["min"] <= r["us_per_step"]["max"] < 1e3, r
-    assert all(np.isfinite(v) and v >= 0 for v in r["phase_us_per_step"].values()), r
-    assert r["check"]["g_max_abs_err"] <= 1e-6, r
+    for v in r["variants"].values():
+        assert 0 < v["us_per_step"]["min"] <= v["us_per_step"]["max"] < 1e3, r
+        assert all(np.isfinite(x) and x >= 0 for x in v["phase_us_per_step"].values()), r
+        assert v["check"]["g_max_abs_err"] <= 1e-6, r
     print("\n".join(v8_chain.describe(r)))

@@ -82,7 +82,7 @@ def load_library() -> ctypes.CDLL:
     lib = build.load(SOURCE)
     p = ctypes.c_void_p
     lib.v8_chain_run.argtypes = [p, p, p, ctypes.c_int, ctypes.c_float, p, p, p, p,
-                                 ctypes.c_int, p]
+                                 ctypes.c_int, ctypes.c_int, p]
     lib.v8_chain_run.restype = ctypes.c_int
     for name in ("v8_chain_error_name", "v8_chain_error_string"):
         getattr(lib, name).argtypes = [ctypes.c_int]
@@ -108,11 +108,19 @@ def mnist_epoch(epoch: int = 0) -> dict:
     return chain_inputs(data.train_x, data.train_y, data.orders[epoch], data.w0, data.b0, cfg.lr)
 
 
-def run(lib, inp: dict, *, phases: bool = False, logits: bool = False, device="cuda",
-        stream=None) -> dict:
+VARIANTS = (1, 2)
+"""csrc/v8_chain.cu's: 1, warps 0 … 7 split their own next A after the softmax (on the path);
+2, warps 8 … 15 split it for them into a shared-memory stage during the softmax."""
+
+
+def run(lib, inp: dict, *, variant: int = 2, phases: bool = False, logits: bool = False,
+        device="cuda", stream=None) -> dict:
     """One launch of the chain over `inp` (`chain_inputs`): its G [steps, 128, 10], Z (if
     `logits`), summed loss and hits, and timing words (TIMING)."""
     import torch
+
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
 
     steps = inp["grams"].shape[0]
 
@@ -131,7 +139,7 @@ def run(lib, inp: dict, *, phases: bool = False, logits: bool = False, device="c
         return ctypes.c_void_p(t.data_ptr()) if t is not None else None
 
     code = lib.v8_chain_run(p(gram), p(pq), p(labels), int(inp["n"]), float(inp["c"]), p(g),
-                            p(z), p(stats), p(timing), int(phases), stream)
+                            p(z), p(stats), p(timing), int(phases), variant, stream)
     if code:
         raise ChainError(f"v8_chain_run: {lib.v8_chain_error_name(code).decode()}: "
                          f"{lib.v8_chain_error_string(code).decode()}")
@@ -154,25 +162,32 @@ def check(inp: dict, out: dict) -> dict:
 
 def measure(lib=None, repeats: int = 3, *, inp: dict | None = None, device="cuda",
             stream=None) -> dict:
-    """µs a step of the chain over one epoch (`inp`, default: MNIST's first, 469 steps): a
-    warm-up launch, `repeats` timed launches (median, min, max of globaltimer over the epoch's
-    steps), then one launch of the phase build (clock64 sums, converted at its own clocks per ns)
-    that also writes Z for the check against float64."""
+    """µs a step of the chain over one epoch (`inp`, default: MNIST's first, 469 steps), for each
+    variant: a warm-up launch, `repeats` timed launches (median, min, max of globaltimer over the
+    epoch's steps), then one launch of the phase build (clock64 sums, converted at its own clocks
+    per ns) that also writes Z for the check against float64. The top level holds the variant
+    of the lower median; "variants" holds both."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     if inp is not None and not {"grams", "pq", "labels", "n", "c"} <= set(inp):
         raise ValueError("inp must be a chain_inputs() dict (grams, pq, labels, n, c, ...)")
     lib = lib if lib is not None else load_library()
     inp = inp if inp is not None else mnist_epoch()
+    variants = {f"v{v}": _measure_variant(lib, inp, v, repeats, device, stream) for v in VARIANTS}
+    best = min(variants, key=lambda k: variants[k]["us_per_step"]["median"])
+    return {**variants[best], "best": best, "variants": variants}
+
+
+def _measure_variant(lib, inp, variant, repeats, device, stream) -> dict:
     steps = inp["grams"].shape[0]
-    launch = {"device": device, "stream": stream}
+    launch = {"variant": variant, "device": device, "stream": stream}
     run(lib, inp, **launch)  # warm-up: the module load, the smem attribute, the caches
     us = [run(lib, inp, **launch)["timing"]["epoch_ns"] / 1e3 / steps for _ in range(repeats)]
     ph = run(lib, inp, phases=True, logits=True, **launch)
     tm = ph["timing"]
     ghz = tm["epoch_clocks"] / tm["epoch_ns"] if tm["epoch_ns"] > 0 else float("nan")
     phases = {k: tm[k] / steps / ghz / 1e3 for k in TIMING[2:]}
-    return {"steps": steps, "n": int(inp["n"]), "repeats": repeats,
+    return {"variant": variant, "steps": steps, "n": int(inp["n"]), "repeats": repeats,
             "us_per_step": {"median": statistics.median(us), "min": min(us), "max": max(us),
                             "runs": us},
             "phase_build_us_per_step": tm["epoch_ns"] / 1e3 / steps, "clock_ghz": ghz,
@@ -180,20 +195,23 @@ def measure(lib=None, repeats: int = 3, *, inp: dict | None = None, device="cuda
 
 
 def describe(result: dict) -> list[str]:
-    """The probe's figures, a line each."""
+    """The probe's figures, a few lines a variant."""
     if "error" in result:
         return [f"v8 chain alone: {result['error']}"]
-    u, c = result["us_per_step"], result["check"]
-    ph = result["phase_us_per_step"]
-    return [
-        f"v8 chain alone (1 CTA, 512 threads, {result['steps']} steps of {result['n']} samples): "
-        f"{u['median']:.3f} µs a step (median of {result['repeats']}, {u['min']:.3f}-"
-        f"{u['max']:.3f}); {u['median'] * result['steps'] / 1e3:.3f} ms an epoch",
-        f"  phase build {result['phase_build_us_per_step']:.3f} µs a step at "
-        f"{result['clock_ghz']:.2f} GHz; warp 0: " +
-        ", ".join(f"{k} {ph[k]:.3f}" for k in TIMING[2:8]) +
-        f"; warp 8: wait Γ̃ {ph['wait_gram']:.3f}, issue Γ̃ {ph['issue_gram']:.3f} (µs a step)",
-        f"  check vs float64 SGD: G {c['g_max_abs_err']:.2e}, Z {c.get('z_max_abs_err', 0):.2e}, "
-        f"loss {c['loss_rel_err']:.1e} relative; {result['hits']:.0f} hits; padding rows "
-        f"{'zero' if c['padding_zero'] else 'NOT zero'}",
-    ]
+    lines = []
+    for name, r in result["variants"].items():
+        u, c, ph = r["us_per_step"], r["check"], r["phase_us_per_step"]
+        lines += [
+            f"v8 chain alone {name}{' (best)' if name == result['best'] else ''} (1 CTA, 512 "
+            f"threads, {r['steps']} steps of {r['n']} samples): {u['median']:.3f} µs a step "
+            f"(median of {r['repeats']}, {u['min']:.3f}-{u['max']:.3f}); "
+            f"{u['median'] * r['steps'] / 1e3:.3f} ms an epoch",
+            f"  phase build {r['phase_build_us_per_step']:.3f} µs a step at "
+            f"{r['clock_ghz']:.2f} GHz; warp 0: " +
+            ", ".join(f"{k} {ph[k]:.3f}" for k in TIMING[2:8]) +
+            f"; warp 8: wait Γ̃ {ph['wait_gram']:.3f}, issue Γ̃ {ph['issue_gram']:.3f} (µs a step)",
+            f"  check vs float64 SGD: G {c['g_max_abs_err']:.2e}, Z "
+            f"{c.get('z_max_abs_err', 0):.2e}, loss {c['loss_rel_err']:.1e} relative; "
+            f"{r['hits']:.0f} hits; padding rows {'zero' if c['padding_zero'] else 'NOT zero'}",
+        ]
+    return lines

@@ -7,7 +7,9 @@
 // Step t, as the kernel: warps 0 … 7 load P_t + Q_t and labels; every warp's product (A_t in
 // registers, loaded a step ahead); warps 8 … 15 store their K half; (barrier) warps 0 … 7 the
 // softmax, G_t out, B_{t+1} written; every warp loads A_{t+1} from slot (t + 1) & 1; Γ̃_{t+2} into
-// slot t & 1; (barrier).
+// slot t & 1; (barrier). Variant 2 (`staged`): warps 0 … 7 load their A_t from the stage at the
+// step's start, and warps 8 … 15 write it (v8c_stage_a, warp w + 8 for warp w) instead of warps
+// 0 … 7 loading A_{t+1} themselves after the softmax.
 //
 // Planted bugs (`bug`, each must fail the test's checks): 1 A scaled by 2⁻¹¹ (not 2⁻¹²), 2 the
 // step's scale −c/n_t (not n_{t−1}: differs at the short last batch), 3 A's lo piece dropped, 4 the
@@ -44,7 +46,7 @@ extern "C" {
 // [steps][128][10], labels [steps][128]; n samples, steps = ⌈n / 128⌉; c = lr/255². Writes g_out
 // and z_out [steps][128][10] and stats = (summed loss, hits). Returns 0.
 int v8_chain_host(const float* gram, const float* pq, const int* labels, int n, float c, int rz,
-                  int bug, float* g_out, float* z_out, float* stats) {
+                  int bug, float* g_out, float* z_out, float* stats, int staged) {
   V8HostWarp warp;
   warp.round_toward_zero = rz != 0;
   const float a_scale = bug == 1 ? 1.0f / 2048.0f : V8C_A_SCALE;
@@ -53,19 +55,32 @@ int v8_chain_host(const float* gram, const float* pq, const int* labels, int n, 
   std::vector<std::vector<float>> ring(2, std::vector<float>(V8C_ROWS * V8C_GS, NAN));
   std::vector<uint32_t> bw(V8C_BWORDS, 0u);
   std::vector<float> halves(V8C_HALVES, NAN);
+  std::vector<uint32_t> stage(V8C_STAGE, 0xffffffffu);
   std::vector<WarpRegs> regs(V8C_WARPS);
-  auto load_a = [&](int w, int s) {
-    v8c_load_a(warp, ring[s & 1].data(), w, a_scale, regs[w].a);
+  auto drop_lo = [&](int w) {
     if (bug == 3)
       for (auto& ks : regs[w].a[1])
         for (auto& r : ks) r.fill(0u);
   };
+  // A_s for every warp (v1), or for warps 8 … 15 and the stage of warps 0 … 7 (v2).
+  auto load_a = [&](int s) {
+    for (int w = 0; w < V8C_WARPS; ++w) {
+      if (staged && w >= 8) v8c_stage_a(warp, ring[s & 1].data(), w - 8, a_scale, stage.data());
+      if (staged && w < 8) continue;
+      v8c_load_a(warp, ring[s & 1].data(), w, a_scale, regs[w].a);
+      drop_lo(w);
+    }
+  };
   fill_slot(ring[0], gram);
   if (steps > 1) fill_slot(ring[1], gram + gram_step);
-  for (int w = 0; w < V8C_WARPS; ++w) load_a(w, 0);
+  load_a(0);
   for (int t = 0; t < steps; ++t) {
     const int rows = v8c_rows(n, t), prev = t ? v8c_rows(n, t - 1) : 1;
     const float coef = -c / static_cast<float>(bug == 2 ? rows : prev);
+    for (int w = 0; staged && w < 8; ++w) {
+      v8c_load_staged_a(warp, stage.data(), w, regs[w].a);
+      drop_lo(w);
+    }
     for (int w = 0; w < 8; ++w)
       v8c_load_inputs(warp, w, pq + t * io_step, labels + t * V8C_ROWS, rows, regs[w].pq,
                       regs[w].y);
@@ -77,8 +92,7 @@ int v8_chain_host(const float* gram, const float* pq, const int* labels, int n, 
                   z_out + t * io_step, r.pmy, r.loss, r.correct, bug == 4 ? 8 : V8C_QUAD);
       v8c_write_b(warp, w, r.pmy, bw.data());
     }
-    if (t + 1 < steps)
-      for (int w = 0; w < V8C_WARPS; ++w) load_a(w, t + 1);
+    if (t + 1 < steps) load_a(t + 1);
     if (t + 2 < steps) fill_slot(ring[t & 1], gram + (t + 2) * gram_step);
   }
   double loss = 0, hits = 0;

@@ -15,11 +15,16 @@
 //   - The epoch's time by globaltimer (thread 0, after the prologue, so the fill of the ring and
 //     A_0 are outside it) and clock64; the phase build (PHASES) also sums clock64 per phase over
 //     the steps for warp 0 (a softmax warp: on the critical path) and warp 8 (the ring's copies).
-//   - Known cost on the path: warps 0 … 7 load and split their A_{t+1} after their softmax, before
-//     the step's last barrier ("next_a"); warps 8 … 15 do theirs off the path.
+//   - Two variants (`variant`), for one GPU call to choose between:
+//     v1: warps 0 … 7 load and split their own A_{t+1} after their softmax, before the step's last
+//         barrier: on the critical path ("next_a");
+//     v2: warps 8 … 15 split warps 0 … 7's A_{t+1} into a 32 KB stage during the softmax (and
+//         their own), and warps 0 … 7 load it back at the step's start (8 16-byte loads a lane,
+//         beside the B loads): off the path, unless the split's issue slots slow the softmax warps
+//         that share their SMSPs (warp w and w + 8 sit on SMSP w % 4).
 //
 // Versions:
-//   v1 written and compiled for sm_90a (2026-11-28); NOT YET RUN ON A GPU: no figure exists.
+//   v1 and v2 written and compiled for sm_90a (2026-11-28); NOT YET RUN ON A GPU: no figure exists.
 //
 // Entry points return 0 or a cudaError_t (a failed launch's error is cleared).
 #include <cuda_runtime.h>
@@ -37,6 +42,7 @@ enum Timing {
 constexpr int SLOT_FLOATS = V8C_ROWS * V8C_GS;
 constexpr size_t SMEM = (2 * SLOT_FLOATS + V8C_HALVES) * sizeof(float) +
                         V8C_BWORDS * sizeof(uint32_t);  // 139,264 + 8,192 + 8,192 B
+constexpr size_t SMEM_STAGED = SMEM + V8C_STAGE * sizeof(uint32_t);  // + 32,768 B (v2)
 
 __device__ __forceinline__ long long globaltimer_ns() {
   long long t;
@@ -63,7 +69,7 @@ __device__ __forceinline__ void issue_gram(float* slot, const float* gram_s, int
   cp_commit();
 }
 
-template <bool PHASES>
+template <bool PHASES, bool STAGED>
 __global__ void __launch_bounds__(V8C_THREADS, 1)
     v8_chain_kernel(const float* __restrict__ gram, const float* __restrict__ pq,
                     const int* __restrict__ labels, int n, float c, float* __restrict__ g_out,
@@ -73,6 +79,7 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
   float* ring = reinterpret_cast<float*>(smem);
   float* halves = ring + 2 * SLOT_FLOATS;
   uint32_t* bw = reinterpret_cast<uint32_t*>(halves + V8C_HALVES);
+  uint32_t* stage = bw + V8C_BWORDS;  // v2 only
   const int tid = threadIdx.x, w = tid >> 5;
   const V8DeviceWarp warp;
   const int steps = (n + V8C_ROWS - 1) / V8C_ROWS;
@@ -85,7 +92,8 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
   cp_wait_all();
   __syncthreads();
   uint32_t a[2][V8C_KSTEPS][4];
-  v8c_load_a(warp, ring, w, V8C_A_SCALE, a);
+  if (!STAGED || w >= 8) v8c_load_a(warp, ring, w, V8C_A_SCALE, a);
+  if (STAGED && w >= 8) v8c_stage_a(warp, ring, w - 8, V8C_A_SCALE, stage);
   float d[2][4], pqr[2][4], pmy[2][4], loss = 0.f, correct = 0.f;
   int y[2];
   long long ph[TM_LEN] = {};
@@ -97,6 +105,7 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
     const float coef = -c / static_cast<float>(t ? v8c_rows(n, t - 1) : 1);
     long long c0 = 0, c1 = 0, c2 = 0, c3 = 0, c4 = 0, c5 = 0;
     if (PHASES) c0 = clock64();
+    if (STAGED && w < 8) v8c_load_staged_a(warp, stage, w, a);
     if (w < 8) v8c_load_inputs(warp, w, pq + t * io_step, labels + t * V8C_ROWS, rows, pqr, y);
     v8c_product(warp, a, bw, w, d);
     if (PHASES) c1 = clock64();
@@ -119,8 +128,11 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
       issue_gram(ring + ((t & 1) ? SLOT_FLOATS : 0), gram + (t + 2) * gram_step, tid - 256, 256);
       if (PHASES) ph[TM_ISSUE_GRAM] += clock64() - c3;
     }
-    if (t + 1 < steps) v8c_load_a(warp, ring + (((t + 1) & 1) ? SLOT_FLOATS : 0), w,
-                                  V8C_A_SCALE, a);
+    if (t + 1 < steps) {
+      const float* next = ring + (((t + 1) & 1) ? SLOT_FLOATS : 0);
+      if (!STAGED || w >= 8) v8c_load_a(warp, next, w, V8C_A_SCALE, a);
+      if (STAGED && w >= 8) v8c_stage_a(warp, next, w - 8, V8C_A_SCALE, stage);
+    }
     if (PHASES) c5 = clock64();
     __syncthreads();  // B_{t+1} written; every A_{t+1} loaded (slot (t + 1) & 1 free next step)
     if (PHASES && w == 0) {
@@ -145,14 +157,15 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
   stats[2 * tid + 1] = correct;
 }
 
-template <bool PHASES>
+template <bool PHASES, bool STAGED>
 int launch(const float* gram, const float* pq, const int* labels, int n, float c, float* g_out,
            float* z_out, float* stats, long long* timing, cudaStream_t stream) {
-  cudaError_t e = cudaFuncSetAttribute(v8_chain_kernel<PHASES>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(SMEM));
+  constexpr size_t smem = STAGED ? SMEM_STAGED : SMEM;
+  cudaError_t e = cudaFuncSetAttribute(v8_chain_kernel<PHASES, STAGED>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e == cudaSuccess) {
-    v8_chain_kernel<PHASES><<<1, V8C_THREADS, SMEM, stream>>>(gram, pq, labels, n, c, g_out,
-                                                              z_out, stats, timing);
+    v8_chain_kernel<PHASES, STAGED><<<1, V8C_THREADS, smem, stream>>>(
+        gram, pq, labels, n, c, g_out, z_out, stats, timing);
     e = cudaGetLastError();
   }
   if (e != cudaSuccess) cudaGetLastError();
@@ -165,14 +178,16 @@ extern "C" {
 
 // One epoch of n samples (⌈n/128⌉ steps; n ≥ 1): gram [steps][128][128], pq [steps][128][10],
 // labels [steps][128] in device memory; g_out (and z_out, or null) [steps][128][10], stats
-// [512][2] (each thread's summed loss and hits), timing [v8_chain_timing_len()] int64.
+// [512][2] (each thread's summed loss and hits), timing [v8_chain_timing_len()] int64; variant 1
+// or 2 (the top of this file).
 int v8_chain_run(const float* gram, const float* pq, const int* labels, int n, float c,
                  float* g_out, float* z_out, float* stats, long long* timing, int phases,
-                 void* stream) {
-  if (n < 1) return static_cast<int>(cudaErrorInvalidValue);
+                 int variant, void* stream) {
+  if (n < 1 || (variant != 1 && variant != 2)) return static_cast<int>(cudaErrorInvalidValue);
   const auto s = static_cast<cudaStream_t>(stream);
-  return phases ? launch<true>(gram, pq, labels, n, c, g_out, z_out, stats, timing, s)
-                : launch<false>(gram, pq, labels, n, c, g_out, z_out, stats, timing, s);
+  auto go = [&](auto f) { return f(gram, pq, labels, n, c, g_out, z_out, stats, timing, s); };
+  if (variant == 2) return phases ? go(launch<true, true>) : go(launch<false, true>);
+  return phases ? go(launch<true, false>) : go(launch<false, false>);
 }
 
 int v8_chain_timing_len() { return TM_LEN; }

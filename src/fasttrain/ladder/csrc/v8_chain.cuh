@@ -35,6 +35,8 @@ constexpr int V8C_GS = 136;    // floats a Γ̃ row in shared memory: a half-war
                                // (rows g, columns 2q) fall on 32 distinct banks
 constexpr int V8C_BWORDS = 2 * 8 * 2 * 2 * 32;  // [piece][k-step of 8][n-tile][reg][lane]: 8 KB
 constexpr int V8C_HALVES = 8 * 2 * 4 * 32;      // [warp & 7][n-tile][float][lane]: 8 KB
+constexpr int V8C_STAGE = 8 * V8C_KSTEPS * 2 * 32 * 4;  // v2: warps 0 … 7's A, [w][ks][piece]
+                                                        // [lane][reg]: 32 KB
 constexpr float V8C_A_SCALE = 1.0f / 4096.0f;   // Γ̃·2⁻¹² ∈ [15.9, 12,462]: no fp16 subnormal
 constexpr float V8C_B_SCALE = 4096.0f;          // (p − y)·2¹², |p − y| ≤ 1
 constexpr int V8C_QUAD = 4;  // lanes a row in the accumulator layout (v8_c_at: lane = 4g + q)
@@ -90,6 +92,59 @@ FT_V8 void v8c_load_a(const Warp& warp, const float* slot, int w, float scale,
         v8_split_f16x2(scale * p[0], scale * p[1], warp.at(a[0][ks][r], lane),
                        warp.at(a[1][ks][r], lane));
       }
+  });
+}
+
+// v2: warp w + 8 splits warp w's (w < 8) A fragments into `stage` (v8c_stage_at's layout: a lane's
+// 4 registers of a k-step and piece in 16 consecutive bytes) while warps 0 … 7 run the softmax;
+// warp w loads them back at the next step's start (8 16-byte loads, beside its B loads).
+FT_V8 int v8c_stage_at(int w, int ks, int piece, int lane) {
+  return ((((w & 7) * V8C_KSTEPS + ks) * 2 + piece) * 32 + lane) * 4;
+}
+FT_V8 void v8c_put4(uint32_t* p, const uint32_t (&v)[4]) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint4*>(p) = make_uint4(v[0], v[1], v[2], v[3]);
+#else
+  for (int r = 0; r < 4; ++r) p[r] = v[r];
+#endif
+}
+FT_V8 void v8c_get4(const uint32_t* p, uint32_t& v0, uint32_t& v1, uint32_t& v2, uint32_t& v3) {
+#if defined(__CUDA_ARCH__)
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  v0 = q.x, v1 = q.y, v2 = q.z, v3 = q.w;
+#else
+  v0 = p[0], v1 = p[1], v2 = p[2], v3 = p[3];
+#endif
+}
+template <class Warp>
+FT_V8 void v8c_stage_a(const Warp& warp, const float* slot, int w, float scale, uint32_t* stage) {
+  const int m0 = 16 * (w & 7), k0 = 64 * ((w >> 3) & 1);
+  warp.each([&](int lane) {
+#pragma unroll
+    for (int ks = 0; ks < V8C_KSTEPS; ++ks) {
+      uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const V8Rc e = v8_a_at(lane, r, 0);
+        const float* p = slot + (m0 + e.row) * V8C_GS + k0 + 16 * ks + e.col;
+        v8_split_f16x2(scale * p[0], scale * p[1], hi[r], lo[r]);
+      }
+      v8c_put4(stage + v8c_stage_at(w, ks, 0, lane), hi);
+      v8c_put4(stage + v8c_stage_at(w, ks, 1, lane), lo);
+    }
+  });
+}
+template <class Warp>
+FT_V8 void v8c_load_staged_a(const Warp& warp, const uint32_t* stage, int w,
+                             V8Reg<Warp, uint32_t> (&a)[2][V8C_KSTEPS][4]) {
+  warp.each([&](int lane) {
+#pragma unroll
+    for (int ks = 0; ks < V8C_KSTEPS; ++ks)
+#pragma unroll
+      for (int pc = 0; pc < 2; ++pc)
+        v8c_get4(stage + v8c_stage_at(w, ks, pc, lane), warp.at(a[pc][ks][0], lane),
+                 warp.at(a[pc][ks][1], lane), warp.at(a[pc][ks][2], lane),
+                 warp.at(a[pc][ks][3], lane));
   });
 }
 
