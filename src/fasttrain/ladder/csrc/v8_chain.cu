@@ -1,0 +1,198 @@
+// cuda-epoch v8's chain alone, as a GPU probe (docs/measurements/cuda-epoch-v8-design.md, "Build
+// first" step 2). Called by ladder/v8_chain.py.
+//
+// What it measures: T_chain, the µs a step of the design's one-SM chain with nothing else on the
+// GPU: one CTA of 512 threads (16 warps) runs a whole epoch (469 MNIST steps: batch 128, the last
+// 96) of Z_t = (P_t + Q_t) + (−c/n_{t−1})·S_t, S_t = (Γ̃_{t,1}·2⁻¹²)·((p − y)_{t−1}·2¹²) in 3xFP16
+// on the tensor cores from zero, the softmax in the accumulator layout, G_t to global memory and
+// (p − y)_t as the next step's hi/lo B fragments in shared memory (csrc/v8_chain.cuh's bodies,
+// which the CPU tests run for every warp). P_t + Q_t and Γ̃_{t,1} come from precomputed arrays
+// (float64 SGD, the real Grams), so the logits are the real ones; no worker, helper or flag.
+//   - Γ̃ travels global → shared a step ahead by cp.async (16 B a thread, the idle K-half warps
+//     8 … 15 while warps 0 … 7 run the softmax) into a 2-slot ring, Γ̃_s in slot s & 1: at step t
+//     the warps load and split A_{t+1} from slot (t + 1) & 1 and Γ̃_{t+2} is issued into slot t & 1
+//     (read at step t − 1); warps 8 … 15 wait for their copies before step t + 1's first barrier.
+//   - The epoch's time by globaltimer (thread 0, after the prologue, so the fill of the ring and
+//     A_0 are outside it) and clock64; the phase build (PHASES) also sums clock64 per phase over
+//     the steps for warp 0 (a softmax warp: on the critical path) and warp 8 (the ring's copies).
+//   - Two variants (`variant`), for one GPU call to choose between:
+//     v1: warps 0 … 7 load and split their own A_{t+1} after their softmax, before the step's last
+//         barrier: on the critical path ("next_a");
+//     v2: warps 8 … 15 split warps 0 … 7's A_{t+1} into a 32 KB stage during the softmax (and
+//         their own), and warps 0 … 7 load it back at the step's start (8 16-byte loads a lane,
+//         beside the B loads): off the path, unless the split's issue slots slow the softmax warps
+//         that share their SMSPs (warp w and w + 8 sit on SMSP w % 4).
+//
+// Versions:
+//   v1 and v2 written and compiled for sm_90a (2026-11-28); NOT YET RUN ON A GPU: no figure exists.
+//
+// Entry points return 0 or a cudaError_t (a failed launch's error is cleared).
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "v8_chain.cuh"
+
+namespace {
+
+enum Timing {
+  TM_EPOCH_NS, TM_EPOCH_CLOCKS, TM_INPUTS_MMA, TM_K_HALVES, TM_SOFTMAX, TM_WRITE_B, TM_NEXT_A,
+  TM_STEP_BARRIER, TM_WAIT_GRAM, TM_ISSUE_GRAM, TM_LEN
+};
+
+constexpr int SLOT_FLOATS = V8C_ROWS * V8C_GS;
+constexpr size_t SMEM = (2 * SLOT_FLOATS + V8C_HALVES) * sizeof(float) +
+                        V8C_BWORDS * sizeof(uint32_t);  // 139,264 + 8,192 + 8,192 B
+constexpr size_t SMEM_STAGED = SMEM + V8C_STAGE * sizeof(uint32_t);  // + 32,768 B (v2)
+
+__device__ __forceinline__ long long globaltimer_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() {
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
+// Γ̃_s ([128][128] fp32 in global memory) into `slot` ([128][V8C_GS]) by threads `first` …
+// `first + count − 1` of the CTA, 16 bytes each a copy; one commit group.
+__device__ __forceinline__ void issue_gram(float* slot, const float* gram_s, int tid, int count) {
+  for (int i = tid; i < V8C_ROWS * (V8C_ROWS / 4); i += count) {
+    const int row = i >> 5, chunk = i & 31;
+    cp_async16(slot + row * V8C_GS + 4 * chunk, gram_s + row * V8C_ROWS + 4 * chunk);
+  }
+  cp_commit();
+}
+
+template <bool PHASES, bool STAGED>
+__global__ void __launch_bounds__(V8C_THREADS, 1)
+    v8_chain_kernel(const float* __restrict__ gram, const float* __restrict__ pq,
+                    const int* __restrict__ labels, int n, float c, float* __restrict__ g_out,
+                    float* __restrict__ z_out, float* __restrict__ stats,
+                    long long* __restrict__ timing) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* ring = reinterpret_cast<float*>(smem);
+  float* halves = ring + 2 * SLOT_FLOATS;
+  uint32_t* bw = reinterpret_cast<uint32_t*>(halves + V8C_HALVES);
+  uint32_t* stage = bw + V8C_BWORDS;  // v2 only
+  const int tid = threadIdx.x, w = tid >> 5;
+  const V8DeviceWarp warp;
+  const int steps = (n + V8C_ROWS - 1) / V8C_ROWS;
+  const size_t gram_step = size_t(V8C_ROWS) * V8C_ROWS, io_step = size_t(V8C_ROWS) * V8C_C;
+
+  // Prologue: Γ̃_0 and Γ̃_1 into the ring, B = 0 (step 0 has no lagged term), A_0.
+  issue_gram(ring, gram, tid, V8C_THREADS);
+  if (steps > 1) issue_gram(ring + SLOT_FLOATS, gram + gram_step, tid, V8C_THREADS);
+  for (int i = tid; i < V8C_BWORDS; i += V8C_THREADS) bw[i] = 0u;
+  cp_wait_all();
+  __syncthreads();
+  uint32_t a[2][V8C_KSTEPS][4];
+  if (!STAGED || w >= 8) v8c_load_a(warp, ring, w, V8C_A_SCALE, a);
+  if (STAGED && w >= 8) v8c_stage_a(warp, ring, w - 8, V8C_A_SCALE, stage);
+  float d[2][4], pqr[2][4], pmy[2][4], loss = 0.f, correct = 0.f;
+  int y[2];
+  long long ph[TM_LEN] = {};
+  __syncthreads();
+  const long long ns0 = globaltimer_ns(), clk0 = clock64();
+
+  for (int t = 0; t < steps; ++t) {
+    const int rows = v8c_rows(n, t);
+    const float coef = -c / static_cast<float>(t ? v8c_rows(n, t - 1) : 1);
+    long long c0 = 0, c1 = 0, c2 = 0, c3 = 0, c4 = 0, c5 = 0;
+    if (PHASES) c0 = clock64();
+    if (STAGED && w < 8) v8c_load_staged_a(warp, stage, w, a);
+    if (w < 8) v8c_load_inputs(warp, w, pq + t * io_step, labels + t * V8C_ROWS, rows, pqr, y);
+    v8c_product(warp, a, bw, w, d);
+    if (PHASES) c1 = clock64();
+    if (w >= 8) {
+      v8c_store_half(warp, d, halves, w);
+      if (PHASES) c4 = clock64();
+      cp_wait_all();  // Γ̃_{t+1}, issued at step t − 1 (or the prologue)
+      if (PHASES) ph[TM_WAIT_GRAM] += clock64() - c4;
+    }
+    __syncthreads();  // K half 1's sums; Γ̃_{t+1} in its slot
+    if (PHASES) c2 = clock64();
+    if (w < 8) {
+      v8c_softmax(warp, w, d, halves, pqr, y, rows, coef, g_out + t * io_step,
+                  z_out ? z_out + t * io_step : nullptr, pmy, loss, correct);
+      if (PHASES) c3 = clock64();
+      v8c_write_b(warp, w, pmy, bw);
+      if (PHASES) c4 = clock64();
+    } else if (t + 2 < steps) {
+      if (PHASES) c3 = clock64();
+      issue_gram(ring + ((t & 1) ? SLOT_FLOATS : 0), gram + (t + 2) * gram_step, tid - 256, 256);
+      if (PHASES) ph[TM_ISSUE_GRAM] += clock64() - c3;
+    }
+    if (t + 1 < steps) {
+      const float* next = ring + (((t + 1) & 1) ? SLOT_FLOATS : 0);
+      if (!STAGED || w >= 8) v8c_load_a(warp, next, w, V8C_A_SCALE, a);
+      if (STAGED && w >= 8) v8c_stage_a(warp, next, w - 8, V8C_A_SCALE, stage);
+    }
+    if (PHASES) c5 = clock64();
+    __syncthreads();  // B_{t+1} written; every A_{t+1} loaded (slot (t + 1) & 1 free next step)
+    if (PHASES && w == 0) {
+      const long long c6 = clock64();
+      ph[TM_INPUTS_MMA] += c1 - c0;
+      ph[TM_K_HALVES] += c2 - c1;
+      ph[TM_SOFTMAX] += c3 - c2;
+      ph[TM_WRITE_B] += c4 - c3;
+      ph[TM_NEXT_A] += c5 - c4;
+      ph[TM_STEP_BARRIER] += c6 - c5;
+    }
+  }
+  if (tid == 0) {
+    timing[TM_EPOCH_NS] = globaltimer_ns() - ns0;
+    timing[TM_EPOCH_CLOCKS] = clock64() - clk0;
+  }
+  if (PHASES && (tid == 0 || tid == 256)) {
+    for (int i = TM_INPUTS_MMA; i < TM_LEN; ++i)
+      if ((i >= TM_WAIT_GRAM) == (tid == 256)) timing[i] = ph[i];
+  }
+  stats[2 * tid] = loss;
+  stats[2 * tid + 1] = correct;
+}
+
+template <bool PHASES, bool STAGED>
+int launch(const float* gram, const float* pq, const int* labels, int n, float c, float* g_out,
+           float* z_out, float* stats, long long* timing, cudaStream_t stream) {
+  constexpr size_t smem = STAGED ? SMEM_STAGED : SMEM;
+  cudaError_t e = cudaFuncSetAttribute(v8_chain_kernel<PHASES, STAGED>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e == cudaSuccess) {
+    v8_chain_kernel<PHASES, STAGED><<<1, V8C_THREADS, smem, stream>>>(
+        gram, pq, labels, n, c, g_out, z_out, stats, timing);
+    e = cudaGetLastError();
+  }
+  if (e != cudaSuccess) cudaGetLastError();
+  return static_cast<int>(e);
+}
+
+}  // namespace
+
+extern "C" {
+
+// One epoch of n samples (⌈n/128⌉ steps; n ≥ 1): gram [steps][128][128], pq [steps][128][10],
+// labels [steps][128] in device memory; g_out (and z_out, or null) [steps][128][10], stats
+// [512][2] (each thread's summed loss and hits), timing [v8_chain_timing_len()] int64; variant 1
+// or 2 (the top of this file).
+int v8_chain_run(const float* gram, const float* pq, const int* labels, int n, float c,
+                 float* g_out, float* z_out, float* stats, long long* timing, int phases,
+                 int variant, void* stream) {
+  if (n < 1 || (variant != 1 && variant != 2)) return static_cast<int>(cudaErrorInvalidValue);
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto go = [&](auto f) { return f(gram, pq, labels, n, c, g_out, z_out, stats, timing, s); };
+  if (variant == 2) return phases ? go(launch<true, true>) : go(launch<false, true>);
+  return phases ? go(launch<true, false>) : go(launch<false, false>);
+}
+
+int v8_chain_timing_len() { return TM_LEN; }
+int v8_chain_threads() { return V8C_THREADS; }
+const char* v8_chain_error_name(int code) { return cudaGetErrorName(cudaError_t(code)); }
+const char* v8_chain_error_string(int code) { return cudaGetErrorString(cudaError_t(code)); }
+
+}  // extern "C"

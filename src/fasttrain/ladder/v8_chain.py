@@ -1,0 +1,217 @@
+"""cuda-epoch v8's chain alone, as a GPU probe (docs/measurements/cuda-epoch-v8-design.md, "Build
+first" step 2): one CTA of 512 threads on one SM runs the chain for a whole MNIST epoch (469 steps,
+batch 128, the last 96) with real Grams and P_t + Q_t from precomputed arrays, so its logits are
+the real ones and its µs a step is T_chain, the design's central claim, without the protocol.
+
+Inputs (`chain_inputs`, NumPy, float64 where it matters):
+- Γ̃_{t,1} = X̃_t X̃_{t−1}ᵀ = Γ + 255² (the bias as a 785th pixel of 255), fp32 [steps][128][128],
+  0 outside the batches' rows and columns; step 0's all 0 (no lagged term);
+- P_t + Q_t = X̃_t W̃_{t−1} / 255 in float64 plain SGD, rounded to fp32 [steps][128][10]: in the
+  algebra Z_t = X̃_t W̃_{t−1}/255 − c Γ̃_{t,1} G_{t−1} (c = lr/255²), so this is what the workers'
+  partial P_t and the helpers' terms j ≥ 2 add up to, whatever the lag;
+- the labels [steps][128] (−1 past the batch) and float64's Z_t, G_t and summed loss, the check.
+
+The kernel is csrc/v8_chain.cu (nvcc → cached .so → ctypes, as ladder/sync_probes.py). Written
+2026-11-28; not yet run on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+
+import numpy as np
+
+from fasttrain.ladder.common import batches
+
+SOURCE = "v8_chain.cu"
+ROWS, CLASSES, PIXEL = 128, 10, 255
+TIMING = ("epoch_ns", "epoch_clocks", "inputs_mma", "k_halves", "softmax", "write_b", "next_a",
+          "step_barrier", "wait_gram", "issue_gram")
+"""csrc/v8_chain.cu's int64 timing words: the epoch by globaltimer and clock64 (thread 0), then
+clock64 sums over the steps of warp 0 (a softmax warp, on the critical path) for each phase, and
+of warp 8 for the Γ̃ ring's cp.async wait and issue (the phase build only)."""
+
+
+class ChainError(RuntimeError):
+    """The kernel could not run; str(e) is one line."""
+
+
+def chain_inputs(x_u8: np.ndarray, y: np.ndarray, order: np.ndarray, w0: np.ndarray,
+                 b0: np.ndarray, lr: float) -> dict:
+    """The probe's inputs for one epoch over `order` (x_u8 [N, 784] uint8, w0 [10, 784] and b0
+    [10] the ladder's layout) and float64 plain SGD's logits, G and loss to check it against."""
+    if x_u8.dtype != np.uint8 or x_u8.ndim != 2:
+        raise ValueError(f"x_u8 must be a uint8 matrix [N, 784], got {x_u8.dtype} {x_u8.shape}")
+    if not np.isfinite(lr) or lr <= 0:
+        raise ValueError(f"lr must be a finite number > 0, got {lr}")
+    steps = len(batches(len(order), ROWS))
+    grams = np.zeros((steps, ROWS, ROWS), np.float32)
+    pq = np.zeros((steps, ROWS, CLASSES), np.float32)
+    labels = np.full((steps, ROWS), -1, np.int32)
+    z64 = np.zeros((steps, ROWS, CLASSES))
+    g64 = np.zeros((steps, ROWS, CLASSES))
+    wt = np.concatenate([w0.T, b0[None, :]]).astype(np.float64)  # W̃ [785, 10]
+    loss, prev = 0.0, None
+    for t, (a, z) in enumerate(batches(len(order), ROWS)):
+        n = z - a
+        xt = np.concatenate([x_u8[order[a:z]], np.full((n, 1), PIXEL, np.uint8)], 1)
+        xt = xt.astype(np.float64)
+        if prev is not None:
+            grams[t, :n, :len(prev[0])] = xt @ prev[0].T  # exact integers < 2²⁶: exact in fp32
+            pq[t, :n] = xt @ prev[1] / PIXEL
+        else:
+            pq[t, :n] = xt @ wt / PIXEL
+        labels[t, :n] = y[order[a:z]]
+        zt = xt @ wt / PIXEL
+        e = np.exp(zt - zt.max(1, keepdims=True))
+        p = e / e.sum(1, keepdims=True)
+        loss -= np.log(p[np.arange(n), labels[t, :n]]).sum()
+        p[np.arange(n), labels[t, :n]] -= 1
+        z64[t, :n], g64[t, :n] = zt, p / n
+        prev = (xt, wt.copy())
+        wt -= (lr / PIXEL) * (xt.T @ g64[t, :n])
+    return {"grams": grams, "pq": pq, "labels": labels, "n": len(order),
+            "c": np.float32(lr / PIXEL**2), "z64": z64, "g64": g64, "loss64": loss}
+
+
+def load_library() -> ctypes.CDLL:
+    """Build (once, cached) and load csrc/v8_chain.cu with its entry points typed."""
+    from fasttrain.ladder import build
+
+    lib = build.load(SOURCE)
+    p = ctypes.c_void_p
+    lib.v8_chain_run.argtypes = [p, p, p, ctypes.c_int, ctypes.c_float, p, p, p, p,
+                                 ctypes.c_int, ctypes.c_int, p]
+    lib.v8_chain_run.restype = ctypes.c_int
+    for name in ("v8_chain_error_name", "v8_chain_error_string"):
+        getattr(lib, name).argtypes = [ctypes.c_int]
+        getattr(lib, name).restype = ctypes.c_char_p
+    for name in ("v8_chain_timing_len", "v8_chain_threads"):
+        getattr(lib, name).restype = ctypes.c_int
+    if lib.v8_chain_timing_len() != len(TIMING):
+        raise ChainError(f"{SOURCE} writes {lib.v8_chain_timing_len()} timing words, this module "
+                         f"reads {len(TIMING)}: update one to the other")
+    return lib
+
+
+def mnist_epoch(epoch: int = 0) -> dict:
+    """`chain_inputs` of a real MNIST epoch (the ladder's init and order; FASTTRAIN_DATA or the
+    dataset cache must hold mnist/)."""
+    import os
+
+    from fasttrain.data import load_dataset
+    from fasttrain.ladder.common import LadderConfig, make_ladder_data
+
+    cfg = LadderConfig(epochs=epoch + 1)
+    data = make_ladder_data(load_dataset("mnist", os.environ.get("FASTTRAIN_DATA")), cfg)
+    return chain_inputs(data.train_x, data.train_y, data.orders[epoch], data.w0, data.b0, cfg.lr)
+
+
+VARIANTS = (1, 2)
+"""csrc/v8_chain.cu's: 1, warps 0 … 7 split their own next A after the softmax (on the path);
+2, warps 8 … 15 split it for them into a shared-memory stage during the softmax."""
+
+
+def run(lib, inp: dict, *, variant: int = 2, phases: bool = False, logits: bool = False,
+        device="cuda", stream=None) -> dict:
+    """One launch of the chain over `inp` (`chain_inputs`): its G [steps, 128, 10], Z (if
+    `logits`), summed loss and hits, and timing words (TIMING)."""
+    import torch
+
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+
+    steps = inp["grams"].shape[0]
+
+    def dev(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+    gram, pq, labels = dev(inp["grams"]), dev(inp["pq"]), dev(inp["labels"])
+    g = torch.zeros((steps, ROWS, CLASSES), dtype=torch.float32, device=device)
+    z = torch.full_like(g, float("nan")) if logits else None
+    stats = torch.zeros((lib.v8_chain_threads(), 2), dtype=torch.float32, device=device)
+    timing = torch.zeros(len(TIMING), dtype=torch.int64, device=device)
+    if stream is None and str(device).startswith("cuda"):
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def p(t):
+        return ctypes.c_void_p(t.data_ptr()) if t is not None else None
+
+    code = lib.v8_chain_run(p(gram), p(pq), p(labels), int(inp["n"]), float(inp["c"]), p(g),
+                            p(z), p(stats), p(timing), int(phases), variant, stream)
+    if code:
+        raise ChainError(f"v8_chain_run: {lib.v8_chain_error_name(code).decode()}: "
+                         f"{lib.v8_chain_error_string(code).decode()}")
+    s = stats.double().sum(0).tolist()  # waits for the kernel
+    return {"g": g.cpu().numpy(), "z": z.cpu().numpy() if logits else None, "loss": s[0],
+            "hits": s[1], "timing": dict(zip(TIMING, timing.tolist(), strict=True))}
+
+
+def check(inp: dict, out: dict) -> dict:
+    """A run's distance from float64 plain SGD: G and (if it wrote them) Z over the batches' rows,
+    the summed loss relative."""
+    valid = inp["labels"] >= 0
+    err = {"g_max_abs_err": float(np.abs(out["g"][valid] - inp["g64"][valid]).max()),
+           "loss_rel_err": abs(out["loss"] - inp["loss64"]) / inp["loss64"],
+           "padding_zero": bool((out["g"][~valid] == 0).all())}
+    if out["z"] is not None:
+        err["z_max_abs_err"] = float(np.abs(out["z"][valid] - inp["z64"][valid]).max())
+    return err
+
+
+def measure(lib=None, repeats: int = 3, *, inp: dict | None = None, device="cuda",
+            stream=None) -> dict:
+    """µs a step of the chain over one epoch (`inp`, default: MNIST's first, 469 steps), for each
+    variant: a warm-up launch, `repeats` timed launches (median, min, max of globaltimer over the
+    epoch's steps), then one launch of the phase build (clock64 sums, converted at its own clocks
+    per ns) that also writes Z for the check against float64. The top level holds the variant
+    of the lower median; "variants" holds both."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if inp is not None and not {"grams", "pq", "labels", "n", "c"} <= set(inp):
+        raise ValueError("inp must be a chain_inputs() dict (grams, pq, labels, n, c, ...)")
+    lib = lib if lib is not None else load_library()
+    inp = inp if inp is not None else mnist_epoch()
+    variants = {f"v{v}": _measure_variant(lib, inp, v, repeats, device, stream) for v in VARIANTS}
+    best = min(variants, key=lambda k: variants[k]["us_per_step"]["median"])
+    return {**variants[best], "best": best, "variants": variants}
+
+
+def _measure_variant(lib, inp, variant, repeats, device, stream) -> dict:
+    steps = inp["grams"].shape[0]
+    launch = {"variant": variant, "device": device, "stream": stream}
+    run(lib, inp, **launch)  # warm-up: the module load, the smem attribute, the caches
+    us = [run(lib, inp, **launch)["timing"]["epoch_ns"] / 1e3 / steps for _ in range(repeats)]
+    ph = run(lib, inp, phases=True, logits=True, **launch)
+    tm = ph["timing"]
+    ghz = tm["epoch_clocks"] / tm["epoch_ns"] if tm["epoch_ns"] > 0 else float("nan")
+    phases = {k: tm[k] / steps / ghz / 1e3 for k in TIMING[2:]}
+    return {"variant": variant, "steps": steps, "n": int(inp["n"]), "repeats": repeats,
+            "us_per_step": {"median": statistics.median(us), "min": min(us), "max": max(us),
+                            "runs": us},
+            "phase_build_us_per_step": tm["epoch_ns"] / 1e3 / steps, "clock_ghz": ghz,
+            "phase_us_per_step": phases, "check": check(inp, ph), "hits": ph["hits"]}
+
+
+def describe(result: dict) -> list[str]:
+    """The probe's figures, a few lines a variant."""
+    if "error" in result:
+        return [f"v8 chain alone: {result['error']}"]
+    lines = []
+    for name, r in result["variants"].items():
+        u, c, ph = r["us_per_step"], r["check"], r["phase_us_per_step"]
+        lines += [
+            f"v8 chain alone {name}{' (best)' if name == result['best'] else ''} (1 CTA, 512 "
+            f"threads, {r['steps']} steps of {r['n']} samples): {u['median']:.3f} µs a step "
+            f"(median of {r['repeats']}, {u['min']:.3f}-{u['max']:.3f}); "
+            f"{u['median'] * r['steps'] / 1e3:.3f} ms an epoch",
+            f"  phase build {r['phase_build_us_per_step']:.3f} µs a step at "
+            f"{r['clock_ghz']:.2f} GHz; warp 0: " +
+            ", ".join(f"{k} {ph[k]:.3f}" for k in TIMING[2:8]) +
+            f"; warp 8: wait Γ̃ {ph['wait_gram']:.3f}, issue Γ̃ {ph['issue_gram']:.3f} (µs a step)",
+            f"  check vs float64 SGD: G {c['g_max_abs_err']:.2e}, Z "
+            f"{c.get('z_max_abs_err', 0):.2e}, loss {c['loss_rel_err']:.1e} relative; "
+            f"{r['hits']:.0f} hits; padding rows {'zero' if c['padding_zero'] else 'NOT zero'}",
+        ]
+    return lines
