@@ -1,0 +1,174 @@
+// The CPU side of tests/ladder/test_v8_workers.py: v8's 56 worker CTAs (csrc/v8_workers.cuh's
+// bodies, the same code v8_workers.cu runs) for a whole epoch with G' given, every thread of every
+// CTA and every warp (V8HostWarp: the 32 lanes, mma.sync emulated with exact products and one
+// rounding, "acc rn" or "acc rz") in the kernel's order between its barriers:
+//   step t, each CTA: x_{t+1}'s bytes fetched; the updates a < v8_applied_before(t); P_t (simt:
+//   v7's worker_partial + the bias slot; mma: into the step parity's buffer; mma-scatter: each
+//   element written straight into the owning rank's inbox slot t % NS, as st.async would);
+//   x_{t+1} stored; then every rank's reduce (v7's worker_reduce) into P's output.
+// The host runs the ranks one after another, so the ring's credits and the cluster barrier are
+// satisfied by construction: what this checks is the arithmetic and the indexing, not the sync.
+// Planted bugs (`bug`, the test shows each fails the float64 check): 1 the update's G' lo piece
+// left out (mma) / lo left out of the staged G (simt), 2 the partials' W̃ scale undone twice
+// (× 2⁻¹⁶, mma), 3 the bias slot left out (all variants), 4 the scatter's inbox row off by one.
+#define FT_HOST_MATH
+#include <cstring>
+#include <vector>
+
+#include "v8_mma_host.h"
+#include "v8_workers.cuh"
+
+namespace {
+
+struct HostCta {
+  std::vector<float> sm = std::vector<float>(V8Smem::FLOATS, 0.f);
+  std::vector<uint8_t> xb = std::vector<uint8_t>(size_t(V7_T) * V7_XF, 0);
+  float* at(int off) { return sm.data() + off; }
+  __half* xh() { return reinterpret_cast<__half*>(at(V8Smem::XS)); }
+  uint8_t (&buf(int tid))[V7_XF] { return *reinterpret_cast<uint8_t(*)[V7_XF]>(&xb[tid * V7_XF]); }
+};
+
+}  // namespace
+
+extern "C" {
+
+int v8w_host_lag() { return V8_LAG; }
+int v8w_host_ns() { return V8_NS; }
+
+// x: [n][784] uint8; order: [n]; gh, gl: [steps][BMAX][16] fp16 bits; w0, w_out: [785][10];
+// p_out: [steps][7][BMAX][10] (rows past a batch untouched). Returns 0, or -1 on bad arguments.
+int v8w_host_epoch(int variant, int rz, int bug, int n, int bs, float lr, const uint8_t* x,
+                   const int* order, const uint16_t* gh16, const uint16_t* gl16, const float* w0,
+                   float* p_out, float* w_out) {
+  if (variant < 0 || variant >= V8_VARIANTS || bs < 1 || bs > BMAX || n < 1) return -1;
+  const V8Shape shape{n, bs, (n + bs - 1) / bs, lr};
+  const V7Epoch e = v8_epoch(shape);
+  const int steps = e.steps, T = V7_T;
+  const __half* gh = reinterpret_cast<const __half*>(gh16);
+  const __half* gl = reinterpret_cast<const __half*>(gl16);
+  std::vector<__half> zeros(BMAX * 16, __float2half_rn(0.f));
+  const V8HostWarp wp{rz != 0};
+  std::vector<HostCta> ctas(V7_WORKERS);
+  for (int q = 0; q < V7_WORKERS; ++q) {
+    float* w = ctas[q].at(V8Smem::W);
+    for (int f = 0; f < V8_NF; ++f)
+      for (int c = 0; c < C; ++c) {
+        const int row = v8_w_row(q, f);
+        w[f * 16 + c] = row < 0 || (bug == 3 && row == K) ? 0.f : w0[row * C + c];
+      }
+  }
+  const bool simt = variant == V8_SIMT;
+
+  auto update = [&](int q, int a) {
+    HostCta& cta = ctas[q];
+    float *xs = cta.at(V8Smem::XS), *w = cta.at(V8Smem::W), *gs = cta.at(V8Smem::GS),
+          *ured = cta.at(V8Smem::URED);
+    const bool bias = v8_has_bias(q) && bug != 3;
+    const __half *gha = gh + size_t(a) * BMAX * 16, *gla = gl + size_t(a) * BMAX * 16;
+    if (bug == 1) gla = zeros.data();
+    if (simt) {
+      for (int tid = 0; tid < T; ++tid) v8_simt_stage_g(e, a, gha, gla, tid, T, gs);
+      for (int tid = 0; tid < T; ++tid) {
+        worker_update_sums(e, a, v8_v7_view(xs, a), gs, tid, ured);
+        v8_simt_bias_sums(e, a, gs, tid, bias, ured);
+      }
+      for (int tid = 0; tid < T; ++tid) {
+        worker_update_apply(e, ured, tid, w);
+        v8_simt_bias_apply(e, ured, tid, bias, w);
+      }
+    } else {
+      __half* gsh = reinterpret_cast<__half*>(gs);
+      for (int tid = 0; tid < T; ++tid) v8_stage_gh(gha, gla, tid, T, gsh);
+      for (int u = 0; u < T / 32; ++u)
+        v8_mma_update_sums(wp, u, cta.xh() + (a % V8_XR) * BMAX * 16, gsh, ured);
+      for (int tid = 0; tid < T; ++tid) v8_mma_update_apply(e, a, ured, tid, w);
+    }
+  };
+  auto store_x = [&](int q, int t) {
+    HostCta& cta = ctas[q];
+    const bool bias = v8_has_bias(q) && bug != 3;
+    for (int tid = 0; tid < T; ++tid) {
+      if (simt)
+        worker_store_x(e, t, tid, T, cta.buf(tid), v8_v7_view(cta.at(V8Smem::XS), t));
+      else
+        v8_store_xh(e, t, tid, T, cta.buf(tid), bias, cta.xh());
+    }
+  };
+  auto fetch_x = [&](int q, int t) {
+    for (int tid = 0; tid < T; ++tid)
+      worker_fetch_x(e, x, order, t, v8_f0(q), tid, T, ctas[q].buf(tid));
+  };
+
+  for (int q = 0; q < V7_WORKERS; ++q) {
+    fetch_x(q, 0);
+    store_x(q, 0);
+  }
+  int applied = 0;  // every CTA applies the same updates at the same steps
+  for (int t = 0; t < steps; ++t) {
+    const int p = t & 1, before = v8_applied_before(t);
+    for (int q = 0; q < V7_WORKERS; ++q) {
+      HostCta& cta = ctas[q];
+      const int k = q / V7_CLUSTER, r = q % V7_CLUSTER;
+      const bool bias = v8_has_bias(q) && bug != 3;
+      if (t + 1 < steps) fetch_x(q, t + 1);
+      for (int a = applied; a < before; ++a) update(q, a);
+      float* pb = cta.at(V8Smem::PBUF) + p * BMAX * V7_GROW;
+      const float* w = cta.at(V8Smem::W);
+      if (simt) {
+        const float* xs = v8_v7_view(cta.at(V8Smem::XS), t);
+        for (int tid = 0; tid < T; ++tid) {
+          worker_partial(e, t, xs, w, tid, pb);
+          v8_simt_bias_partial(e, t, w, tid, bias, pb);
+        }
+      } else {
+        const __half* xt = cta.xh() + (t % V8_XR) * BMAX * 16;
+        for (int wi = 0; wi < T / 32; ++wi) {
+          if (variant == V8_MMA) {
+            v8_mma_partial(wp, wi, xt, w, [&](int row, int c, float v) {
+              pb[row * V7_GROW + c] = bug == 2 ? v * (1.f / V8_WSCALE) : v;
+            });
+          } else {
+            v8_mma_partial(wp, wi, xt, w, [&](int row, int c, float v) {
+              HostCta& dst = ctas[k * V7_CLUSTER + row / V7_RPC];
+              const int at = v8_inbox_at(r, row + (bug == 4 ? 1 : 0), c) % V8_SLOT_FLOATS;
+              dst.at(V8Smem::INBOX)[v8_ns_slot(t) * V8_SLOT_FLOATS + at] = v;
+            });
+          }
+        }
+      }
+      if (t + 1 < steps) store_x(q, t + 1);
+    }
+    applied = before;
+    for (int q = 0; q < V7_WORKERS; ++q) {
+      const int k = q / V7_CLUSTER, r = q % V7_CLUSTER;
+      auto out = [&](int row, int c, float v) { p_out[v8_p_at(t, k, row, c)] = v; };
+      for (int tid = 0; tid < T; ++tid) {
+        if (variant == V8_SCATTER) {
+          const float* in = ctas[q].at(V8Smem::INBOX) + v8_ns_slot(t) * V8_SLOT_FLOATS;
+          worker_reduce(e, t, r, tid,
+                        [&](int src, int i) { return in[src * V7_RPC * 16 + i - r * V7_RPC * 16]; },
+                        out);
+        } else {
+          worker_reduce(e, t, r, tid,
+                        [&](int src, int i) {
+                          return ctas[k * V7_CLUSTER + src].at(V8Smem::PBUF)[p * BMAX * V7_GROW + i];
+                        },
+                        out);
+        }
+      }
+    }
+  }
+  for (int q = 0; q < V7_WORKERS; ++q)
+    for (int a = applied; a < steps; ++a) update(q, a);
+  for (int q = 0; q < V7_WORKERS; ++q) {
+    const float* w = ctas[q].at(V8Smem::W);
+    for (int f = 0; f < V8_NF; ++f) {
+      const int row = v8_w_row(q, f);
+      if (row >= 0)
+        for (int c = 0; c < C; ++c) w_out[row * C + c] = w[f * 16 + c];
+    }
+  }
+  return 0;
+}
+
+}  // extern "C"
