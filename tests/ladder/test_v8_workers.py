@@ -149,3 +149,49 @@ def test_planted_bugs_fail(lib, small, bug):
     for variant in BUG_VARIANTS[bug]:
         err_p, err_w = errors(ep, run_host(lib, ep, variant, bug=bug), ref)
         assert max(err_p, err_w) > 1, (variant, err_p, err_w)
+
+
+# ---- the kernel: one sm_90a compile for all three variants --------------------------------------
+KERNEL = "v8_workers.cu"
+# HMMA.16816.F32 a kernel's SASS (nvcc 13.0): the update's 4 (2 k-steps × hi, lo) appear twice (in
+# the step loop and in the drain after it), the partials' 2 once; simt has none.
+HMMA = {0: 0, 1: 10, 2: 10}
+
+
+def test_kernel_compiles_without_spill_within_the_launch_bound(tmp_path):
+    """nvcc -arch=sm_90a -Xptxas -v (~4 CPU-s): each variant's kernel 0 stack, 0 spill and at most
+    128 registers (512 threads, __launch_bounds__(512, 1)); with Triton's cuobjdump, the SASS's
+    HMMA counts above and st.async (STAS) only in mma-scatter."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    from fasttrain.ladder import build
+
+    nvcc = build.find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found on PATH")
+    cubin = tmp_path / "v8w.cubin"
+    r = subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
+                        f"-I{build.CSRC}", str(build.CSRC / KERNEL), "-o", str(cubin)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for v in VARIANTS.values():
+        props = re.search(rf"Function properties for \w*v8_workers_kernelILi{v}E\w*\n\s*"
+                          rf"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+                          rf".*?Used (\d+) registers", r.stderr, re.S)
+        assert props and int(props.group(1)) <= 128, (v, r.stderr[-3000:])
+    try:
+        import triton
+    except ImportError:
+        pytest.skip("no Triton, so no cuobjdump to read the SASS")
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.exists():
+        pytest.skip(f"this Triton has no {cuobjdump}")
+    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
+                          text=True).stdout
+    functions = re.split(r"\n\s*Function : ", sass)
+    for v, count in HMMA.items():
+        body = next(f for f in functions if re.match(rf"\w*v8_workers_kernelILi{v}E", f))
+        assert len(re.findall(r"\bHMMA\.16816\.F32\b", body)) == count, v
+        assert (len(re.findall(r"\bSTAS\b", body)) > 0) == (v == VARIANTS["mma-scatter"]), v

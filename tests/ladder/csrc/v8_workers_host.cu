@@ -12,6 +12,7 @@
 // left out (mma) / lo left out of the staged G (simt), 2 the partials' W̃ scale undone twice
 // (× 2⁻¹⁶, mma), 3 the bias slot left out (all variants), 4 the scatter's inbox row off by one.
 #define FT_HOST_MATH
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -66,8 +67,14 @@ int v8w_host_epoch(int variant, int rz, int bug, int n, int bs, float lr, const 
     const bool bias = v8_has_bias(q) && bug != 3;
     const __half *gha = gh + size_t(a) * BMAX * 16, *gla = gl + size_t(a) * BMAX * 16;
     if (bug == 1) gla = zeros.data();
+    std::vector<std::array<uint32_t, 4>> reg(T);
+    for (int tid = 0; tid < T; ++tid)
+      v8_fetch_g(gha, gla, tid, T, *reinterpret_cast<uint32_t(*)[4]>(reg[tid].data()));
+    auto held = [&](int tid) -> const uint32_t(&)[4] {
+      return *reinterpret_cast<const uint32_t(*)[4]>(reg[tid].data());
+    };
     if (simt) {
-      for (int tid = 0; tid < T; ++tid) v8_simt_stage_g(e, a, gha, gla, tid, T, gs);
+      for (int tid = 0; tid < T; ++tid) v8_put_g_simt(e, a, held(tid), tid, T, gs);
       for (int tid = 0; tid < T; ++tid) {
         worker_update_sums(e, a, v8_v7_view(xs, a), gs, tid, ured);
         v8_simt_bias_sums(e, a, gs, tid, bias, ured);
@@ -78,7 +85,7 @@ int v8w_host_epoch(int variant, int rz, int bug, int n, int bs, float lr, const 
       }
     } else {
       __half* gsh = reinterpret_cast<__half*>(gs);
-      for (int tid = 0; tid < T; ++tid) v8_stage_gh(gha, gla, tid, T, gsh);
+      for (int tid = 0; tid < T; ++tid) v8_put_g_mma(held(tid), tid, T, gsh);
       for (int u = 0; u < T / 32; ++u)
         v8_mma_update_sums(wp, u, cta.xh() + (a % V8_XR) * BMAX * 16, gsh, ured);
       for (int tid = 0; tid < T; ++tid) v8_mma_update_apply(e, a, ured, tid, w);

@@ -84,13 +84,38 @@ FT_V8 const float* v8_v7_view(const float* xs, int t) {
 }
 
 // ---- simt: the bias slot's bodies (v7's cover slots 0 … 13) ------------------------------------
-// G_a as v7's floats from the chain's pieces: (hi + lo)·2⁻¹²/n_a, threads tid < BMAX·16 (step a's
-// block of [BMAX][16] halves each).
-FT_V8 void v8_simt_stage_g(const V7Epoch& e, int a, const __half* gh, const __half* gl, int tid,
-                           int T, float* gs) {
+// G'_a's pieces, fetched into registers an update ahead (their latency hidden behind a step):
+// thread tid holds 32-bit words tid and tid + T of hi (reg 0, 1) and of lo (reg 2, 3), T ≥ 512.
+constexpr int V8_GW = BMAX * 16 / 2;  // 1,024 words of two halves a piece
+FT_V8 void v8_fetch_g(const __half* gh, const __half* gl, int tid, int T, uint32_t (&reg)[4]) {
+  const uint32_t* h = reinterpret_cast<const uint32_t*>(gh);
+  const uint32_t* l = reinterpret_cast<const uint32_t*>(gl);
+  for (int j = 0; j < 2; ++j) {
+    const int i = tid + j * T;
+    reg[j] = i < V8_GW ? h[i] : 0u;
+    reg[2 + j] = i < V8_GW ? l[i] : 0u;
+  }
+}
+// simt: G_a as v7's floats, (hi + lo)·2⁻¹²/n_a, into gs [BMAX][16].
+FT_V8 void v8_put_g_simt(const V7Epoch& e, int a, const uint32_t (&reg)[4], int tid, int T,
+                         float* gs) {
   const float inv = 1.f / (V8_GSCALE * static_cast<float>(e.rows(a)));
-  for (int i = tid; i < BMAX * 16; i += T)
-    gs[i] = (__half2float(gh[i]) + __half2float(gl[i])) * inv;
+  for (int j = 0; j < 2; ++j) {
+    const int i = tid + j * T;
+    if (i >= V8_GW) break;
+    for (int h = 0; h < 2; ++h)
+      gs[2 * i + h] = (__half2float(v8_half(reg[j], h)) + __half2float(v8_half(reg[2 + j], h))) * inv;
+  }
+}
+// mma: the pieces as they are, hi at gsh[0 …], lo at gsh[BMAX·16 …].
+FT_V8 void v8_put_g_mma(const uint32_t (&reg)[4], int tid, int T, __half* gsh) {
+  uint32_t* d = reinterpret_cast<uint32_t*>(gsh);
+  for (int j = 0; j < 2; ++j) {
+    const int i = tid + j * T;
+    if (i >= V8_GW) break;
+    d[i] = reg[j];
+    d[V8_GW + i] = reg[2 + j];
+  }
 }
 // The bias row's sums beside worker_update_sums': thread 2·FW·C + (h, c) sums rows i ≡ h of 255·G.
 FT_V8 void v8_simt_bias_sums(const V7Epoch& e, int a, const float* gs, int tid, bool bias,
@@ -132,16 +157,6 @@ FT_V8 void v8_store_xh(const V7Epoch& e, int t, int tid, int T, const uint8_t (&
   if (tid < BMAX) {
     dst[tid * 16 + V8_BIAS] = __float2half_rn(bias && tid < e.rows(t) ? V8_PIXEL : 0.f);
     dst[tid * 16 + V8_BIAS + 1] = __float2half_rn(0.f);
-  }
-}
-// G'_a's pieces (global, [BMAX][16] halves each) into shared memory, 32-bit words.
-FT_V8 void v8_stage_gh(const __half* gh, const __half* gl, int tid, int T, __half* sh) {
-  const uint32_t* h = reinterpret_cast<const uint32_t*>(gh);
-  const uint32_t* l = reinterpret_cast<const uint32_t*>(gl);
-  uint32_t* d = reinterpret_cast<uint32_t*>(sh);
-  for (int i = tid; i < BMAX * 8; i += T) {
-    d[i] = h[i];
-    d[BMAX * 8 + i] = l[i];
   }
 }
 // The update's product, warp u < 8: n-tile nt = u & 1 (classes 8nt …), rows 32·(u >> 1) … + 31
