@@ -18,12 +18,13 @@ import ctypes
 import numpy as np
 import pytest
 
+from fasttrain.ladder import v8_workers
 from tests.ladder.host_harness import compile_harness, ptr
 
 HARNESS = "tests/ladder/csrc/v8_workers_host.cu"
 K, C, BMAX, LAG, CLUSTERS, FEATS = 784, 10, 128, 6, 7, 112
 VARIANTS = {"simt": 0, "mma": 1, "mma-scatter": 2}
-RTOL = 32 * 2.0**-24
+RTOL = v8_workers.RTOL
 BUGS = {1: "the update's G' lo piece left out",
         2: "the partials' W̃ scale undone twice (× 2⁻¹⁶)",
         3: "the bias slot left out",
@@ -41,55 +42,11 @@ def lib(tmp_path_factory):
 
 
 def make_epoch(n, bs=128, seed=0, lr=0.1):
-    """Random uint8 rows, an order, G' = (p − y)·2¹² with |p − y| ≤ 1 split into fp16 hi/lo
-    ([steps][128][16], 0 past each batch and at classes ≥ 10), and a random W̃_0 ([785][10])."""
-    rng = np.random.default_rng(seed)
-    steps = -(-n // bs)
-    x = rng.integers(0, 256, size=(n, K), dtype=np.uint8)
-    order = rng.permutation(n).astype(np.int32)
-    g = np.zeros((steps, BMAX, 16), np.float32)
-    for t in range(steps):
-        nt = min(bs, n - t * bs)
-        g[t, :nt, :C] = rng.uniform(-1, 1, size=(nt, C)) * 4096
-    hi = g.astype(np.float16)
-    lo = (g - hi.astype(np.float32)).astype(np.float16)
-    w0 = (rng.standard_normal((K + 1, C)) * 0.01).astype(np.float32)
-    return dict(n=n, bs=bs, lr=lr, x=x, order=order, gh=hi, gl=lo, w0=w0)
+    return v8_workers.epoch_inputs(n, bs, seed, lr)
 
 
 def reference(ep):
-    """float64: (P [steps][7][128][10] (NaN past each batch), W̃, and the magnitudes the
-    tolerance is relative to)."""
-    n, bs, lr = ep["n"], ep["bs"], ep["lr"]
-    steps = -(-n // bs)
-    xt = np.concatenate([ep["x"][ep["order"]].astype(np.float64), np.full((n, 1), 255.0)], 1)
-    gp = ep["gh"].astype(np.float64) + ep["gl"].astype(np.float64)
-    w = ep["w0"].astype(np.float64)
-    wmag = np.abs(w)
-    feats = [list(range(FEATS * k, FEATS * (k + 1))) + ([K] if k == CLUSTERS - 1 else [])
-             for k in range(CLUSTERS)]
-    p = np.full((steps, CLUSTERS, BMAX, C), np.nan)
-    pmag = np.full_like(p, np.nan)
-    applied = 0
-
-    def update(a):
-        nonlocal w, wmag
-        rows = xt[a * bs:a * bs + bs]
-        ga = gp[a, :len(rows), :C] * 2.0**-12 / len(rows)
-        w = w - lr / 255 * rows.T @ ga
-        wmag = wmag + lr / 255 * np.abs(rows).T @ np.abs(ga)
-
-    for t in range(steps):
-        for a in range(applied, max(t - LAG, 0)):
-            update(a)
-        applied = max(applied, t - LAG)
-        rows = xt[t * bs:t * bs + bs]
-        for k, f in enumerate(feats):
-            p[t, k, :len(rows)] = rows[:, f] @ w[f] / 255
-            pmag[t, k, :len(rows)] = rows[:, f] @ wmag[f] / 255
-    for a in range(applied, steps):
-        update(a)
-    return p, w, pmag, wmag
+    return v8_workers.reference(ep)
 
 
 def run_host(lib, ep, variant, rz=False, bug=0):
@@ -105,12 +62,7 @@ def run_host(lib, ep, variant, rz=False, bug=0):
 
 def errors(ep, got, ref):
     """The worst error over the tolerance, for P and W̃ (≤ 1 passes)."""
-    p, w = got
-    rp, rw, pmag, wmag = ref
-    valid = ~np.isnan(rp)
-    ep_ = np.abs(p[valid] - rp[valid]) / (RTOL * pmag[valid] + 1e-30)
-    ew = np.abs(w - rw) / (RTOL * wmag + 1e-30)
-    return float(ep_.max()), float(ew.max())
+    return v8_workers.check_errors(*got, ref)
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +147,118 @@ def test_kernel_compiles_without_spill_within_the_launch_bound(tmp_path):
         body = next(f for f in functions if re.match(rf"\w*v8_workers_kernelILi{v}E", f))
         assert len(re.findall(r"\bHMMA\.16816\.F32\b", body)) == count, v
         assert (len(re.findall(r"\bSTAS\b", body)) > 0) == (v == VARIANTS["mma-scatter"]), v
+
+
+# ---- ladder/v8_workers.py: arguments and reporting (CPU), the kernel itself (gpu) --------------
+@pytest.mark.parametrize("kwargs", [{"variants": ("mma", "tf32")}, {"variants": ()},
+                                    {"repeats": 0}, {"repeats": 1.5}])
+def test_measure_rejects_bad_arguments_in_one_line(kwargs):
+    with pytest.raises(ValueError) as e:
+        v8_workers.measure(lib=object(), **kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_step_figures_and_describe():
+    """A fabricated record: 56 CTAs, CTA i's span 2,000,000 + 1,000·i² ns over 469 steps, thread
+    0's clocks split 1:2:3:4 → the median span (i = 27, 28: 2,756.5 µs, not the mean's 3,017.5)
+    / 469 = 5.88 µs a step, the reduce 40 % of it."""
+    steps = 469
+    out = np.zeros((56, len(v8_workers.OUT)), np.int64)
+    out[:, 0] = 10**9
+    out[:, 1] = 10**9 + 2_000_000 + 1_000 * np.arange(56) ** 2
+    out[:, 2:6] = [1000, 2000, 3000, 4000]
+    out[:, 6] = np.arange(56) * 2
+    fig = v8_workers.step_figures(out, steps)
+    assert fig["us_per_step"] == pytest.approx(2_756.5 / steps)
+    assert fig["phases_us"]["reduce"] == pytest.approx(0.4 * 2_756.5 / steps)
+    assert fig["sms"] == 56
+    result = {"config": {"steps": steps, "batch": 128, "lag": 6, "repeats": 3},
+              "simt": {"us_per_step": {"median": 4.32, "min": 4.3, "max": 4.4}, "per_repeat": [],
+                       "phases_us": fig["phases_us"], "sms": 56,
+                       "check": {"p_err": 0.05, "w_err": 0.01, "ok": True}},
+              "mma-scatter": "mma-scatter: a wait timed out (g_signal_error 0x1a)"}
+    lines = v8_workers.describe(result)
+    assert len(lines) == 3 and "4.32 µs a step" in lines[1] and "check ok" in lines[1]
+    assert lines[2].endswith("timed out (g_signal_error 0x1a)")
+    out[3, 1] = -1
+    with pytest.raises(v8_workers.ProbeError):
+        v8_workers.step_figures(out, steps)
+
+
+def _gpu():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    return v8_workers.load_library()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_kernel_equals_float64_on_the_gpu(variant, small):
+    lib = _gpu()
+    ep, ref = small
+    p, w, out = v8_workers.run(lib, ep, variant)
+    err_p, err_w = v8_workers.check_errors(p, w, ref)
+    assert err_p <= 1 and err_w <= 1, (err_p, err_w)
+    fig = v8_workers.step_figures(out, 5)
+    assert np.isfinite(fig["us_per_step"]) and fig["us_per_step"] > 0
+
+
+@pytest.mark.gpu
+def test_measure_on_the_gpu_a_whole_epoch():
+    lib = _gpu()
+    r = v8_workers.measure(lib, repeats=2)
+    for v in VARIANTS:
+        assert isinstance(r[v], dict), r[v]
+        assert r[v]["check"]["ok"], r[v]["check"]
+        assert 0 < r[v]["us_per_step"]["median"] < 1e3
+    print("\n".join(v8_workers.describe(r)))
+
+
+# ---- a real MNIST epoch on the host: a command, not a test (~25-40 s of CPU here) --------------
+def mnist_epoch_errors(lib, variants=("simt", "mma"), rz=False):
+    """One MNIST epoch's rows in its first order, with G' from float64 plain SGD (p − onehot of
+    the real model, ×2¹², split hi/lo): max |W̃ − float64| for each variant on the host."""
+    from fasttrain.data.sources import load_dataset
+    from fasttrain.ladder.common import LadderConfig, make_ladder_data
+    from tests.conftest import real_data_dir
+
+    d = real_data_dir()
+    if d is None:
+        raise SystemExit("set FASTTRAIN_DATA to a folder holding mnist/")
+    data = make_ladder_data(load_dataset("mnist", d), LadderConfig(epochs=1))
+    ep = v8_workers.epoch_inputs(x=data.train_x)
+    ep["order"] = data.orders[0].astype(np.int32)
+    ep["w0"] = np.concatenate([data.w0.T, data.b0[None]], 0).astype(np.float32)
+    xs = data.train_x[ep["order"]].astype(np.float64)
+    y = data.train_y[ep["order"]]
+    w, b = data.w0.T.astype(np.float64), data.b0.astype(np.float64)
+    bs, steps = ep["bs"], len(ep["gh"])
+    g = np.zeros((steps, BMAX, 16), np.float32)
+    for t in range(steps):  # plain SGD (the lagged chain's values, exactly: the folded bias)
+        xb, yb = xs[t * bs:t * bs + bs] / 255, y[t * bs:t * bs + bs]
+        z = xb @ w + b
+        pr = np.exp(z - z.max(1, keepdims=True))
+        pr /= pr.sum(1, keepdims=True)
+        pr[np.arange(len(yb)), yb] -= 1
+        g[t, :len(yb), :C] = pr * 4096
+        w -= ep["lr"] * xb.T @ pr / len(yb)
+        b -= ep["lr"] * pr.sum(0) / len(yb)
+    ep["gh"] = g.astype(np.float16)
+    ep["gl"] = (g - ep["gh"].astype(np.float32)).astype(np.float16)
+    _, rw, _, _ = v8_workers.reference(ep)
+    return {v: float(np.abs(run_host(lib, ep, v, rz)[1] - rw).max()) for v in variants} | {
+        "max |W̃|": float(np.abs(rw).max()),
+        "float64 plain SGD vs the reference": float(np.abs(
+            np.concatenate([w, b[None]]) - rw).max())}
+
+
+if __name__ == "__main__":
+    import tempfile
+    from pathlib import Path
+
+    lib_ = compile_harness(HARNESS, Path(tempfile.mkdtemp()))
+    lib_.v8w_host_epoch.argtypes = [ctypes.c_int] * 5 + [ctypes.c_float] + [ctypes.c_void_p] * 7
+    for rz_ in (False, True):
+        print("acc rz" if rz_ else "acc rn", mnist_epoch_errors(lib_, rz=rz_))
