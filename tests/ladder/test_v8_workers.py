@@ -28,8 +28,9 @@ RTOL = v8_workers.RTOL
 BUGS = {1: "the update's G' lo piece left out",
         2: "the partials' W̃ scale undone twice (× 2⁻¹⁶)",
         3: "the bias slot left out",
-        4: "the scatter's inbox row off by one"}
-BUG_VARIANTS = {1: VARIANTS, 2: ["mma"], 3: VARIANTS, 4: ["mma-scatter"]}
+        4: "the scatter's inbox row off by one",
+        5: "the scatter's deferred reduce reading the next step's slot"}
+BUG_VARIANTS = {1: VARIANTS, 2: ["mma"], 3: VARIANTS, 4: ["mma-scatter"], 5: ["mma-scatter"]}
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +231,7 @@ def mnist_epoch_errors(lib, variants=("simt", "mma"), rz=False):
     data = make_ladder_data(load_dataset("mnist", d), LadderConfig(epochs=1))
     ep = v8_workers.epoch_inputs(x=data.train_x)
     ep["order"] = data.orders[0].astype(np.int32)
-    ep["w0"] = np.concatenate([data.w0.T, data.b0[None]], 0).astype(np.float32)
+    ep["w0"] = np.ascontiguousarray(np.concatenate([data.w0.T, data.b0[None]], 0), np.float32)
     xs = data.train_x[ep["order"]].astype(np.float64)
     y = data.train_y[ep["order"]]
     w, b = data.w0.T.astype(np.float64), data.b0.astype(np.float64)

@@ -5,12 +5,14 @@
 //   step t, each CTA: x_{t+1}'s bytes fetched; the updates a < v8_applied_before(t); P_t (simt:
 //   v7's worker_partial + the bias slot; mma: into the step parity's buffer; mma-scatter: each
 //   element written straight into the owning rank's inbox slot t % NS, as st.async would);
-//   x_{t+1} stored; then every rank's reduce (v7's worker_reduce) into P's output.
+//   x_{t+1} stored; then every rank's reduce (v7's worker_reduce) into P's output (mma-scatter:
+//   the reduce of step t − 1's slot, as the kernel defers it; the last step's after the loop).
 // The host runs the ranks one after another, so the ring's credits and the cluster barrier are
 // satisfied by construction: what this checks is the arithmetic and the indexing, not the sync.
 // Planted bugs (`bug`, the test shows each fails the float64 check): 1 the update's G' lo piece
 // left out (mma) / lo left out of the staged G (simt), 2 the partials' W̃ scale undone twice
-// (× 2⁻¹⁶, mma), 3 the bias slot left out (all variants), 4 the scatter's inbox row off by one.
+// (× 2⁻¹⁶, mma), 3 the bias slot left out (all variants), 4 the scatter's inbox row off by one,
+// 5 the scatter's deferred reduce of step u reading slot (u + 1) % NS (step u + 1's partials).
 #define FT_HOST_MATH
 #include <array>
 #include <cstring>
@@ -110,6 +112,19 @@ int v8w_host_epoch(int variant, int rz, int bug, int n, int bs, float lr, const 
     fetch_x(q, 0);
     store_x(q, 0);
   }
+  // mma-scatter: every rank's rows of P_u from its inbox slot u % NS, run during step u + 1 (after
+  // that step's sends: the slot of u must have survived them), as the kernel does.
+  auto reduce_slot = [&](int u) {
+    for (int q = 0; q < V7_WORKERS; ++q) {
+      const int k = q / V7_CLUSTER, r = q % V7_CLUSTER;
+      const float* in = ctas[q].at(V8Smem::INBOX) +
+                        v8_ns_slot(bug == 5 ? u + 1 : u) * V8_SLOT_FLOATS - r * V7_RPC * 16;
+      for (int tid = 0; tid < T; ++tid)
+        worker_reduce(
+            e, u, r, tid, [&](int src, int i) { return in[src * V7_RPC * 16 + i]; },
+            [&](int row, int c, float v) { p_out[v8_p_at(u, k, row, c)] = v; });
+    }
+  };
   int applied = 0;  // every CTA applies the same updates at the same steps
   for (int t = 0; t < steps; ++t) {
     const int p = t & 1, before = v8_applied_before(t);
@@ -131,14 +146,18 @@ int v8w_host_epoch(int variant, int rz, int bug, int n, int bs, float lr, const 
         const __half* xt = cta.xh() + (t % V8_XR) * BMAX * 16;
         for (int wi = 0; wi < T / 32; ++wi) {
           if (variant == V8_MMA) {
-            v8_mma_partial(wp, wi, xt, w, [&](int row, int c, float v) {
-              pb[row * V7_GROW + c] = bug == 2 ? v * (1.f / V8_WSCALE) : v;
+            v8_mma_partial(wp, wi, xt, w, [&](int row, int c, float v0, float v1) {
+              const float s = bug == 2 ? 1.f / V8_WSCALE : 1.f;
+              pb[row * V7_GROW + c] = v0 * s;
+              pb[row * V7_GROW + c + 1] = v1 * s;
             });
           } else {
-            v8_mma_partial(wp, wi, xt, w, [&](int row, int c, float v) {
+            v8_mma_partial(wp, wi, xt, w, [&](int row, int c, float v0, float v1) {
               HostCta& dst = ctas[k * V7_CLUSTER + row / V7_RPC];
               const int at = v8_inbox_at(r, row + (bug == 4 ? 1 : 0), c) % V8_SLOT_FLOATS;
-              dst.at(V8Smem::INBOX)[v8_ns_slot(t) * V8_SLOT_FLOATS + at] = v;
+              float* in = dst.at(V8Smem::INBOX) + v8_ns_slot(t) * V8_SLOT_FLOATS;
+              in[at] = v0;  // st.async.v2: 8 bytes, c even
+              in[at + 1] = v1;
             });
           }
         }
@@ -146,25 +165,22 @@ int v8w_host_epoch(int variant, int rz, int bug, int n, int bs, float lr, const 
       if (t + 1 < steps) store_x(q, t + 1);
     }
     applied = before;
-    for (int q = 0; q < V7_WORKERS; ++q) {
-      const int k = q / V7_CLUSTER, r = q % V7_CLUSTER;
-      auto out = [&](int row, int c, float v) { p_out[v8_p_at(t, k, row, c)] = v; };
-      for (int tid = 0; tid < T; ++tid) {
-        if (variant == V8_SCATTER) {
-          const float* in = ctas[q].at(V8Smem::INBOX) + v8_ns_slot(t) * V8_SLOT_FLOATS;
-          worker_reduce(e, t, r, tid,
-                        [&](int src, int i) { return in[src * V7_RPC * 16 + i - r * V7_RPC * 16]; },
-                        out);
-        } else {
-          worker_reduce(e, t, r, tid,
-                        [&](int src, int i) {
-                          return ctas[k * V7_CLUSTER + src].at(V8Smem::PBUF)[p * BMAX * V7_GROW + i];
-                        },
-                        out);
-        }
+    if (variant != V8_SCATTER) {
+      for (int q = 0; q < V7_WORKERS; ++q) {
+        const int k = q / V7_CLUSTER, r = q % V7_CLUSTER;
+        for (int tid = 0; tid < T; ++tid)
+          worker_reduce(
+              e, t, r, tid,
+              [&](int src, int i) {
+                return ctas[k * V7_CLUSTER + src].at(V8Smem::PBUF)[p * BMAX * V7_GROW + i];
+              },
+              [&](int row, int c, float v) { p_out[v8_p_at(t, k, row, c)] = v; });
       }
+    } else if (t >= 1) {
+      reduce_slot(t - 1);
     }
   }
+  if (variant == V8_SCATTER && steps >= 1) reduce_slot(steps - 1);
   for (int q = 0; q < V7_WORKERS; ++q)
     for (int a = applied; a < steps; ++a) update(q, a);
   for (int q = 0; q < V7_WORKERS; ++q) {

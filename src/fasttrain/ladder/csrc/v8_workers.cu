@@ -6,7 +6,8 @@
 //
 // What it measures: each CTA stamps %globaltimer after its setup (W̃'s slice, x_0, the mbarriers,
 // a cluster barrier) and after its last step's reduce; the result is (end − start)/steps, the
-// median over the 56 CTAs (ladder/v8_workers.py). Thread 0 also sums clock64 over four phases of
+// median over the 56 CTAs (ladder/v8_workers.py) (mma-scatter: its span ends after the last
+// step's deferred reduce). Thread 0 also sums clock64 over four phases of
 // every step (load: the x and G fetches issued; update; partials and the x store; reduce), so the
 // same run says where a step goes. The drain (the last L updates after the last step) is outside
 // the span.
@@ -17,11 +18,12 @@
 //               step (less its G wait and publish) for a comparison to mean anything;
 //   V8_MMA      the update and the partials on the tensor cores (m16n8k16 f16 → f32, hi/lo pieces),
 //               the same cluster-barrier reduce;
-//   V8_SCATTER  as V8_MMA, but a reduce-scatter: each warp's m16 tile of P_t goes by st.async into
+//   V8_SCATTER  as V8_MMA, but a reduce-scatter: each warp's m16 tile of P_t goes by st.async (8 bytes a store) into
 //               the owning rank's inbox slot t % V8_NS (an mbarrier with complete_tx a slot, armed
-//               by its owner for 8 KiB), no cluster barrier; the owner, after reading a slot, arrives
-//               on each sender's free[slot] mbarrier (count 8), which a sender waits on before it
-//               writes that slot again.
+//               by its owner for 8 KiB), no cluster barrier; the owner reduces step t − 1's slot
+//               during step t (after step t's sends: the stores' latency off the path; v8's P_t
+//               has L steps of slack), then arrives on each sender's free[slot] mbarrier (count 8),
+//               which a sender waits on before it writes that slot again.
 // Outputs: every step's cluster P_t ([steps][7][128][10]) and every worker's final W̃ slice
 // ([785][10]); per CTA the int64 record V8Out.
 //
@@ -78,6 +80,17 @@ __device__ __forceinline__ void v8_remote_arrive(uint32_t bar, int rank) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
                    mapa(bar, rank))
                : "memory");
+#endif
+}
+// 8 bytes (two floats, 8-aligned) into a cluster CTA's shared memory, completing them on its
+// mbarrier `bar` (cluster addresses from mapa).
+__device__ __forceinline__ void v8_st_async2(uint32_t dst, float a, float b, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
+          dst),
+      "f"(a), "f"(b), "r"(bar)
+      : "memory");
 #endif
 }
 constexpr int V8_WAIT_CODE = 0x80;  // | kind << 4 | CTA << 8 | step << 16 in g_signal_error
@@ -148,6 +161,21 @@ __global__ void __launch_bounds__(V7_T, 1) v8_workers_kernel(V8Args v) {
     __syncthreads();
   };
 
+  // mma-scatter: my rows of P_u from inbox slot u % NS (all 8 senders' bytes landed), then a
+  // credit to each sender's free[slot]. Run for step u = t − 1 during step t (P_t has L steps of
+  // slack in v8), so the st.asyncs' latency is off the step's path.
+  auto reduce_slot = [&](int u) {
+    const int slot = v8_ns_slot(u);
+    const bool landed = bounded_wait(full_u + 8 * slot, v8_full_parity(u),
+                                     V8_WAIT_CODE | 2 << 4 | q << 8 | u << 16);
+    const float* in = inbox + slot * V8_SLOT_FLOATS - r * V7_RPC * 16;
+    worker_reduce(e, u, r, tid, [&](int src, int i) { return in[src * V7_RPC * 16 + i]; },
+                  [&](int row, int c, float val) { v.p[v8_p_at(u, k, row, c)] = val; });
+    __syncthreads();  // every read of the slot done: credit the 8 senders
+    if (tid < V7_CLUSTER) v8_remote_arrive(free_u + 8 * slot, tid);
+    return landed;
+  };
+
   int applied = 0;
   bool ok = true;
   for (int t = 0; t < steps; ++t) {
@@ -164,17 +192,19 @@ __global__ void __launch_bounds__(V7_T, 1) v8_workers_kernel(V8Args v) {
       v8_simt_bias_partial(e, t, w, tid, bias, pb);
     } else if (V == V8_MMA) {
       v8_mma_partial(V8DeviceWarp{}, wi, xh + (t % V8_XR) * BMAX * 16, w,
-                     [&](int row, int c, float val) { pb[row * V7_GROW + c] = val; });
+                     [&](int row, int c, float v0, float v1) {
+                       *reinterpret_cast<float2*>(pb + row * V7_GROW + c) = make_float2(v0, v1);
+                     });
     } else {
       if (t >= V8_NS)  // the 8 receivers have read this slot's previous step
         ok &= bounded_wait(free_u + 8 * slot, v8_free_parity(t),
                            V8_WAIT_CODE | 1 << 4 | q << 8 | t << 16);
       const uint32_t in_u = smem_addr(inbox + slot * V8_SLOT_FLOATS);
       v8_mma_partial(V8DeviceWarp{}, wi, xh + (t % V8_XR) * BMAX * 16, w,
-                     [&](int row, int c, float val) {
+                     [&](int row, int c, float v0, float v1) {
                        const int dst = row / V7_RPC;
-                       st_async1(mapa(in_u + 4 * v8_inbox_at(r, row, c), dst), val,
-                                 mapa(full_u + 8 * slot, dst));
+                       v8_st_async2(mapa(in_u + 4 * v8_inbox_at(r, row, c), dst), v0, v1,
+                                    mapa(full_u + 8 * slot, dst));
                      });
     }
     // x_{t+1} into slot (t + 1) % XR, whose x_{t−L−1} this step's last update read.
@@ -185,23 +215,18 @@ __global__ void __launch_bounds__(V7_T, 1) v8_workers_kernel(V8Args v) {
         v8_store_xh(e, t + 1, tid, T, xb, bias, xh);
     }
     mark(2);
-    const auto out = [&](int row, int c, float val) { v.p[v8_p_at(t, k, row, c)] = val; };
     if (V == V8_SCATTER) {
-      ok &= bounded_wait(full_u + 8 * slot, v8_full_parity(t),
-                         V8_WAIT_CODE | 2 << 4 | q << 8 | t << 16);
-      const float* in = inbox + slot * V8_SLOT_FLOATS - r * V7_RPC * 16;
-      worker_reduce(e, t, r, tid, [&](int src, int i) { return in[src * V7_RPC * 16 + i]; }, out);
-      __syncthreads();  // every read of the slot done: credit the 8 senders
-      if (tid < V7_CLUSTER) v8_remote_arrive(free_u + 8 * slot, tid);
+      if (t >= 1) ok &= reduce_slot(t - 1);  // a step late: its stores have had a step to land
     } else {
       cluster_barrier();
       const uint32_t pb_u = smem_addr(pb);
       worker_reduce(e, t, r, tid,
                     [&](int src, int i) { return __uint_as_float(ld_dsmem(pb_u + 4 * i, src)); },
-                    out);
+                    [&](int row, int c, float val) { v.p[v8_p_at(t, k, row, c)] = val; });
     }
     mark(3);
   }
+  if (V == V8_SCATTER && steps >= 1) ok &= reduce_slot(steps - 1);
   const long long end = v8_now_ns();
   for (; applied < steps; ++applied) update(applied);
   cluster_barrier();  // nobody leaves while a peer may still read or write its shared memory

@@ -208,8 +208,8 @@ FT_V8 void v8_mma_update_apply(const V7Epoch& e, int a, const float* ured, int t
   w[f * 16 + c] -= k * s;
 }
 // P_t's tile of warp w < 16: rows 16·(w & 7) … (the m-tile, which is rank (w & 7)'s share),
-// classes 8·(w >> 3) …: D = X̃_t·(W̃·2⁸)hi + X̃_t·(W̃·2⁸)lo from zero, then out(row, class, D·2⁻⁸)
-// for each of the lane's 4 elements (rows past the batch too: their x is 0).
+// classes 8·(w >> 3) …: D = X̃_t·(W̃·2⁸)hi + X̃_t·(W̃·2⁸)lo from zero, then out(row, c, v, v′) of
+// D·2⁻⁸ at (row, c) and (row, c + 1), twice a lane (rows past the batch too: their x is 0).
 template <class Warp, class Out>
 FT_V8 void v8_mma_partial(const Warp& wp, int wi, const __half* xt, const float* w, Out out) {
   if (wi >= 16) return;
@@ -232,9 +232,10 @@ FT_V8 void v8_mma_partial(const Warp& wp, int wi, const __half* xt, const float*
   wp.mma(d, a, bh);
   wp.mma(d, a, bl);
   wp.each([&](int lane) {
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 4; i += 2) {  // floats i, i + 1: one row, classes c and c + 1 (c even)
       const V8Rc e = v8_c_at(lane, i);
-      out(16 * mt + e.row, 8 * nt + e.col, wp.at(d[i], lane) * (1.f / V8_WSCALE));
+      out(16 * mt + e.row, 8 * nt + e.col, wp.at(d[i], lane) * (1.f / V8_WSCALE),
+          wp.at(d[i + 1], lane) * (1.f / V8_WSCALE));
     }
   });
 }
