@@ -7,8 +7,9 @@
 //   element written straight into the owning rank's inbox slot t % NS, as st.async would);
 //   x_{t+1} stored; then every rank's reduce (v7's worker_reduce) into P's output (mma-scatter:
 //   the reduce of step t − 1's slot, as the kernel defers it; the last step's after the loop).
-// The host runs the ranks one after another, so the ring's credits and the cluster barrier are
-// satisfied by construction: what this checks is the arithmetic and the indexing, not the sync.
+// The epoch runs the ranks one after another, so the ring's credits and the cluster barrier are
+// satisfied by construction: it checks the arithmetic and the indexing. The ring's protocol is
+// v8w_host_scatter_protocol's (below): random schedules over emulated mbarriers.
 // Planted bugs (`bug`, the test shows each fails the float64 check): 1 the update's G' lo piece
 // left out (mma) / lo left out of the staged G (simt), 2 the partials' W̃ scale undone twice
 // (× 2⁻¹⁶, mma), 3 the bias slot left out (all variants), 4 the scatter's inbox row off by one,
@@ -16,6 +17,7 @@
 #define FT_HOST_MATH
 #include <array>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "v8_mma_host.h"
@@ -32,6 +34,112 @@ struct HostCta {
 };
 
 }  // namespace
+
+// mma-scatter's ring protocol alone, for one cluster of 8 CTAs: the kernel's order of arms, waits,
+// sends and credits (v8_workers.cu), run by a random scheduler over emulated mbarriers (arrival
+// count, tx-count, phase; try_wait.parity passes once the phase of that parity has completed,
+// i.e. while the current phase's parity differs). Each slot holds, per sender, the step it
+// carries and whether its owner has read it. Returns 0, -1 (no CTA can move: a deadlock), -2 (a
+// send over a slot its owner has not read), -3 (a read of a slot holding another step's rows),
+// -4 (ns outside 2 … V8_NS). ns: the ring's slots (the kernel's V8_NS; at 2 the credits bind).
+// Planted bugs: 6 the sender not waiting for its credits, 7 the credit wait's parity one phase
+// late ((t / NS) & 1), 8 the owner's wait's parity one phase early.
+namespace {
+struct HostMbar {
+  int count, pending, phase = 0;
+  long long tx = 0;
+  explicit HostMbar(int n = 1) : count(n), pending(n) {}
+  void settle() {
+    if (pending == 0 && tx == 0) {
+      ++phase;
+      pending = count;
+    }
+  }
+  void arrive() { --pending, settle(); }
+  void expect_tx(int b) { tx += b, arrive(); }
+  void complete_tx(int b) { tx -= b, settle(); }
+  bool try_wait_parity(int parity) const { return (phase & 1) != parity; }
+};
+}  // namespace
+
+extern "C" int v8w_host_scatter_protocol(int ns, int steps, int seed, int bug) {
+  if (ns < 2 || ns > V8_NS) return -4;
+  constexpr int R = V7_CLUSTER;
+  struct Cta {
+    HostMbar full[V8_NS], free[V8_NS];
+    int tag[V8_NS][R];
+    bool unread[V8_NS][R];
+    int t = 0, pc = 0;  // pc: 0 arm, 1 credit wait, 2 send, 3 slot wait, 4 read; t == steps: drain
+    bool done = false;
+  };
+  std::vector<Cta> c(R);
+  for (Cta& x : c)
+    for (int s = 0; s < V8_NS; ++s) {
+      x.free[s] = HostMbar(R);
+      for (int src = 0; src < R; ++src) x.tag[s][src] = -1, x.unread[s][src] = false;
+    }
+  std::mt19937 rng(seed);
+  for (;;) {
+    std::vector<int> can;
+    for (int q = 0; q < R; ++q) {
+      Cta& x = c[q];
+      if (x.done) continue;
+      const int t = x.t;
+      bool ok = true;
+      if (x.pc == 1 && t >= ns && bug != 6) {
+        const int par = bug == 7 ? (t / ns) & 1 : v8_free_parity(t, ns);
+        ok = x.free[v8_ns_slot(t, ns)].try_wait_parity(par);
+      }
+      if (x.pc == 3 && t >= 1) {
+        const int par = bug == 8 ? ((t - 1) / ns + 1) & 1 : v8_full_parity(t - 1, ns);
+        ok = x.full[v8_ns_slot(t - 1, ns)].try_wait_parity(par);
+      }
+      if (ok) can.push_back(q);
+    }
+    if (can.empty()) {
+      for (const Cta& x : c)
+        if (!x.done) return -1;
+      return 0;
+    }
+    const int q = can[rng() % can.size()];
+    Cta& x = c[q];
+    const int t = x.t;
+    switch (x.pc) {
+      case 0:  // step t's arm (the drain, t == steps, has none)
+        if (t < steps) x.full[v8_ns_slot(t, ns)].expect_tx(V8_SLOT_BYTES);
+        x.pc = t < steps ? 1 : 3;
+        break;
+      case 1:
+        x.pc = 2;
+        break;
+      case 2:  // the sends: my 16-row tile of P_t to each owner
+        for (int d = 0; d < R; ++d) {
+          Cta& y = c[d];
+          const int s = v8_ns_slot(t, ns);
+          if (y.unread[s][q]) return -2;
+          y.tag[s][q] = t, y.unread[s][q] = true;
+          y.full[s].complete_tx(V8_SLOT_BYTES / R);
+        }
+        x.pc = 3;
+        break;
+      case 3:
+        x.pc = t >= 1 ? 4 : 0;
+        if (t == 0) x.t = 1;
+        break;
+      case 4: {  // the reduce of step t − 1, then my credits to the 8 senders
+        const int s = v8_ns_slot(t - 1, ns);
+        for (int src = 0; src < R; ++src) {
+          if (!x.unread[s][src] || x.tag[s][src] != t - 1) return -3;
+          x.unread[s][src] = false;
+        }
+        for (int src = 0; src < R; ++src) c[src].free[s].arrive();
+        if (t == steps) x.done = true;
+        x.t = t + 1, x.pc = 0;
+        break;
+      }
+    }
+  }
+}
 
 extern "C" {
 

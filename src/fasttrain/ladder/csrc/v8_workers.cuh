@@ -246,9 +246,12 @@ FT_V8 int v8_inbox_at(int src, int row, int c) {
 // The ring's slot of step t, and the parity a wait on its mbarriers passes with: full[slot]
 // completes phase t / NS when step t's 8 KiB have landed; free[slot] (in the sender) completes
 // phase m when the 8 receivers have read step slot + m·NS, so step t ≥ NS waits phase t/NS − 1.
-FT_V8 int v8_ns_slot(int t) { return t % V8_NS; }
-FT_V8 int v8_full_parity(int t) { return (t / V8_NS) & 1; }
-FT_V8 int v8_free_parity(int t) { return (t / V8_NS - 1) & 1; }
+// (ns: the ring's size, V8_NS in the kernel; the host's protocol test also runs 2 and 3, where the
+// credits bind. At ns ≥ 4 they are a second guarantee: a sender's step t follows its reduce of
+// t − 2, so every peer's step t − 2 sends, which each peer issues after its reduce of t − 4.)
+FT_V8 int v8_ns_slot(int t, int ns = V8_NS) { return t % ns; }
+FT_V8 int v8_full_parity(int t, int ns = V8_NS) { return (t / ns) & 1; }
+FT_V8 int v8_free_parity(int t, int ns = V8_NS) { return (t / ns - 1) & 1; }
 
 // ---- outputs -----------------------------------------------------------------------------------
 // p: [steps][V7_WCLUSTERS][BMAX][C] floats (cluster k's P_t); w: [V8_KT][C] (W̃, row 784 = b).
