@@ -21,8 +21,8 @@ EPYC shared with other engineers, load ~2):
     FASTTRAIN_DATA=/work/shared/data PYTHONPATH=src python -m tests.ladder.test_v8_workers
 
 G' from float64 plain SGD on MNIST (epoch 0's order), max |W̃ − float64| after the epoch (max |W̃|
-0.44): simt 4.1e-7; mma 4.4e-7 (acc rn), 4.1e-7 (acc rz) — fp32 SIMT's own 3.8e-7 on the v8
-design page (a 4-lag chain)."""
+0.44): simt 4.1e-7; mma 4.4e-7 (acc rn), 4.1e-7 (acc rz). So the tensor-core workers are as
+far from float64 as v7's fp32 SIMT bodies given the same G'."""
 
 import ctypes
 
