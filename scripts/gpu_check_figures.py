@@ -245,10 +245,23 @@ def _dispatch_cost_figures(path: Path) -> list[str]:
     return lines
 
 
+def _v8_probes_figures(path: Path) -> list[str]:
+    """cuda-epoch v8's pieces alone (benchmarks/v8_probes.py), each probe's own lines."""
+    from fasttrain.ladder import v8_chain, v8_workers
+
+    result = json.loads(path.read_text())
+    lines = []
+    for name, describe in (("workers", v8_workers.describe), ("chain", v8_chain.describe)):
+        r = result.get(name, {"error": "not run"})
+        lines += [f"v8 {name}: {r['error']}"] if "error" in r else describe(r)
+    return lines
+
+
 FIGURES = {"gpu-tests": _pytest_figures, "env": _env_figures, "doctor": _doctor_figures,
            "engine-speedup": _speedup_figures, "memory-prediction": _memory_prediction_figures,
            "plan-accuracy": _plan_accuracy_figures, "bench": _bench_figures,
            "profile": _profile_figures, "stream-vs-memory": _stream_vs_memory_figures,
            "peers-in-memory": _peers_figures, "sync-cost": _sync_cost_figures,
            "cuda-step-profile": _cuda_profile_figures, "dispatch-cost": _dispatch_cost_figures,
-           "variant-sweep": _bench_figures}  # the bench's schema, one row a variant
+           "variant-sweep": _bench_figures,  # the bench's schema, one row a variant
+           "v8-probes": _v8_probes_figures}

@@ -3,6 +3,7 @@ is one line in its place while the other's figures are printed and written (the 
 themselves are tested in test_v8_workers.py and test_v8_chain.py)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,3 +58,16 @@ def test_bad_input_or_no_gpu_exits_2_with_one_line(bench, monkeypatch, capsys, a
     assert bench.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("v8_probes: ")
+
+
+def test_gpu_checks_summary_reads_the_json_the_benchmark_writes(bench, monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "scripts"))
+    import gpu_check_figures
+
+    monkeypatch.setattr(v8_workers, "measure", lambda **kw: WORKERS)
+    out = tmp_path / "v8.json"
+    assert bench.main(["--data", "random", "--json", str(out)]) == 0
+    lines = gpu_check_figures.FIGURES["v8-probes"](out)
+    assert any("mma-scatter: 0.90 µs a step" in line for line in lines), lines
+    assert lines[-1] == ("v8 chain: ValueError: the chain's logits are real MNIST's: run it with "
+                         "--data mnist")
