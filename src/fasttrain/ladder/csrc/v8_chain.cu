@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "v8_chain.cuh"
+#include "v8_cluster.cuh"
 
 namespace {
 
@@ -190,6 +191,29 @@ int v8_chain_run(const float* gram, const float* pq, const int* labels, int n, f
   return phases ? go(launch<true, false>) : go(launch<false, false>);
 }
 
+// The cluster variant (csrc/v8_cluster.cuh): one cluster of 8 CTAs, P_t (not P_t + Q_t) in `p`,
+// gramh [5][steps][128][128] the Γ̃_{t,j} of j = 2 … 6; timing [v8_cluster_timing_len()]. Returns
+// 0, a cudaError_t, or -2 (a wait timed out: *signal gets its code). Synchronous.
+int v8_cluster_run(const float* gram1, const float* gramh, const float* p, const int* labels,
+                   int n, float c, float* g_out, float* z_out, float* stats, long long* timing,
+                   int phases, void* stream, int* signal) {
+  if (n < 1) return static_cast<int>(cudaErrorInvalidValue);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const V8kArgs a{gram1, gramh, p, labels, n, c, g_out, z_out, stats, timing};
+  const int zero = 0;
+  cudaError_t e = cudaMemcpyToSymbolAsync(g_v8k_error, &zero, sizeof zero, 0,
+                                          cudaMemcpyHostToDevice, s);
+  if (!e) e = phases ? v8k_launch<true>(a, s) : v8k_launch<false>(a, s);
+  if (!e) e = cudaStreamSynchronize(s);
+  if (!e) e = cudaMemcpyFromSymbol(signal, g_v8k_error, sizeof *signal);
+  if (e) {
+    cudaGetLastError();
+    return static_cast<int>(e);
+  }
+  return *signal ? -2 : 0;
+}
+
+int v8_cluster_timing_len() { return KT_LEN; }
 int v8_chain_timing_len() { return TM_LEN; }
 int v8_chain_threads() { return V8C_THREADS; }
 const char* v8_chain_error_name(int code) { return cudaGetErrorName(cudaError_t(code)); }
