@@ -181,7 +181,11 @@ def test_ring_protocol_under_random_schedules(lib, nsg, nq):
 def test_planted_bugs_fail(lib, mid, bug):
     """Bugs 1, 2 and 4 fail the numbers in the rank-first schedule; 3 and 5 (a credit not waited)
     show in some random schedule of the protocol alone (an unread slot overwritten) with 3 and 2
-    slots."""
+    slots. Seen here (2026-11-28, `mid`): max |G − the 3xFP16 reference| 7.2e-3 (1: G'_{u−1}),
+    8.5e-4 (2: only the last step's coefficient differs), 9.0e-3 (4: Q_{t−1}); 3 and 5: -2 in
+    200 of 200 schedules (3 at NSG = 4, NQ = 2: 186 of 200). The same tests found two faults of
+    the first protocol: one qfull a slot for all parts (helper 6's bytes landed in step t − 2's
+    phase: -2 and -1), and NSG = NQ = 2 (a deadlock: v8_helpers.cuh's static_assert)."""
     if bug in (3, 5):
         got = {protocol(lib, 23, s, bug) for s in range(200)}
         assert -4 not in got and got - {0}, (got, "no schedule caught it")

@@ -11,8 +11,15 @@ Inputs (`chain_inputs`, NumPy, float64 where it matters):
   partial P_t and the helpers' terms j ≥ 2 add up to, whatever the lag;
 - the labels [steps][128] (−1 past the batch) and float64's Z_t, G_t and summed loss, the check.
 
+The cluster variant (`run_cluster`, design "Build first" step 4 joined to step 2): one cluster of
+8 CTAs, the chain on rank 0 with P_t alone precomputed (`chain_inputs(..., lag=CLUSTER_LAG)`:
+P_t = X̃_t W̃_{max(t−6, 0)}/255 and Γ̃_{t,j} for j = 2 … 6) and Q_t computed by helper CTAs on
+ranks 1 … 6 from the G' the chain sends them through DSMEM (csrc/v8_helpers.cuh, csrc/
+v8_cluster.cuh). Its µs a step is the chain's step with the cluster's protocol; its phase build
+says whether the helpers keep up (the chain's wait_q) and where each helper's step goes.
+
 The kernel is csrc/v8_chain.cu (nvcc → cached .so → ctypes, as ladder/sync_probes.py). Written
-2026-11-28; not yet run on a GPU.
+2026-11-28; not yet run on a GPU (neither the chain alone nor the cluster).
 """
 
 from __future__ import annotations

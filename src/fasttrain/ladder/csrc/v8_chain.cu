@@ -23,8 +23,15 @@
 //         beside the B loads): off the path, unless the split's issue slots slow the softmax warps
 //         that share their SMSPs (warp w and w + 8 sit on SMSP w % 4).
 //
+//   - The cluster variant (v8_cluster_run, csrc/v8_cluster.cuh): the chain in v1's order with P_t
+//     alone from the array and Q_t from six helper CTAs of its cluster (j = 2 … 6), so one GPU
+//     call measures the chain alone (v1, v2) and with its helpers' protocol.
+//
 // Versions:
 //   v1 and v2 written and compiled for sm_90a (2026-11-28); NOT YET RUN ON A GPU: no figure exists.
+//   The cluster variant written and compiled for sm_90a (2026-11-28, branch v8h): 96 registers (128
+//   in the phase build), no spill; its bodies and rings ran on the CPU only
+//   (tests/ladder/test_v8_helpers.py); NOT YET RUN ON A GPU.
 //
 // Entry points return 0 or a cudaError_t (a failed launch's error is cleared).
 #include <cuda_runtime.h>
