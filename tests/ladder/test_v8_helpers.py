@@ -55,7 +55,7 @@ def inputs(data):
 
 @pytest.fixture(scope="module")
 def small():
-    """600 random uint8 rows: 5 steps, the last of 88 rows (every helper's first step but j = 6)."""
+    """600 random uint8 rows: 5 steps, the last of 88 rows (helpers j = 2 … 4 contribute)."""
     return inputs(make_ladder_data(random_uint8(600), LadderConfig(epochs=1)))
 
 
@@ -130,17 +130,18 @@ def passes(e):
             and e["z64"] <= Z64_ATOL and e["loss_rel"] <= 1e-5)
 
 
-def test_p_plus_the_helpers_terms_is_the_chain_inputs_pq(small):
+def test_p_plus_the_helpers_terms_is_the_chain_inputs_pq(mid):
     """P_t + Σ_{j=2..L} −c Γ̃_{t,j} G_{t−j} (float64) = X̃_t W̃_{t−1}/255, the chain-alone probe's
-    P_t + Q_t: the cluster's inputs are the lagged algebra's."""
-    for t in range(small["grams"].shape[0]):
-        n = rows(small, t)
-        q = small["p"][t, :n].astype(np.float64)
+    P_t + Q_t: the cluster's inputs are the lagged algebra's (`mid`: steps 6 and 7 read W̃_0, W̃_1;
+    seen failing with W̃_{t−5} there, and with Γ̃_{t,4} left out)."""
+    for t in range(mid["grams"].shape[0]):
+        n = rows(mid, t)
+        q = mid["p"][t, :n].astype(np.float64)
         for j in range(2, min(t, LAG) + 1):
-            m = rows(small, t - j)
-            q -= small["c"].astype(np.float64) * small["gramh"][j - 2, t, :n, :m] @ \
-                small["g64"][t - j, :m]
-        np.testing.assert_allclose(small["pq"][t, :n], q, rtol=1e-5, atol=1e-5 * abs(q).max())
+            m = rows(mid, t - j)
+            q -= mid["c"].astype(np.float64) * mid["gramh"][j - 2, t, :n, :m] @ \
+                mid["g64"][t - j, :m]
+        np.testing.assert_allclose(mid["pq"][t, :n], q, rtol=1e-5, atol=1e-5 * abs(q).max())
 
 
 @pytest.mark.parametrize("rz", [False, True], ids=["acc rn", "acc rz"])
