@@ -172,9 +172,12 @@ def protocol(lib, steps, seed, bug=0, nsg=3, nq=2):
 
 @pytest.mark.parametrize("nsg,nq", [(3, 2), (2, 3), (4, 2), (2, 4)])
 def test_ring_protocol_under_random_schedules(lib, nsg, nq):
-    """200 random schedules of a 23-step epoch: no deadlock, no unread slot overwritten, no read
-    of another step's data."""
+    """200 random schedules of a 23-step epoch (and 20 of each shorter one: 1 … 8 steps, the
+    rings' and the lags' edges): no deadlock, no unread slot overwritten, no read of another
+    step's data."""
     bad = {s: rc for s in range(200) if (rc := protocol(lib, 23, s, nsg=nsg, nq=nq))}
+    bad |= {(k, s): rc for k in range(1, 9) for s in range(20)
+            if (rc := protocol(lib, k, s, nsg=nsg, nq=nq))}
     assert not bad, bad
 
 
