@@ -362,3 +362,24 @@ def describe_cluster(r: dict) -> list[str]:
                  f"{r['hits']:.0f} hits; padding rows "
                  f"{'zero' if c['padding_zero'] else 'NOT zero'}")
     return lines
+
+
+def main(argv=None) -> int:
+    """One GPU call: the chain alone (v1, v2) and the cluster over MNIST's first epoch, printed;
+    the result as JSON to the path given, if any.
+
+    FASTTRAIN_DATA=... python -m fasttrain.ladder.v8_chain [OUT.json]"""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    r = measure()
+    print("\n".join(describe(r)), flush=True)
+    if args:
+        with open(args[0], "w") as f:
+            json.dump(r, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
