@@ -205,6 +205,11 @@ int v8_cluster_run(const float* gram1, const float* gramh, const float* p, const
                    int n, float c, float* g_out, float* z_out, float* stats, long long* timing,
                    int phases, void* stream, int* signal) {
   if (n < 1) return static_cast<int>(cudaErrorInvalidValue);
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      major < 9)
+    return static_cast<int>(cudaErrorNotSupported);  // thread-block clusters: sm_90+
   const auto s = static_cast<cudaStream_t>(stream);
   const V8kArgs a{gram1, gramh, p, labels, n, c, g_out, z_out, stats, timing};
   const int zero = 0;

@@ -10,16 +10,15 @@
 // inbox [NQ][5][128][10] (50 KB); helper: the G' ring [NSG][V8C_BWORDS] (32 KB) · mbarriers:
 // chain qfull [NQ][5], gfree [NSG]; helper gfull [NSG], qfree [NQ]. 206,976 B in all.
 //
-// Waits are bounded (V8K_BUDGET clocks, ~68 ms at 1.98 GHz): a timeout writes its code (kind << 4 |
-// rank << 8 | step << 16) into g_v8k_error, every later wait gives up at once, and the launch
-// still ends at its cluster barrier; the entry point returns -2 and the code.
+// Waits are bounded (v8_cluster_ptx.cuh's V8K_BUDGET clocks, ~68 ms at 1.98 GHz): a timeout
+// writes its code (kind << 4 | rank or lag << 8 | step << 16; kind 1 the chain's G' credit, 2 its
+// Q parts, 3 a helper's G', 4 its Q credit) into g_v8k_error, every later wait gives up at once,
+// and the launch still ends at its cluster barrier; the entry point returns -2 and the code.
 #pragma once
+#include "v8_cluster_ptx.cuh"
 #include "v8_helpers.cuh"
 
 namespace {
-
-__device__ int g_v8k_error;
-constexpr long long V8K_BUDGET = 1LL << 27;
 
 struct V8kSmem {
   static constexpr int RING = 0;  // bytes
@@ -34,71 +33,6 @@ struct V8kSmem {
 };
 static_assert(V8kSmem::GRING + V8H_NSG * V8H_G_BYTES <= V8kSmem::BAR, "the G' ring fits");
 static_assert(V8kSmem::BYTES <= 227 * 1024, "fits a Hopper SM's shared memory");
-
-__device__ __forceinline__ uint32_t v8k_mapa(uint32_t addr, int rank) {
-  uint32_t out = addr;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
-  return out;
-}
-__device__ __forceinline__ void v8k_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void v8k_arm(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void v8k_remote_arrive(uint32_t bar, int rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
-                   v8k_mapa(bar, rank))
-               : "memory");
-}
-__device__ __forceinline__ bool v8k_try_wait(uint32_t bar, int parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-__device__ __noinline__ bool v8k_wait_slow(uint32_t bar, int parity, int code) {
-  const long long t0 = clock64();
-  for (int n = 1;; ++n) {
-    if (v8k_try_wait(bar, parity)) return true;
-    if ((n & 63) == 0 && *static_cast<volatile int*>(&g_v8k_error) != 0) return false;
-    if (clock64() - t0 > V8K_BUDGET) {
-      atomicCAS(&g_v8k_error, 0, code);
-      return false;
-    }
-  }
-}
-__device__ __forceinline__ bool v8k_wait(uint32_t bar, int parity, int code) {
-  return v8k_try_wait(bar, parity) || v8k_wait_slow(bar, parity, code);
-}
-// st.async into a cluster peer's shared memory (cluster addresses), complete_tx on its mbarrier.
-__device__ __forceinline__ void v8k_st16(uint32_t dst, uint4 v, uint32_t bar) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
-      ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void v8k_st8(uint32_t dst, float a, float b, uint32_t bar) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
-          dst),
-      "f"(a), "f"(b), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void v8k_cluster_barrier() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-__device__ __forceinline__ int v8k_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return static_cast<int>(r);
-}
 
 // Rows r0 … r0 + nr − 1 of Γ̃ ([128][128] fp32, global) into `slot` by `count` threads from
 // `first`, 16 bytes a cp.async; one commit group.
@@ -162,7 +96,7 @@ __device__ __forceinline__ void v8k_chain(const V8kArgs& v, unsigned char* smem,
   if (tid == 0) {
     for (int i = 0; i < V8H_NQ * V8H_PARTS; ++i) v8k_init(qfull + 8 * i, 1);
     for (int s = 0; s < V8H_NSG; ++s) v8k_init(gfree + 8 * s, V8H_HELPERS);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    v8k_init_fence();
     for (int j = 2; j <= V8H_LAG; ++j)  // each part's first NQ steps
       for (int t = j; t < j + V8H_NQ && t < steps; ++t)
         v8k_arm(qfull + 8 * v8h_qbar(t, j, V8H_NQ), V8H_PART_BYTES);
@@ -281,7 +215,7 @@ __device__ __forceinline__ void v8k_helper(const V8kArgs& v, unsigned char* smem
   if (tid == 0) {
     for (int s = 0; s < V8H_NSG; ++s) v8k_init(gfull + 8 * s, 1);
     for (int s = 0; s < V8H_NQ; ++s) v8k_init(qfree + 8 * s, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    v8k_init_fence();
     for (int s = 0; s < V8H_NSG && s <= steps - 2; ++s) v8k_arm(gfull + 8 * s, V8H_G_BYTES);
   }
   for (int u = 0; u < 2; ++u)
