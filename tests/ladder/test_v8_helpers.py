@@ -190,6 +190,16 @@ def test_ring_protocol_under_random_schedules(lib, nsg, nq):
     assert not bad, bad
 
 
+def test_rings_smaller_than_the_lag_window_deadlock(lib):
+    """v8_helpers.cuh's static_assert: NSG + NQ ≥ L − 1. At 2 + 2 all 21 schedules tried
+    deadlock (the chain's send of G'_{t−1} waits for helper 6's credit of G'_{t−3}, which waits
+    for the chain to have read step t); at 3 + 2 none does. Seen failing with the harness's guard
+    at L − 2 (2 + 2 let through: -1, not -4)."""
+    assert protocol(lib, 23, 0, nsg=2, nq=2) == -4
+    assert {protocol(lib, 23, s, 6, nsg=2, nq=2) for s in [-1, *range(20)]} == {-1}
+    assert {protocol(lib, 23, s, 6, nsg=3, nq=2) for s in [-1, *range(20)]} == {0}
+
+
 @pytest.mark.parametrize("bug", list(BUGS), ids=list(BUGS.values()))
 def test_planted_bugs_fail(lib, mid, bug):
     """Bugs 1, 2 and 4 fail the numbers in the rank-first schedule; 3 and 5 (a credit not waited)
