@@ -10,6 +10,8 @@
 //     inbox, added oldest first (j = min(t, L) … 2) into P_t: split_precision.chain_epoch's order;
 //   ranks 1, 2: j = 2, rows 0 … 63 and 64 … 127 (warps whose m16 tile is theirs: 8 of 16);
 //   ranks 3 … 6: j = 3 … 6, all 128 rows (the chain's 16-warp product);
+//   (a step's tensor work: the chain's 16 warps × 24 mma at j ≥ 3, half at j = 2, so no helper's
+//   exceeds the chain's; its Γ̃ stream 64 KB a step, 32 KB at j = 2, by cp.async a step ahead)
 //   rank 7: idle (it holds no data; the design's P + Q summer is not needed while P_t comes from
 //     an array and the chain adds the five parts itself: 5 FADD a value, behind the product).
 // q_{t,j} = fl32(fl32(−c/n_{t−j})·S_{t,j}), S_{t,j} = (Γ̃_{t,j}·2⁻¹²)·G'_{t−j} in 3xFP16 from zero,
