@@ -1,7 +1,8 @@
 // cuda-epoch v8's chain cluster (docs/measurements/cuda-epoch-v8-design.md, "How many lags the
 // chain does itself" and "Build first" step 4): the helpers' per-warp bodies and the cluster's
-// ring protocol, written once for the GPU (csrc/v8_chain.cu, v8_cluster_kernel) and for the host
-// (tests/ladder/csrc/v8_chain_host.cu, v8_cluster_host: the 8 CTAs under a random scheduler over
+// ring protocol, written once for the GPU (csrc/v8_cluster.cuh's v8_cluster_kernel, built in
+// v8_chain.cu) and for the host
+// (tests/ladder/csrc/v8_helpers_host.cu, v8_cluster_host: the 8 CTAs under a random scheduler over
 // emulated mbarriers), on top of csrc/v8_chain.cuh's chain bodies.
 //
 // One cluster of 8 CTAs of 512 threads, lag L = 6, step t (n_t rows):
