@@ -224,9 +224,11 @@ def test_bad_inputs_raise_valueerror():
 
 
 def test_the_chain_compiles_without_spills_within_the_register_cap(tmp_path):
-    """One nvcc for sm_90a (~4 CPU-s here): the 4 builds (timing, phases × v1, v2) ≤ 128
-    registers (512 threads a CTA) and no spill; where Triton ships cuobjdump, 24 HMMA.16816 a
-    warp-step (4 k-steps × 2 n-tiles × 3 products: the design's count)."""
+    """One nvcc for sm_90a (~4 CPU-s here): the 4 chain builds (timing, phases × v1, v2) and the
+    2 cluster builds (timing, phases) ≤ 128 registers (512 threads a CTA) and no spill; where
+    Triton ships cuobjdump, 24 HMMA.16816 a warp-step (4 k-steps × 2 n-tiles × 3 products: the
+    design's count), 48 in the cluster kernel (the chain's body and the helpers'), whose chain
+    sends G' by 6 STAS.128 (one a helper) and whose helpers send their parts by 4 STAS.64."""
     import re
     import subprocess
     from pathlib import Path
@@ -241,10 +243,11 @@ def test_the_chain_compiles_without_spills_within_the_register_cap(tmp_path):
                         str(build.CSRC / v8_chain.SOURCE), "-o", str(cubin)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    regs = re.findall(r"Function properties for \w*v8_chain_kernelILb[01]ELb[01]E\w*\n\s*"
+    regs = re.findall(r"Function properties for \w*v8_(?:chain_kernelILb[01]ELb[01]E|"
+                      r"cluster_kernelILb[01]E)\w*\n\s*"
                       r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
                       r".*?Used (\d+) registers", r.stderr, re.S)
-    assert len(regs) == 4 and max(map(int, regs)) <= 128, r.stderr
+    assert len(regs) == 6 and max(map(int, regs)) <= 128, r.stderr
     try:
         import triton
     except ImportError:
@@ -255,9 +258,13 @@ def test_the_chain_compiles_without_spills_within_the_register_cap(tmp_path):
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
                           text=True).stdout
     bodies = re.split(r"\n\s*Function : ", sass)[1:]
-    assert len(bodies) == 4
+    assert len(bodies) == 6
     for body in bodies:
-        assert len(re.findall(r"\bHMMA\.16816\.F32\b", body)) == 24
+        cluster = "v8_cluster_kernel" in body.split("\n")[0]
+        assert len(re.findall(r"\bHMMA\.16816\.F32\b", body)) == (48 if cluster else 24)
+        if cluster:
+            assert len(re.findall(r"\bSTAS\.128\b", body)) == 6
+            assert len(re.findall(r"\bSTAS\.64\b", body)) == 4
 
 
 def _gpu():

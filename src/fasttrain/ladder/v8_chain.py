@@ -11,8 +11,15 @@ Inputs (`chain_inputs`, NumPy, float64 where it matters):
   partial P_t and the helpers' terms j ≥ 2 add up to, whatever the lag;
 - the labels [steps][128] (−1 past the batch) and float64's Z_t, G_t and summed loss, the check.
 
+The cluster variant (`run_cluster`, design "Build first" step 4 joined to step 2): one cluster of
+8 CTAs, the chain on rank 0 with P_t alone precomputed (`chain_inputs(..., lag=CLUSTER_LAG)`:
+P_t = X̃_t W̃_{max(t−6, 0)}/255 and Γ̃_{t,j} for j = 2 … 6) and Q_t computed by helper CTAs on
+ranks 1 … 6 from the G' the chain sends them through DSMEM (csrc/v8_helpers.cuh, csrc/
+v8_cluster.cuh). Its µs a step is the chain's step with the cluster's protocol; its phase build
+says whether the helpers keep up (the chain's wait_q) and where each helper's step goes.
+
 The kernel is csrc/v8_chain.cu (nvcc → cached .so → ctypes, as ladder/sync_probes.py). Written
-2026-11-28; not yet run on a GPU.
+2026-11-28; not yet run on a GPU (neither the chain alone nor the cluster).
 """
 
 from __future__ import annotations
@@ -33,35 +40,68 @@ clock64 sums over the steps of warp 0 (a softmax warp, on the critical path) for
 of warp 8 for the Γ̃ ring's cp.async wait and issue (the phase build only)."""
 
 
+CLUSTER_LAG, CLUSTER_NSG, CLUSTER_NQ = 6, 4, 2
+"""csrc/v8_helpers.cuh's V8H_LAG (L: the helpers do j = 2 … L), and its rings' slots: G' in each
+helper, Q parts in the chain."""
+
+
+CHAIN_PHASES = ("send_g", "inputs_mma", "k_halves", "wait_q", "softmax", "write_b", "next_a",
+                "step_barrier", "wait_gram", "issue_gram")
+HELPER_PHASES = ("wait_g", "mma", "k_halves", "wait_credit", "send_q", "next_a", "step_barrier",
+                 "wait_gram")
+HELPERS = ("j2 rows 0-63", "j2 rows 64-127", "j3", "j4", "j5", "j6")
+CLUSTER_TIMING = ("epoch_ns", "epoch_clocks") + CHAIN_PHASES + tuple(
+    f"h{h}_{k}" for h in range(1, 7) for k in HELPER_PHASES)
+"""csrc/v8_cluster.cuh's int64 timing words: the chain's epoch (globaltimer, clock64; −1 if a wait
+timed out), its clock64 sums a phase over the steps (thread 0; the Γ̃ ring's by thread 256: send_g
+is the G' credit wait and the six st.async, wait_q the wait for the Q parts and their adds), then
+each helper's (ranks 1 … 6, its first active warp: wait G', product, K halves' barrier, wait for
+the chain's Q credit, the part's st.async, next A, the step's barrier; the Γ̃ wait by warp + 8)."""
+
+
 class ChainError(RuntimeError):
     """The kernel could not run; str(e) is one line."""
 
 
 def chain_inputs(x_u8: np.ndarray, y: np.ndarray, order: np.ndarray, w0: np.ndarray,
-                 b0: np.ndarray, lr: float) -> dict:
+                 b0: np.ndarray, lr: float, lag: int | None = None) -> dict:
     """The probe's inputs for one epoch over `order` (x_u8 [N, 784] uint8, w0 [10, 784] and b0
-    [10] the ladder's layout) and float64 plain SGD's logits, G and loss to check it against."""
+    [10] the ladder's layout) and float64 plain SGD's logits, G and loss to check it against.
+    With `lag` (the cluster variant, L = CLUSTER_LAG) also "gramh" [L − 1][steps][128][128]:
+    Γ̃_{t,j} for j = 2 … L (fp32, exact; 0 outside the batches and for t < j), and "p":
+    P_t = X̃_t W̃_{max(t−L, 0)}/255 from the same float64 SGD (what the workers would send)."""
     if x_u8.dtype != np.uint8 or x_u8.ndim != 2:
         raise ValueError(f"x_u8 must be a uint8 matrix [N, 784], got {x_u8.dtype} {x_u8.shape}")
     if not np.isfinite(lr) or lr <= 0:
         raise ValueError(f"lr must be a finite number > 0, got {lr}")
+    if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 2):
+        raise ValueError(f"lag must be an integer >= 2 or None, got {lag!r}")
     steps = len(batches(len(order), ROWS))
     grams = np.zeros((steps, ROWS, ROWS), np.float32)
     pq = np.zeros((steps, ROWS, CLASSES), np.float32)
     labels = np.full((steps, ROWS), -1, np.int32)
     z64 = np.zeros((steps, ROWS, CLASSES))
     g64 = np.zeros((steps, ROWS, CLASSES))
+    if lag is not None:
+        gramh = np.zeros((lag - 1, steps, ROWS, ROWS), np.float32)
+        p_lag = np.zeros((steps, ROWS, CLASSES), np.float32)
     wt = np.concatenate([w0.T, b0[None, :]]).astype(np.float64)  # W̃ [785, 10]
-    loss, prev = 0.0, None
+    loss, xs, ws = 0.0, [], []  # xs: X̃ of the last `lag` steps (uint8); ws: W̃_t of those
     for t, (a, z) in enumerate(batches(len(order), ROWS)):
         n = z - a
-        xt = np.concatenate([x_u8[order[a:z]], np.full((n, 1), PIXEL, np.uint8)], 1)
-        xt = xt.astype(np.float64)
-        if prev is not None:
-            grams[t, :n, :len(prev[0])] = xt @ prev[0].T  # exact integers < 2²⁶: exact in fp32
-            pq[t, :n] = xt @ prev[1] / PIXEL
+        xu = np.concatenate([x_u8[order[a:z]], np.full((n, 1), PIXEL, np.uint8)], 1)
+        xt = xu.astype(np.float64)
+        if xs:
+            prev = xs[-1].astype(np.float64)
+            grams[t, :n, :len(prev)] = xt @ prev.T  # exact integers < 2²⁶: exact in fp32
+            pq[t, :n] = xt @ ws[-1] / PIXEL
         else:
             pq[t, :n] = xt @ wt / PIXEL
+        if lag is not None:
+            for j in range(2, min(lag, t) + 1):
+                xj = xs[-j].astype(np.float64)
+                gramh[j - 2, t, :n, :len(xj)] = xt @ xj.T
+            p_lag[t, :n] = xt @ (ws[-lag] if t >= lag else ws[0] if ws else wt) / PIXEL
         labels[t, :n] = y[order[a:z]]
         zt = xt @ wt / PIXEL
         e = np.exp(zt - zt.max(1, keepdims=True))
@@ -69,10 +109,18 @@ def chain_inputs(x_u8: np.ndarray, y: np.ndarray, order: np.ndarray, w0: np.ndar
         loss -= np.log(p[np.arange(n), labels[t, :n]]).sum()
         p[np.arange(n), labels[t, :n]] -= 1
         z64[t, :n], g64[t, :n] = zt, p / n
-        prev = (xt, wt.copy())
+        xs.append(xu)
+        ws.append(wt.copy())
+        keep = max(lag or 1, 1)
+        if len(xs) > keep:  # ws[0] stays W̃_0 until t ≥ lag needs W̃_{t−lag}
+            xs.pop(0)
+            ws.pop(0)
         wt -= (lr / PIXEL) * (xt.T @ g64[t, :n])
-    return {"grams": grams, "pq": pq, "labels": labels, "n": len(order),
-            "c": np.float32(lr / PIXEL**2), "z64": z64, "g64": g64, "loss64": loss}
+    out = {"grams": grams, "pq": pq, "labels": labels, "n": len(order),
+           "c": np.float32(lr / PIXEL**2), "z64": z64, "g64": g64, "loss64": loss}
+    if lag is not None:
+        out.update(gramh=gramh, p=p_lag, lag=lag)
+    return out
 
 
 def load_library() -> ctypes.CDLL:
@@ -89,15 +137,22 @@ def load_library() -> ctypes.CDLL:
         getattr(lib, name).restype = ctypes.c_char_p
     for name in ("v8_chain_timing_len", "v8_chain_threads"):
         getattr(lib, name).restype = ctypes.c_int
+    lib.v8_cluster_run.argtypes = [p, p, p, p, ctypes.c_int, ctypes.c_float, p, p, p, p,
+                                   ctypes.c_int, p, ctypes.POINTER(ctypes.c_int)]
+    lib.v8_cluster_run.restype = ctypes.c_int
+    lib.v8_cluster_timing_len.restype = ctypes.c_int
+    if lib.v8_cluster_timing_len() != len(CLUSTER_TIMING):
+        raise ChainError(f"{SOURCE} writes {lib.v8_cluster_timing_len()} cluster timing words, "
+                         f"this module reads {len(CLUSTER_TIMING)}: update one to the other")
     if lib.v8_chain_timing_len() != len(TIMING):
         raise ChainError(f"{SOURCE} writes {lib.v8_chain_timing_len()} timing words, this module "
                          f"reads {len(TIMING)}: update one to the other")
     return lib
 
 
-def mnist_epoch(epoch: int = 0) -> dict:
+def mnist_epoch(epoch: int = 0, lag: int | None = CLUSTER_LAG) -> dict:
     """`chain_inputs` of a real MNIST epoch (the ladder's init and order; FASTTRAIN_DATA or the
-    dataset cache must hold mnist/)."""
+    dataset cache must hold mnist/), by default with the cluster's inputs too (~155 MB of Γ̃)."""
     import os
 
     from fasttrain.data import load_dataset
@@ -105,7 +160,8 @@ def mnist_epoch(epoch: int = 0) -> dict:
 
     cfg = LadderConfig(epochs=epoch + 1)
     data = make_ladder_data(load_dataset("mnist", os.environ.get("FASTTRAIN_DATA")), cfg)
-    return chain_inputs(data.train_x, data.train_y, data.orders[epoch], data.w0, data.b0, cfg.lr)
+    return chain_inputs(data.train_x, data.train_y, data.orders[epoch], data.w0, data.b0, cfg.lr,
+                        lag)
 
 
 VARIANTS = (1, 2)
@@ -148,6 +204,48 @@ def run(lib, inp: dict, *, variant: int = 2, phases: bool = False, logits: bool 
             "hits": s[1], "timing": dict(zip(TIMING, timing.tolist(), strict=True))}
 
 
+def run_cluster(lib, inp: dict, *, phases: bool = False, logits: bool = False, device="cuda",
+                stream=None) -> dict:
+    """One launch of the chain cluster over `inp` (`chain_inputs(..., lag=CLUSTER_LAG)`): P_t from
+    inp["p"], the helpers' Γ̃ from inp["gramh"]; its G, Z (if `logits`), loss, hits and
+    CLUSTER_TIMING words."""
+    import torch
+
+    if inp.get("lag") != CLUSTER_LAG:
+        raise ValueError(f"inp must be chain_inputs(..., lag={CLUSTER_LAG}), got lag "
+                         f"{inp.get('lag')!r}")
+    steps = inp["grams"].shape[0]
+
+    def dev(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+    gram, gramh, p_, labels = (dev(inp[k]) for k in ("grams", "gramh", "p", "labels"))
+    g = torch.zeros((steps, ROWS, CLASSES), dtype=torch.float32, device=device)
+    z = torch.full_like(g, float("nan")) if logits else None
+    stats = torch.zeros((lib.v8_chain_threads(), 2), dtype=torch.float32, device=device)
+    timing = torch.zeros(len(CLUSTER_TIMING), dtype=torch.int64, device=device)
+    if stream is None and str(device).startswith("cuda"):
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def ptr(t):
+        return ctypes.c_void_p(t.data_ptr()) if t is not None else None
+
+    signal = ctypes.c_int(0)
+    code = lib.v8_cluster_run(ptr(gram), ptr(gramh), ptr(p_), ptr(labels), int(inp["n"]),
+                              float(inp["c"]), ptr(g), ptr(z), ptr(stats), ptr(timing),
+                              int(phases), stream, ctypes.byref(signal))
+    if code == -2:
+        raise ChainError(f"v8_cluster_run: a wait timed out (code {signal.value:#x}: kind "
+                         f"{signal.value >> 4 & 15}, rank or lag {signal.value >> 8 & 255}, step "
+                         f"{signal.value >> 16})")
+    if code:
+        raise ChainError(f"v8_cluster_run: {lib.v8_chain_error_name(code).decode()}: "
+                         f"{lib.v8_chain_error_string(code).decode()}")
+    s = stats.double().sum(0).tolist()
+    return {"g": g.cpu().numpy(), "z": z.cpu().numpy() if logits else None, "loss": s[0],
+            "hits": s[1], "timing": dict(zip(CLUSTER_TIMING, timing.tolist(), strict=True))}
+
+
 def check(inp: dict, out: dict) -> dict:
     """A run's distance from float64 plain SGD: G and (if it wrote them) Z over the batches' rows,
     the summed loss relative."""
@@ -175,7 +273,33 @@ def measure(lib=None, repeats: int = 3, *, inp: dict | None = None, device="cuda
     inp = inp if inp is not None else mnist_epoch()
     variants = {f"v{v}": _measure_variant(lib, inp, v, repeats, device, stream) for v in VARIANTS}
     best = min(variants, key=lambda k: variants[k]["us_per_step"]["median"])
-    return {**variants[best], "best": best, "variants": variants}
+    out = {**variants[best], "best": best, "variants": variants}
+    if "gramh" in inp:
+        out["cluster"] = _measure_cluster(lib, inp, repeats, device, stream)
+    return out
+
+
+def _measure_cluster(lib, inp, repeats, device, stream) -> dict:
+    """The cluster variant as _measure_variant does a chain variant: its µs a step (globaltimer,
+    the chain's epoch), then the phase build's clock64 sums in µs a step, the chain's and each
+    helper's (converted at the chain's clocks per ns: every SM runs the same clock)."""
+    steps = inp["grams"].shape[0]
+    launch = {"device": device, "stream": stream}
+    run_cluster(lib, inp, **launch)
+    us = [run_cluster(lib, inp, **launch)["timing"]["epoch_ns"] / 1e3 / steps
+          for _ in range(repeats)]
+    ph = run_cluster(lib, inp, phases=True, logits=True, **launch)
+    tm = ph["timing"]
+    ghz = tm["epoch_clocks"] / tm["epoch_ns"] if tm["epoch_ns"] > 0 else float("nan")
+    per = steps * ghz * 1e3
+    return {"steps": steps, "n": int(inp["n"]), "repeats": repeats,
+            "us_per_step": {"median": statistics.median(us), "min": min(us), "max": max(us),
+                            "runs": us},
+            "phase_build_us_per_step": tm["epoch_ns"] / 1e3 / steps, "clock_ghz": ghz,
+            "chain_us_per_step": {k: tm[k] / per for k in CHAIN_PHASES},
+            "helpers_us_per_step": {name: {k: tm[f"h{h}_{k}"] / per for k in HELPER_PHASES}
+                                    for h, name in enumerate(HELPERS, 1)},
+            "check": check(inp, ph), "hits": ph["hits"]}
 
 
 def _measure_variant(lib, inp, variant, repeats, device, stream) -> dict:
@@ -214,4 +338,48 @@ def describe(result: dict) -> list[str]:
             f"{c.get('z_max_abs_err', 0):.2e}, loss {c['loss_rel_err']:.1e} relative; "
             f"{r['hits']:.0f} hits; padding rows {'zero' if c['padding_zero'] else 'NOT zero'}",
         ]
+    if "cluster" in result:
+        lines += describe_cluster(result["cluster"])
     return lines
+
+
+def describe_cluster(r: dict) -> list[str]:
+    """The cluster variant's figures: its step, the chain's phases (wait_q: whether the helpers
+    keep up), each helper's."""
+    u, c, ch = r["us_per_step"], r["check"], r["chain_us_per_step"]
+    lines = [
+        f"v8 chain cluster (8 CTAs: chain, helpers j = 2 x2, 3, 4, 5, 6, idle; {r['steps']} steps "
+        f"of {r['n']} samples): {u['median']:.3f} µs a step (median of {r['repeats']}, "
+        f"{u['min']:.3f}-{u['max']:.3f}); {u['median'] * r['steps'] / 1e3:.3f} ms an epoch",
+        f"  phase build {r['phase_build_us_per_step']:.3f} µs a step at {r['clock_ghz']:.2f} GHz; "
+        f"chain warp 0: " + ", ".join(f"{k} {ch[k]:.3f}" for k in CHAIN_PHASES[:8]) +
+        f"; warp 8: wait Γ̃ {ch['wait_gram']:.3f}, issue Γ̃ {ch['issue_gram']:.3f} (µs a step)",
+    ]
+    for name, h in r["helpers_us_per_step"].items():
+        lines.append(f"  helper {name}: " + ", ".join(f"{k} {h[k]:.3f}" for k in HELPER_PHASES))
+    lines.append(f"  check vs float64 SGD: G {c['g_max_abs_err']:.2e}, Z "
+                 f"{c.get('z_max_abs_err', 0):.2e}, loss {c['loss_rel_err']:.1e} relative; "
+                 f"{r['hits']:.0f} hits; padding rows "
+                 f"{'zero' if c['padding_zero'] else 'NOT zero'}")
+    return lines
+
+
+def main(argv=None) -> int:
+    """One GPU call: the chain alone (v1, v2) and the cluster over MNIST's first epoch, printed;
+    the result as JSON to the path given, if any.
+
+    FASTTRAIN_DATA=... python -m fasttrain.ladder.v8_chain [OUT.json]"""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    r = measure()
+    print("\n".join(describe(r)), flush=True)
+    if args:
+        with open(args[0], "w") as f:
+            json.dump(r, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

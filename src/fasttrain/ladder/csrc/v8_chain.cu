@@ -23,14 +23,22 @@
 //         beside the B loads): off the path, unless the split's issue slots slow the softmax warps
 //         that share their SMSPs (warp w and w + 8 sit on SMSP w % 4).
 //
+//   - The cluster variant (v8_cluster_run, csrc/v8_cluster.cuh): the chain in v1's order with P_t
+//     alone from the array and Q_t from six helper CTAs of its cluster (j = 2 … 6), so one GPU
+//     call measures the chain alone (v1, v2) and with its helpers' protocol.
+//
 // Versions:
 //   v1 and v2 written and compiled for sm_90a (2026-11-28); NOT YET RUN ON A GPU: no figure exists.
+//   The cluster variant written and compiled for sm_90a (2026-11-28, branch v8h): 96 registers (128
+//   in the phase build), no spill; its bodies and rings ran on the CPU only
+//   (tests/ladder/test_v8_helpers.py); NOT YET RUN ON A GPU.
 //
 // Entry points return 0 or a cudaError_t (a failed launch's error is cleared).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "v8_chain.cuh"
+#include "v8_cluster.cuh"
 
 namespace {
 
@@ -190,6 +198,34 @@ int v8_chain_run(const float* gram, const float* pq, const int* labels, int n, f
   return phases ? go(launch<true, false>) : go(launch<false, false>);
 }
 
+// The cluster variant (csrc/v8_cluster.cuh): one cluster of 8 CTAs, P_t (not P_t + Q_t) in `p`,
+// gramh [5][steps][128][128] the Γ̃_{t,j} of j = 2 … 6; timing [v8_cluster_timing_len()]. Returns
+// 0, a cudaError_t, or -2 (a wait timed out: *signal gets its code). Synchronous.
+int v8_cluster_run(const float* gram1, const float* gramh, const float* p, const int* labels,
+                   int n, float c, float* g_out, float* z_out, float* stats, long long* timing,
+                   int phases, void* stream, int* signal) {
+  if (n < 1) return static_cast<int>(cudaErrorInvalidValue);
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      major < 9)
+    return static_cast<int>(cudaErrorNotSupported);  // thread-block clusters: sm_90+
+  const auto s = static_cast<cudaStream_t>(stream);
+  const V8kArgs a{gram1, gramh, p, labels, n, c, g_out, z_out, stats, timing};
+  const int zero = 0;
+  cudaError_t e = cudaMemcpyToSymbolAsync(g_v8k_error, &zero, sizeof zero, 0,
+                                          cudaMemcpyHostToDevice, s);
+  if (!e) e = phases ? v8k_launch<true>(a, s) : v8k_launch<false>(a, s);
+  if (!e) e = cudaStreamSynchronize(s);
+  if (!e) e = cudaMemcpyFromSymbol(signal, g_v8k_error, sizeof *signal);
+  if (e) {
+    cudaGetLastError();
+    return static_cast<int>(e);
+  }
+  return *signal ? -2 : 0;
+}
+
+int v8_cluster_timing_len() { return KT_LEN; }
 int v8_chain_timing_len() { return TM_LEN; }
 int v8_chain_threads() { return V8C_THREADS; }
 const char* v8_chain_error_name(int code) { return cudaGetErrorName(cudaError_t(code)); }

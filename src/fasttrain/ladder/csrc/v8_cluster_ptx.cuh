@@ -1,0 +1,109 @@
+// cuda-epoch v8's chain cluster (csrc/v8_cluster.cuh): its sm_90 PTX — mapa, mbarriers with
+// tx-counts, bounded parity waits, st.async, the cluster barrier — as the patterns already in the
+// tree (epoch_v4.cuh, v8_workers.cu) but self-contained, so v8_chain.cu needs no v4 headers.
+#pragma once
+#include <cstdint>
+
+namespace {
+
+// The cluster's PTX (mapa, mbarriers with tx-counts, st.async, cluster barriers) is sm_90's: below
+// it the wrappers are empty, so the chain-alone variants still build there, and v8_cluster_run
+// refuses to launch (cudaErrorNotSupported).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define V8K_SM90 1
+#else
+#define V8K_SM90 0
+#endif
+
+__device__ int g_v8k_error;
+constexpr long long V8K_BUDGET = 1LL << 27;
+
+__device__ __forceinline__ uint32_t v8k_mapa(uint32_t addr, int rank) {
+  uint32_t out = addr;
+#if V8K_SM90
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(addr), "r"(rank));
+#endif
+  return out;
+}
+__device__ __forceinline__ void v8k_init(uint32_t bar, int count) {
+#if V8K_SM90
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void v8k_init_fence() {  // the inits, visible to the cluster
+#if V8K_SM90
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void v8k_arm(uint32_t bar, int bytes) {
+#if V8K_SM90
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void v8k_remote_arrive(uint32_t bar, int rank) {
+#if V8K_SM90
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
+                   v8k_mapa(bar, rank))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ bool v8k_try_wait(uint32_t bar, int parity) {
+  uint32_t done = 1;
+#if V8K_SM90
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+#endif
+  return done != 0;
+}
+__device__ __noinline__ bool v8k_wait_slow(uint32_t bar, int parity, int code) {
+  const long long t0 = clock64();
+  for (int n = 1;; ++n) {
+    if (v8k_try_wait(bar, parity)) return true;
+    if ((n & 63) == 0 && *static_cast<volatile int*>(&g_v8k_error) != 0) return false;
+    if (clock64() - t0 > V8K_BUDGET) {
+      atomicCAS(&g_v8k_error, 0, code);
+      return false;
+    }
+  }
+}
+__device__ __forceinline__ bool v8k_wait(uint32_t bar, int parity, int code) {
+  return v8k_try_wait(bar, parity) || v8k_wait_slow(bar, parity, code);
+}
+// st.async into a cluster peer's shared memory (cluster addresses), complete_tx on its mbarrier.
+__device__ __forceinline__ void v8k_st16(uint32_t dst, uint4 v, uint32_t bar) {
+#if V8K_SM90
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+      ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void v8k_st8(uint32_t dst, float a, float b, uint32_t bar) {
+#if V8K_SM90
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
+          dst),
+      "f"(a), "f"(b), "r"(bar)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void v8k_cluster_barrier() {
+#if V8K_SM90
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ int v8k_rank() {
+  uint32_t r = 0;
+#if V8K_SM90
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+  return static_cast<int>(r);
+}
+
+}  // namespace
