@@ -48,6 +48,26 @@ static_assert(V7ESmem::FLOATS <= V7_SMEM_FLOATS,
 static_assert(V7_GROW == 16 && V8_NF == 16 && V7D_VEC * 4 * (V7_T - V7D_PF0) == BMAX * 16,
               "G's rows are the B operand's: one float4 of G_a, 4 halves of each piece");
 
+// v7f (epoch_v7f.cuh): v7e's regions up to URED, then the probe's reduce-scatter inbox in place of
+// the partial buffers (P_t's tiles go straight to their owners): [V8_NS][8 src][16 rows][16], and
+// the full[NS], free[NS] mbarriers. (With PBUF kept as well, 87 KB: over the two-launch kernel's
+// 77 KB, which epoch_v7_launch.cuh's static_assert refuses.)
+struct V7FSmem {
+  static constexpr int INBOX = V7ESmem::PBUF;
+  static constexpr int BAR = INBOX + V8_NS * V8_SLOT_FLOATS;  // full[NS], then free[NS]
+  static constexpr int FLOATS = BAR + 4 * V8_NS;
+};
+static_assert(V7FSmem::INBOX % 4 == 0 && V7FSmem::BAR % 2 == 0, "aligned regions");
+static_assert(V7FSmem::FLOATS <= V7_SMEM_FLOATS,
+              "v7f's workers fit in the two-launch kernel's dynamic shared memory");
+// v7f: the step whose partials a worker's reduce at step t (0 … steps) sums and hands to the chain
+// as tagged words: t − 1, a step late (its tiles have had a step to land). P_u's words are then
+// written while the worker runs step u + 1, after its updates a < v7_applied_before(u + 1) = u − 3,
+// i.e. after the chain published G_{u−4}: the chain CTA has read ring slot u % V7_PR's previous
+// words (P_{u−5}) before that, as v7b's ring needs (the host emulation checks it). The chain wants
+// P_u at its step u, L − 1 = 3 steps after the workers could have sent it: no deadlock.
+FT_V7 int v7f_reduced_at(int t) { return t - 1; }
+
 // Float4 i of G_a (row i / 4, classes 4·(i % 4) …: v7d's map, V7GAhead's registers) as the B
 // operand's pieces: hi at gsh[4i …], lo at gsh[BMAX·16 + 4i …]; G' = G·n·2¹² (n: the rows of the
 // batch, e.rows(a); the host's planted bug 15 passes another), 0 for a row past the batch
