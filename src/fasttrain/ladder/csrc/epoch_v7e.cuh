@@ -9,8 +9,10 @@
 // 0.9-1.7 µs; the chain's own work is ~2.8 µs a step, so if the estimate holds the chain becomes the
 // bound: ~2.8-3.0 µs a step, ~1.3-1.5 ms an epoch of 469 steps (an estimate, against v7c's 1.967).
 //
-// The worker loop is v7b's (v7_worker<TIMED, true, V7GAhead>: the cluster barrier, the ok bits,
-// the DSMEM reduce into the tagged words of v7b's ring, v7d's G fetched a step ahead), with:
+// The worker loop is a copy of v7d's (v7_worker<TIMED, true, V7GAhead>: the cluster barrier, the
+// ok bits, the DSMEM reduce into the tagged words of v7b's ring, v7d's G fetched a step ahead; a
+// body policy in v7_worker would have changed v7a-v7d's compiled kernels, whose measurements stand
+// on them), its per-thread bodies swapped for the probe's:
 //   x_t as halves (v8_store_xh<V7_XR>, slots 14, 15 zero), the update's sums by warps 0-7 (two
 //   k-steps × hi, lo from zero, v8_mma_update_sums) and its apply (v8_mma_update_apply: the scale
 //   (lr/255)·2⁻¹²/n_a), P_t by all 16 warps (v8_mma_partial: an m16 × n8 tile each, W·2⁸ split
