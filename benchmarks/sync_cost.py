@@ -14,7 +14,9 @@ costs, measured, and how the `cuda-epoch` variants compare.
   8-CTA chain, 7 worker clusters), both launches inside the timed epoch, each of its variants
   (`cuda_epoch.V7_VARIANTS`: v7a; v7b with tagged partial words and a 16-lane softmax; v7c, v7b
   with the chain's Gram terms j >= 2 on helper warps; v7d, v7c with workers that fetch the next
-  update's G a step ahead) in the same call, and v7b, v7c and v7d in ONE launch
+  update's G a step ahead) in the same call, and v7b, v7c, v7d, v7e (v7c's chain, its workers'
+  update and partials on the tensor cores) and v7f (v7e, its partials reduce-scattered) in ONE
+  launch
   (`v7_grams="launch"`: their Grams made by 7 producer clusters of the epoch kernel itself, 120
   CTAs; `V7_TIMED`)): ms per epoch (CUDA
   events, median of the epochs after a warm-up one), and its weights after those epochs against
@@ -51,10 +53,11 @@ import torch
 from fasttrain.env import env_block, hardware_line
 
 V7_TIMED = (("a", "kernel"), ("b", "kernel"), ("c", "kernel"), ("d", "kernel"),
-            ("b", "launch"), ("c", "launch"), ("d", "launch"))
-"""v7's (variant, v7_grams) this script times and profiles: every variant in two launches, and v7b,
+            ("b", "launch"), ("c", "launch"), ("d", "launch"), ("e", "launch"), ("f", "launch"))
+"""v7's (variant, v7_grams) this script times and profiles: v7a-v7d in two launches, and v7b,
 v7c and v7d (the fastest in two launches on an H200, 2026-11-28: 2.231, 2.179 and 2.062 ms) in
-one."""
+one; v7e (v7c's chain, the workers on the tensor cores) and v7f (v7e with the reduce-scatter),
+not yet run on a GPU, in one launch, to be read against v7c's in one launch from the same call."""
 
 ITERS = 10_000
 STEPS = 469

@@ -79,7 +79,7 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7: the Grams, then the epoch
     # v7c in one launch (the producers in the epoch kernel) is version 7's; two launches and the
     # other variants stay selectable.
-    assert ce.V7_VARIANTS == ("a", "b", "c", "d") and ce.V7_VARIANT == "c"
+    assert ce.V7_VARIANTS == ("a", "b", "c", "d", "e", "f") and ce.V7_VARIANT == "c"
     assert ce.V7_GRAMS == ("kernel", "launch") and ce.V7_GRAMS_DEFAULT == "launch"
     assert ce.V7_ONE_LAUNCH == ce.V7_VARIANTS
     assert ce.default_version(True) == 7 and ce.default_version(False) == ce.GRID_VERSION == 3
@@ -146,7 +146,7 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
                                     0, version, None)
         assert code == 1
     # v7: clusters only, its 8 chain CTAs, and its scratch; cuda_epoch_v7_train (v7a 0, v7b 1,
-    # v7c 2, v7d 3): its scratch, a batch that fits and a variant it has.
+    # v7c 2, v7d 3, v7e 4, v7f 5): its scratch, a batch that fits and a variant it has.
     for ctas, cluster, scratch in ((8, 0, dummy), (14, 1, dummy), (8, 1, None)):
         code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, scratch,
                                     ctas, cluster, 7, None)
@@ -154,9 +154,10 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
     lib.cuda_epoch_v7_train.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float, p,
                                         p, p, p, ctypes.c_int, ctypes.c_int, p]
     # ... and `grams` 0 (two launches) or 1 (one), for every variant.
-    for batch, scratch, variant, grams in ((1, None, 1, 0), (129, dummy, 1, 0), (1, dummy, 4, 0),
+    for batch, scratch, variant, grams in ((1, None, 1, 0), (129, dummy, 1, 0), (1, dummy, 6, 0),
                                            (1, dummy, -1, 0), (1, None, 0, 1), (1, None, 2, 1),
-                                           (1, None, 3, 1), (1, dummy, 4, 1), (1, dummy, 0, 2),
+                                           (1, None, 3, 1), (1, None, 5, 1), (1, dummy, 6, 1),
+                                           (1, dummy, 0, 2),
                                            (1, dummy, 1, -1)):
         assert lib.cuda_epoch_v7_train(dummy, dummy, dummy, 1, batch, 0.1, dummy, dummy, dummy,
                                        scratch, variant, grams, None) == 1
@@ -207,11 +208,12 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
     assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
 
 
-V7_VARIANTS = ["a", "b", "c", "d"]  # cuda_epoch.V7_VARIANTS (test_the_variant_list... checks it)
-V7_ONE_LAUNCH = ["a", "b", "c", "d"]  # cuda_epoch.V7_ONE_LAUNCH
+V7_VARIANTS = ["a", "b", "c", "d", "e", "f"]  # cuda_epoch.V7_VARIANTS (test_the_variant_list...)
+V7_ONE_LAUNCH = ["a", "b", "c", "d", "e", "f"]  # cuda_epoch.V7_ONE_LAUNCH
+V7_IDS = [f"v7{v}" for v in V7_VARIANTS]
 V7_GRAMS = ["kernel", "launch"]  # cuda_epoch.V7_GRAMS
 V7_RUNS = [(v, g) for g in V7_GRAMS for v in V7_VARIANTS if g == "kernel" or v in V7_ONE_LAUNCH]
-"""(variant, v7_grams) of every v7 kernel: v7a-v7d in two launches and in one."""
+"""(variant, v7_grams) of every v7 kernel: v7a-v7f in two launches and in one."""
 V7_RUN_IDS = [f"v7{v}-{'two-launches' if g == 'kernel' else 'one-launch'}" for v, g in V7_RUNS]
 
 
@@ -244,7 +246,7 @@ def test_v7_matches_float64_reference(batch, v7, grams):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_VARIANTS, ids=["v7a", "v7b", "v7c", "v7d"])
+@pytest.mark.parametrize("v7", V7_VARIANTS, ids=V7_IDS)
 def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches(v7):
     """A 31-step epoch (the 96-row last batch included) of v7 against v2 at 2e-5, and the profiler
     sees exactly two kernels an epoch: the Grams, then the epoch."""
@@ -277,7 +279,7 @@ def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches(v7):
 
 @pytest.mark.gpu
 @requires_gpu
-@pytest.mark.parametrize("v7", V7_ONE_LAUNCH, ids=["v7a", "v7b", "v7c", "v7d"])  # ce.V7_ONE_LAUNCH
+@pytest.mark.parametrize("v7", V7_ONE_LAUNCH, ids=V7_IDS)  # ce.V7_ONE_LAUNCH
 def test_v7_in_one_launch_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_one_launch(v7):
     """The one-launch counterpart of the test above: the same 31-step epoch (the 96-row last batch
     included) of v7 with its Grams made by its producer clusters (v7_grams="launch") against v2 at
@@ -313,7 +315,7 @@ def test_v7_in_one_launch_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_one_
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize(("variant", "grams"),
-                         [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1)],
+                         [(V7_VARIANTS.index(v), V7_GRAMS.index(g)) for v, g in V7_RUNS],
                          ids=V7_RUN_IDS)
 def test_v7_is_resident_on_this_gpu_or_refused_at_setup(variant, grams):
     """Its 8 clusters of 8 CTAs (one launch: 15, the producers' 7 more) must all fit at once (they

@@ -22,7 +22,7 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The sixteen instantiations of the epoch kernel (v7a, v7b, v7c, v7d, each untimed and timed, each
+# The 24 instantiations of the epoch kernel (v7a … v7f, each untimed and timed, each
 # in two launches and in one: GRAMS 0, 1) in one small
 # translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
@@ -36,17 +36,22 @@ void* const v7_kernels[] = {
     (void*)v7_epoch_kernel_c<false, 1>, (void*)v7_epoch_kernel_c<true, 1>,
     (void*)v7_epoch_kernel_d<false>, (void*)v7_epoch_kernel_d<true>,
     (void*)v7_epoch_kernel_d<false, 1>, (void*)v7_epoch_kernel_d<true, 1>,
+    (void*)v7_epoch_kernel_e<false>, (void*)v7_epoch_kernel_e<true>,
+    (void*)v7_epoch_kernel_e<false, 1>, (void*)v7_epoch_kernel_e<true, 1>,
+    (void*)v7_epoch_kernel_f<false>, (void*)v7_epoch_kernel_f<true>,
+    (void*)v7_epoch_kernel_f<false, 1>, (void*)v7_epoch_kernel_f<true, 1>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {f"{build}{v7b}{one}": f"v7_epoch_kernelILb{t}ELb{b}ELi{g}E"
                  for one, g in (("", 0), (" one launch", 1)) for v7b, b in (("", 0), (" v7b", 1))
                  for build, t in (("untimed", 0), ("timed", 1))}
 EPOCH_KERNELS |= {f"{build} v7{c}{one}": f"v7_epoch_kernel_{c}ILb{t}ELi{g}E"
-                  for c in ("c", "d") for one, g in (("", 0), (" one launch", 1))
+                  for c in ("c", "d", "e", "f") for one, g in (("", 0), (" one launch", 1))
                   for build, t in (("untimed", 0), ("timed", 1))}
 """ptxas's names of v7_epoch_kernel<TIMED, V7B, GRAMS> ("untimed", "timed v7b one launch", …), of
-v7c's v7_epoch_kernel_c<TIMED, GRAMS> ("untimed v7c", "timed v7c one launch", …) and of v7d's
-v7_epoch_kernel_d<TIMED, GRAMS> ("untimed v7d", "timed v7d one launch", …)."""
+v7c's v7_epoch_kernel_c<TIMED, GRAMS> ("untimed v7c", "timed v7c one launch", …), of v7d's
+v7_epoch_kernel_d<TIMED, GRAMS> ("untimed v7d", "timed v7d one launch", …) and of v7e's
+v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -164,13 +169,44 @@ def test_v7d_loads_g_ahead_only_after_an_acquire_and_a_warp_barrier(ptxas_report
 
 
 @requires_nvcc
+def test_v7e_runs_its_workers_on_the_tensor_cores(ptxas_report):
+    """v7e (csrc/epoch_v7e.cuh): its workers' update and partials are mma.sync m16n8k16 with fp16
+    operands and fp32 accumulation (the v8 probe's bodies), which v7d's kernel has none of (its
+    one-launch Gram producers' mma is u8); v7c's chain is there as it was (its named barriers),
+    v7d's fetch ahead too (the acquire before G's loads); nothing in local memory."""
+    f16 = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+    for one in ("", " one launch"):
+        ptx = ptxas_report["untimed v7e" + one]["ptx"]
+        assert f16 in ptx and f16 not in ptxas_report["untimed v7d" + one]["ptx"]
+        assert "bar.sync 1, 256;" in ptx and "bar.sync 2, 512;" in ptx
+        acquire = ptx.index("ld.acquire.gpu")
+        assert "bar.warp.sync" in ptx[acquire:ptx.index("ld.global.cg.v4.f32", acquire)]
+        assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@requires_nvcc
+def test_v7f_reduce_scatters_its_partials(ptxas_report):
+    """v7f (csrc/epoch_v7f.cuh): the tiles of P_t go by 8-byte st.async into the owners' inboxes
+    and the credits back by remote mbarrier arrives (v7e's kernel has neither), on v7e's f16 mma;
+    nothing in local memory."""
+    for one in ("", " one launch"):
+        ptx = ptxas_report["untimed v7f" + one]["ptx"]
+        v7e = ptxas_report["untimed v7e" + one]["ptx"]
+        send = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32"
+        credit = "mbarrier.arrive.release.cluster.shared::cluster.b64"
+        assert send in ptx and credit in ptx and send not in v7e and credit not in v7e
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+        assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
     one reads the global timer at the start and end of each role's loop, the clock at least once
     a phase (clock() is a %clock64 read in PTX), and writes both arrays."""
-    for suffix in ("", " v7b", " v7c", " v7d", " one launch", " v7b one launch",
-                   " v7c one launch", " v7d one launch"):
+    for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " one launch", " v7b one launch",
+                   " v7c one launch", " v7d one launch", " v7e one launch", " v7f one launch"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         assert "%clock" not in untimed and "%globaltimer" not in untimed
@@ -200,8 +236,8 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
     dummy = p(16)
     for n, batch, scratch, variant, grams in (
             (1, 0, dummy, 0, 0), (1, 129, dummy, 1, 0), (0, 128, dummy, 0, 0),
-            (1, 128, None, 1, 0), (1, 128, dummy, 4, 0), (1, 128, dummy, -1, 0),
-            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 4, 1)):
+            (1, 128, None, 1, 0), (1, 128, dummy, 6, 0), (1, 128, dummy, -1, 0),
+            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 6, 1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
                                                dummy, scratch, variant, grams, dummy, dummy,
                                                None) == 1

@@ -28,7 +28,7 @@ for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its 
 ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
 Grams now by Gram kernel v2, `V7_GRAM_VERSION`: 211-237 µs an epoch on an H200, 2026-11-28,
 bit-equal to v1's 522-551).
-Version 7 has four variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
+Version 7 has six variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
 above, v7b (v7a with the worker partials handed to the chain as 8-byte words {value, step} polled
 until every tag is the step, one L2 round trip instead of a counter and then the data, and the
 chain's softmax on 16 lanes a row with shuffles; written without a GPU, its per-thread code run on
@@ -37,7 +37,11 @@ the CPU for whole epochs against float64; on an H200, 2026-11-28, 2.185 ms/epoch
 over by a named barrier; written without a GPU, its per-thread code run on the CPU for whole epochs
 against float64; on an H200, 2026-11-28, 2.179 ms/epoch) and v7d (v7c with workers that fetch the
 next update's G during a step; written without a GPU, its per-thread code run on the CPU for whole
-epochs against float64; on an H200, 2026-11-28, 2.062 ms/epoch), each in two launches or in one
+epochs against float64; on an H200, 2026-11-28, 2.062 ms/epoch) and v7e (v7c's chain with the
+workers' update and partials on the tensor cores, the v8 workers probe's mma bodies; written
+without a GPU, its per-thread and per-warp code run on the CPU for whole epochs against float64;
+NOT YET RUN ON A GPU) and v7f (v7e with the probe's reduce-scatter in place of the cluster
+barrier; the same checks, NOT YET RUN ON A GPU), each in two launches or in one
 (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch since the
 H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call; 1.967 in the
 bench), the row's version since.
@@ -76,15 +80,21 @@ SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_s
 PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
 V7_CTAS = 8  # v7's `ctas`: its chain cluster (the launch holds 64: 7 worker clusters more)
-V7_VARIANTS = ("a", "b", "c", "d")
-"""v7's variants, in the library's order (`variant` 0 … 3 of its v7 entry points): v7a (H200,
+V7_VARIANTS = ("a", "b", "c", "d", "e", "f")
+"""v7's variants, in the library's order (`variant` 0 … 5 of its v7 entry points): v7a (H200,
 2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch), v7c
 (csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; H200,
 2026-11-28 run 2: 2.179 ms/epoch) and v7d (csrc/epoch_v7d.cuh, epoch_v7d_math.cuh: v7c with the
 workers fetching the next update's G a step ahead; H200, 2026-11-28 run 3: 2.062 ms/epoch). In one
-launch (V7_GRAMS), run 5: v7b 2.068, v7c 1.960, v7d 1.998 (v6 2.036).
-sync_cost.py times all four in one call."""
-V7_VARIANT = "c"  # version 7's: v7c in one launch, the fastest on an H200 (2026-11-28)
+launch (V7_GRAMS), run 5: v7b 2.068, v7c 1.960, v7d 1.998 (v6 2.036). v7e (csrc/epoch_v7e.cuh,
+epoch_v7e_math.cuh: v7d with the workers' update and partials as m16n8k16 f16 products of hi/lo
+pieces, the v8 probe's bodies; not yet run on a GPU; estimated, not measured: ~1.3-1.5 ms/epoch if
+its workers' step is the probe's estimated 0.9-1.7 µs and v7c's chain, ~2.8 µs a step, the bound).
+v7f (csrc/epoch_v7f.cuh: v7e with the probe's "mma-scatter": P_t's tiles by st.async into their
+owners' inbox ring, summed a step late, no cluster barrier in the loop; not yet run on a GPU).
+sync_cost.py times them all in one call."""
+V7_VARIANT = "c"  # version 7's: v7c in one launch, the fastest on an H200 (2026-11-28); v7e
+# not until a GPU has measured it
 LAUNCHES = {7: 2}  # where not 1: v7's Gram kernel, then its epoch kernel (1 in one launch)
 V7_GRAMS = ("kernel", "launch")
 """Who makes v7's Grams (`EpochKernel(..., v7_grams=...)`, the entry points' `grams` 0, 1), for
@@ -138,11 +148,17 @@ term j = 1 with its lane shuffles and the wait at the hand-off barrier for the h
 own work, off the critical path, is not timed): a long one says the helpers are late; nothing
 follows the publish. v7d's workers keep them too: "wait G" is empty when the update's G was fetched
 ahead (else the poll and the loads), "update" starts by storing the fetched G into shared memory,
-and "partials" includes the fetching warps' non-blocking check and the issue of their loads."""
-V7_UNTIMED = {"c": {"chain": ("wait Γ",)}, "d": {"chain": ("wait Γ",)}}
-"""Phases a variant's profiling build does not clock, so they read 0: v7c's and v7d's chain counts
-its wait for the producers' flag inside "Gram terms" (a separate clock mark spilled v7c's timed
-one-launch build). The H200's run 5 (2026-11-28) found them 0 in both launch modes."""
+and "partials" includes the fetching warps' non-blocking check and the issue of their loads.
+v7e's workers (v7d's loop on the tensor cores) keep them: "update" starts by turning the fetched G
+into G''s fp16 pieces, then the mma sums (warps 0-7) and the apply; "partials" is every warp's
+m16 x n8 tile of P_t, x_{t+1}'s halves and the next G's fetch. v7f's (no cluster barrier in its
+loop): "partials" includes the wait for the inbox slot's credits and the st.async sends, "cluster
+barrier" is the wait for step t - 1's tiles in my inbox, "reduce" their sums, the tagged stores and
+the credits back."""
+V7_UNTIMED = {v: {"chain": ("wait Γ",)} for v in ("c", "d", "e", "f")}
+"""Phases a variant's profiling build does not clock, so they read 0: v7c's chain (v7d-v7f's)
+counts its wait for the producers' flag inside "Gram terms" (a separate clock mark spilled v7c's
+timed one-launch build). The H200's run 5 (2026-11-28) found them 0 in both launch modes."""
 
 
 def load_library() -> ctypes.CDLL:
@@ -337,7 +353,8 @@ class EpochKernel:
             what = {1: "its rows' partial logits", 2: "the rows' g",
                     3: "v7's worker partials (chain)", 4: "v7's G (worker)",
                     5: "v7's Grams from the producers (chain, one launch)",
-                    6: "v7's counters reset by producer CTA 0 (one launch)"}.get(
+                    6: "v7's counters reset by producer CTA 0 (one launch)",
+                    7: "v7f's partial tiles or their credits (worker inbox)"}.get(
                         d & 15, f"kind {d & 15}")
             raise RuntimeError(
                 f"cuda_epoch_train ({self.variant}): CTA {(d >> 4) & 255} waited too long for "

@@ -1,5 +1,5 @@
-// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a, v7b, v7c or v7d
-// (epoch_v7.cuh, epoch_v7c.cuh, epoch_v7d.cuh, `variant` 0, 1, 2 or 3) on the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
+// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a … v7f (epoch_v7.cuh,
+// epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, `variant` 0 … 5) on the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
 //   - the Gram kernel: every Γ_{t,j} (exact integer sums rounded once to float) at the kernel's
@@ -28,6 +28,16 @@
 //     G_a is published (a snapshot of global memory at that point); the update stages the held G
 //     if it is G_a's, else fetches it then (its runnable check has waited for the counters). The
 //     hardware's side of the ordering (acquire, __syncwarp, ld.cg) is the GPU tests';
+//   - v7e (variant 4: v7d's protocol, its workers' update and partials on the tensor cores,
+//     epoch_v7e_math.cuh + v8_workers.cuh's mma bodies): x as halves, G_a's fetched float4s
+//     turned into G' hi/lo by the fetching threads, every warp's mma.sync through V8HostWarp
+//     (exact products, one rounding: to nearest, or toward zero with `acc_rz`); its worker shared
+//     memory starts as NaN, so a region read before it is written shows;
+//   - v7f (variant 5: v7e with the probe's reduce-scatter, epoch_v7f.cuh): each warp's tile of
+//     P_t written straight into its owner's inbox slot t % V8_NS (checked: that slot's previous
+//     step reduced), the owners' reduce of step t − 1 at the end of step t (tagged words of step
+//     t − 1, v7b's slot-reuse check), the last step's reduce a unit of its own that waits for no G,
+//     then the drain. The ring's mbarriers and credits are the v8 probe's protocol test's;
 //   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
@@ -56,7 +66,12 @@
 // comes: a snapshot taken before the chain published it is used); one launch only (v7prod's 7-9,
 // renumbered at the merges): 11 the chain not waiting for Γ's flag, 12 a producer's flag published
 // before the Gram's last row (written by its next unit), 13 the chain and workers not waiting for
-// the reset (stale counters of the previous epoch).
+// the reset (stale counters of the previous epoch); v7e only (14 is another branch's): 15 G'
+// scaled by the batch size, not the step's rows (the last, short batch's update off by bs/n), 16
+// G''s lo piece dropped (11 bits of G), 17 a worker's padded slot 14 holding 255 (the v8 probe's
+// bias pixel) instead of 0; v7f only: 18 the deferred reduce's words tagged (and placed) as the
+// current step's, not the reduced step's (step 0's never written: the chain waits forever), 19
+// the deferred reduce of step u reading slot (u + 1) % NS (step u + 1's tiles, the probe's bug 5).
 #define FT_HOST_MATH
 #include <cmath>
 #include <algorithm>
@@ -69,7 +84,9 @@
 #include "epoch_v7b_math.cuh"
 #include "epoch_v7c_math.cuh"
 #include "epoch_v7d_math.cuh"
+#include "epoch_v7e_math.cuh"
 #include "epoch_v7l_math.cuh"
+#include "v8_mma_host.h"
 
 #if !defined(__CUDA_ARCH__)  // host code only
 namespace {
@@ -130,8 +147,9 @@ struct Chain {
   int hnext = 0;          // v7c: the helpers' next iteration (step hnext + 1's terms j ≥ 2)
   int holds[V7_NB] = {};  // the step whose G a slot holds complete (-1: none, or being written)
 };
-struct Worker {
-  std::vector<float> sm = std::vector<float>(WorkerSmem::FLOATS, 0.f);
+struct Worker {  // v7e: its shared memory as V7ESmem lays it out
+  std::vector<float> sm = std::vector<float>(
+      std::max({WorkerSmem::FLOATS, V7ESmem::FLOATS, V7FSmem::FLOATS}), 0.f);
   // v7d: the fetching threads' registers (V7GAhead::g), at G's float4 indices (v7d_vec).
   std::vector<float> pf = std::vector<float>(BMAX * V7_GROW, NAN);
 };
@@ -142,10 +160,12 @@ struct Emulation {
   const uint8_t* x;
   const int *y, *order;
   int bug, variant, grams = 0;
+  bool rz = false;  // v7e: the mma's accumulation rounded toward zero (V8HostWarp's "acc rz")
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
   int held[V7_WCLUSTERS] = {};  // v7d: the step whose G the cluster's fetching threads hold
+  bool unread[V7_WCLUSTERS][V8_NS] = {};  // v7f: an inbox slot holds a step not yet reduced
   bool violated = false;
   // One launch: its scratch tail, generation, who has started, each producer's next unit.
   V7LScratch l;
@@ -423,23 +443,33 @@ struct Emulation {
     }
   }
 
+  int w_at() const { return variant >= 4 ? V7ESmem::W : WorkerSmem::W; }
+  // The worker's last unit: its drain and write-back (v7f: after a unit of its own, the deferred
+  // reduce of the last step, which waits for no G: the chain needs those partials first).
+  int wlast() const { return variant == 5 ? e.steps + 1 : e.steps; }
   void worker_setup(int k, const float* w) {
     for (int r = 0; r < V7_CLUSTER; ++r) {
       std::vector<float>& sm = workers[k][r].sm;
-      std::fill(sm.begin(), sm.end(), 0.f);
+      std::fill(sm.begin(), sm.end(), variant >= 4 ? NAN : 0.f);  // v7e/f: what it must write
       const int f0 = (k * V7_CLUSTER + r) * V7_FW;
+      if (variant >= 4) {  // v7e_worker's setup: W's 16 x 16, the partial buffers zeroed
+        for (int i = 0; i < V8_NF * 16; ++i) sm[V7ESmem::W + i] = 0.f;
+        for (int i = 0; i < 2 * BMAX * V7_GROW && variant == 4; ++i) sm[V7ESmem::PBUF + i] = 0.f;
+      }
       for (int f = 0; f < V7_FW; ++f)
-        for (int c = 0; c < C; ++c) sm[WorkerSmem::W + f * 16 + c] = w[c * K + f0 + f];
+        for (int c = 0; c < C; ++c) sm[w_at() + f * 16 + c] = w[c * K + f0 + f];
     }
     wnext[k] = wapplied[k] = 0;
+    for (bool& u : unread[k]) u = false;
     held[k] = -1;
     store_x(k, 0);
   }
   bool worker_runnable(int k) const {
     if (grams == 1 && !wstarted[k]) return reset_seen();  // its setup, after the reset
     const int t = wnext[k];
-    if (t > e.steps) return false;
-    const int upto = t == e.steps ? e.steps : applied_before(t);
+    if (t > wlast()) return false;
+    if (variant == 5 && t == e.steps) return true;  // v7f's last deferred reduce
+    const int upto = t == wlast() ? e.steps : applied_before(t);
     for (int a = wapplied[k]; a < upto; ++a)
       if (!g_published(a)) return false;
     return true;
@@ -449,7 +479,12 @@ struct Emulation {
       for (int tid = 0; tid < V7_T; ++tid) {
         uint8_t buf[V7_XF];
         worker_fetch_x(e, x, order, t, (k * V7_CLUSTER + r) * V7_FW, tid, V7_T, buf);
-        worker_store_x(e, t, tid, V7_T, buf, workers[k][r].sm.data() + WorkerSmem::XS);
+        float* sm = workers[k][r].sm.data();
+        if (variant >= 4)  // bug 17: the padded slot 14 holds 255 (the probe's bias pixel)
+          v8_store_xh<V7_XR>(e, t, tid, V7_T, buf, bug == 17,
+                             reinterpret_cast<__half*>(sm + V7ESmem::XH));
+        else
+          worker_store_x(e, t, tid, V7_T, buf, sm + WorkerSmem::XS);
       }
   }
   // v7d: every fetching thread's float4s of G_a from global memory (bug 9: G_{a+1}'s, a step
@@ -472,10 +507,36 @@ struct Emulation {
     if (held[k] == a || (bug != 10 && !g_published(a))) return;
     fetch(k, a);
   }
+  // v7e's update of CTA (k, r): V7GAheadH::stage (G_a's float4s as G' = G·n·2¹² in hi/lo
+  // halves; bug 15: n the batch size, not the step's rows; bug 16: lo dropped), then the mma sums
+  // by warps 0-7 and the apply.
+  void update_mma(int k, int r, int a) {
+    float* sm = workers[k][r].sm.data();
+    __half* gsh = reinterpret_cast<__half*>(sm + V7ESmem::GSH);
+    for (int tid = V7D_PF0; tid < V7_T; ++tid)
+      for (int kk = 0; kk < V7D_VEC; ++kk) {
+        const int i = v7d_vec(tid, kk);
+        const float* g = workers[k][r].pf.data() + 4 * i;
+        v7e_put_g(i, make_float4(g[0], g[1], g[2], g[3]), v7d_vec_valid(e, a, i),
+                  bug == 15 ? e.bs : e.rows(a), gsh);
+      }
+    if (bug == 16) std::fill(gsh + BMAX * 16, gsh + 2 * BMAX * 16, __float2half_rn(0.f));
+    const V8HostWarp warp{rz};
+    for (int u = 0; u < V7_T / 32; ++u)
+      v8_mma_update_sums(warp, u, reinterpret_cast<const __half*>(sm + V7ESmem::XH) +
+                                      (a % V7_XR) * BMAX * 16,
+                         gsh, sm + V7ESmem::URED);
+    for (int tid = 0; tid < V7_T; ++tid)
+      v8_mma_update_apply(e, a, sm + V7ESmem::URED, tid, sm + V7ESmem::W);
+  }
   void update(int k, int a) {
-    if (variant == 3 && held[k] != a) fetch(k, a);  // not fetched ahead: V7GAhead::wait's loads
+    if (variant >= 3 && held[k] != a) fetch(k, a);  // not fetched ahead: V7GAhead::wait's loads
     for (int r = 0; r < V7_CLUSTER; ++r) {
       float* sm = workers[k][r].sm.data();
+      if (variant >= 4) {
+        update_mma(k, r, a);
+        continue;
+      }
       if (variant == 3) {  // V7GAhead::stage
         for (int tid = V7D_PF0; tid < V7_T; ++tid)
           for (int kk = 0; kk < V7D_VEC; ++kk) {
@@ -494,31 +555,90 @@ struct Emulation {
         worker_update_apply(e, sm + WorkerSmem::URED, tid, sm + WorkerSmem::W);
     }
   }
+  // v7f: rank r's reduce at step t (1 … steps) of the inbox slot of step u = v7f_reduced_at(t), as
+  // tagged words of step u (bug 18: of step t, the slot taken for the current step's); then the
+  // slot is free for the senders (checked: a send into a slot not yet reduced is a violation).
+  void reduce_f(int k, int t) {
+    const int u = v7f_reduced_at(t), slot = v8_ns_slot(bug == 19 ? u + 1 : u),
+              tag = bug == 18 ? t : u;
+    for (int r = 0; r < V7_CLUSTER; ++r) {
+      if (tag >= V7_PR && chain[r].next <= tag - V7_PR) violated = true;  // v7b's ring slot
+      const float* in = workers[k][r].sm.data() + V7FSmem::INBOX + slot * V8_SLOT_FLOATS;
+      for (int tid = 0; tid < V7_T; ++tid)
+        worker_reduce(e, u, r, tid,
+                      [&](int src, int i) { return in[src * V7_RPC * 16 + i - r * V7_RPC * 16]; },
+                      [&](int row, int c, float v) {
+                        s.ptag[v7b_word_at(tag, k, row, c)] = v7b_word(v, tag);
+                      });
+    }
+    unread[k][v8_ns_slot(u)] = false;
+  }
+  // v7f: P_t's tiles straight into their owners' inbox slot t % NS (as the st.asyncs would).
+  void scatter_f(int k, int t) {
+    const int slot = v8_ns_slot(t);
+    if (unread[k][slot]) violated = true;  // the owners have not reduced its previous step
+    unread[k][slot] = true;
+    for (int r = 0; r < V7_CLUSTER; ++r) {
+      float* sm = workers[k][r].sm.data();
+      const __half* xt = reinterpret_cast<const __half*>(sm + V7ESmem::XH) + (t % V7_XR) * BMAX * 16;
+      for (int wi = 0; wi < V7_T / 32; ++wi)
+        v8_mma_partial(V8HostWarp{rz}, wi, xt, sm + V7ESmem::W,
+                       [&](int row, int c, float v0, float v1) {
+                         float* in = workers[k][row / V7_RPC].sm.data() + V7FSmem::INBOX +
+                                     slot * V8_SLOT_FLOATS + v8_inbox_at(r, row, c);
+                         in[0] = v0;
+                         in[1] = v1;
+                       });
+    }
+  }
   void worker_step(int k, float* w_out) {
     const int t = wnext[k]++;
-    if (t == e.steps) {  // the updates left, then the write-back
+    if (variant == 5 && t == e.steps) {  // the last step's deferred reduce
+      if (t >= 1) reduce_f(k, t);
+      return;
+    }
+    if (t == wlast()) {  // the updates left, then the write-back
       for (; wapplied[k] < e.steps; ++wapplied[k]) update(k, wapplied[k]);
       for (int r = 0; r < V7_CLUSTER; ++r) {
         const int f0 = (k * V7_CLUSTER + r) * V7_FW;
         for (int f = 0; f < V7_FW; ++f)
           for (int c = 0; c < C; ++c)
-            w_out[c * K + f0 + f] = workers[k][r].sm[WorkerSmem::W + f * 16 + c];
+            w_out[c * K + f0 + f] = workers[k][r].sm[w_at() + f * 16 + c];
       }
       return;
     }
     const int p = t & 1;
     for (; wapplied[k] < applied_before(t); ++wapplied[k]) update(k, wapplied[k]);
+    if (variant == 5) {  // v7f: the sends, x_{t+1}, the next G, then step t − 1's reduce
+      scatter_f(k, t);
+      if (t + 1 < e.steps) store_x(k, t + 1);
+      if (wapplied[k] < e.steps) ahead(k, wapplied[k]);
+      if (t >= 1) reduce_f(k, t);
+      return;
+    }
     for (int r = 0; r < V7_CLUSTER; ++r) {
       float* sm = workers[k][r].sm.data();
+      if (variant == 4) {  // v7e: P_t's m16 x n8 tiles, one a warp
+        float* pb = sm + V7ESmem::PBUF + p * BMAX * V7_GROW;
+        const __half* xt = reinterpret_cast<const __half*>(sm + V7ESmem::XH) + (t % V7_XR) * BMAX * 16;
+        for (int wi = 0; wi < V7_T / 32; ++wi)
+          v8_mma_partial(V8HostWarp{rz}, wi, xt, sm + V7ESmem::W,
+                         [&](int row, int c, float v0, float v1) {
+                           pb[row * V7_GROW + c] = v0;
+                           pb[row * V7_GROW + c + 1] = v1;
+                         });
+        continue;
+      }
       for (int tid = 0; tid < V7_T; ++tid)
         worker_partial(e, t, sm + WorkerSmem::XS, sm + WorkerSmem::W, tid,
                        sm + WorkerSmem::PBUF + p * BMAX * V7_GROW);
     }
     if (t + 1 < e.steps) store_x(k, t + 1);  // after the updates read x_{t−L−1}
-    if (variant == 3 && wapplied[k] < e.steps) ahead(k, wapplied[k]);  // the next update's G
+    if (variant >= 3 && wapplied[k] < e.steps) ahead(k, wapplied[k]);  // the next update's G
     for (int r = 0; r < V7_CLUSTER; ++r) {  // after the cluster barrier
+      const int pbuf = variant == 4 ? V7ESmem::PBUF : WorkerSmem::PBUF;
       const auto remote = [&](int src, int i) {
-        return workers[k][src].sm[WorkerSmem::PBUF + p * BMAX * V7_GROW + i];
+        return workers[k][src].sm[pbuf + p * BMAX * V7_GROW + i];
       };
       if (variant >= 1) {  // slot t % V7_PR: chain CTA r must have read step t − V7_PR
         if (t >= V7_PR && chain[r].next <= t - V7_PR) violated = true;
@@ -602,7 +722,7 @@ struct Emulation {
       if (violated) return -3;
     }
     for (int k = 0; k < V7_WCLUSTERS; ++k)
-      if (wnext[k] <= e.steps) return -2;
+      if (wnext[k] <= wlast()) return -2;
     for (int q = 0; q < V7_CHAIN; ++q) {
       if (chain[q].next <= e.steps) return -2;
       if (variant >= 2 && chain[q].hnext != std::max(e.steps - 1, 0)) return -2;
@@ -619,18 +739,21 @@ struct Emulation {
 
 }  // namespace
 
-// `epochs` epochs of v7a (variant 0), v7b (1), v7c (2) or v7d (3) on (w [10][784], b [10]) in place, orders
+// `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4) or v7f (5) on (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
 // `grams`: 0 two launches (the Gram launch first), 1 one launch (the producers among the units).
+// `acc_rz`: v7e's and v7f's mma accumulation rounded toward zero (else to nearest).
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
-                         int bug, float fill, int variant, int grams) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 13 || variant < 0 ||
-      variant > 3 || grams < 0 || grams > 1 || (bug > 3 && bug < 7 && variant < 1) ||
+                         int bug, float fill, int variant, int grams, int acc_rz) {
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 19 || bug == 14 ||
+      variant < 0 || variant > 5 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
+      (bug >= 18 && variant != 5) ||
+      (bug > 3 && bug < 7 && variant < 1) ||
       (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
-      (bug >= 11 && grams != 1))
+      (bug >= 11 && bug <= 13 && grams != 1))
     return -1;
   const int steps = (n + bs - 1) / bs;
   std::vector<float> scratch((v7l_scratch_bytes(steps) + 3) / 4, fill);
@@ -645,6 +768,7 @@ extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* 
   em->y = y;
   em->bug = bug;
   em->variant = variant;
+  em->rz = acc_rz != 0;
   int code = 0;
   for (int ep = 0; ep < epochs && code == 0; ++ep) {
     em->order = orders + size_t(ep) * n;

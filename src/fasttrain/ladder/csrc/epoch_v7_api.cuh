@@ -43,6 +43,15 @@
 //      acquires before it loads that Γ; v7's counters zeroed by producer CTA 0 behind a flag of
 //      the same generation. Its producer role and the chain's wait run on the CPU in the host
 //      emulation for whole epochs (tests/ladder/test_cuda_epoch_v7_math.py).
+//   v7e (epoch_v7e.cuh, epoch_v7e_math.cuh; variant 4; written without a GPU, not yet run on one)
+//      v7c's chain with workers on the tensor cores: the v8 workers probe's "mma" bodies
+//      (v8_workers.cuh: the update and the partials as m16n8k16 f16 products of hi/lo pieces) in
+//      v7's protocol (L = 4, bias on the chain, G_a from v7's global G turned into G' = G·n·2¹²
+//      by the worker, fetched a step ahead as v7d's), v7's cluster-barrier reduce. Estimate (not
+//      measured): workers ~0.9-1.7 µs a step, the chain (~2.8) the bound, ~1.3-1.5 ms/epoch.
+//   v7f (epoch_v7f.cuh; variant 5; written without a GPU, not yet run on one) v7e with the
+//      probe's reduce-scatter ("mma-scatter": each warp's tile of P_t by st.async into its owner's
+//      inbox ring, the owner's sum a step late, credits back; no cluster barrier in the loop).
 #pragma once
 #include "epoch_v7_launch.cuh"
 
@@ -60,7 +69,7 @@ long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
 // v7's co-residency, checked at setup: *clusters = how many clusters of 8 of its epoch kernel the
 // device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
 // Returns 0 or a cudaError_t.
-// `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3); `grams`: V7_GRAMS_KERNEL 0
+// `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3, V7E 4, V7F 5); `grams`: V7_GRAMS_KERNEL 0
 // (8 clusters) or V7_GRAMS_LAUNCH 1 (one launch: 15 clusters, the producers').
 int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) {
   *needed = (grams == V7_GRAMS_LAUNCH ? V7L_CTAS : V7_CTAS) / V7_CLUSTER;
@@ -69,11 +78,15 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
     return cudaErrorInvalidValue;
   void (*kernel)(V7Args) =
       grams == V7_GRAMS_LAUNCH
-          ? (variant == V7D   ? v7_epoch_kernel_d<false, V7_GRAMS_LAUNCH>
+          ? (variant == V7F   ? v7_epoch_kernel_f<false, V7_GRAMS_LAUNCH>
+             : variant == V7E ? v7_epoch_kernel_e<false, V7_GRAMS_LAUNCH>
+             : variant == V7D ? v7_epoch_kernel_d<false, V7_GRAMS_LAUNCH>
              : variant == V7C ? v7_epoch_kernel_c<false, V7_GRAMS_LAUNCH>
              : variant == V7B ? v7_epoch_kernel<false, true, V7_GRAMS_LAUNCH>
                               : v7_epoch_kernel<false, false, V7_GRAMS_LAUNCH>)
-          : (variant == V7D   ? v7_epoch_kernel_d<>
+          : (variant == V7F   ? v7_epoch_kernel_f<>
+             : variant == V7E ? v7_epoch_kernel_e<>
+             : variant == V7D ? v7_epoch_kernel_d<>
              : variant == V7C ? v7_epoch_kernel_c<>
              : variant == V7B ? v7_epoch_kernel<false, true>
                               : v7_epoch_kernel<>);
@@ -85,11 +98,12 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
   return cudaOccupancyMaxActiveClusters(clusters, kernel, &cfg);
 }
 
-// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a, v7b, v7c, v7d).
+// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a … v7f).
 // Host only.
 int cuda_epoch_v7_variants() { return V7_VARIANTS; }
 
-// One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b; 2 v7c; 3 v7d),
+// One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b; 2 v7c; 3 v7d;
+// 4 v7e; 5 v7f),
 // args as cuda_epoch_train's with ctas = 8, cluster = 1 and `scratch` of
 // cuda_epoch_v7_scratch_bytes: its Grams, then its epoch kernel (`grams` 0), or its one launch
 // (`grams` 1: the scratch zeroed before its first epoch), on `stream`. Returns 0 or a

@@ -1,13 +1,15 @@
 // cuda-epoch v7's host side (epoch_v7_api.cuh's entry points call it): the launch configuration,
 // an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel of v7a, v7b,
-// v7c or v7d, TIMED or not) or its one launch (`grams` V7_GRAMS_LAUNCH: the epoch kernel with its
+// v7c, v7d, v7e or v7f, TIMED or not) or its one launch (`grams` V7_GRAMS_LAUNCH: the epoch kernel with its
 // producer clusters, epoch_v7l.cuh), and the phase profile's read-back. v7's
-// variants: V7A (0), V7B (1), V7C (2) and V7D (3), the `variant` of the entry points
+// variants: V7A (0), V7B (1), V7C (2), V7D (3), V7E (4) and V7F (5), the `variant` of the entry points
 // (cuda_epoch.V7_VARIANTS); `grams` is independent of it.
 #pragma once
 #include "epoch_v7.cuh"
 #include "epoch_v7c.cuh"
 #include "epoch_v7d.cuh"
+#include "epoch_v7e.cuh"
+#include "epoch_v7f.cuh"
 
 namespace {
 
@@ -15,6 +17,20 @@ namespace {
 constexpr int v7_smem_bytes(int grams) {
   return grams == V7_GRAMS_LAUNCH ? V7L_SMEM_BYTES : 4 * V7_SMEM_FLOATS;
 }
+// Every role within what either launch gives (one launch's first run faulted on a role that
+// needed more than the launch's bytes: the CPU emulation cannot see that).
+static_assert(4 * ChainSmem::FLOATS <= v7_smem_bytes(V7_GRAMS_KERNEL) &&
+                  4 * ChainSmem::FLOATS <= v7_smem_bytes(V7_GRAMS_LAUNCH),
+              "the chain's shared memory fits both launches'");
+static_assert(4 * WorkerSmem::FLOATS <= v7_smem_bytes(V7_GRAMS_KERNEL) &&
+                  4 * WorkerSmem::FLOATS <= v7_smem_bytes(V7_GRAMS_LAUNCH),
+              "v7a-v7d's workers' shared memory fits both launches'");
+static_assert(4 * V7ESmem::FLOATS <= v7_smem_bytes(V7_GRAMS_KERNEL) &&
+                  4 * V7ESmem::FLOATS <= v7_smem_bytes(V7_GRAMS_LAUNCH),
+              "v7e's workers' shared memory fits both launches'");
+static_assert(4 * V7FSmem::FLOATS <= v7_smem_bytes(V7_GRAMS_KERNEL) &&
+                  4 * V7FSmem::FLOATS <= v7_smem_bytes(V7_GRAMS_LAUNCH),
+              "v7f's workers' shared memory fits both launches'");
 
 // The epoch kernel over V7_CTAS CTAs (V7L_CTAS in one launch) in clusters of 8, cooperative
 // (every role spins on the others: the grid must be resident, see epoch_v7.cuh).
@@ -38,7 +54,7 @@ cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, c
 
 // The Gram kernels: 1 (v7a's, measured on an H200) or 2 (gram_v2.cuh, not yet run on a GPU).
 constexpr int V7_GRAM_VERSION = 2;  // the epoch's
-enum V7Variant { V7A = 0, V7B = 1, V7C = 2, V7D = 3, V7_VARIANTS };
+enum V7Variant { V7A = 0, V7B = 1, V7C = 2, V7D = 3, V7E = 4, V7F = 5, V7_VARIANTS };
 V7Args v7_args(const Args& a, bool tagged = false) {
   const int steps = (a.n + a.bs - 1) / a.bs;
   return V7Args{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps), tagged};
@@ -64,12 +80,15 @@ cudaError_t v7_grams(const V7Args& v, int version, cudaStream_t stream) {
 // v7b's kernel (and its Gram launch, or its producer CTA 0, clears the tagged partials' ring);
 // V7C (with V7B): v7c's; V7D (with V7B): v7d's. GRAMS: V7_GRAMS_KERNEL, two
 // launches (the Gram kernel, then the epoch kernel); V7_GRAMS_LAUNCH, one (the scratch of
-// v7l_scratch_bytes, zeroed before its first epoch: epoch_v7l_math.cuh).
+// v7l_scratch_bytes, zeroed before its first epoch: epoch_v7l_math.cuh). V7E (with V7B): v7e's;
+// V7F (with V7B): v7f's.
 template <bool TIMED = false, bool V7B = false, bool V7C = false, int GRAMS = V7_GRAMS_KERNEL,
-          bool V7D = false>
+          bool V7D = false, bool V7E = false, bool V7F = false>
 cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   if (a.scratch == nullptr) return cudaErrorInvalidValue;
-  constexpr auto kernel = V7D   ? v7_epoch_kernel_d<TIMED, GRAMS>
+  constexpr auto kernel = V7F   ? v7_epoch_kernel_f<TIMED, GRAMS>
+                          : V7E ? v7_epoch_kernel_e<TIMED, GRAMS>
+                          : V7D ? v7_epoch_kernel_d<TIMED, GRAMS>
                           : V7C ? v7_epoch_kernel_c<TIMED, GRAMS>
                                 : v7_epoch_kernel<TIMED, V7B, GRAMS>;
   const V7Args v = v7_args(a, V7B);
@@ -82,7 +101,7 @@ cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   const cudaLaunchConfig_t cfg = v7_config(attr, true, stream, GRAMS);
   return cudaLaunchKernelEx(&cfg, kernel, v);
 }
-// `variant` (V7A, V7B, V7C, V7D) and `grams` (V7_GRAMS_KERNEL, V7_GRAMS_LAUNCH) resolved once,
+// `variant` (V7A … V7F) and `grams` (V7_GRAMS_KERNEL, V7_GRAMS_LAUNCH) resolved once,
 // here.
 template <bool TIMED = false>
 cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
@@ -92,6 +111,10 @@ cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
     if (variant == V7B) return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH>(a, stream);
     if (variant == V7C) return train_v7<TIMED, true, true, V7_GRAMS_LAUNCH>(a, stream);
     if (variant == V7D) return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, true>(a, stream);
+    if (variant == V7E)
+      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, true>(a, stream);
+    if (variant == V7F)
+      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, true>(a, stream);
     return cudaErrorInvalidValue;
   }
   if (grams != V7_GRAMS_KERNEL) return cudaErrorInvalidValue;
@@ -99,6 +122,9 @@ cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
   if (variant == V7B) return train_v7<TIMED, true>(a, stream);
   if (variant == V7C) return train_v7<TIMED, true, true>(a, stream);
   if (variant == V7D) return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, true>(a, stream);
+  if (variant == V7E) return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, true>(a, stream);
+  if (variant == V7F)
+    return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, true>(a, stream);
   return cudaErrorInvalidValue;
 }
 

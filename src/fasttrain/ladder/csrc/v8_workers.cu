@@ -74,25 +74,7 @@ __device__ __forceinline__ uint32_t v8_smid() {
   asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
   return v;
 }
-// One arrival on CTA `rank`'s mbarrier at my address `bar` (a credit back to a sender).
-__device__ __forceinline__ void v8_remote_arrive(uint32_t bar, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
-                   mapa(bar, rank))
-               : "memory");
-#endif
-}
-// 8 bytes (two floats, 8-aligned) into a cluster CTA's shared memory, completing them on its
-// mbarrier `bar` (cluster addresses from mapa).
-__device__ __forceinline__ void v8_st_async2(uint32_t dst, float a, float b, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
-          dst),
-      "f"(a), "f"(b), "r"(bar)
-      : "memory");
-#endif
-}
+// v8_remote_arrive, v8_st_async2: epoch_v7_sync.cuh (v7f uses them too).
 constexpr int V8_WAIT_CODE = 0x80;  // | kind << 4 | CTA << 8 | step << 16 in g_signal_error
 
 template <int V>

@@ -147,9 +147,11 @@ FT_V8 void v8_simt_bias_partial(const V7Epoch& e, int t, const float* w, int tid
 // ---- mma: x as fp16, the update and the partials on the tensor cores ---------------------------
 // x_t's bytes (worker_fetch_x's, 0 past the batch) as halves into slot t % XR, every row and
 // slot written (the fragments read all 128 rows and 16 slots): slots 14, 15 by threads < BMAX.
+// XR: the ring's slots (v7e's, L = 4: V7_XR).
+template <int XR = V8_XR>
 FT_V8 void v8_store_xh(const V7Epoch& e, int t, int tid, int T, const uint8_t (&buf)[V7_XF],
                        bool bias, __half* xh) {
-  __half* dst = xh + (t % V8_XR) * BMAX * 16;
+  __half* dst = xh + (t % XR) * BMAX * 16;
   for (int k = 0; k < V7_XF; ++k) {
     const int it = tid + k * T, i = it / V7_FW, f = it % V7_FW;
     if (it < BMAX * V7_FW) dst[i * 16 + f] = __float2half_rn(float(buf[k]));
