@@ -37,7 +37,8 @@ costs, measured, and how the `cuda-epoch` variants compare.
   (`cudaOccupancyMaxActiveClusters`, a cooperative cluster launch). `--probes-only`: just these.
 
     PYTHONPATH=src python benchmarks/sync_cost.py [--data mnist] [--epochs 10] [--json PATH]
-                                                  [--probes-only]
+                                                  [--probes-only] [--versions 6,7]
+                                                  [--v7 c:launch,e,f]
 """
 
 from __future__ import annotations
@@ -111,7 +112,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="PATH", help="write the figures here")
     ap.add_argument("--probes-only", action="store_true",
                     help="only the hand-off and co-residency probes (seconds, no dataset)")
+    ap.add_argument("--versions", metavar="V,...",
+                    help="time only these cuda-epoch versions (2, the reference, always runs): "
+                         "a short GPU loan's way to the ones that matter, e.g. --versions 6,7")
+    ap.add_argument("--v7", metavar="VARIANT[:GRAMS],...",
+                    help="only these of version 7's (variant, Grams) pairs, e.g. c:launch,e,f "
+                         "(GRAMS kernel or launch; without it, both that V7_TIMED has)")
     args = ap.parse_args(argv)
+    try:
+        versions, v7_timed = parse_versions(args.versions), parse_v7(args.v7)
+    except ValueError as e:
+        print(f"sync_cost: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("sync_cost: needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -149,7 +161,8 @@ def main(argv=None) -> int:
     times, deltas, finals, phases, grams = {}, {}, {}, {}, {}
     # Version 7 once each of V7_TIMED: all timed, profiled and recorded in this one call.
     kernels = [(v, c, n, *v7) for v, c, n in variants(has_clusters())
-               for v7 in (V7_TIMED if v == 7 else ((None, None),))]
+               if versions is None or v in versions
+               for v7 in (v7_timed if v == 7 else ((None, None),))]
     for version, cluster, ctas, v7, v7_grams in kernels:
         threads, smem = launch_config(lib, ctas, version, cluster)
         epoch = iter(range(10**9))
@@ -188,7 +201,9 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"schema": "fasttrain.sync_cost/1", "env": env,
                        "config": {"iters": ITERS, "steps": STEPS, "data": args.data,
-                                  "epochs": args.epochs},
+                                  "epochs": args.epochs,
+                                  "versions": sorted(versions) if versions else "all",
+                                  "v7": [f"{v}:{g}" for v, g in v7_timed]},
                        "barrier_ns": barriers, "graph_node_us": node,
                        "cuda_epoch_ms": times, "cuda_epoch_max_dw_vs_v2": deltas,
                        "cuda_epoch_phases_us": phases, "cuda_epoch_v7_grams_us": grams,
@@ -243,6 +258,37 @@ def time_v7_grams(k, epochs: int) -> dict:
                               for g in grams if g != 1}
         print(f"    v7 Grams equal to v1's bit for bit: {out['equal_to_v1']}")
     return out
+
+
+def parse_versions(spec: str | None) -> set[int] | None:
+    """--versions "6,7" → {2, 6, 7} (version 2 is every variant's reference); None: all."""
+    if spec is None:
+        return None
+    from fasttrain.ladder.cuda_epoch import VERSIONS
+
+    try:
+        chosen = {int(v) for v in spec.split(",")}
+    except ValueError:
+        chosen = set()
+    if not chosen or not chosen <= set(VERSIONS):
+        raise ValueError(f"--versions {spec!r}: name some of {', '.join(map(str, VERSIONS))}, "
+                         "comma-separated")
+    return chosen | {2}
+
+
+def parse_v7(spec: str | None) -> tuple[tuple[str, str], ...]:
+    """--v7 "c:launch,e" → those of V7_TIMED's (variant, Grams) pairs, in V7_TIMED's order."""
+    if spec is None:
+        return V7_TIMED
+    chosen = set()
+    for item in spec.split(","):
+        variant, _, grams = item.partition(":")
+        pairs = {p for p in V7_TIMED if p[0] == variant and grams in ("", p[1])}
+        if not pairs:
+            raise ValueError(f"--v7 {item!r}: not one of V7_TIMED's (variant:grams) pairs, "
+                             + ", ".join(f"{v}:{g}" for v, g in V7_TIMED))
+        chosen |= pairs
+    return tuple(p for p in V7_TIMED if p in chosen)
 
 
 def handoff_probes() -> dict:

@@ -287,3 +287,16 @@ def test_the_residency_probes_answer_and_leave_no_error_behind():
     assert both["status"] == "ok" or both["status"].startswith("cudaError"), both
     torch.cuda.synchronize()
     assert (torch.ones(4, device="cuda") + 1).sum().item() == 8, "a failed launch left its error"
+
+
+def test_sync_cost_picks_versions_and_v7_pairs_or_refuses_with_one_line(capsys):
+    sync_cost = import_benchmark("sync_cost")
+    assert sync_cost.parse_versions(None) is None
+    assert sync_cost.parse_versions("7,6") == {2, 6, 7}, "v2 is every variant's reference"
+    assert sync_cost.parse_v7(None) == sync_cost.V7_TIMED
+    assert sync_cost.parse_v7("e,c:launch") == (("c", "launch"), ("e", "launch"))
+    assert sync_cost.parse_v7("c") == (("c", "kernel"), ("c", "launch"))
+    for argv in (["--versions", "8"], ["--versions", "six"], ["--v7", "c:graph"], ["--v7", "z"]):
+        assert sync_cost.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("sync_cost: --"), err
