@@ -206,11 +206,13 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   }
 }
 
-// v7c's epoch kernel body, shared with v7d (epoch_v7d.cuh): GF, how G reaches the workers' update
-// (V7GDirect: v7c's; V7GAhead: v7d's). GRAMS: as v7_epoch_kernel's (its one-launch prologue and
-// producers, v7b's ring cleared).
-template <bool TIMED, int GRAMS, class GF>
-__device__ __forceinline__ void v7c_epoch(const V7Args& v, float* sm) {
+// v7c's epoch kernel body, shared with v7d-v7f (epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh): the
+// chain is v7c's; `worker(k, rank, v, sm)` runs a worker CTA of cluster k (v7c: v7_worker with
+// V7GDirect, G read at the update; v7d: V7GAhead, G fetched a step ahead; v7e, v7f: their
+// tensor-core workers). GRAMS: as v7_epoch_kernel's (its one-launch prologue and producers, v7b's
+// ring cleared).
+template <bool TIMED, int GRAMS, class Worker>
+__device__ __forceinline__ void v7c_epoch(const V7Args& v, float* sm, Worker worker) {
   if (!v7_prologue<GRAMS>(v, sm)) return;
   const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
   if (cluster == 0) {
@@ -219,15 +221,22 @@ __device__ __forceinline__ void v7c_epoch(const V7Args& v, float* sm) {
     else
       v7c_chain<TIMED>(rank, v, sm);
   } else {
-    v7_worker<TIMED, true, GF>(cluster - 1, rank, v, sm);
+    worker(cluster - 1, rank, v, sm);
   }
 }
+// v7_worker with GF (how G reaches the update), as v7c_epoch's worker.
+template <bool TIMED, class GF>
+struct V7WorkerOf {
+  __device__ __forceinline__ void operator()(int k, int r, const V7Args& v, float* sm) const {
+    v7_worker<TIMED, true, GF>(k, r, v, sm);
+  }
+};
 
 template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_c(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
-  v7c_epoch<TIMED, GRAMS, V7GDirect>(v, sm);
+  v7c_epoch<TIMED, GRAMS>(v, sm, V7WorkerOf<TIMED, V7GDirect>{});
 #endif
 }
 

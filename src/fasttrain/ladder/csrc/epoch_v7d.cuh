@@ -85,7 +85,7 @@ template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_d(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
-  v7c_epoch<TIMED, GRAMS, V7GAhead>(v, sm);
+  v7c_epoch<TIMED, GRAMS>(v, sm, V7WorkerOf<TIMED, V7GAhead>{});
 #endif
 }
 

@@ -121,20 +121,17 @@ __device__ void v7e_worker(int k, int r, const V7Args& v, float* sm) {
 
 // v7c's kernel (its chain; in one launch its producers, ticket, ring clear and reset wait) with
 // v7e's workers.
+template <bool TIMED>
+struct V7EWorker {
+  __device__ __forceinline__ void operator()(int k, int r, const V7Args& v, float* sm) const {
+    v7e_worker<TIMED>(k, r, v, sm);
+  }
+};
 template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_e(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
-  if (!v7_prologue<GRAMS>(v, sm)) return;
-  const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
-  if (cluster == 0) {
-    if constexpr (GRAMS == V7_GRAMS_LAUNCH)
-      v7c_chain<TIMED>(rank, v, sm, V7GramsGate{});
-    else
-      v7c_chain<TIMED>(rank, v, sm);
-  } else {
-    v7e_worker<TIMED>(cluster - 1, rank, v, sm);
-  }
+  v7c_epoch<TIMED, GRAMS>(v, sm, V7EWorker<TIMED>{});
 #endif
 }
 
