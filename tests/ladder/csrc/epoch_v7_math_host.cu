@@ -93,31 +93,13 @@ namespace {
 
 constexpr int CHAIN_FIRST = -1;
 
-// v7b's softmax lanes: the 32 lanes of a warp in lockstep. shfl_xor is __shfl_xor_sync(full mask,
-// v, mask, width), i.e. shfl.sync.bfly with c = ((32 − width) << 8) | 31; the PTX ISA's
-// definition: segmask = c[12:8], maxLane = (lane & segmask) | (c[4:0] & ~segmask), j = lane ^
-// mask, and a lane whose j > maxLane gets its own value. `width`: the planted bug 5 runs every
-// shuffle at 8, whatever the body asks.
-struct HostWarp16 {
+// v7b's softmax lanes: V8HostWarp's 32 lanes in lockstep (its shfl_xor: __shfl_xor_sync by the PTX
+// ISA's bfly rule), with `width` the planted bug 5's: every shuffle at 8, whatever the body asks.
+struct HostWarp16 : V8HostWarp {
   int width = 0;  // 0: the body's
-  template <class T>
-  using Reg = std::array<T, 32>;
-  template <class T>
-  T& at(Reg<T>& v, int lane) const { return v[lane]; }
-  template <class T>
-  const T& at(const Reg<T>& v, int lane) const { return v[lane]; }
-  template <class F>
-  void each(F&& f) const {
-    for (int lane = 0; lane < 32; ++lane) f(lane);
-  }
+  explicit HostWarp16(int forced_width = 0) : width(forced_width) {}
   Reg<float> shfl_xor(const Reg<float>& v, int mask, int w) const {
-    const int c = ((32 - (width ? width : w)) << 8) | 31, segmask = (c >> 8) & 31;
-    Reg<float> out;
-    for (int lane = 0; lane < 32; ++lane) {
-      const int max_lane = (lane & segmask) | (c & 31 & ~segmask), j = lane ^ mask;
-      out[lane] = v[j <= max_lane ? j : lane];
-    }
-    return out;
+    return V8HostWarp::shfl_xor(v, mask, width ? width : w);
   }
 };
 
