@@ -5,6 +5,7 @@
 #pragma once
 #include "epoch_v4.cuh"
 #include "epoch_v7b_math.cuh"
+#include "v8_mma.cuh"
 
 namespace {
 
@@ -56,19 +57,7 @@ __device__ __noinline__ unsigned long long poll_tagged(const uint64_t* words, in
   }
 }
 // v7b's softmax lanes on the GPU: a lane is the thread itself (the host harness's policy runs 32).
-struct V7DeviceWarp {
-  template <class T>
-  using Reg = T;
-  template <class T>
-  __device__ __forceinline__ T& at(T& v, int) const { return v; }
-  template <class T>
-  __device__ __forceinline__ const T& at(const T& v, int) const { return v; }
-  template <class F>
-  __device__ __forceinline__ void each(F&& f) const { f(static_cast<int>(threadIdx.x & 31)); }
-  __device__ __forceinline__ float shfl_xor(float v, int mask, int width) const {
-    return __shfl_xor_sync(0xffffffffu, v, mask, width);
-  }
-};
+using V7DeviceWarp = V8DeviceWarp;  // csrc/v8_mma.cuh's: at, each, shfl_xor (and the mma)
 // After a __syncthreads that follows every thread's writes: publish `steps` (thread 0). The
 // release is cumulative: the CTA's writes ordered before it by the barrier are visible to an
 // acquire that reads the count (the pattern of CUTLASS's GenericBarrier::arrive_inc, a fence and
