@@ -5,6 +5,7 @@
 #pragma once
 #include "epoch_v4.cuh"
 #include "epoch_v7b_math.cuh"
+#include "v8_cluster_ptx.cuh"  // v8k_remote_arrive, v8k_st8: v7f's and the v8 probes' credits and sends
 #include "v8_mma.cuh"
 
 namespace {
@@ -80,24 +81,4 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-// The v8 workers probe's reduce-scatter (v8_workers.cu; v7f, epoch_v7f.cuh):
-// One arrival on CTA `rank`'s mbarrier at my address `bar` (a credit back to a sender).
-__device__ __forceinline__ void v8_remote_arrive(uint32_t bar, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
-                   mapa(bar, rank))
-               : "memory");
-#endif
-}
-// 8 bytes (two floats, 8-aligned) into a cluster CTA's shared memory, completing them on its
-// mbarrier `bar` (cluster addresses from mapa).
-__device__ __forceinline__ void v8_st_async2(uint32_t dst, float a, float b, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
-          dst),
-      "f"(a), "f"(b), "r"(bar)
-      : "memory");
-#endif
-}
 }  // namespace

@@ -90,7 +90,7 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
                     st_relaxed64(ring + v7b_word_at(u, k, row, c), v7b_word(val, u));
                   });
     __syncthreads();  // every read of the slot done: credit the 8 senders
-    if (tid < V7_CLUSTER) v8_remote_arrive(free_u + 8 * slot, tid);
+    if (tid < V7_CLUSTER) v8k_remote_arrive(free_u + 8 * slot, tid);
     clock.mark(V7W_REDUCE);
   };
 
@@ -112,7 +112,7 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
     v8_mma_partial(V8DeviceWarp{}, wi, xh + (t % V7_XR) * BMAX * 16, w,
                    [&](int row, int c, float v0, float v1) {
                      const int dst = row / V7_RPC;
-                     v8_st_async2(mapa(in_u + 4 * v8_inbox_at(r, row, c), dst), v0, v1,
+                     v8k_st8(mapa(in_u + 4 * v8_inbox_at(r, row, c), dst), v0, v1,
                                    mapa(full_u + 8 * slot, dst));
                    });
     if (t + 1 < steps) v8_store_xh<V7_XR>(e, t + 1, tid, V7_T, xb, false, xh);

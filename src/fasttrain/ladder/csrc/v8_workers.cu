@@ -74,7 +74,7 @@ __device__ __forceinline__ uint32_t v8_smid() {
   asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
   return v;
 }
-// v8_remote_arrive, v8_st_async2: epoch_v7_sync.cuh (v7f uses them too).
+// v8k_remote_arrive, v8k_st8: v8_cluster_ptx.cuh (v7f and the chain cluster use them too).
 constexpr int V8_WAIT_CODE = 0x80;  // | kind << 4 | CTA << 8 | step << 16 in g_signal_error
 
 template <int V>
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(V7_T, 1) v8_workers_kernel(V8Args v) {
     worker_reduce(e, u, r, tid, [&](int src, int i) { return in[src * V7_RPC * 16 + i]; },
                   [&](int row, int c, float val) { v.p[v8_p_at(u, k, row, c)] = val; });
     __syncthreads();  // every read of the slot done: credit the 8 senders
-    if (tid < V7_CLUSTER) v8_remote_arrive(free_u + 8 * slot, tid);
+    if (tid < V7_CLUSTER) v8k_remote_arrive(free_u + 8 * slot, tid);
     return landed;
   };
 
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(V7_T, 1) v8_workers_kernel(V8Args v) {
       v8_mma_partial(V8DeviceWarp{}, wi, xh + (t % V8_XR) * BMAX * 16, w,
                      [&](int row, int c, float v0, float v1) {
                        const int dst = row / V7_RPC;
-                       v8_st_async2(mapa(in_u + 4 * v8_inbox_at(r, row, c), dst), v0, v1,
+                       v8k_st8(mapa(in_u + 4 * v8_inbox_at(r, row, c), dst), v0, v1,
                                     mapa(full_u + 8 * slot, dst));
                      });
     }
