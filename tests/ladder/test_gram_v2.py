@@ -4,7 +4,12 @@ the grid, cp.async copies landing only at their wait, ldmatrix and mma emulated 
 ISA) against the exact Grams of tests/ladder/lagged_reference.py rounded once to fp32, at
 v7_gram_offset's place, with nothing written past a batch or before the epoch; two planted bugs
 fail it. On a GPU (marked gpu): v2's Grams equal v1's bit for bit on an MNIST-sized epoch.
-Written without a GPU: the GPU test has not yet run."""
+Written without a GPU: the GPU test has not yet run.
+
+The v8 instantiation (gram_v2.cuh's V8: L = 6, the bias as a 785th pixel of 255, every block
+written): the same emulation (gram_v8_epoch_host) against ladder/v8_chain.py's chain_inputs, the
+probes' own NumPy Γ̃ in their own layouts ("grams", "gramh"), bit for bit; three planted bugs
+fail it (the bias byte, a lag's rows a step off, the padding not zeroed)."""
 
 import ctypes
 
@@ -28,6 +33,8 @@ def lib(tmp_path_factory):
     p, i32 = ctypes.c_void_p, ctypes.c_int
     lib.gram_v2_epoch_host.argtypes = [p, p, i32, i32, p, i32]
     lib.gram_v2_epoch_host.restype = i32
+    lib.gram_v8_epoch_host.argtypes = [p, p, i32, i32, p, p, i32]
+    lib.gram_v8_epoch_host.restype = i32
     return lib
 
 
@@ -82,3 +89,54 @@ def test_a_planted_bug_fails(lib, bug):
     got, _ = host_grams(lib, x, order, 128, bug=bug)
     want = expected_grams(x, order, 128)
     assert not np.array_equal(got, want, equal_nan=True)
+
+
+V8_LAG = 6
+V8_EPOCHS = [128 * 7 + 96, 128 * 6 + 40, 128 * 3 + 17]
+"""n (batch 128, the probes'): 8 steps with a partial last batch of 96 (every lag reaches a
+partial batch, and t < j for the first steps), a last batch of 40 (its second CTA has no rows:
+its blocks' rows 64 … 127 all 0), an epoch shorter than the lag."""
+
+
+def v8_host_grams(lib, x, order, bug=0):
+    """"grams" [steps][128][128] and "gramh" [5][steps][128][128] from the harness (NaN-filled
+    first: every entry must be written), and the cp.async groups a CTA left in flight."""
+    steps = (len(order) + BMAX - 1) // BMAX
+    grams = np.full((steps, BMAX, BMAX), np.nan, dtype=np.float32)
+    gramh = np.full((V8_LAG - 1, steps, BMAX, BMAX), np.nan, dtype=np.float32)
+    left = lib.gram_v8_epoch_host(ptr(x), ptr(order), len(order), BMAX, ptr(grams), ptr(gramh),
+                                  bug)
+    return grams, gramh, left
+
+
+def v8_expected(x, order):
+    """chain_inputs(..., lag=6)'s Γ̃ (float64 X̃ X̃ᵀ with the 255 pixel, rounded once to fp32, 0
+    outside valid pairs and for t < j): the arrays the v8 probes read."""
+    from fasttrain.ladder.v8_chain import chain_inputs
+
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 10, size=len(x)).astype(np.int64)
+    w0 = np.zeros((10, 784), np.float32)
+    inp = chain_inputs(x, y, order, w0, np.zeros(10, np.float32), 0.01, lag=V8_LAG)
+    return inp["grams"], inp["gramh"]
+
+
+@pytest.mark.parametrize("n", V8_EPOCHS)
+def test_v8_grams_equal_the_probes_numpy_grams(lib, n):
+    x, order = epoch_data(n)
+    grams, gramh, left = v8_host_grams(lib, x, order)
+    want_g, want_h = v8_expected(x, order)
+    assert left == 0, "every cp.async group waited for"
+    np.testing.assert_array_equal(grams, want_g)
+    np.testing.assert_array_equal(gramh, want_h)
+
+
+@pytest.mark.parametrize("bug", [3, 4, 5])
+def test_a_planted_v8_bug_fails(lib, bug):
+    """3: the bias byte 0 (Γ̃ = Γ: off by 255² on valid pairs); 4: lag 4 reads X_{t−3}'s rows;
+    5: the zero-filled copies leave stale bytes (Γ̃ ≠ 0 past the partial batch)."""
+    x, order = epoch_data(V8_EPOCHS[0])
+    grams, gramh, _ = v8_host_grams(lib, x, order, bug=bug)
+    want_g, want_h = v8_expected(x, order)
+    assert not (np.array_equal(grams, want_g) and np.array_equal(gramh, want_h))
+
