@@ -269,14 +269,18 @@ GRAM_HD void store_pair(float* out, int na, int nb, int i, int j, int32_t c0, in
 }
 
 // V8: every entry of the warp's 32 × 96 tile, 8-byte stores, each n8 block into its lag's block
-// (a block's 8 columns never straddle two lags: NB % 8 == 0).
+// (a block's 8 columns never straddle two lags: NB % 8 == 0). The lags j ≥ 2 are equally spaced
+// (v8_job's "gramh"): out[1] and one stride, not six pointers, stay live through the k loop (six
+// made ptxas spill).
 template <class C, class Warp, class AccT>
 GRAM_HD void store_warp_full(Warp& warp, const JobT<C>& job, const Role& r,
                              AccT (&acc)[C::MT][C::NTL]) {
+  static_assert(C::LAGS >= 3, "the stride of the lags j >= 2: out[2] - out[1]");
+  const ptrdiff_t stride = job.out[2] - job.out[1];
 #pragma unroll
   for (int nt = 0; nt < C::NTL; ++nt) {
-    const int col = r.n0 + 8 * nt;
-    float* out = pick(job.out, col / C::NB) + col % C::NB;
+    const int col = r.n0 + 8 * nt, lag = col / C::NB;
+    float* out = (lag == 0 ? job.out[0] : job.out[1] + (lag - 1) * stride) + col % C::NB;
 #pragma unroll
     for (int mi = 0; mi < C::MT; ++mi)
       warp.each([&](int lane) {
@@ -381,12 +385,22 @@ struct DeviceWarpV2 : DeviceWarp {
   }
 };
 
-// A thread of the CTA: its accumulators in registers (every index a constant once unrolled).
+// A thread of the CTA: its accumulators in registers (every index a constant once unrolled), its
+// source rows in registers (V7) or, V8, in a shared-memory table [THREADS] of SrcT (`table`, set
+// by the kernel: 14,336 B past the buffers; thread tid's 7 words at 28·tid + 4q, on 32 distinct
+// banks a warp): in registers they made ptxas spill 16 bytes at 128 registers beside V8's 96
+// accumulators.
 template <class C>
 struct DeviceCtaT {
   Acc acc[C::MT][C::NTL];
   SrcT<C> rows;
-  __device__ __forceinline__ SrcT<C>& src(int) { return rows; }
+  SrcT<C>* table = nullptr;
+  __device__ __forceinline__ SrcT<C>& src(int tid) {
+    if constexpr (C::BIAS)
+      return table[tid];
+    else
+      return rows;
+  }
   template <class F>
   __device__ __forceinline__ void threads(F&& f) { f(static_cast<int>(threadIdx.x)); }
   template <class F>
