@@ -140,3 +140,77 @@ def test_a_planted_v8_bug_fails(lib, bug):
     want_g, want_h = v8_expected(x, order)
     assert not (np.array_equal(grams, want_g) and np.array_equal(gramh, want_h))
 
+
+
+class HostGramLib:
+    """csrc/v8_chain.cu's v8_grams_run over the host emulation (device="cpu" tensors are host
+    memory): ladder/v8_grams.py's plumbing (argument order, layouts, shapes) checked on the CPU."""
+
+    def __init__(self, harness, bug=0):
+        self.harness, self.bug = harness, bug
+
+    def v8_grams_run(self, x, order, n, grams, gramh, stream):
+        assert stream is None
+        return self.harness.gram_v8_epoch_host(x, order, n, BMAX, grams, gramh, self.bug)
+
+
+def test_gpu_grams_plumbing_over_the_host_emulation(lib):
+    from fasttrain.ladder import v8_chain, v8_grams
+
+    x, order = epoch_data(V8_EPOCHS[1])
+    want_g, want_h = v8_expected(x, order)
+    inp = {"x_u8": x, "order": order}
+    grams, gramh = v8_grams.gpu_grams(HostGramLib(lib), inp, device="cpu")
+    np.testing.assert_array_equal(grams.numpy(), want_g)
+    np.testing.assert_array_equal(gramh.numpy(), want_h)
+    grams, gramh = v8_grams.gpu_grams(HostGramLib(lib, bug=4), inp, device="cpu")
+    assert not np.array_equal(gramh.numpy(), want_h)
+    with pytest.raises(ValueError, match="x_u8 and order"):
+        v8_grams.gpu_grams(HostGramLib(lib), {"grams": want_g}, device="cpu")
+    with pytest.raises(ValueError, match=r"^grams must be one of \('numpy', 'gpu'\), got 'cuda'$"):
+        v8_chain.measure(object(), inp={"grams": 0, "pq": 0, "labels": 0, "n": 1, "c": 0},
+                         grams="cuda")
+
+
+def _gpu_lib():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from fasttrain.ladder import v8_chain
+
+    return v8_chain.load_library()
+
+
+@pytest.fixture(scope="module")
+def mnist_v8():
+    """chain_inputs(..., lag=6) of MNIST's first epoch (469 steps, the last of 96)."""
+    from tests.conftest import real_data_dir
+
+    _gpu_lib()  # skip before ~10 s of NumPy without a GPU
+    if real_data_dir() is None:
+        pytest.skip("set FASTTRAIN_DATA to a folder holding mnist/ to run")
+    from fasttrain.ladder import v8_chain
+
+    return v8_chain.mnist_epoch()
+
+
+@pytest.mark.gpu
+def test_v8_gpu_grams_equal_numpys_over_an_mnist_epoch(mnist_v8):
+    from fasttrain.ladder import v8_grams
+
+    lib = _gpu_lib()
+    grams, gramh = v8_grams.gpu_grams(lib, mnist_v8)
+    np.testing.assert_array_equal(grams.cpu().numpy(), mnist_v8["grams"])
+    np.testing.assert_array_equal(gramh.cpu().numpy(), mnist_v8["gramh"])
+
+
+@pytest.mark.gpu
+def test_v8_measure_with_gpu_grams_gives_finite_microseconds(mnist_v8):
+    from fasttrain.ladder import v8_chain
+
+    r = v8_chain.measure(_gpu_lib(), repeats=2, inp=mnist_v8, grams="gpu")
+    u = r["grams_gpu"]["us_per_epoch"]
+    assert 0 < u["min"] <= u["max"] < 1e5 and r["grams_gpu"]["equal_numpy"], r["grams_gpu"]
+    assert r["check"]["g_max_abs_err"] <= 1e-6, r["check"]
+    print("\n".join(v8_chain.describe(r)))
