@@ -28,7 +28,14 @@
 //     at an assumed ~8 TB/s = ~53 µs; the mma.sync at an assumed ~half of the ~990 T u8 MAC/s
 //     dense peak = ~50 µs. They overlap in part: an estimate of 60–120 µs an epoch on an H200,
 //     against v1's measured 493.8 µs.
+//
+// Parametrized (branch gram6, 2026-11-28) by Cfg<L, BIAS, WN>: V7 is the kernel above, its PTX
+// unchanged (nvcc -O3 -arch=sm_90a -ptx cuda_epoch.cu before and after: every .entry equal once
+// register names are renumbered, scripts/ptx_entry_diff.py); V8 is cuda-epoch v8's (L = 6, byte
+// 784 of every valid row 255 by a plain shared store, every block written, 32 × 96 warp tiles:
+// csrc/v8_grams.cuh says why, and what it costs).
 #pragma once
+#include <cstddef>
 #include <cstring>
 
 #include "epoch_v7_math.cuh"

@@ -7,14 +7,23 @@
 //
 // The kernel is Gram v2's CTA (gram_v2.cuh, its V8 instantiation): grid (2, steps), CTA (tile, t)
 // stages X_t's 64 rows and X_{t−1} … X_{t−6}'s 128 each (832 rows × 80 B, double-buffered:
-// 133,120 B of shared memory, + 14,336 B for the threads' source-row table), 16 warps of 32 × 96 tiles over the lags' concatenated columns, and
-// writes every entry of its rows of the 6 blocks (zeros included: no memset of the 155 MB).
+// 133,120 B of shared memory, + 14,336 B for the threads' source-row table), 16 warps of 32 × 96
+// tiles over the lags' concatenated columns, and writes every entry of its rows of the 6 blocks
+// (zeros included: no memset of the 184 MB).
 // Why 16 warps of 32 × 96 (96 s32 accumulators a thread) and not
 //   - 24 warps of v7's 32 × 64: 768 threads leave 85 registers a thread, under v7's 64
 //     accumulators + 20 fragment registers + addresses: a spill (an estimate from v7's count);
 //   - 16 warps looping over the lags (v7's tile, two passes): the second pass has 8 roles for 16
 //     warps and re-stages K: ~1.33× v7's MMA time and twice the L2 → SM bytes (an estimate);
 //   - 32-row tiles (4 CTAs a step): each CTA re-stages the 768 lag rows for half the output.
+// At 128 registers (512 threads, 1 CTA an SM) ptxas first spilled 16 bytes; two changes made it
+// 0 (sm_90a, nvcc 13): the source rows in shared memory (gram_v2.cuh's DeviceCtaT) and the
+// lags' output pointers as two and a stride (store_warp_full).
+//
+// Cost (ESTIMATES from v7's measured 211–237 µs an epoch, L = 4, H200): the same 938 CTAs, one
+// an SM, ~7.1 waves; each CTA 1.5× v7's MMA (64 × 768 × 800 against 64 × 512 × 800), 1.44× its
+// L2 → SM bytes (832 against 576 rows) and every block written (469 × 6 × 64 KB = 184 MB against
+// 123 MB): ~1.45–1.5× v7, ~300–360 µs an epoch on an H200.
 // WRITTEN WITHOUT A GPU (2026-11-28, branch gram6): compiled for sm_90a (the compile test holds
 // its registers and spills), CPU-emulated bit for bit against chain_inputs
 // (tests/ladder/test_gram_v2.py); NOT YET RUN ON A GPU.
