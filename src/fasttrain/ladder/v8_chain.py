@@ -402,14 +402,17 @@ def describe_cluster(r: dict) -> list[str]:
 
 def main(argv=None) -> int:
     """One GPU call: the chain alone (v1, v2) and the cluster over MNIST's first epoch, printed;
-    the result as JSON to the path given, if any.
+    the result as JSON to the path given, if any. --gpu-grams: the Γ̃ from the GPU kernel
+    (ladder/v8_grams.py), timed too.
 
-    FASTTRAIN_DATA=... python -m fasttrain.ladder.v8_chain [OUT.json]"""
+    FASTTRAIN_DATA=... python -m fasttrain.ladder.v8_chain [--gpu-grams] [OUT.json]"""
     import json
     import sys
 
-    args = sys.argv[1:] if argv is None else argv
-    r = measure()
+    args = sys.argv[1:] if argv is None else list(argv)
+    grams = "gpu" if "--gpu-grams" in args else "numpy"
+    args = [a for a in args if a != "--gpu-grams"]
+    r = measure(grams=grams)
     print("\n".join(describe(r)), flush=True)
     if args:
         with open(args[0], "w") as f:
