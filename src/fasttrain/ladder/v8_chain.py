@@ -116,7 +116,8 @@ def chain_inputs(x_u8: np.ndarray, y: np.ndarray, order: np.ndarray, w0: np.ndar
             xs.pop(0)
             ws.pop(0)
         wt -= (lr / PIXEL) * (xt.T @ g64[t, :n])
-    out = {"grams": grams, "pq": pq, "labels": labels, "n": len(order),
+    out = {"grams": grams, "pq": pq, "labels": labels, "n": len(order), "x_u8": x_u8,
+           "order": np.asarray(order, np.int32),
            "c": np.float32(lr / PIXEL**2), "z64": z64, "g64": g64, "loss64": loss}
     if lag is not None:
         out.update(gramh=gramh, p=p_lag, lag=lag)
@@ -141,6 +142,8 @@ def load_library() -> ctypes.CDLL:
                                    ctypes.c_int, p, ctypes.POINTER(ctypes.c_int)]
     lib.v8_cluster_run.restype = ctypes.c_int
     lib.v8_cluster_timing_len.restype = ctypes.c_int
+    lib.v8_grams_run.argtypes = [p, p, ctypes.c_int, p, p, p]
+    lib.v8_grams_run.restype = ctypes.c_int
     if lib.v8_cluster_timing_len() != len(CLUSTER_TIMING):
         raise ChainError(f"{SOURCE} writes {lib.v8_cluster_timing_len()} cluster timing words, "
                          f"this module reads {len(CLUSTER_TIMING)}: update one to the other")
@@ -164,32 +167,53 @@ def mnist_epoch(epoch: int = 0, lag: int | None = CLUSTER_LAG) -> dict:
                         lag)
 
 
+GRAMS = ("numpy", "gpu")
+"""Where `run`, `run_cluster` and `measure` take the Γ̃ from: chain_inputs' NumPy arrays, or
+csrc/v8_grams.cuh's kernel (ladder/v8_grams.py) from inp's pixels and order, each launch."""
+
 VARIANTS = (1, 2)
 """csrc/v8_chain.cu's: 1, warps 0 … 7 split their own next A after the softmax (on the path);
 2, warps 8 … 15 split it for them into a shared-memory stage during the softmax."""
 
 
+def _check_grams(grams):
+    if grams not in GRAMS:
+        raise ValueError(f"grams must be one of {GRAMS}, got {grams!r}")
+
+
+def _device_grams(lib, inp, grams, dev, device, stream, lags_2_on=True):
+    """(Γ̃_{·,1}, Γ̃_{·,j≥2} or None) on the device: uploaded from inp (the second only if
+    `lags_2_on`), or made there (`grams`)."""
+    if grams == "gpu":
+        from fasttrain.ladder.v8_grams import gpu_grams
+
+        return gpu_grams(lib, inp, device=device, stream=stream)
+    return dev(inp["grams"]), dev(inp["gramh"]) if lags_2_on else None
+
+
 def run(lib, inp: dict, *, variant: int = 2, phases: bool = False, logits: bool = False,
-        device="cuda", stream=None) -> dict:
+        device="cuda", stream=None, grams: str = "numpy") -> dict:
     """One launch of the chain over `inp` (`chain_inputs`): its G [steps, 128, 10], Z (if
-    `logits`), summed loss and hits, and timing words (TIMING)."""
+    `logits`), summed loss and hits, and timing words (TIMING). Γ̃ from `grams` (GRAMS)."""
     import torch
 
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    _check_grams(grams)
 
     steps = inp["grams"].shape[0]
 
     def dev(a):
         return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
-    gram, pq, labels = dev(inp["grams"]), dev(inp["pq"]), dev(inp["labels"])
+    if stream is None and str(device).startswith("cuda"):
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    gram = _device_grams(lib, inp, grams, dev, device, stream, lags_2_on=False)[0]
+    pq, labels = dev(inp["pq"]), dev(inp["labels"])
     g = torch.zeros((steps, ROWS, CLASSES), dtype=torch.float32, device=device)
     z = torch.full_like(g, float("nan")) if logits else None
     stats = torch.zeros((lib.v8_chain_threads(), 2), dtype=torch.float32, device=device)
     timing = torch.zeros(len(TIMING), dtype=torch.int64, device=device)
-    if stream is None and str(device).startswith("cuda"):
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
     def p(t):
         return ctypes.c_void_p(t.data_ptr()) if t is not None else None
@@ -205,12 +229,13 @@ def run(lib, inp: dict, *, variant: int = 2, phases: bool = False, logits: bool 
 
 
 def run_cluster(lib, inp: dict, *, phases: bool = False, logits: bool = False, device="cuda",
-                stream=None) -> dict:
+                stream=None, grams: str = "numpy") -> dict:
     """One launch of the chain cluster over `inp` (`chain_inputs(..., lag=CLUSTER_LAG)`): P_t from
-    inp["p"], the helpers' Γ̃ from inp["gramh"]; its G, Z (if `logits`), loss, hits and
-    CLUSTER_TIMING words."""
+    inp["p"], the helpers' Γ̃ from inp["gramh"] (or, grams="gpu", both Γ̃ made on the device);
+    its G, Z (if `logits`), loss, hits and CLUSTER_TIMING words."""
     import torch
 
+    _check_grams(grams)
     if inp.get("lag") != CLUSTER_LAG:
         raise ValueError(f"inp must be chain_inputs(..., lag={CLUSTER_LAG}), got lag "
                          f"{inp.get('lag')!r}")
@@ -219,13 +244,14 @@ def run_cluster(lib, inp: dict, *, phases: bool = False, logits: bool = False, d
     def dev(a):
         return torch.from_numpy(np.ascontiguousarray(a)).to(device)
 
-    gram, gramh, p_, labels = (dev(inp[k]) for k in ("grams", "gramh", "p", "labels"))
+    if stream is None and str(device).startswith("cuda"):
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    gram, gramh = _device_grams(lib, inp, grams, dev, device, stream)
+    p_, labels = dev(inp["p"]), dev(inp["labels"])
     g = torch.zeros((steps, ROWS, CLASSES), dtype=torch.float32, device=device)
     z = torch.full_like(g, float("nan")) if logits else None
     stats = torch.zeros((lib.v8_chain_threads(), 2), dtype=torch.float32, device=device)
     timing = torch.zeros(len(CLUSTER_TIMING), dtype=torch.int64, device=device)
-    if stream is None and str(device).startswith("cuda"):
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
     def ptr(t):
         return ctypes.c_void_p(t.data_ptr()) if t is not None else None
@@ -259,32 +285,38 @@ def check(inp: dict, out: dict) -> dict:
 
 
 def measure(lib=None, repeats: int = 3, *, inp: dict | None = None, device="cuda",
-            stream=None) -> dict:
+            stream=None, grams: str = "numpy") -> dict:
     """µs a step of the chain over one epoch (`inp`, default: MNIST's first, 469 steps), for each
     variant: a warm-up launch, `repeats` timed launches (median, min, max of globaltimer over the
     epoch's steps), then one launch of the phase build (clock64 sums, converted at its own clocks
     per ns) that also writes Z for the check against float64. The top level holds the variant
-    of the lower median; "variants" holds both."""
+    of the lower median; "variants" holds both. With grams="gpu" the launches take their Γ̃ from
+    the GPU kernel, and "grams_gpu" holds its µs an epoch (ladder/v8_grams.py's time_grams)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")
     if inp is not None and not {"grams", "pq", "labels", "n", "c"} <= set(inp):
         raise ValueError("inp must be a chain_inputs() dict (grams, pq, labels, n, c, ...)")
+    _check_grams(grams)
     lib = lib if lib is not None else load_library()
     inp = inp if inp is not None else mnist_epoch()
-    variants = {f"v{v}": _measure_variant(lib, inp, v, repeats, device, stream) for v in VARIANTS}
+    launch = {"device": device, "stream": stream, "grams": grams}
+    variants = {f"v{v}": _measure_variant(lib, inp, v, repeats, launch) for v in VARIANTS}
     best = min(variants, key=lambda k: variants[k]["us_per_step"]["median"])
     out = {**variants[best], "best": best, "variants": variants}
     if "gramh" in inp:
-        out["cluster"] = _measure_cluster(lib, inp, repeats, device, stream)
+        out["cluster"] = _measure_cluster(lib, inp, repeats, launch)
+    if grams == "gpu":
+        from fasttrain.ladder.v8_grams import time_grams
+
+        out["grams_gpu"] = time_grams(lib, inp, max(repeats, 5), device=device, stream=stream)
     return out
 
 
-def _measure_cluster(lib, inp, repeats, device, stream) -> dict:
+def _measure_cluster(lib, inp, repeats, launch) -> dict:
     """The cluster variant as _measure_variant does a chain variant: its µs a step (globaltimer,
     the chain's epoch), then the phase build's clock64 sums in µs a step, the chain's and each
     helper's (converted at the chain's clocks per ns: every SM runs the same clock)."""
     steps = inp["grams"].shape[0]
-    launch = {"device": device, "stream": stream}
     run_cluster(lib, inp, **launch)
     us = [run_cluster(lib, inp, **launch)["timing"]["epoch_ns"] / 1e3 / steps
           for _ in range(repeats)]
@@ -302,9 +334,9 @@ def _measure_cluster(lib, inp, repeats, device, stream) -> dict:
             "check": check(inp, ph), "hits": ph["hits"]}
 
 
-def _measure_variant(lib, inp, variant, repeats, device, stream) -> dict:
+def _measure_variant(lib, inp, variant, repeats, launch) -> dict:
     steps = inp["grams"].shape[0]
-    launch = {"variant": variant, "device": device, "stream": stream}
+    launch = {"variant": variant, **launch}
     run(lib, inp, **launch)  # warm-up: the module load, the smem attribute, the caches
     us = [run(lib, inp, **launch)["timing"]["epoch_ns"] / 1e3 / steps for _ in range(repeats)]
     ph = run(lib, inp, phases=True, logits=True, **launch)
@@ -340,6 +372,10 @@ def describe(result: dict) -> list[str]:
         ]
     if "cluster" in result:
         lines += describe_cluster(result["cluster"])
+    if "grams_gpu" in result:
+        from fasttrain.ladder.v8_grams import describe_grams
+
+        lines.append(describe_grams(result["grams_gpu"]))
     return lines
 
 
@@ -366,14 +402,17 @@ def describe_cluster(r: dict) -> list[str]:
 
 def main(argv=None) -> int:
     """One GPU call: the chain alone (v1, v2) and the cluster over MNIST's first epoch, printed;
-    the result as JSON to the path given, if any.
+    the result as JSON to the path given, if any. --gpu-grams: the Γ̃ from the GPU kernel
+    (ladder/v8_grams.py), timed too.
 
-    FASTTRAIN_DATA=... python -m fasttrain.ladder.v8_chain [OUT.json]"""
+    FASTTRAIN_DATA=... python -m fasttrain.ladder.v8_chain [--gpu-grams] [OUT.json]"""
     import json
     import sys
 
-    args = sys.argv[1:] if argv is None else argv
-    r = measure()
+    args = sys.argv[1:] if argv is None else list(argv)
+    grams = "gpu" if "--gpu-grams" in args else "numpy"
+    args = [a for a in args if a != "--gpu-grams"]
+    r = measure(grams=grams)
     print("\n".join(describe(r)), flush=True)
     if args:
         with open(args[0], "w") as f:

@@ -39,6 +39,7 @@
 
 #include "v8_chain.cuh"
 #include "v8_cluster.cuh"
+#include "v8_grams.cuh"
 
 namespace {
 
@@ -223,6 +224,16 @@ int v8_cluster_run(const float* gram1, const float* gramh, const float* p, const
     return static_cast<int>(e);
   }
   return *signal ? -2 : 0;
+}
+
+// The v8 Grams of one epoch (csrc/v8_grams.cuh): x [*][784] uint8 and order [n] int32 in device
+// memory, grams [steps][128][128] and gramh [5][steps][128][128] fp32 (every entry written: Γ̃
+// with the bias pixel, 0 outside valid pairs and for t < j). Asynchronous on `stream`.
+int v8_grams_run(const uint8_t* x, const int* order, int n, float* grams, float* gramh,
+                 void* stream) {
+  if (n < 1) return static_cast<int>(cudaErrorInvalidValue);
+  return static_cast<int>(
+      v8_gram_launch(x, order, n, grams, gramh, static_cast<cudaStream_t>(stream)));
 }
 
 int v8_cluster_timing_len() { return KT_LEN; }
