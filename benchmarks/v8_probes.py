@@ -9,7 +9,10 @@ falsifies the design's 0.5 ms/epoch before the integration costs anything.
   each run's partials and weights checked against float64;
 - the chain alone (`ladder/v8_chain.py`, step 2): one CTA runs the epoch's 469 dependent steps
   with real Grams and the other terms precomputed, so µs a step is T_chain, the design's central
-  claim; its G checked against float64 SGD.
+  claim; and the chain with its six helpers in one cluster (step 4): whether they keep up; G
+  checked against float64 SGD;
+- the v8 Grams on the GPU (`ladder/v8_grams.py`: Gram v2 with 6 lags and the bias pixel): µs an
+  epoch, and whether they equal NumPy's bit for bit.
 
 Each probe's figures are printed as they are measured; a probe that cannot build or run is one
 line in its place, and the other still runs.
@@ -40,12 +43,33 @@ def workers(repeats: int, data: str) -> dict:
     return v8_workers.measure(repeats=repeats, ep=v8_workers.epoch_inputs(x=x))
 
 
+_INPUTS: dict = {}
+
+
+def mnist_inputs() -> dict:
+    """The chain's and the Grams' inputs (MNIST's first epoch, the cluster's Γ̃ too: ~155 MB),
+    made once for both probes."""
+    from fasttrain.ladder import v8_chain
+
+    if not _INPUTS:
+        _INPUTS.update(v8_chain.mnist_epoch())
+    return _INPUTS
+
+
 def chain(repeats: int, data: str) -> dict:
     from fasttrain.ladder import v8_chain
 
     if data != "mnist":
         raise ValueError("the chain's logits are real MNIST's: run it with --data mnist")
-    return v8_chain.measure(repeats=repeats)
+    return v8_chain.measure(repeats=repeats, inp=mnist_inputs())
+
+
+def grams(repeats: int, data: str) -> dict:
+    from fasttrain.ladder import v8_chain, v8_grams
+
+    if data != "mnist":
+        raise ValueError("the Grams are checked against MNIST's: run them with --data mnist")
+    return v8_grams.time_grams(v8_chain.load_library(), mnist_inputs(), repeats=max(repeats, 5))
 
 
 def guarded(name: str, probe, describe) -> dict:
@@ -77,7 +101,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("v8_probes: needs a CUDA GPU (sm_90: clusters, st.async, mma)", file=sys.stderr)
         return 2
-    from fasttrain.ladder import v8_chain, v8_workers
+    from fasttrain.ladder import v8_chain, v8_grams, v8_workers
 
     env = env_block()
     print(f"v8_probes on {hardware_line(env)}")
@@ -86,6 +110,9 @@ def main(argv=None) -> int:
     result["workers"] = guarded("workers", lambda: workers(args.repeats, args.data),
                                 v8_workers.describe)
     result["chain"] = guarded("chain", lambda: chain(args.repeats, args.data), v8_chain.describe)
+    # Last: a fault in a kernel never run on a GPU before is sticky, and would fail the others.
+    result["grams"] = guarded("Grams", lambda: grams(args.repeats, args.data),
+                              lambda r: [v8_grams.describe_grams(r)])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2, default=float)

@@ -247,11 +247,12 @@ def _dispatch_cost_figures(path: Path) -> list[str]:
 
 def _v8_probes_figures(path: Path) -> list[str]:
     """cuda-epoch v8's pieces alone (benchmarks/v8_probes.py), each probe's own lines."""
-    from fasttrain.ladder import v8_chain, v8_workers
+    from fasttrain.ladder import v8_chain, v8_grams, v8_workers
 
     result = json.loads(path.read_text())
     lines = []
-    for name, describe in (("workers", v8_workers.describe), ("chain", v8_chain.describe)):
+    for name, describe in (("workers", v8_workers.describe), ("chain", v8_chain.describe),
+                           ("grams", lambda r: [v8_grams.describe_grams(r)])):
         r = result.get(name, {"error": "not run"})
         lines += [f"v8 {name}: {r['error']}"] if "error" in r else describe(r)
     return lines

@@ -46,6 +46,7 @@ def test_a_probe_that_cannot_build_is_one_line_and_the_other_still_runs(bench, m
     assert result["workers"]["mma-scatter"]["us_per_step"]["median"] == 0.9
     assert result["chain"] == {"error": "ValueError: the chain's logits are real MNIST's: run it "
                                         "with --data mnist"}
+    assert result["grams"]["error"].startswith("ValueError: the Grams are checked against MNIST's")
     monkeypatch.setattr(bench, "chain", lambda repeats, data: unavailable())
     assert bench.main(["--data", "random"]) == 0
     assert "v8 chain: Unavailable: nvcc not found on PATH" in capsys.readouterr().out
@@ -69,5 +70,27 @@ def test_gpu_checks_summary_reads_the_json_the_benchmark_writes(bench, monkeypat
     assert bench.main(["--data", "random", "--json", str(out)]) == 0
     lines = gpu_check_figures.FIGURES["v8-probes"](out)
     assert any("mma-scatter: 0.90 µs a step" in line for line in lines), lines
-    assert lines[-1] == ("v8 chain: ValueError: the chain's logits are real MNIST's: run it with "
-                         "--data mnist")
+    assert lines[-2:] == [
+        "v8 chain: ValueError: the chain's logits are real MNIST's: run it with --data mnist",
+        "v8 grams: ValueError: the Grams are checked against MNIST's: run them with --data mnist"]
+
+
+def test_the_chain_and_the_grams_share_one_set_of_mnist_inputs(bench, monkeypatch, capsys):
+    from fasttrain.ladder import v8_grams
+
+    made = []
+    monkeypatch.setattr(bench, "_INPUTS", {})
+    monkeypatch.setattr(bench, "workers", lambda repeats, data: WORKERS)
+    monkeypatch.setattr(v8_chain, "mnist_epoch", lambda: made.append(1) or {"n": 60000})
+    monkeypatch.setattr(v8_chain, "load_library", lambda: "lib")
+    seen = []
+    monkeypatch.setattr(v8_chain, "measure",
+                        lambda repeats, inp: seen.append(inp) or {"error": "chain ran"})
+    grams = {"steps": 469, "repeats": 5, "equal_numpy": True,
+             "us_per_epoch": {"median": 312.5, "min": 310.0, "max": 320.0, "runs": []}}
+    monkeypatch.setattr(v8_grams, "time_grams",
+                        lambda lib, inp, repeats: seen.append(inp) or grams)
+    assert bench.main(["--data", "mnist", "--repeats", "2"]) == 0
+    assert made == [1] and seen[0] is seen[1], "one MNIST epoch's inputs for both probes"
+    out = capsys.readouterr().out
+    assert "v8 Grams on the GPU (L = 6, bias pixel; 469 steps): 312.5 µs an epoch" in out

@@ -3,7 +3,7 @@ first" step 2): one CTA of 512 threads on one SM runs the chain for a whole MNIS
 batch 128, the last 96) with real Grams and P_t + Q_t from precomputed arrays, so its logits are
 the real ones and its µs a step is T_chain, the design's central claim, without the protocol.
 
-Inputs (`chain_inputs`, NumPy, float64 where it matters):
+Inputs (`chain_inputs`, ladder/v8_inputs.py; NumPy, float64 where it matters):
 - Γ̃_{t,1} = X̃_t X̃_{t−1}ᵀ = Γ + 255² (the bias as a 785th pixel of 255), fp32 [steps][128][128],
   0 outside the batches' rows and columns; step 0's all 0 (no lagged term);
 - P_t + Q_t = X̃_t W̃_{t−1} / 255 in float64 plain SGD, rounded to fp32 [steps][128][10]: in the
@@ -29,10 +29,16 @@ import statistics
 
 import numpy as np
 
-from fasttrain.ladder.common import batches
+from fasttrain.ladder.v8_inputs import (  # noqa: F401 (the probe's inputs, re-exported)
+    CLASSES,
+    CLUSTER_LAG,
+    PIXEL,
+    ROWS,
+    chain_inputs,
+    mnist_epoch,
+)
 
 SOURCE = "v8_chain.cu"
-ROWS, CLASSES, PIXEL = 128, 10, 255
 TIMING = ("epoch_ns", "epoch_clocks", "inputs_mma", "k_halves", "softmax", "write_b", "next_a",
           "step_barrier", "wait_gram", "issue_gram")
 """csrc/v8_chain.cu's int64 timing words: the epoch by globaltimer and clock64 (thread 0), then
@@ -40,9 +46,9 @@ clock64 sums over the steps of warp 0 (a softmax warp, on the critical path) for
 of warp 8 for the Γ̃ ring's cp.async wait and issue (the phase build only)."""
 
 
-CLUSTER_LAG, CLUSTER_NSG, CLUSTER_NQ = 6, 4, 2
-"""csrc/v8_helpers.cuh's V8H_LAG (L: the helpers do j = 2 … L), and its rings' slots: G' in each
-helper, Q parts in the chain."""
+CLUSTER_NSG, CLUSTER_NQ = 4, 2
+"""csrc/v8_helpers.cuh's rings' slots: G' in each helper, Q parts in the chain (its V8H_LAG is
+v8_inputs.CLUSTER_LAG)."""
 
 
 CHAIN_PHASES = ("send_g", "inputs_mma", "k_halves", "wait_q", "softmax", "write_b", "next_a",
@@ -61,67 +67,6 @@ the chain's Q credit, the part's st.async, next A, the step's barrier; the Γ̃ 
 
 class ChainError(RuntimeError):
     """The kernel could not run; str(e) is one line."""
-
-
-def chain_inputs(x_u8: np.ndarray, y: np.ndarray, order: np.ndarray, w0: np.ndarray,
-                 b0: np.ndarray, lr: float, lag: int | None = None) -> dict:
-    """The probe's inputs for one epoch over `order` (x_u8 [N, 784] uint8, w0 [10, 784] and b0
-    [10] the ladder's layout) and float64 plain SGD's logits, G and loss to check it against.
-    With `lag` (the cluster variant, L = CLUSTER_LAG) also "gramh" [L − 1][steps][128][128]:
-    Γ̃_{t,j} for j = 2 … L (fp32, exact; 0 outside the batches and for t < j), and "p":
-    P_t = X̃_t W̃_{max(t−L, 0)}/255 from the same float64 SGD (what the workers would send)."""
-    if x_u8.dtype != np.uint8 or x_u8.ndim != 2:
-        raise ValueError(f"x_u8 must be a uint8 matrix [N, 784], got {x_u8.dtype} {x_u8.shape}")
-    if not np.isfinite(lr) or lr <= 0:
-        raise ValueError(f"lr must be a finite number > 0, got {lr}")
-    if lag is not None and (isinstance(lag, bool) or not isinstance(lag, int) or lag < 2):
-        raise ValueError(f"lag must be an integer >= 2 or None, got {lag!r}")
-    steps = len(batches(len(order), ROWS))
-    grams = np.zeros((steps, ROWS, ROWS), np.float32)
-    pq = np.zeros((steps, ROWS, CLASSES), np.float32)
-    labels = np.full((steps, ROWS), -1, np.int32)
-    z64 = np.zeros((steps, ROWS, CLASSES))
-    g64 = np.zeros((steps, ROWS, CLASSES))
-    if lag is not None:
-        gramh = np.zeros((lag - 1, steps, ROWS, ROWS), np.float32)
-        p_lag = np.zeros((steps, ROWS, CLASSES), np.float32)
-    wt = np.concatenate([w0.T, b0[None, :]]).astype(np.float64)  # W̃ [785, 10]
-    loss, xs, ws = 0.0, [], []  # xs: X̃ of the last `lag` steps (uint8); ws: W̃_t of those
-    for t, (a, z) in enumerate(batches(len(order), ROWS)):
-        n = z - a
-        xu = np.concatenate([x_u8[order[a:z]], np.full((n, 1), PIXEL, np.uint8)], 1)
-        xt = xu.astype(np.float64)
-        if xs:
-            prev = xs[-1].astype(np.float64)
-            grams[t, :n, :len(prev)] = xt @ prev.T  # exact integers < 2²⁶: exact in fp32
-            pq[t, :n] = xt @ ws[-1] / PIXEL
-        else:
-            pq[t, :n] = xt @ wt / PIXEL
-        if lag is not None:
-            for j in range(2, min(lag, t) + 1):
-                xj = xs[-j].astype(np.float64)
-                gramh[j - 2, t, :n, :len(xj)] = xt @ xj.T
-            p_lag[t, :n] = xt @ (ws[-lag] if t >= lag else ws[0] if ws else wt) / PIXEL
-        labels[t, :n] = y[order[a:z]]
-        zt = xt @ wt / PIXEL
-        e = np.exp(zt - zt.max(1, keepdims=True))
-        p = e / e.sum(1, keepdims=True)
-        loss -= np.log(p[np.arange(n), labels[t, :n]]).sum()
-        p[np.arange(n), labels[t, :n]] -= 1
-        z64[t, :n], g64[t, :n] = zt, p / n
-        xs.append(xu)
-        ws.append(wt.copy())
-        keep = max(lag or 1, 1)
-        if len(xs) > keep:  # ws[0] stays W̃_0 until t ≥ lag needs W̃_{t−lag}
-            xs.pop(0)
-            ws.pop(0)
-        wt -= (lr / PIXEL) * (xt.T @ g64[t, :n])
-    out = {"grams": grams, "pq": pq, "labels": labels, "n": len(order), "x_u8": x_u8,
-           "order": np.asarray(order, np.int32),
-           "c": np.float32(lr / PIXEL**2), "z64": z64, "g64": g64, "loss64": loss}
-    if lag is not None:
-        out.update(gramh=gramh, p=p_lag, lag=lag)
-    return out
 
 
 def load_library() -> ctypes.CDLL:
@@ -151,20 +96,6 @@ def load_library() -> ctypes.CDLL:
         raise ChainError(f"{SOURCE} writes {lib.v8_chain_timing_len()} timing words, this module "
                          f"reads {len(TIMING)}: update one to the other")
     return lib
-
-
-def mnist_epoch(epoch: int = 0, lag: int | None = CLUSTER_LAG) -> dict:
-    """`chain_inputs` of a real MNIST epoch (the ladder's init and order; FASTTRAIN_DATA or the
-    dataset cache must hold mnist/), by default with the cluster's inputs too (~155 MB of Γ̃)."""
-    import os
-
-    from fasttrain.data import load_dataset
-    from fasttrain.ladder.common import LadderConfig, make_ladder_data
-
-    cfg = LadderConfig(epochs=epoch + 1)
-    data = make_ladder_data(load_dataset("mnist", os.environ.get("FASTTRAIN_DATA")), cfg)
-    return chain_inputs(data.train_x, data.train_y, data.orders[epoch], data.w0, data.b0, cfg.lr,
-                        lag)
 
 
 GRAMS = ("numpy", "gpu")
@@ -398,27 +329,3 @@ def describe_cluster(r: dict) -> list[str]:
                  f"{r['hits']:.0f} hits; padding rows "
                  f"{'zero' if c['padding_zero'] else 'NOT zero'}")
     return lines
-
-
-def main(argv=None) -> int:
-    """One GPU call: the chain alone (v1, v2) and the cluster over MNIST's first epoch, printed;
-    the result as JSON to the path given, if any. --gpu-grams: the Γ̃ from the GPU kernel
-    (ladder/v8_grams.py), timed too.
-
-    FASTTRAIN_DATA=... python -m fasttrain.ladder.v8_chain [--gpu-grams] [OUT.json]"""
-    import json
-    import sys
-
-    args = sys.argv[1:] if argv is None else list(argv)
-    grams = "gpu" if "--gpu-grams" in args else "numpy"
-    args = [a for a in args if a != "--gpu-grams"]
-    r = measure(grams=grams)
-    print("\n".join(describe(r)), flush=True)
-    if args:
-        with open(args[0], "w") as f:
-            json.dump(r, f, indent=1)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
