@@ -154,34 +154,15 @@ def test_the_chain_product_compiles_to_the_budgets_mma_counts(tmp_path):
     """nvcc for sm_90a (~2 CPU-s): no spill, ≤ 128 registers (512 threads a CTA), and, where
     Triton ships cuobjdump, the SASS's HMMA count a warp (what the design's budget counts)."""
     import re
-    import subprocess
     from pathlib import Path
 
-    from fasttrain.ladder import build
+    from tests.ladder.host_harness import compile_sm90, registers, sass_functions
 
-    nvcc = build.find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found on PATH")
-    src = Path(__file__).parent / "csrc" / "v8_chain_mma.cu"
-    cubin = tmp_path / "v8.cubin"
-    r = subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
-                        str(src), "-o", str(cubin)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    report, cubin = compile_sm90(Path(__file__).parent / "csrc" / "v8_chain_mma.cu", tmp_path)
     for scheme in MMA_SASS:
-        props = re.search(rf"Function properties for \w*v8_chain_productILi{scheme}E\w*\n\s*"
-                          rf"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
-                          rf".*?Used (\d+) registers", r.stderr, re.S)
-        assert props and int(props.group(1)) <= 128, r.stderr
-    try:
-        import triton
-    except ImportError:
-        pytest.skip("no Triton, so no cuobjdump to read the SASS")
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not cuobjdump.exists():
-        pytest.skip(f"this Triton has no {cuobjdump}")
-    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
-                          text=True).stdout
-    functions = re.split(r"\n\s*Function : ", sass)
+        assert max(registers(report, rf"v8_chain_productILi{scheme}E")) <= 128, scheme
+    functions = sass_functions(cubin)
     for scheme, (op, count) in MMA_SASS.items():
-        body = next(f for f in functions if f.startswith(f"_Z16v8_chain_productILi{scheme}E"))
+        name = f"_Z16v8_chain_productILi{scheme}E"
+        body = next(b for n, b in functions.items() if n.startswith(name))
         assert len(re.findall(rf"\b{re.escape(op)}\b", body)) == count, (scheme, op)

@@ -231,40 +231,21 @@ def test_the_chain_compiles_without_spills_within_the_register_cap(tmp_path):
     design's count), 48 in the cluster kernel (the chain's body and the helpers'), whose chain
     sends G' by 6 STAS.128 (one a helper) and whose helpers send their parts by 4 STAS.64."""
     import re
-    import subprocess
-    from pathlib import Path
 
     from fasttrain.ladder import build
+    from tests.ladder.host_harness import compile_sm90, registers, sass_functions
 
-    nvcc = build.find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found on PATH")
-    cubin = tmp_path / "v8_chain.cubin"
-    r = subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
-                        str(build.CSRC / v8_chain.SOURCE), "-o", str(cubin)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    regs = re.findall(r"Function properties for \w*v8_(?:chain_kernelILb[01]ELb[01]E|"
-                      r"cluster_kernelILb[01]E|gram_kernel)\w*\n\s*"
-                      r"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
-                      r".*?Used (\d+) registers", r.stderr, re.S)
-    assert len(regs) == 7 and max(map(int, regs)) <= 128, r.stderr
-    try:
-        import triton
-    except ImportError:
-        pytest.skip("no Triton, so no cuobjdump to read the SASS")
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not cuobjdump.exists():
-        pytest.skip(f"this Triton has no {cuobjdump}")
-    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
-                          text=True).stdout
-    bodies = re.split(r"\n\s*Function : ", sass)[1:]
-    assert len(bodies) == 7
-    for body in bodies:
-        if "v8_gram_kernel" in body.split("\n")[0]:  # csrc/v8_grams.cuh: u8 IMMA, no HMMA
+    report, cubin = compile_sm90(build.CSRC / v8_chain.SOURCE, tmp_path)
+    regs = registers(report, r"v8_(?:chain_kernelILb[01]ELb[01]E|cluster_kernelILb[01]E|"
+                             r"gram_kernel)")
+    assert len(regs) == 7 and max(regs) <= 128, report
+    functions = sass_functions(cubin)
+    assert len(functions) == 7
+    for name, body in functions.items():
+        if "v8_gram_kernel" in name:  # csrc/v8_grams.cuh: u8 IMMA, no HMMA
             assert not re.findall(r"\bHMMA\b", body) and re.findall(r"\bIMMA\b", body)
             continue
-        cluster = "v8_cluster_kernel" in body.split("\n")[0]
+        cluster = "v8_cluster_kernel" in name
         assert len(re.findall(r"\bHMMA\.16816\.F32\b", body)) == (48 if cluster else 24)
         if cluster:
             assert len(re.findall(r"\bSTAS\.128\b", body)) == 6

@@ -155,36 +155,17 @@ def test_kernel_compiles_without_spill_within_the_launch_bound(tmp_path):
     128 registers (512 threads, __launch_bounds__(512, 1)); with Triton's cuobjdump, the SASS's
     HMMA counts above and st.async (STAS) only in mma-scatter."""
     import re
-    import subprocess
-    from pathlib import Path
 
     from fasttrain.ladder import build
+    from tests.ladder.host_harness import compile_sm90, registers, sass_functions
 
-    nvcc = build.find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found on PATH")
-    cubin = tmp_path / "v8w.cubin"
-    r = subprocess.run([nvcc, "-O3", "-std=c++17", "-arch=sm_90a", "-cubin", "-Xptxas", "-v",
-                        f"-I{build.CSRC}", str(build.CSRC / KERNEL), "-o", str(cubin)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
+    report, cubin = compile_sm90(build.CSRC / KERNEL, tmp_path)
     for v in VARIANTS.values():
-        props = re.search(rf"Function properties for \w*v8_workers_kernelILi{v}E\w*\n\s*"
-                          rf"0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
-                          rf".*?Used (\d+) registers", r.stderr, re.S)
-        assert props and int(props.group(1)) <= 128, (v, r.stderr[-3000:])
-    try:
-        import triton
-    except ImportError:
-        pytest.skip("no Triton, so no cuobjdump to read the SASS")
-    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not cuobjdump.exists():
-        pytest.skip(f"this Triton has no {cuobjdump}")
-    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True,
-                          text=True).stdout
-    functions = re.split(r"\n\s*Function : ", sass)
+        assert max(registers(report, rf"v8_workers_kernelILi{v}E")) <= 128, v
+    functions = sass_functions(cubin)
     for v, count in HMMA.items():
-        body = next(f for f in functions if re.match(rf"\w*v8_workers_kernelILi{v}E", f))
+        body = next(b for name, b in functions.items()
+                    if re.match(rf"\w*v8_workers_kernelILi{v}E", name))
         assert len(re.findall(r"\bHMMA\.16816\.F32\b", body)) == count, v
         assert (len(re.findall(r"\bSTAS\b", body)) > 0) == (v == VARIANTS["mma-scatter"]), v
 
