@@ -33,6 +33,7 @@ from tests.ladder.host_harness import compile_harness, ptr
 from tests.ladder.lagged_reference import softmax_grad
 from tests.ladder.test_lagged_gram import random_uint8
 from tests.ladder.test_v8_chain import G_ATOL, Z64_ATOL
+from tests.ladder.test_v8_chain import errors as chain_errors
 
 LAG = v8_chain.CLUSTER_LAG
 G_FP32_ATOL = 1e-8
@@ -119,18 +120,7 @@ def reference_g(inp, g_in, scheme, accumulate):
 
 
 def errors(inp, got, rz):
-    g, z, stats = got
-    steps = inp["grams"].shape[0]
-    valid = np.arange(128)[None, :] < np.array([rows(inp, t) for t in range(steps)])[:, None]
-    acc = "rz" if rz else "rn"
-    return {
-        "g_3xfp16": float(np.abs(g - reference_g(inp, g, "3xFP16", acc)).max()),
-        "g_fp32": float(np.abs(g - reference_g(inp, g, "fp32", acc)).max()),
-        "z64": float(np.abs(z[valid] - inp["z64"][valid]).max()),
-        "g64": float(np.abs(g[valid] - inp["g64"][valid]).max()),
-        "loss_rel": abs(float(stats[0]) - inp["loss64"]) / inp["loss64"],
-        "padding_zero": bool((g[~valid] == 0).all()),
-    }
+    return chain_errors(inp, got, rz, reference_g)
 
 
 def passes(e):
