@@ -117,14 +117,19 @@ def run_last(nodeid: str) -> int:
 # time from a run of 2026-11-27 (tests/ with xdist's scheduling rule, 2 workers), xdist's order
 # ended the workers 42 s apart, this one 7 s: a makespan 17 s shorter (an estimate). Every module
 # of 10 s or more, heaviest first; seconds of CPU with children, per module, on a loaded 2-core
-# EPYC (2026-11-27). A module not named keeps its collected place after them.
+# EPYC (2026-11-27; the ladder's modules re-measured 2026-11-28 after v7e/v7f and the v8 probes:
+# v7_math had grown from 12 s to 128 and, still handed out 19th, left one worker ~80 s alone at
+# the end of a clean-clone CI run, 8:17 against 6:51 earlier that day). A module not named keeps
+# its collected place after them.
 HEAVY = (
-    "tests/ladder/test_cuda_epoch.py",  # 83: every csrc/*.cu by nvcc (hopper_builds), sm_80 too
+    "tests/ladder/test_cuda_epoch.py",  # 128: every csrc/*.cu by nvcc (hopper_builds), sm_80 too
+    "tests/ladder/test_cuda_epoch_v7_math.py",  # 128: nvcc; v7a-v7f's whole epochs on the host
     "tests/engine/test_steps.py",  # 56
     "tests/lab/test_scaling.py",  # 55: 3 torchrun launches
     "tests/engine/test_trainer.py",  # 47
     "tests/lab/test_plan.py",  # 43
-    "tests/ladder/test_triton_fused.py",  # 42: a Triton-interpreter child
+    "tests/ladder/test_triton_fused.py",  # 57: a Triton-interpreter child
+    "tests/ladder/test_cuda_epoch_v7_phases.py",  # 31: an sm_90a compile of both builds
     "tests/engine/test_early_stop_resume.py",  # 30
     "tests/lab/test_experiments.py",  # 30
     "tests/engine/test_rundir.py",  # 26
@@ -136,8 +141,11 @@ HEAVY = (
     "tests/lab/test_layout_choice.py",  # 15
     "tests/ladder/test_cpp_tiled.py",  # 15: g++
     "tests/test_input_pipeline_bench.py",  # 13
+    "tests/ladder/test_v8_workers.py",  # 17: nvcc (host harness, sm_90a)
+    "tests/ladder/test_v8_chain.py",  # 14: nvcc (host harness, sm_90a)
     "tests/ladder/test_lagged_gram.py",  # 13
-    "tests/ladder/test_cuda_epoch_v7_math.py",  # 12: nvcc
+    "tests/ladder/test_gram_v2.py",  # 13: nvcc
+    "tests/ladder/test_v8_helpers.py",  # 11: nvcc
     "tests/ladder/test_cuda_epoch_v6_math.py",  # 10: nvcc
     "tests/models/test_models.py",  # 10
 )
