@@ -59,23 +59,11 @@ __device__ __forceinline__ long long globaltimer_ns() {
   return t;
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_all() {
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-
 // Γ̃_s ([128][128] fp32 in global memory) into `slot` ([128][V8C_GS]) by threads `first` …
-// `first + count − 1` of the CTA, 16 bytes each a copy; one commit group.
+// `first + count − 1` of the CTA, 16 bytes each a copy; one commit group (the cluster's
+// v8k_issue_rows over all 128 rows).
 __device__ __forceinline__ void issue_gram(float* slot, const float* gram_s, int tid, int count) {
-  for (int i = tid; i < V8C_ROWS * (V8C_ROWS / 4); i += count) {
-    const int row = i >> 5, chunk = i & 31;
-    cp_async16(slot + row * V8C_GS + 4 * chunk, gram_s + row * V8C_ROWS + 4 * chunk);
-  }
-  cp_commit();
+  v8k_issue_rows(slot, gram_s, 0, V8C_ROWS, tid, count);
 }
 
 template <bool PHASES, bool STAGED>
@@ -98,7 +86,7 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
   issue_gram(ring, gram, tid, V8C_THREADS);
   if (steps > 1) issue_gram(ring + SLOT_FLOATS, gram + gram_step, tid, V8C_THREADS);
   for (int i = tid; i < V8C_BWORDS; i += V8C_THREADS) bw[i] = 0u;
-  cp_wait_all();
+  v8k_cp_wait();
   __syncthreads();
   uint32_t a[2][V8C_KSTEPS][4];
   if (!STAGED || w >= 8) v8c_load_a(warp, ring, w, V8C_A_SCALE, a);
@@ -121,7 +109,7 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
     if (w >= 8) {
       v8c_store_half(warp, d, halves, w);
       if (PHASES) c4 = clock64();
-      cp_wait_all();  // Γ̃_{t+1}, issued at step t − 1 (or the prologue)
+      v8k_cp_wait();  // Γ̃_{t+1}, issued at step t − 1 (or the prologue)
       if (PHASES) ph[TM_WAIT_GRAM] += clock64() - c4;
     }
     __syncthreads();  // K half 1's sums; Γ̃_{t+1} in its slot
