@@ -399,6 +399,10 @@ def test_source_hash_covers_declared_sources():
     assert more["files"][-1] == "common.py" and len(more["files"]) == len(plain["files"]) + 1
     assert plain["sha256"] != more["sha256"]
     assert ladder.entry("numba-tiled").source_hash()["files"] == ["numba_tiled.py"]
+    # a CUDA source brings the headers it includes, transitively (the kernel a figure came from)
+    files = ladder.entry("cuda-epoch").source_hash()["files"]
+    assert files[:2] == ["cuda_epoch.py", "csrc/cuda_epoch.cu"] and len(files) == len(set(files))
+    assert {"csrc/epoch_v7f.cuh", "csrc/v8_workers.cuh", "csrc/v8_mma.cuh"} <= set(files)
 
 
 def test_a_fresh_process_cut_short_marks_its_rows_interrupted(monkeypatch):

@@ -10,7 +10,7 @@ from fasttrain.ladder import build
 def libs_of(source: str) -> tuple[str, ...]:
     """The libraries a csrc/ source needs, from the headers it (or a local header) includes."""
     path = build.CSRC / source
-    text = "".join(f.read_text() for f in (path, *build._local_headers(path)))
+    text = "".join(f.read_text() for f in (path, *build.local_headers(path)))
     return tuple(name for name, (header, _) in build.LIBS.items() if f"<{header}>" in text)
 
 

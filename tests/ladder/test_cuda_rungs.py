@@ -165,7 +165,7 @@ def test_sources_name_every_file_the_library_is_built_from():
     for name in ROWS:
         cls = ladder.entry(name).load()
         src = build.CSRC / cls.source
-        built = {src, *build._local_headers(src)}
+        built = {src, *build.local_headers(src)}
         assert {(build.CSRC.parent / f).resolve() for f in cls.sources} == built, name
 
 

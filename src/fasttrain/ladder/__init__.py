@@ -32,13 +32,18 @@ class Entry:
         return cls(device) if self.picks_device else cls()
 
     def source_hash(self) -> dict:
-        """sha256 of the row's module and of every file its class lists in `sources` (paths
-        relative to fasttrain/ladder/, e.g. "csrc/sgd_epoch.cu"), so a figure names the code
-        that produced it."""
+        """sha256 of the row's module, of every file its class lists in `sources` (paths
+        relative to fasttrain/ladder/, e.g. "csrc/sgd_epoch.cu") and of the local headers those
+        include (`#include "..."`, transitively), so a figure names the code that produced it."""
+        from fasttrain.ladder.build import local_headers
+
         cls = self.load()
         here = Path(__file__).resolve().parent
         files = [Path(importlib.import_module(cls.__module__).__file__).resolve()]
-        files += [here / s for s in getattr(cls, "sources", ())]
+        for s in getattr(cls, "sources", ()):
+            for f in (here / s, *local_headers(here / s)):
+                if f.resolve() not in files:
+                    files.append(f.resolve())
         digest = hashlib.sha256()
         for f in files:
             digest.update(f.name.encode() + b"\0" + f.read_bytes())

@@ -144,14 +144,14 @@ def toolchain_reason(libs=()) -> str | None:
         return f"CUDA toolchain check failed: {type(e).__name__}: {e}".splitlines()[0]
 
 
-def _local_headers(path: Path, seen: set[Path] | None = None) -> list[Path]:
+def local_headers(path: Path, seen: set[Path] | None = None) -> list[Path]:
     """The csrc/ headers `path` includes with #include "...", transitively."""
     seen = set() if seen is None else seen
     for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.M):
         h = (path.parent / name).resolve()
         if h.is_file() and h not in seen:
             seen.add(h)
-            _local_headers(h, seen)
+            local_headers(h, seen)
     return sorted(seen)
 
 
@@ -195,7 +195,7 @@ def _cached_build(src: Path, stem: str, cmd: list[str], version: str, out_dir=No
     """Run `cmd -o OUT src` into the cache unless a library of the same key is there; the key
     hashes the source, the local headers it includes, the command and the compiler's version."""
     h = hashlib.sha256()
-    for f in (src, *_local_headers(src)):
+    for f in (src, *local_headers(src)):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     h.update("\0".join([*cmd[1:], version]).encode())
     out = Path(out_dir) if out_dir is not None else cache_dir()

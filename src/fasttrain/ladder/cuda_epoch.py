@@ -70,8 +70,8 @@ from fasttrain.ladder.common import Impl, LadderConfig, LadderData
 SOURCE = "cuda_epoch.cu"
 CTAS = 14  # 56 features a CTA: 8.3 µs/step against 9.8 with 7 CTAs (H100, v2)
 VERSION = 7  # the row's kernel version on clusters (cross-checked against FALLBACK): H200,
-# sync_cost.py 2026-11-28 (run 5): v7c in one launch 1.960 ms/epoch, v7d in one launch 1.998,
-# v6 (14 CTAs) 2.036; the bench's row 1.967 (v6: 2.047 ms/epoch, v4 2.304, v5 2.497, 2026-11-27)
+# sync_cost.py 2026-11-28 (run 7): v7f in one launch 1.741 ms/epoch, v7e 1.935, v7c 1.977, v7d
+# 1.991, v6 (14 CTAs) 2.021 (v6: 2.047 ms/epoch in the bench, v4 2.304, v5 2.497, 2026-11-27)
 GRID_VERSION = 3  # the row's version without clusters (v4 is cluster-only)
 FALLBACK = 2
 VERSIONS = (2, 3, 4, 5, 6, 7)  # csrc/cuda_epoch.cu's changelog
@@ -88,20 +88,19 @@ V7_VARIANTS = ("a", "b", "c", "d", "e", "f")
 workers fetching the next update's G a step ahead; H200, 2026-11-28 run 3: 2.062 ms/epoch). In one
 launch (V7_GRAMS), run 5: v7b 2.068, v7c 1.960, v7d 1.998 (v6 2.036). v7e (csrc/epoch_v7e.cuh,
 epoch_v7e_math.cuh: v7d with the workers' update and partials as m16n8k16 f16 products of hi/lo
-pieces, the v8 probe's bodies; not yet run on a GPU; estimated, not measured: ~1.3-1.5 ms/epoch if
-its workers' step is the probe's estimated 0.9-1.7 µs and v7c's chain, ~2.8 µs a step, the bound).
-v7f (csrc/epoch_v7f.cuh: v7e with the probe's "mma-scatter": P_t's tiles by st.async into their
-owners' inbox ring, summed a step late, no cluster barrier in the loop; not yet run on a GPU).
-sync_cost.py times them all in one call."""
-V7_VARIANT = "c"  # version 7's: v7c in one launch, the fastest on an H200 (2026-11-28); v7e
-# not until a GPU has measured it
+pieces, the v8 probe's bodies; H200, 2026-11-28 run 7: 1.935 ms/epoch in one launch, its workers'
+update 0.57 µs a step against v7d's 1.02, but their x load and cluster barrier longer). v7f
+(csrc/epoch_v7f.cuh: v7e with the probe's "mma-scatter": P_t's tiles by st.async into their
+owners' inbox ring, summed a step late, no cluster barrier in the loop; run 7: 1.741 ms/epoch in
+one launch, the fastest). sync_cost.py times them all in one call."""
+V7_VARIANT = "f"  # version 7's: v7f in one launch, the fastest on an H200 (2026-11-28, run 7)
 LAUNCHES = {7: 2}  # where not 1: v7's Gram kernel, then its epoch kernel (1 in one launch)
 V7_GRAMS = ("kernel", "launch")
 """Who makes v7's Grams (`EpochKernel(..., v7_grams=...)`, the entry points' `grams` 0, 1), for
 every variant (V7_ONE_LAUNCH): "kernel", their own launch before the epoch kernel (two launches
 an epoch), or "launch", 7 producer clusters of the epoch kernel itself (one launch of 120 CTAs:
 csrc/epoch_v7l.cuh; the row's since its H200 run, 2026-11-28: every v7 GPU test passed in both
-modes, and v7c in one launch was the fastest)."""
+modes, and v7c, later v7f, in one launch was the fastest)."""
 V7_ONE_LAUNCH = V7_VARIANTS  # the variants with a one-launch kernel (v7_grams="launch"): all
 V7_GRAMS_DEFAULT = "launch"
 V7_CLUSTERS = {"kernel": 8, "launch": 15}  # clusters of 8 CTAs one v7 epoch kernel launches
@@ -488,15 +487,7 @@ def v7_phases_us(clocks: list[int], span: list[int], ctas: int, cols: int) -> di
 
 class CudaEpoch(Impl):
     name = "cuda-epoch"
-    sources = ("csrc/cuda_epoch.cu", "csrc/epoch_shared.cuh", "csrc/epoch_v2.cuh",
-               "csrc/epoch_v3.cuh", "csrc/epoch_v4.cuh", "csrc/epoch_v5.cuh",
-               "csrc/epoch_v5_math.cuh", "csrc/epoch_v6.cuh", "csrc/epoch_v6_math.cuh",
-               "csrc/epoch_v7.cuh", "csrc/epoch_v7_math.cuh", "csrc/epoch_v7_phases.cuh",
-               "csrc/epoch_v7_launch.cuh", "csrc/epoch_v7_api.cuh",
-               "csrc/epoch_v7b_math.cuh", "csrc/epoch_v7_sync.cuh", "csrc/gram_u8.cuh",
-               "csrc/gram_v2.cuh", "csrc/epoch_v7c.cuh", "csrc/epoch_v7c_math.cuh",
-               "csrc/epoch_v7d.cuh", "csrc/epoch_v7d_math.cuh", "csrc/epoch_v7l.cuh",
-               "csrc/epoch_v7l_math.cuh")  # the kernel its figures come from
+    sources = ("csrc/cuda_epoch.cu",)  # the kernel its figures come from (and its headers)
     device = "cuda"
 
     @classmethod

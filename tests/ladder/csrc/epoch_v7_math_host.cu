@@ -545,10 +545,12 @@ struct Emulation {
               tag = bug == 18 ? t : u;
     for (int r = 0; r < V7_CLUSTER; ++r) {
       if (tag >= V7_PR && chain[r].next <= tag - V7_PR) violated = true;  // v7b's ring slot
-      const float* in = workers[k][r].sm.data() + V7FSmem::INBOX + slot * V8_SLOT_FLOATS;
+      const float* in = workers[k][r].sm.data() + V7FSmem::INBOX;
       for (int tid = 0; tid < V7_T; ++tid)
         worker_reduce(e, u, r, tid,
-                      [&](int src, int i) { return in[src * V7_RPC * 16 + i - r * V7_RPC * 16]; },
+                      [&](int src, int i) {
+                        return in[v8_inbox_at(slot, src, i / V7_GROW, i % V7_GROW)];
+                      },
                       [&](int row, int c, float v) {
                         s.ptag[v7b_word_at(tag, k, row, c)] = v7b_word(v, tag);
                       });
@@ -567,7 +569,7 @@ struct Emulation {
         v8_mma_partial(V8HostWarp{rz}, wi, xt, sm + V7ESmem::W,
                        [&](int row, int c, float v0, float v1) {
                          float* in = workers[k][row / V7_RPC].sm.data() + V7FSmem::INBOX +
-                                     slot * V8_SLOT_FLOATS + v8_inbox_at(r, row, c);
+                                     v8_inbox_at(slot, r, row, c);
                          in[0] = v0;
                          in[1] = v1;
                        });

@@ -225,11 +225,12 @@ int v8w_host_epoch(int variant, int rz, int bug, int n, int bs, float lr, const 
   auto reduce_slot = [&](int u) {
     for (int q = 0; q < V7_WORKERS; ++q) {
       const int k = q / V7_CLUSTER, r = q % V7_CLUSTER;
-      const float* in = ctas[q].at(V8Smem::INBOX) +
-                        v8_ns_slot(bug == 5 ? u + 1 : u) * V8_SLOT_FLOATS - r * V7_RPC * 16;
+      const float* in = ctas[q].at(V8Smem::INBOX);
+      const int slot = v8_ns_slot(bug == 5 ? u + 1 : u);
       for (int tid = 0; tid < T; ++tid)
         worker_reduce(
-            e, u, r, tid, [&](int src, int i) { return in[src * V7_RPC * 16 + i]; },
+            e, u, r, tid,
+            [&](int src, int i) { return in[v8_inbox_at(slot, src, i / V7_GROW, i % V7_GROW)]; },
             [&](int row, int c, float v) { p_out[v8_p_at(u, k, row, c)] = v; });
     }
   };
@@ -262,8 +263,9 @@ int v8w_host_epoch(int variant, int rz, int bug, int n, int bs, float lr, const 
           } else {
             v8_mma_partial(wp, wi, xt, w, [&](int row, int c, float v0, float v1) {
               HostCta& dst = ctas[k * V7_CLUSTER + row / V7_RPC];
-              const int at = v8_inbox_at(r, row + (bug == 4 ? 1 : 0), c) % V8_SLOT_FLOATS;
-              float* in = dst.at(V8Smem::INBOX) + v8_ns_slot(t) * V8_SLOT_FLOATS;
+              const int slot = v8_ns_slot(t),
+                        at = v8_inbox_at(slot, r, row + (bug == 4 ? 1 : 0), c);
+              float* in = dst.at(V8Smem::INBOX);
               in[at] = v0;  // st.async.v2: 8 bytes, c even
               in[at + 1] = v1;
             });

@@ -84,8 +84,8 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
     const int slot = v8_ns_slot(u);
     v7f_ring_wait(full_u + 8 * slot, v8_full_parity(u), WAIT_V7_RING | blockIdx.x << 4 | u << 12);
     clock.mark(V7W_BARRIER);
-    const float* in = inbox + slot * V8_SLOT_FLOATS - r * V7_RPC * 16;
-    worker_reduce(e, u, r, tid, [&](int src, int i) { return in[src * V7_RPC * 16 + i]; },
+    worker_reduce(e, u, r, tid,
+                  [&](int src, int i) { return inbox[v8_inbox_at(slot, src, i / V7_GROW, i % V7_GROW)]; },
                   [&](int row, int c, float val) {
                     st_relaxed64(ring + v7b_word_at(u, k, row, c), v7b_word(val, u));
                   });
@@ -112,7 +112,7 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
     v8_mma_partial(V8DeviceWarp{}, wi, xh + (t % V7_XR) * BMAX * 16, w,
                    [&](int row, int c, float v0, float v1) {
                      const int dst = row / V7_RPC;
-                     v8k_st8(mapa(in_u + 4 * v8_inbox_at(r, row, c), dst), v0, v1,
+                     v8k_st8(mapa(in_u + 4 * v8_inbox_at(slot, r, row, c), dst), v0, v1,
                                    mapa(full_u + 8 * slot, dst));
                    });
     if (t + 1 < steps) v8_store_xh<V7_XR>(e, t + 1, tid, V7_T, xb, false, xh);

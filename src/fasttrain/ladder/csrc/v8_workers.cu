@@ -150,8 +150,8 @@ __global__ void __launch_bounds__(V7_T, 1) v8_workers_kernel(V8Args v) {
     const int slot = v8_ns_slot(u);
     const bool landed = bounded_wait(full_u + 8 * slot, v8_full_parity(u),
                                      V8_WAIT_CODE | 2 << 4 | q << 8 | u << 16);
-    const float* in = inbox + slot * V8_SLOT_FLOATS - r * V7_RPC * 16;
-    worker_reduce(e, u, r, tid, [&](int src, int i) { return in[src * V7_RPC * 16 + i]; },
+    worker_reduce(e, u, r, tid,
+                  [&](int src, int i) { return inbox[v8_inbox_at(slot, src, i / V7_GROW, i % V7_GROW)]; },
                   [&](int row, int c, float val) { v.p[v8_p_at(u, k, row, c)] = val; });
     __syncthreads();  // every read of the slot done: credit the 8 senders
     if (tid < V7_CLUSTER) v8k_remote_arrive(free_u + 8 * slot, tid);
@@ -181,11 +181,11 @@ __global__ void __launch_bounds__(V7_T, 1) v8_workers_kernel(V8Args v) {
       if (t >= V8_NS)  // the 8 receivers have read this slot's previous step
         ok &= bounded_wait(free_u + 8 * slot, v8_free_parity(t),
                            V8_WAIT_CODE | 1 << 4 | q << 8 | t << 16);
-      const uint32_t in_u = smem_addr(inbox + slot * V8_SLOT_FLOATS);
+      const uint32_t in_u = smem_addr(inbox);
       v8_mma_partial(V8DeviceWarp{}, wi, xh + (t % V8_XR) * BMAX * 16, w,
                      [&](int row, int c, float v0, float v1) {
                        const int dst = row / V7_RPC;
-                       v8k_st8(mapa(in_u + 4 * v8_inbox_at(r, row, c), dst), v0, v1,
+                       v8k_st8(mapa(in_u + 4 * v8_inbox_at(slot, r, row, c), dst), v0, v1,
                                     mapa(full_u + 8 * slot, dst));
                      });
     }

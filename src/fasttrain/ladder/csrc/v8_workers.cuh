@@ -241,9 +241,12 @@ FT_V8 void v8_mma_partial(const Warp& wp, int wi, const __half* xt, const float*
     }
   });
 }
-// mma-scatter: where sender `src`'s element (row, class) lands in rank row/16's inbox slot.
-FT_V8 int v8_inbox_at(int src, int row, int c) {
-  return (src * V7_RPC + row % V7_RPC) * 16 + c;
+// mma-scatter: where (in floats from the inbox's start) sender `src`'s element (row, class) of
+// the step in ring slot `slot` lands in its owner's (rank row / 16) inbox. The senders' st.asyncs
+// and the owner's reduce both address the inbox through it (v7f's first GPU run summed slot t % NS
+// while its senders, missing the slot's offset, all wrote slot 0).
+FT_V8 int v8_inbox_at(int slot, int src, int row, int c) {
+  return slot * V8_SLOT_FLOATS + (src * V7_RPC + row % V7_RPC) * 16 + c;
 }
 // The ring's slot of step t, and the parity a wait on its mbarriers passes with: full[slot]
 // completes phase t / NS when step t's 8 KiB have landed; free[slot] (in the sender) completes
