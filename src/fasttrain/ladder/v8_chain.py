@@ -40,10 +40,13 @@ from fasttrain.ladder.v8_inputs import (  # noqa: F401 (the probe's inputs, re-e
 
 SOURCE = "v8_chain.cu"
 TIMING = ("epoch_ns", "epoch_clocks", "inputs_mma", "k_halves", "softmax", "write_b", "next_a",
-          "step_barrier", "wait_gram", "issue_gram")
+          "step_barrier", "wait_inputs", "wait_gram", "issue_gram")
 """csrc/v8_chain.cu's int64 timing words: the epoch by globaltimer and clock64 (thread 0), then
 clock64 sums over the steps of warp 0 (a softmax warp, on the critical path) for each phase, and
-of warp 8 for the Γ̃ ring's cp.async wait and issue (the phase build only)."""
+of warp 8 for the Γ̃ ring's cp.async wait and issue (the phase build only). wait_inputs: after the
+K halves' barrier, until the step's P+Q and labels (loaded before the product) are in registers;
+"softmax" starts after it (the H200's first runs, without the split, put 1.8 µs of a 2.7 µs step
+in the softmax)."""
 
 
 CLUSTER_NSG, CLUSTER_NQ = 4, 2
@@ -295,7 +298,7 @@ def describe(result: dict) -> list[str]:
             f"{u['median'] * r['steps'] / 1e3:.3f} ms an epoch",
             f"  phase build {r['phase_build_us_per_step']:.3f} µs a step at "
             f"{r['clock_ghz']:.2f} GHz; warp 0: " +
-            ", ".join(f"{k} {ph[k]:.3f}" for k in TIMING[2:8]) +
+            ", ".join(f"{k} {ph[k]:.3f}" for k in TIMING[2:9]) +
             f"; warp 8: wait Γ̃ {ph['wait_gram']:.3f}, issue Γ̃ {ph['issue_gram']:.3f} (µs a step)",
             f"  check vs float64 SGD: G {c['g_max_abs_err']:.2e}, Z "
             f"{c.get('z_max_abs_err', 0):.2e}, loss {c['loss_rel_err']:.1e} relative; "
