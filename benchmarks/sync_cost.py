@@ -224,10 +224,12 @@ def profile_phases(k) -> dict:
             print(f"    its phase profile: {e}")
             return {k.variant: str(e)}
     for role, profile in roles.items():
+        ghz = profile.get("clock_ghz")  # v7: each CTA's SM clock over its loop
+        clock = f"; SMs at {ghz['min']:.2f}-{ghz['max']:.2f} GHz" if ghz else ""
         print(f"    its {role + ' ' if role else ''}phases (µs a step, mean over CTAs / the "
-              f"slowest; the profiling build's step {profile['step_us']:.2f} µs): " + ", ".join(
-                  f"{name} {profile['mean_us'][name]:.2f}/{profile['max_us'][name]:.2f}"
-                  for name in profile["mean_us"]))
+              f"slowest; the profiling build's step {profile['step_us']:.2f} µs{clock}): "
+              + ", ".join(f"{name} {profile['mean_us'][name]:.2f}/{profile['max_us'][name]:.2f}"
+                          for name in profile["mean_us"]))
     return {f"{k.variant}: {role}" if role else k.variant: p for role, p in roles.items()}
 
 

@@ -462,26 +462,37 @@ class EpochKernel:
 
 
 def v7_phases_us(clocks: list[int], span: list[int], ctas: int, cols: int) -> dict:
-    """v7's phase clocks as µs a step, per role: {role: {"step_us", "mean_us", "max_us"}}.
+    """v7's phase clocks as µs a step, per role: {role: {"step_us", "mean_us", "max_us",
+    "clock_ghz"}}.
 
     clocks: [ctas][cols] (chain CTAs first, then the workers; a role's phases in its first
-    columns), span: each CTA's loop in ns (globaltimer), then the steps. Clocks become ns at chain
-    CTA 0's rate (its span / its clocks), for every CTA, so a role's phase sums checked against its
-    own spans show whether the phases cover the loop; "step_us" is the role's mean span a step."""
+    columns), span: each CTA's loop in ns (globaltimer), then the steps. Each CTA's clocks become
+    ns at its own rate (its clocks / its span, "clock_ghz": the role's mean, min and max), since
+    SMs run at different clocks at once: on an H200 (2026-11-28, benchmarks/results/
+    gpu-calls-2026-11-28-h200-run9) v7e's and v7f's tensor-core workers at 1.77-1.80 GHz while
+    their chain ran at 1.93-1.97 (v7a's two launches: all at 1.97-1.98). At chain CTA 0's rate for
+    every CTA, as this read them before, those workers' phases fell 7-11 % short of their loops.
+    A CTA's phases cover its loop by construction (a mark's clock difference telescopes from the
+    clock's start to the last mark), so a role's mean phases add up to its "step_us", the mean
+    span a step."""
     per_cta = torch.tensor(clocks, dtype=torch.float64).view(ctas, cols)
     ns, steps = torch.tensor(span[:ctas], dtype=torch.float64), span[ctas]
-    missing = [i for i in range(ctas) if ns[i] <= 0]
+    ticks = per_cta.sum(1)
+    missing = [i for i in range(ctas) if ns[i] <= 0 or ticks[i] <= 0]
     if steps <= 0 or missing:
         raise RuntimeError(f"cuda-epoch v7's phase profile: CTAs {missing} wrote no figures (a "
                            f"CTA that left early), steps {steps}")
-    us = per_cta * (ns[0] / per_cta[0].sum()) / steps / 1e3
+    ghz = ticks / ns
+    us = per_cta / ghz[:, None] / steps / 1e3
     rows = {"chain": slice(0, V7_CTAS), "workers": slice(V7_CTAS, ctas)}
     out = {}
     for role, names in V7_PHASES.items():
-        part = us[rows[role], :len(names)]
+        part, rate = us[rows[role], :len(names)], ghz[rows[role]]
         out[role] = {"step_us": ns[rows[role]].mean().item() / steps / 1e3,
                      "mean_us": dict(zip(names, part.mean(0).tolist(), strict=True)),
-                     "max_us": dict(zip(names, part.max(0).values.tolist(), strict=True))}
+                     "max_us": dict(zip(names, part.max(0).values.tolist(), strict=True)),
+                     "clock_ghz": {"mean": rate.mean().item(), "min": rate.min().item(),
+                                   "max": rate.max().item()}}
     return out
 
 
