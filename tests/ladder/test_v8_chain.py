@@ -226,19 +226,26 @@ def test_bad_inputs_raise_valueerror():
                               np.zeros(10), float("nan"))
 
 
-def test_the_chain_compiles_without_spills_within_the_register_cap(tmp_path):
-    """One nvcc for sm_90a (~4 CPU-s here): the 4 chain builds (timing, phases × v1, v2), the
-    2 cluster builds (timing, phases) and the v8 Gram kernel (csrc/v8_grams.cuh) ≤ 128 registers
-    (512 threads a CTA) and no spill; where
+@pytest.fixture(scope="module")
+def sm90(tmp_path_factory):
+    """One nvcc for sm_90a of csrc/v8_chain.cu (~8 CPU-s here): ptxas's report and the cubin."""
+    from fasttrain.ladder import build
+    from tests.ladder.host_harness import compile_sm90
+
+    return compile_sm90(build.CSRC / v8_chain.SOURCE, tmp_path_factory.mktemp("v8c_sm90"))
+
+
+def test_the_chain_compiles_without_spills_within_the_register_cap(sm90):
+    """The 4 chain builds (timing, phases × v1, v2), the 2 cluster builds (timing, phases) and the
+    v8 Gram kernel (csrc/v8_grams.cuh) ≤ 128 registers (512 threads a CTA) and no spill; where
     Triton ships cuobjdump, 24 HMMA.16816 a warp-step (4 k-steps × 2 n-tiles × 3 products: the
     design's count), 48 in the cluster kernel (the chain's body and the helpers'), whose chain
     sends G' by 6 STAS.128 (one a helper) and whose helpers send their parts by 4 STAS.64."""
     import re
 
-    from fasttrain.ladder import build
-    from tests.ladder.host_harness import compile_sm90, registers, sass_functions
+    from tests.ladder.host_harness import registers, sass_functions
 
-    report, cubin = compile_sm90(build.CSRC / v8_chain.SOURCE, tmp_path)
+    report, cubin = sm90
     regs = registers(report, r"v8_(?:chain_kernelILb[01]ELb[01]E|cluster_kernelILb[01]E|"
                              r"gram_kernel)")
     assert len(regs) == 7 and max(regs) <= 128, report
@@ -253,6 +260,32 @@ def test_the_chain_compiles_without_spills_within_the_register_cap(tmp_path):
         if cluster:
             assert len(re.findall(r"\bSTAS\.128\b", body)) == 6
             assert len(re.findall(r"\bSTAS\.64\b", body)) == 4
+
+
+def test_the_chains_softmax_has_no_slow_paths_and_stores_pairs(sm90):
+    """The chain builds' SASS (docs/measurements/cuda-epoch-v8-design.md, "The chain's softmax in
+    SASS"): no CALL and no FCHK (run 9's build had 4 CALLs a kernel to the slow paths of its
+    IEEE divisions: 1/se twice, 1/n_t, −c/n_{t−1}); every 32-bit STG is a stats word (2, and in
+    the phase builds the input wait's never-made store), so G and Z go out as STG.E.64 pairs; in
+    the phase builds the input wait's FSETP.NAN (a consumer of P+Q's loads) comes before the
+    softmax's clock mark c2i, the last clock read before the first SHFL.BFLY (run 9's build had no
+    consumer there: ptxas dropped its sum, and the wait fell inside the softmax)."""
+    import re
+
+    from tests.ladder.host_harness import sass_functions
+
+    chains = {n: b for n, b in sass_functions(sm90[1]).items() if "v8_chain_kernel" in n}
+    assert len(chains) == 4
+    for name, body in chains.items():
+        phases = "chain_kernelILb1E" in name
+        assert not re.findall(r"\b(?:CALL|FCHK)\b", body), name
+        assert len(re.findall(r"\bSTG\.E\s", body)) == (3 if phases else 2), name
+        assert len(re.findall(r"\bSTG\.E\.64\b", body)) >= 4, name
+        if phases:
+            ins = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", body)
+            shfl = next(k for k, t in enumerate(ins) if "SHFL.BFLY" in t)
+            marks = [k for k in range(shfl) if "SR_CLOCKLO" in ins[k]]
+            assert any("FSETP.NAN" in t for t in ins[marks[-2] + 1:marks[-1]]), name
 
 
 def _gpu():

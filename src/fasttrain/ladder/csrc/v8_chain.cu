@@ -32,6 +32,11 @@
 //   The cluster variant written and compiled for sm_90a (2026-11-28, branch v8h): 96 registers (128
 //   in the phase build), no spill; its bodies and rings ran on the CPU only
 //   (tests/ladder/test_v8_helpers.py); NOT YET RUN ON A GPU.
+//   Run 9 (H200, 2026-11-28): softmax 1.78 µs a step (v1), 1.92 (v2). Then (branch s18-softmax,
+//   compiled for sm_90a, NOT YET RUN ON A GPU): v8c_softmax without per-element branches or CALLs
+//   (8 exps interleaved, 1/x by rcp.approx + one Newton step, G and Z as STG.64 pairs), −c/n_{t−1}
+//   without a division a step, and the phase build's input wait made real (see the doc's "The
+//   chain's softmax in SASS": run 9's wait_inputs measured nothing and its softmax held the wait).
 //
 // Entry points return 0 or a cudaError_t (a failed launch's error is cleared).
 #include <cuda_runtime.h>
@@ -95,11 +100,14 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
   int y[2];
   long long ph[TM_LEN] = {};
   __syncthreads();
+  // Only the last batch is short, so n_{t−1} = 128 for every t ≥ 1: −c/n_{t−1} without a division
+  // a step (whose slow-path check ptxas had sunk into the phase build's input-wait window).
+  const float coef_full = -c / static_cast<float>(V8C_ROWS);
   const long long ns0 = globaltimer_ns(), clk0 = clock64();
 
   for (int t = 0; t < steps; ++t) {
     const int rows = v8c_rows(n, t);
-    const float coef = -c / static_cast<float>(t ? v8c_rows(n, t - 1) : 1);
+    const float coef = t ? coef_full : -c;  // −c/n_{t−1}
     long long c0 = 0, c1 = 0, c2 = 0, c2i = 0, c3 = 0, c4 = 0, c5 = 0;
     if (PHASES) c0 = clock64();
     if (STAGED && w < 8) v8c_load_staged_a(warp, stage, w, a);
@@ -121,7 +129,10 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < 4; ++i) used += pqr[nt][i];
       used += static_cast<float>(y[0] + y[1]);
-      asm volatile("" : : "f"(used));
+      // A store that depends on the sum (never made: P+Q are finite; stats[2·tid] is rewritten
+      // at the end) puts the loads' wait before c2i. Run 9's build held `used` in an empty asm
+      // instead, which emits no SASS: ptxas dropped the sum, and the wait fell in the softmax.
+      if (used != used) stats[2 * tid] = used;
       c2i = clock64();
     }
     if (w < 8) {

@@ -210,11 +210,37 @@ FT_V8 void v8c_store_half(const Warp& warp, const V8Reg<Warp, float> (&d)[2][4],
   });
 }
 
+// 1/x, correctly rounded, for x of biased exponent 1 … 252 (here 1 ≤ x ≤ 128): on the GPU the fast
+// path of ptxas's own expansion of 1.f / x (rcp.rn: MUFU.RCP, one Newton step by FFMA) without
+// its range check, a branch, a convergence block and a CALL of the slow path each (SASS, nvcc 13.0
+// sm_90a); so bit-equal to the host's 1.f / x.
+FT_V8 float v8c_rcp(float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return fmaf(r, fmaf(-x, r, 1.f), r);
+#else
+  return 1.f / x;
+#endif
+}
+// Two floats to p, p + 1 (p 8-byte aligned: one STG.64 on the GPU).
+static_assert(V8C_C % 2 == 0, "a lane's columns 2q, 2q + 1 are both classes or both padding");
+FT_V8 void v8c_put2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+#else
+  p[0] = a, p[1] = b;
+#endif
+}
+
 // Warps 0 … 7, after the K halves' barrier: Z = pq + coef·(d + half 1), the softmax of rows
 // 16w + g and 16w + g + 8 across each quad (shfl_xor at width 4), G_t's rows into g_out
 // ([128][10]: 0 past the batch), Z into z_out when given, loss and hits added by the label's lane;
 // returns (p − y) in `pmy` (0 outside the batch and the classes) for v8c_write_b. `quad`: the
 // butterflies' width and masks (quad/2 … 1); anything but V8C_QUAD is the harness's planted bug.
+// Branch-free but for the predicated stores (docs/measurements/cuda-epoch-v8-design.md, "The
+// chain's softmax in SASS"): a class outside the 10 holds Z = −∞, whose exp is 0; a lane's two
+// columns 2q, 2q + 1 share a row and their validity (10 is even), so G and Z go out as pairs.
 template <class Warp>
 FT_V8 void v8c_softmax(const Warp& warp, int w, const V8Reg<Warp, float> (&d)[2][4],
                        const float* halves, const V8Reg<Warp, float> (&pq)[2][4],
@@ -234,7 +260,7 @@ FT_V8 void v8c_softmax(const Warp& warp, int w, const V8Reg<Warp, float> (&d)[2]
         const float z = v8c_scale_add(warp.at(pq[nt][i], lane), coef, s);
         const bool valid = 8 * nt + v8_c_at(lane, i).col < V8C_C;
         warp.at(pmy[nt][i], lane) = valid ? z : -INFINITY;  // Z, until the exp below
-        if (valid) warp.at(m[i >> 1], lane) = fmaxf(warp.at(m[i >> 1], lane), z);
+        warp.at(m[i >> 1], lane) = fmaxf(warp.at(m[i >> 1], lane), warp.at(pmy[nt][i], lane));
       }
   });
   for (int o = quad / 2; o > 0; o /= 2)
@@ -252,9 +278,8 @@ FT_V8 void v8c_softmax(const Warp& warp, int w, const V8Reg<Warp, float> (&d)[2]
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float z = warp.at(pmy[nt][i], lane);
-        const float e = z == -INFINITY ? 0.f : expf(z - warp.at(m[i >> 1], lane));
+      for (int i = 0; i < 4; ++i) {  // expf(−∞) = 0 outside the classes (m is finite)
+        const float e = expf(warp.at(pmy[nt][i], lane) - warp.at(m[i >> 1], lane));
         warp.at(ex[nt][i], lane) = e;
         warp.at(se[i >> 1], lane) += e;
       }
@@ -265,34 +290,38 @@ FT_V8 void v8c_softmax(const Warp& warp, int w, const V8Reg<Warp, float> (&d)[2]
       const F other = warp.shfl_xor(se[h], o, quad);
       warp.each([&](int lane) { warp.at(se[h], lane) += warp.at(other, lane); });
     }
-  // One reciprocal a row and one log a row (every lane: no divergent slow paths); G = (p − y)
-  // times 1/n_t (exact for 128; within an ulp of split_precision's (p − y)/n for 96).
-  const float inv_rows = 1.f / static_cast<float>(rows);
+  // One reciprocal a row (1 ≤ se ≤ 10: the max's exp is 1) and one log a row, every lane; G =
+  // (p − y) times 1/n_t (exact for 128; within an ulp of split_precision's (p − y)/n for 96).
+  const float inv_rows = v8c_rcp(static_cast<float>(rows));
   warp.each([&](int lane) {
     float inv_se[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      inv_se[h] = 1.f / warp.at(se[h], lane);
+      inv_se[h] = v8c_rcp(warp.at(se[h], lane));
       lse[h] = logf(warp.at(se[h], lane)) + warp.at(m[h], lane);
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const V8Rc e = v8_c_at(lane, i);
-        const int row = 16 * w + e.row, col = 8 * nt + e.col, label = warp.at(y[i >> 1], lane);
-        const float z = warp.at(pmy[nt][i], lane);
-        float v = 0.f;
-        if (row < rows && col < V8C_C) {
-          v = warp.at(ex[nt][i], lane) * inv_se[i >> 1] - (col == label ? 1.f : 0.f);
-          if (col == label) {
-            warp.at(loss, lane) += lse[i >> 1] - z;
-            warp.at(correct, lane) += z == warp.at(m[i >> 1], lane) ? 1.f : 0.f;
+      for (int rh = 0; rh < 2; ++rh) {  // floats 2rh, 2rh + 1: row g + 8rh, columns col, col + 1
+        const V8Rc e = v8_c_at(lane, 2 * rh);
+        const int row = 16 * w + e.row, col = 8 * nt + e.col, label = warp.at(y[rh], lane);
+        const bool in = row < rows && col < V8C_C;
+        float z[2], v[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = 2 * rh + h;
+          const bool hit = in && col + h == label;
+          z[h] = warp.at(pmy[nt][i], lane);
+          v[h] = in ? warp.at(ex[nt][i], lane) * inv_se[rh] - (hit ? 1.f : 0.f) : 0.f;
+          if (hit) {
+            warp.at(loss, lane) += lse[rh] - z[h];
+            warp.at(correct, lane) += z[h] == warp.at(m[rh], lane) ? 1.f : 0.f;
           }
-          if (z_out) z_out[row * V8C_C + col] = z;
+          warp.at(pmy[nt][i], lane) = v[h];
         }
-        if (col < V8C_C) g_out[row * V8C_C + col] = v * inv_rows;
-        warp.at(pmy[nt][i], lane) = v;
+        if (z_out && in) v8c_put2(z_out + row * V8C_C + col, z[0], z[1]);
+        if (col < V8C_C) v8c_put2(g_out + row * V8C_C + col, v[0] * inv_rows, v[1] * inv_rows);
       }
   });
 }
