@@ -105,9 +105,11 @@ GRAMS = ("numpy", "gpu")
 """Where `run`, `run_cluster` and `measure` take the Γ̃ from: chain_inputs' NumPy arrays, or
 csrc/v8_grams.cuh's kernel (ladder/v8_grams.py) from inp's pixels and order, each launch."""
 
-VARIANTS = (1, 2)
+VARIANTS = (1, 2, 3)
 """csrc/v8_chain.cu's: 1, warps 0 … 7 split their own next A after the softmax (on the path);
-2, warps 8 … 15 split it for them into a shared-memory stage during the softmax."""
+2, warps 8 … 15 split it for them into a shared-memory stage during the softmax; 3, v1 with the
+Γ̃ ring filled by bulk copies (cp.async.bulk, 128 a step from warp 8, completing on a slot's
+mbarrier) instead of 4,096 cp.async of 16 B from warps 8 … 15 (compiled, not yet run)."""
 
 
 def _check_grams(grams):
@@ -158,8 +160,11 @@ def run(lib, inp: dict, *, variant: int = 2, phases: bool = False, logits: bool 
         raise ChainError(f"v8_chain_run: {lib.v8_chain_error_name(code).decode()}: "
                          f"{lib.v8_chain_error_string(code).decode()}")
     s = stats.double().sum(0).tolist()  # waits for the kernel
+    tm = dict(zip(TIMING, timing.tolist(), strict=True))
+    if tm["epoch_ns"] == -1:
+        raise ChainError(f"v8_chain_run: variant {variant}'s wait for its Γ̃ bulk copies timed out")
     return {"g": g.cpu().numpy(), "z": z.cpu().numpy() if logits else None, "loss": s[0],
-            "hits": s[1], "timing": dict(zip(TIMING, timing.tolist(), strict=True))}
+            "hits": s[1], "timing": tm}
 
 
 def run_cluster(lib, inp: dict, *, phases: bool = False, logits: bool = False, device="cuda",
@@ -224,7 +229,7 @@ def measure(lib=None, repeats: int = 3, *, inp: dict | None = None, device="cuda
     variant: a warm-up launch, `repeats` timed launches (median, min, max of globaltimer over the
     epoch's steps), then one launch of the phase build (clock64 sums, converted at its own clocks
     per ns) that also writes Z for the check against float64. The top level holds the variant
-    of the lower median; "variants" holds both. With grams="gpu" the launches take their Γ̃ from
+    of the lowest median; "variants" holds each. With grams="gpu" the launches take their Γ̃ from
     the GPU kernel, and "grams_gpu" holds its µs an epoch (ladder/v8_grams.py's time_grams)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an integer >= 1, got {repeats!r}")

@@ -98,6 +98,27 @@ __device__ __forceinline__ void v8k_cluster_barrier() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 #endif
 }
+// The chain's v3 (v8_chain.cu): `bytes` (a multiple of 16; both addresses 16-byte aligned) from
+// global memory into this CTA's shared memory by the async proxy's bulk copy (the TMA unit, no
+// tensor map), completing `bytes` of tx on this CTA's mbarrier `bar`; and the proxy fence that
+// orders this thread's (and, after a barrier, the CTA's) generic-proxy accesses of shared memory
+// before later async-proxy ones, e.g. the ring slot's ld.shared reads before the bulk copy that
+// refills it (PTX ISA: fence.proxy.async is bidirectional; .shared::cta restricts it to this
+// CTA's shared memory).
+__device__ __forceinline__ void v8k_bulk_g2s(uint32_t dst, const void* src, int bytes,
+                                             uint32_t bar) {
+#if V8K_SM90
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void v8k_fence_proxy_async() {
+#if V8K_SM90
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ int v8k_rank() {
   uint32_t r = 0;
 #if V8K_SM90
