@@ -296,7 +296,8 @@ def test_v3_fills_the_ring_by_bulk_copies_after_a_proxy_fence(sm90):
     spill; the copies are UBLKCP.S.G (cuobjdump's name for cp.async.bulk global → shared) and
     there is no LDGSTS (v1's cp.async of 16 B) nor LDGDEPBAR anywhere, prologue included; the
     slots' mbarriers are armed by SYNCS.ARRIVE.TRANS64 (arrive.expect_tx) and waited on by
-    SYNCS.PHASECHK.TRANS64.TRYWAIT; every UBLKCP has a FENCE.VIEW.ASYNC.S (fence.proxy.async.
+    SYNCS.PHASECHK.TRANS64.TRYWAIT at CTA scope (no CCTL.IVALL: v8k_try_wait's .acquire.cluster
+    invalidates L1 on success); every UBLKCP has a FENCE.VIEW.ASYNC.S (fence.proxy.async.
     shared::cta) after the last BAR.SYNC before it (the slot's ld.shared reads, then the refill).
     v1's and v2's builds keep their LDGSTS and have no UBLKCP."""
     import re
@@ -318,6 +319,7 @@ def test_v3_fills_the_ring_by_bulk_copies_after_a_proxy_fence(sm90):
         assert copies and not any(re.search(r"LDGSTS|LDGDEPBAR", t) for t in ins), name
         assert any("SYNCS.ARRIVE.TRANS64" in t for t in ins), name
         assert any("SYNCS.PHASECHK.TRANS64.TRYWAIT" in t for t in ins), name
+        assert not any("CCTL" in t for t in ins), name  # a cluster-scope acquire's L1 flush
         for k in copies:
             bar = max(j for j in range(k) if "BAR.SYNC" in ins[j])
             assert any("FENCE.VIEW.ASYNC.S" in t for t in ins[bar + 1:k]), (name, k)

@@ -114,6 +114,22 @@ __device__ __forceinline__ void v8k_bulk_g2s(uint32_t dst, const void* src, int 
       : "memory");
 #endif
 }
+// A CTA-scope parity test of this CTA's mbarrier (v3's ring: its copies complete on the CTA's own
+// barrier, and its readers are the CTA's): v8k_try_wait's .acquire.cluster costs a CCTL.IVALL (an
+// L1 invalidation) on success in SASS (nvcc 13.0, sm_90a), this .acquire.cta does not.
+__device__ __forceinline__ bool v8k_try_wait_cta(uint32_t bar, int parity) {
+  uint32_t done = 1;
+#if V8K_SM90
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+#endif
+  return done != 0;
+}
 __device__ __forceinline__ void v8k_fence_proxy_async() {
 #if V8K_SM90
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
