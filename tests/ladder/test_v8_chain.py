@@ -210,6 +210,13 @@ def test_measure_and_describe_over_the_host_emulation(lib, small):
         v8_chain.run(FakeChain(lib, fail=1), small, device="cpu")
     with pytest.raises(v8_chain.ChainError, match="variant 3's wait for its Γ̃ bulk copies timed"):
         v8_chain.run(FakeChain(lib, epoch_ns=[-1]), small, variant=3, device="cpu")
+    # An untried variant's failure is its entry's error, after the others' figures, not the call's.
+    fake = FakeChain(lib, epoch_ns=[99, 5_000, 4_000, 6_000, 5_500, 99, 5_000, 4_500, 4_500, 1,
+                                    -1])
+    r = v8_chain.measure(fake, repeats=3, inp=small, device="cpu")
+    assert r["best"] == "v2" and "timed out" in r["variants"]["v3"]["error"]
+    assert any(x.startswith("v8 chain alone v3: v8_chain_run: variant 3's wait") for x in
+               v8_chain.describe(r))
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, "3", True])
