@@ -75,7 +75,7 @@ def run_host(lib, inp, rz=False, bug=0, variant=2):
     stats = np.zeros(2, np.float32)
     assert lib.v8_chain_host(ptr(inp["grams"]), ptr(inp["pq"]), ptr(inp["labels"]), inp["n"],
                              float(inp["c"]), int(rz), bug, ptr(g), ptr(z), ptr(stats),
-                             int(variant == 2)) == 0
+                             variant) == 0
     return g, z, stats
 
 
@@ -181,7 +181,7 @@ class FakeChain:
         s = np.zeros(2, np.float32)
         assert self.harness.v8_chain_host(gram, pq, labels, n, c, 0, 0, g,
                                           z if z is not None else ptr(zbuf), ptr(s),
-                                          int(variant == 2)) == 0
+                                          variant) == 0
         st = (ctypes.c_float * 1024).from_address(stats.value)
         st[0], st[1] = float(s[0]), float(s[1])
         ns = self.epoch_ns.pop(0)
@@ -191,9 +191,10 @@ class FakeChain:
 
 
 def test_measure_and_describe_over_the_host_emulation(lib, small):
-    fake = FakeChain(lib, epoch_ns=[99, 5_000, 4_000, 6_000, 5_500, 99, 5_000, 4_500, 4_500, 1])
+    fake = FakeChain(lib, epoch_ns=[99, 5_000, 4_000, 6_000, 5_500, 99, 5_000, 4_500, 4_500, 1,
+                                    99, 6_000, 6_000, 6_000, 1])
     r = v8_chain.measure(fake, repeats=3, inp=small, device="cpu")
-    assert fake.calls == [(v, z, p) for v in (1, 2) for z, p in [(False, 0)] * 4 + [(True, 1)]]
+    assert fake.calls == [(v, z, p) for v in (1, 2, 3) for z, p in [(False, 0)] * 4 + [(True, 1)]]
     assert r["best"] == "v2" and r["variants"]["v2"]["us_per_step"]["median"] == 0.9
     r = r["variants"]["v1"]
     assert r["steps"] == 5 and r["us_per_step"]["runs"] == [1.0, 0.8, 1.2]
@@ -207,6 +208,15 @@ def test_measure_and_describe_over_the_host_emulation(lib, small):
     assert "v1 (best)" in lines[0] and "1.000 µs a step (median of 3, 0.800-1.200)" in lines[0]
     with pytest.raises(v8_chain.ChainError, match="v8_chain_run: cudaErrorInvalidValue"):
         v8_chain.run(FakeChain(lib, fail=1), small, device="cpu")
+    with pytest.raises(v8_chain.ChainError, match="variant 3's wait for its Γ̃ bulk copies timed"):
+        v8_chain.run(FakeChain(lib, epoch_ns=[-1]), small, variant=3, device="cpu")
+    # An untried variant's failure is its entry's error, after the others' figures, not the call's.
+    fake = FakeChain(lib, epoch_ns=[99, 5_000, 4_000, 6_000, 5_500, 99, 5_000, 4_500, 4_500, 1,
+                                    -1])
+    r = v8_chain.measure(fake, repeats=3, inp=small, device="cpu")
+    assert r["best"] == "v2" and "timed out" in r["variants"]["v3"]["error"]
+    assert any(x.startswith("v8 chain alone v3: v8_chain_run: variant 3's wait") for x in
+               v8_chain.describe(r))
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, "3", True])
@@ -236,8 +246,8 @@ def sm90(tmp_path_factory):
 
 
 def test_the_chain_compiles_without_spills_within_the_register_cap(sm90):
-    """The 4 chain builds (timing, phases × v1, v2), the 2 cluster builds (timing, phases) and the
-    v8 Gram kernel (csrc/v8_grams.cuh) ≤ 128 registers (512 threads a CTA) and no spill; where
+    """The 6 chain builds (timing, phases × v1, v2, v3), the 2 cluster builds (timing, phases) and
+    the v8 Gram kernel (csrc/v8_grams.cuh) ≤ 128 registers (512 threads a CTA) and no spill; where
     Triton ships cuobjdump, 24 HMMA.16816 a warp-step (4 k-steps × 2 n-tiles × 3 products: the
     design's count), 48 in the cluster kernel (the chain's body and the helpers'), whose chain
     sends G' by 6 STAS.128 (one a helper) and whose helpers send their parts by 4 STAS.64."""
@@ -246,11 +256,11 @@ def test_the_chain_compiles_without_spills_within_the_register_cap(sm90):
     from tests.ladder.host_harness import registers, sass_functions
 
     report, cubin = sm90
-    regs = registers(report, r"v8_(?:chain_kernelILb[01]ELb[01]E|cluster_kernelILb[01]E|"
+    regs = registers(report, r"v8_(?:chain_kernelILb[01]ELb[01]ELb[01]E|cluster_kernelILb[01]E|"
                              r"gram_kernel)")
-    assert len(regs) == 7 and max(regs) <= 128, report
+    assert len(regs) == 9 and max(regs) <= 128, report
     functions = sass_functions(cubin)
-    assert len(functions) == 7
+    assert len(functions) == 9
     for name, body in functions.items():
         if "v8_gram_kernel" in name:  # csrc/v8_grams.cuh: u8 IMMA, no HMMA
             assert not re.findall(r"\bHMMA\b", body) and re.findall(r"\bIMMA\b", body)
@@ -275,7 +285,7 @@ def test_the_chains_softmax_has_no_slow_paths_and_stores_pairs(sm90):
     from tests.ladder.host_harness import sass_functions
 
     chains = {n: b for n, b in sass_functions(sm90[1]).items() if "v8_chain_kernel" in n}
-    assert len(chains) == 4
+    assert len(chains) == 6
     for name, body in chains.items():
         phases = "chain_kernelILb1E" in name
         assert not re.findall(r"\b(?:CALL|FCHK)\b", body), name
@@ -286,6 +296,40 @@ def test_the_chains_softmax_has_no_slow_paths_and_stores_pairs(sm90):
             shfl = next(k for k, t in enumerate(ins) if "SHFL.BFLY" in t)
             marks = [k for k in range(shfl) if "SR_CLOCKLO" in ins[k]]
             assert any("FSETP.NAN" in t for t in ins[marks[-2] + 1:marks[-1]]), name
+
+
+def test_v3_fills_the_ring_by_bulk_copies_after_a_proxy_fence(sm90):
+    """v3's builds (csrc/v8_chain.cu's BULK: the Γ̃ ring by cp.async.bulk): ≤ 128 registers, no
+    spill; the copies are UBLKCP.S.G (cuobjdump's name for cp.async.bulk global → shared) and
+    there is no LDGSTS (v1's cp.async of 16 B) nor LDGDEPBAR anywhere, prologue included; the
+    slots' mbarriers are armed by SYNCS.ARRIVE.TRANS64 (arrive.expect_tx) and waited on by
+    SYNCS.PHASECHK.TRANS64.TRYWAIT at CTA scope (no CCTL.IVALL: v8k_try_wait's .acquire.cluster
+    invalidates L1 on success); every UBLKCP has a FENCE.VIEW.ASYNC.S (fence.proxy.async.
+    shared::cta) after the last BAR.SYNC before it (the slot's ld.shared reads, then the refill).
+    v1's and v2's builds keep their LDGSTS and have no UBLKCP."""
+    import re
+
+    from tests.ladder.host_harness import registers, sass_functions
+
+    report, cubin = sm90
+    regs = registers(report, r"v8_chain_kernelILb[01]ELb0ELb1E")
+    assert len(regs) == 2 and max(regs) <= 128, report
+    chains = {n: b for n, b in sass_functions(cubin).items() if "v8_chain_kernel" in n}
+    bulk = {n: b for n, b in chains.items() if re.search(r"chain_kernelILb[01]ELb0ELb1E", n)}
+    assert len(bulk) == 2
+    for name, body in chains.items():
+        ins = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", body)
+        copies = [k for k, t in enumerate(ins) if "UBLKCP.S.G" in t]
+        if name not in bulk:
+            assert not copies and any("LDGSTS" in t for t in ins), name
+            continue
+        assert copies and not any(re.search(r"LDGSTS|LDGDEPBAR", t) for t in ins), name
+        assert any("SYNCS.ARRIVE.TRANS64" in t for t in ins), name
+        assert any("SYNCS.PHASECHK.TRANS64.TRYWAIT" in t for t in ins), name
+        assert not any("CCTL" in t for t in ins), name  # a cluster-scope acquire's L1 flush
+        for k in copies:
+            bar = max(j for j in range(k) if "BAR.SYNC" in ins[j])
+            assert any("FENCE.VIEW.ASYNC.S" in t for t in ins[bar + 1:k]), (name, k)
 
 
 def _gpu():

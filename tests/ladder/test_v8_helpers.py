@@ -255,9 +255,14 @@ class FakeCluster:
 
 
 def test_measure_and_describe_the_cluster_over_the_host_emulation(lib, small):
-    fake = FakeCluster(lib, epoch_ns=[1] * 10 + [99, 5_000, 4_000, 6_000, 5_500])
+    # a warm-up, 3 timed, 1 phase build a variant; the untried variants after the cluster
+    chain_calls = 5 * (len(v8_chain.VARIANTS) - len(v8_chain.UNTRIED))
+    fake = FakeCluster(lib, epoch_ns=[1] * chain_calls + [99, 5_000, 4_000, 6_000, 5_500]
+                       + [1] * 5 * len(v8_chain.UNTRIED))
     r = v8_chain.measure(fake, repeats=3, inp=small, device="cpu")
-    assert fake.calls[10:] == [("cluster", False, 0)] * 4 + [("cluster", True, 1)]
+    assert fake.calls[chain_calls:chain_calls + 5] == [("cluster", False, 0)] * 4 + [
+        ("cluster", True, 1)]
+    assert [c[1] for c in fake.calls[chain_calls + 5:]] == [3] * 5
     c = r["cluster"]
     assert c["steps"] == 5 and c["us_per_step"]["runs"] == [1.0, 0.8, 1.2]
     assert c["us_per_step"]["median"] == 1.0 and c["clock_ghz"] == 2.0

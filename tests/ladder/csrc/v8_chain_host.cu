@@ -9,7 +9,9 @@
 // softmax, G_t out, B_{t+1} written; every warp loads A_{t+1} from slot (t + 1) & 1; Γ̃_{t+2} into
 // slot t & 1; (barrier). Variant 2 (`staged`): warps 0 … 7 load their A_t from the stage at the
 // step's start, and warps 8 … 15 write it (v8c_stage_a, warp w + 8 for warp w) instead of warps
-// 0 … 7 loading A_{t+1} themselves after the softmax.
+// 0 … 7 loading A_{t+1} themselves after the softmax. Variant 3 (`bulk`): variant 1 with the ring
+// filled as the kernel's bulk copies fill it: v8c_bulk_row (one copy a row: row 32·part + lane by
+// lane `lane` of issuing warp `part`), each copy a memcpy.
 //
 // Planted bugs (`bug`, each must fail the test's checks): 1 A scaled by 2⁻¹¹ (not 2⁻¹²), 2 the
 // step's scale −c/n_t (not n_{t−1}: differs at the short last batch), 3 A's lo piece dropped, 4 the
@@ -33,7 +35,15 @@ struct WarpRegs {
   I y[2];
 };
 
-void fill_slot(std::vector<float>& slot, const float* gram_t) {
+void fill_slot(std::vector<float>& slot, const float* gram_t, bool bulk) {
+  if (bulk) {
+    for (int part = 0; part < V8C_BULK_WARPS; ++part)
+      for (int lane = 0; lane < 32; ++lane)
+        v8c_bulk_row(slot.data(), gram_t, part, lane, [](float* dst, const float* src, int bytes) {
+          std::memcpy(dst, src, bytes);
+        });
+    return;
+  }
   for (int r = 0; r < V8C_ROWS; ++r)
     for (int k = 0; k < V8C_ROWS; ++k) slot[r * V8C_GS + k] = gram_t[r * V8C_ROWS + k];
 }
@@ -44,9 +54,10 @@ extern "C" {
 
 // gram [steps][128][128] (Γ̃_{t,1}, zero outside the batches; step 0's all zero), pq
 // [steps][128][10], labels [steps][128]; n samples, steps = ⌈n / 128⌉; c = lr/255². Writes g_out
-// and z_out [steps][128][10] and stats = (summed loss, hits). Returns 0.
+// and z_out [steps][128][10] and stats = (summed loss, hits); variant 1, 2 or 3. Returns 0.
 int v8_chain_host(const float* gram, const float* pq, const int* labels, int n, float c, int rz,
-                  int bug, float* g_out, float* z_out, float* stats, int staged) {
+                  int bug, float* g_out, float* z_out, float* stats, int variant) {
+  const bool staged = variant == 2, bulk = variant == 3;
   V8HostWarp warp;
   warp.round_toward_zero = rz != 0;
   const float a_scale = bug == 1 ? 1.0f / 2048.0f : V8C_A_SCALE;
@@ -71,8 +82,8 @@ int v8_chain_host(const float* gram, const float* pq, const int* labels, int n, 
       drop_lo(w);
     }
   };
-  fill_slot(ring[0], gram);
-  if (steps > 1) fill_slot(ring[1], gram + gram_step);
+  fill_slot(ring[0], gram, bulk);
+  if (steps > 1) fill_slot(ring[1], gram + gram_step, bulk);
   load_a(0);
   for (int t = 0; t < steps; ++t) {
     const int rows = v8c_rows(n, t), prev = t ? v8c_rows(n, t - 1) : 1;
@@ -93,7 +104,7 @@ int v8_chain_host(const float* gram, const float* pq, const int* labels, int n, 
       v8c_write_b(warp, w, r.pmy, bw.data());
     }
     if (t + 1 < steps) load_a(t + 1);
-    if (t + 2 < steps) fill_slot(ring[t & 1], gram + (t + 2) * gram_step);
+    if (t + 2 < steps) fill_slot(ring[t & 1], gram + (t + 2) * gram_step, bulk);
   }
   double loss = 0, hits = 0;
   for (int w = 0; w < 8; ++w)

@@ -22,6 +22,12 @@
 //         their own), and warps 0 … 7 load it back at the step's start (8 16-byte loads a lane,
 //         beside the B loads): off the path, unless the split's issue slots slow the softmax warps
 //         that share their SMSPs (warp w and w + 8 sit on SMSP w % 4).
+//     v3: v1 with the Γ̃ ring filled by bulk copies (cp.async.bulk global → shared, 512 B a row:
+//         the slot's rows are padded to V8C_GS, so one copy a row) by warps 8 … 11, one row a
+//         lane, each warp's 16 KB of tx on the slot's mbarrier (4 arrivals a phase); warps 8 … 15
+//         wait on it (parity) where v1 waits for its cp.async group. A slot is refilled, as in
+//         v1, only after every warp passed the barrier that ends the step that read it, and after
+//         fence.proxy.async.shared::cta (its generic-proxy reads, then async-proxy writes).
 //
 //   - The cluster variant (v8_cluster_run, csrc/v8_cluster.cuh): the chain in v1's order with P_t
 //     alone from the array and Q_t from six helper CTAs of its cluster (j = 2 … 6), so one GPU
@@ -37,6 +43,8 @@
 //   (8 exps interleaved, 1/x by rcp.approx + one Newton step, G and Z as STG.64 pairs), −c/n_{t−1}
 //   without a division a step, and the phase build's input wait made real (see the doc's "The
 //   chain's softmax in SASS": run 9's wait_inputs measured nothing and its softmax held the wait).
+//   v3 written and compiled for sm_90a (2026-11-28, branch s18-bulk; 99 registers, 127 in the
+//   phase build, no spill; v1's and v2's SASS unchanged); NOT YET RUN ON A GPU.
 //
 // Entry points return 0 or a cudaError_t (a failed launch's error is cleared).
 #include <cuda_runtime.h>
@@ -57,6 +65,8 @@ constexpr int SLOT_FLOATS = V8C_ROWS * V8C_GS;
 constexpr size_t SMEM = (2 * SLOT_FLOATS + V8C_HALVES) * sizeof(float) +
                         V8C_BWORDS * sizeof(uint32_t);  // 139,264 + 8,192 + 8,192 B
 constexpr size_t SMEM_STAGED = SMEM + V8C_STAGE * sizeof(uint32_t);  // + 32,768 B (v2)
+constexpr size_t SMEM_BULK = SMEM + 2 * sizeof(uint64_t);  // + the ring's 2 mbarriers (v3)
+constexpr int SLOT_BYTES = V8C_ROWS * V8C_ROW_BYTES;       // a Γ̃'s tx: 65,536 B
 
 __device__ __forceinline__ long long globaltimer_ns() {
   long long t;
@@ -71,7 +81,35 @@ __device__ __forceinline__ void issue_gram(float* slot, const float* gram_s, int
   v8k_issue_rows(slot, gram_s, 0, V8C_ROWS, tid, count);
 }
 
-template <bool PHASES, bool STAGED>
+// v3: warp 8 + part's share of Γ̃_s into `slot` (rows 32·part … + 31, one bulk copy a lane:
+// v8c_bulk_row), after its lane 0 armed the slot's mbarrier `bar` (4 arrivals a phase, one a
+// issuing warp) with its rows' 16,384 bytes of tx. The proxy fence first: the slot's previous
+// reads (every warp's ld.shared of its A, before the step barrier this warp has passed) are
+// generic-proxy accesses, the copies async-proxy writes; fence.proxy.async.shared::cta (PTX ISA:
+// bidirectional between the generic and the async proxy, here on this CTA's shared memory) orders
+// them, as CUTLASS's TMA pipelines order smem reuse.
+__device__ __forceinline__ void issue_gram_bulk(float* slot, const float* gram_s, uint32_t bar,
+                                                int part, int lane) {
+  v8k_fence_proxy_async();
+  if (lane == 0) v8k_arm(bar, SLOT_BYTES / V8C_BULK_WARPS);
+  __syncwarp();
+  v8c_bulk_row(slot, gram_s, part, lane, [bar](float* dst, const float* src, int bytes) {
+    v8k_bulk_g2s(static_cast<uint32_t>(__cvta_generic_to_shared(dst)), src, bytes, bar);
+  });
+}
+
+// v3: the wait for a slot's copies (parity: Γ̃_s is slot s & 1's fill s >> 1, so its phase's
+// parity is (s >> 1) & 1), bounded by V8K_BUDGET clocks (~68 ms) without a slow-path call; false
+// if it timed out (the kernel then skips its later waits and reports epoch_ns = −1).
+__device__ __forceinline__ bool wait_gram_bulk(uint32_t bar, int s) {
+  const int parity = (s >> 1) & 1;
+  const long long t0 = clock64();
+  while (!v8k_try_wait_cta(bar, parity))
+    if (clock64() - t0 > V8K_BUDGET) return false;
+  return true;
+}
+
+template <bool PHASES, bool STAGED, bool BULK>
 __global__ void __launch_bounds__(V8C_THREADS, 1)
     v8_chain_kernel(const float* __restrict__ gram, const float* __restrict__ pq,
                     const int* __restrict__ labels, int n, float c, float* __restrict__ g_out,
@@ -82,16 +120,38 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
   float* halves = ring + 2 * SLOT_FLOATS;
   uint32_t* bw = reinterpret_cast<uint32_t*>(halves + V8C_HALVES);
   uint32_t* stage = bw + V8C_BWORDS;  // v2 only
+  // v3 only: slot i's mbarrier at bars + 8i (after the B words: v3 has no stage)
+  const uint32_t bars = static_cast<uint32_t>(__cvta_generic_to_shared(stage));
   const int tid = threadIdx.x, w = tid >> 5;
   const V8DeviceWarp warp;
   const int steps = (n + V8C_ROWS - 1) / V8C_ROWS;
   const size_t gram_step = size_t(V8C_ROWS) * V8C_ROWS, io_step = size_t(V8C_ROWS) * V8C_C;
 
   // Prologue: Γ̃_0 and Γ̃_1 into the ring, B = 0 (step 0 has no lagged term), A_0.
-  issue_gram(ring, gram, tid, V8C_THREADS);
-  if (steps > 1) issue_gram(ring + SLOT_FLOATS, gram + gram_step, tid, V8C_THREADS);
+  bool stuck = false;  // v3: a wait timed out
+  if (BULK) {
+    if (tid == 0) {
+      v8k_init(bars, V8C_BULK_WARPS);
+      v8k_init(bars + 8, V8C_BULK_WARPS);
+      v8k_init_fence();
+    }
+    __syncthreads();
+    if (w >= 8 && w < 8 + V8C_BULK_WARPS) {
+      issue_gram_bulk(ring, gram, bars, w - 8, tid & 31);
+      if (steps > 1)
+        issue_gram_bulk(ring + SLOT_FLOATS, gram + gram_step, bars + 8, w - 8, tid & 31);
+    }
+  } else {
+    issue_gram(ring, gram, tid, V8C_THREADS);
+    if (steps > 1) issue_gram(ring + SLOT_FLOATS, gram + gram_step, tid, V8C_THREADS);
+  }
   for (int i = tid; i < V8C_BWORDS; i += V8C_THREADS) bw[i] = 0u;
-  v8k_cp_wait();
+  if (BULK) {
+    stuck = !wait_gram_bulk(bars, 0);
+    if (steps > 1 && !stuck) stuck = !wait_gram_bulk(bars + 8, 1);
+  } else {
+    v8k_cp_wait();
+  }
   __syncthreads();
   uint32_t a[2][V8C_KSTEPS][4];
   if (!STAGED || w >= 8) v8c_load_a(warp, ring, w, V8C_A_SCALE, a);
@@ -117,7 +177,9 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
     if (w >= 8) {
       v8c_store_half(warp, d, halves, w);
       if (PHASES) c4 = clock64();
-      v8k_cp_wait();  // Γ̃_{t+1}, issued at step t − 1 (or the prologue)
+      if (!BULK) v8k_cp_wait();  // Γ̃_{t+1}, issued at step t − 1 (or the prologue)
+      if (BULK && t + 1 < steps && !stuck)
+        stuck = !wait_gram_bulk(bars + (((t + 1) & 1) ? 8 : 0), t + 1);
       if (PHASES) ph[TM_WAIT_GRAM] += clock64() - c4;
     }
     __syncthreads();  // K half 1's sums; Γ̃_{t+1} in its slot
@@ -141,9 +203,13 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
       if (PHASES) c3 = clock64();
       v8c_write_b(warp, w, pmy, bw);
       if (PHASES) c4 = clock64();
-    } else if (t + 2 < steps) {
+    } else if (t + 2 < steps && (!BULK || w < 8 + V8C_BULK_WARPS)) {
       if (PHASES) c3 = clock64();
-      issue_gram(ring + ((t & 1) ? SLOT_FLOATS : 0), gram + (t + 2) * gram_step, tid - 256, 256);
+      if (BULK)
+        issue_gram_bulk(ring + ((t & 1) ? SLOT_FLOATS : 0), gram + (t + 2) * gram_step,
+                        bars + ((t & 1) ? 8 : 0), w - 8, tid & 31);
+      else
+        issue_gram(ring + ((t & 1) ? SLOT_FLOATS : 0), gram + (t + 2) * gram_step, tid - 256, 256);
       if (PHASES) ph[TM_ISSUE_GRAM] += clock64() - c3;
     }
     if (t + 1 < steps) {
@@ -164,7 +230,14 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
       ph[TM_STEP_BARRIER] += c6 - c5;
     }
   }
-  if (tid == 0) {
+  if (BULK) {  // the epoch's marks, then whether any wait timed out (outside the epoch's time)
+    const long long epoch_ns = globaltimer_ns() - ns0, epoch_clocks = clock64() - clk0;
+    stuck = __syncthreads_or(stuck);
+    if (tid == 0) {
+      timing[TM_EPOCH_NS] = stuck ? -1 : epoch_ns;
+      timing[TM_EPOCH_CLOCKS] = epoch_clocks;
+    }
+  } else if (tid == 0) {
     timing[TM_EPOCH_NS] = globaltimer_ns() - ns0;
     timing[TM_EPOCH_CLOCKS] = clock64() - clk0;
   }
@@ -176,14 +249,14 @@ __global__ void __launch_bounds__(V8C_THREADS, 1)
   stats[2 * tid + 1] = correct;
 }
 
-template <bool PHASES, bool STAGED>
+template <bool PHASES, bool STAGED, bool BULK = false>
 int launch(const float* gram, const float* pq, const int* labels, int n, float c, float* g_out,
            float* z_out, float* stats, long long* timing, cudaStream_t stream) {
-  constexpr size_t smem = STAGED ? SMEM_STAGED : SMEM;
-  cudaError_t e = cudaFuncSetAttribute(v8_chain_kernel<PHASES, STAGED>,
+  constexpr size_t smem = STAGED ? SMEM_STAGED : BULK ? SMEM_BULK : SMEM;
+  cudaError_t e = cudaFuncSetAttribute(v8_chain_kernel<PHASES, STAGED, BULK>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   if (e == cudaSuccess) {
-    v8_chain_kernel<PHASES, STAGED><<<1, V8C_THREADS, smem, stream>>>(
+    v8_chain_kernel<PHASES, STAGED, BULK><<<1, V8C_THREADS, smem, stream>>>(
         gram, pq, labels, n, c, g_out, z_out, stats, timing);
     e = cudaGetLastError();
   }
@@ -197,15 +270,16 @@ extern "C" {
 
 // One epoch of n samples (⌈n/128⌉ steps; n ≥ 1): gram [steps][128][128], pq [steps][128][10],
 // labels [steps][128] in device memory; g_out (and z_out, or null) [steps][128][10], stats
-// [512][2] (each thread's summed loss and hits), timing [v8_chain_timing_len()] int64; variant 1
-// or 2 (the top of this file).
+// [512][2] (each thread's summed loss and hits), timing [v8_chain_timing_len()] int64; variant 1,
+// 2 or 3 (the top of this file; v3's epoch_ns is −1 if a wait for its bulk copies timed out).
 int v8_chain_run(const float* gram, const float* pq, const int* labels, int n, float c,
                  float* g_out, float* z_out, float* stats, long long* timing, int phases,
                  int variant, void* stream) {
-  if (n < 1 || (variant != 1 && variant != 2)) return static_cast<int>(cudaErrorInvalidValue);
+  if (n < 1 || variant < 1 || variant > 3) return static_cast<int>(cudaErrorInvalidValue);
   const auto s = static_cast<cudaStream_t>(stream);
   auto go = [&](auto f) { return f(gram, pq, labels, n, c, g_out, z_out, stats, timing, s); };
   if (variant == 2) return phases ? go(launch<true, true>) : go(launch<false, true>);
+  if (variant == 3) return phases ? go(launch<true, false, true>) : go(launch<false, false, true>);
   return phases ? go(launch<true, false>) : go(launch<false, false>);
 }
 

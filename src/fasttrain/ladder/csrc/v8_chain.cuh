@@ -148,6 +148,24 @@ FT_V8 void v8c_load_staged_a(const Warp& warp, const uint32_t* stage, int w,
   });
 }
 
+// v3 (csrc/v8_chain.cu's BULK): Γ̃_s's row r (512 contiguous bytes in global memory) goes to
+// slot + r·V8C_GS by one bulk copy (a row's 544 B in the slot hold 32 B of padding, so rows are
+// not contiguous there and cannot share a copy): 128 copies, row 32·part + lane by lane `lane` of
+// issuing warp `part` (0 … V8C_BULK_WARPS − 1), each by `copy(dst, src, bytes)`: cp.async.bulk on
+// the GPU, memcpy in the host harness. Every row's destination is 16-byte aligned (544 = 34·16).
+// Four warps, one a scheduler (warps 8 … 11 sit on SMSPs 0 … 3), not one: ptxas (13.0) wraps a
+// UBLKCP whose operands differ across lanes in a loop over the active lanes (ELECT, 4 R2UR,
+// UBLKCP, BRA.U.ANY: 9 issues a copy), so one warp would issue its 128 copies' ~1,150 slots on
+// one SMSP, beside softmax warps 0 and 4 (the design doc's "v3" subsection).
+constexpr int V8C_ROW_BYTES = V8C_ROWS * 4;
+constexpr int V8C_BULK_WARPS = V8C_ROWS / 32;
+static_assert(V8C_GS * 4 % 16 == 0 && V8C_ROW_BYTES % 16 == 0, "bulk copies: 16-byte multiples");
+template <class Copy>
+FT_V8 void v8c_bulk_row(float* slot, const float* gram_s, int part, int lane, Copy&& copy) {
+  const int r = 32 * part + lane;
+  copy(slot + r * V8C_GS, gram_s + r * V8C_ROWS, V8C_ROW_BYTES);
+}
+
 // Warps 0 … 7: step t's P_t + Q_t (`pq`: [128][10]) and labels of its rows, loaded before the
 // product (their latency behind the mma). 0 and −1 outside the batch and the classes.
 template <class Warp>

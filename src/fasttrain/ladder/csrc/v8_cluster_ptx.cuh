@@ -98,6 +98,43 @@ __device__ __forceinline__ void v8k_cluster_barrier() {
   asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
 #endif
 }
+// The chain's v3 (v8_chain.cu): `bytes` (a multiple of 16; both addresses 16-byte aligned) from
+// global memory into this CTA's shared memory by the async proxy's bulk copy (the TMA unit, no
+// tensor map), completing `bytes` of tx on this CTA's mbarrier `bar`; and the proxy fence that
+// orders this thread's (and, after a barrier, the CTA's) generic-proxy accesses of shared memory
+// before later async-proxy ones, e.g. the ring slot's ld.shared reads before the bulk copy that
+// refills it (PTX ISA: fence.proxy.async is bidirectional; .shared::cta restricts it to this
+// CTA's shared memory).
+__device__ __forceinline__ void v8k_bulk_g2s(uint32_t dst, const void* src, int bytes,
+                                             uint32_t bar) {
+#if V8K_SM90
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#endif
+}
+// A CTA-scope parity test of this CTA's mbarrier (v3's ring: its copies complete on the CTA's own
+// barrier, and its readers are the CTA's): v8k_try_wait's .acquire.cluster costs a CCTL.IVALL (an
+// L1 invalidation) on success in SASS (nvcc 13.0, sm_90a), this .acquire.cta does not.
+__device__ __forceinline__ bool v8k_try_wait_cta(uint32_t bar, int parity) {
+  uint32_t done = 1;
+#if V8K_SM90
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+#endif
+  return done != 0;
+}
+__device__ __forceinline__ void v8k_fence_proxy_async() {
+#if V8K_SM90
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ int v8k_rank() {
   uint32_t r = 0;
 #if V8K_SM90
