@@ -104,7 +104,7 @@ __device__ __forceinline__ void issue_gram_bulk(float* slot, const float* gram_s
 __device__ __forceinline__ bool wait_gram_bulk(uint32_t bar, int s) {
   const int parity = (s >> 1) & 1;
   const long long t0 = clock64();
-  while (!v8k_try_wait_cta(bar, parity))
+  while (!v8k_try_wait<true>(bar, parity))
     if (clock64() - t0 > V8K_BUDGET) return false;
   return true;
 }

@@ -48,16 +48,22 @@ __device__ __forceinline__ void v8k_remote_arrive(uint32_t bar, int rank) {
                : "memory");
 #endif
 }
+// A parity test of this CTA's mbarrier, its acquire at cluster scope (peers' st.async and arrives
+// complete on it) or, CTA = true, at CTA scope (v8_chain.cu's v3: its bulk copies complete on the
+// CTA's own barrier and its readers are the CTA's; the cluster-scope acquire costs a CCTL.IVALL,
+// an L1 invalidation, on success in SASS, nvcc 13.0 sm_90a, the CTA-scope one does not).
+#define V8K_TRY_WAIT_ASM(scope)                                                  \
+  "{\n .reg .pred p;\n"                                                          \
+  " mbarrier.try_wait.parity.acquire." scope ".shared::cta.b64 p, [%1], %2;\n"   \
+  " selp.u32 %0, 1, 0, p;\n}"
+template <bool CTA = false>
 __device__ __forceinline__ bool v8k_try_wait(uint32_t bar, int parity) {
   uint32_t done = 1;
 #if V8K_SM90
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
+  if constexpr (CTA)
+    asm volatile(V8K_TRY_WAIT_ASM("cta") : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  else
+    asm volatile(V8K_TRY_WAIT_ASM("cluster") : "=r"(done) : "r"(bar), "r"(parity) : "memory");
 #endif
   return done != 0;
 }
@@ -113,22 +119,6 @@ __device__ __forceinline__ void v8k_bulk_g2s(uint32_t dst, const void* src, int 
       ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
       : "memory");
 #endif
-}
-// A CTA-scope parity test of this CTA's mbarrier (v3's ring: its copies complete on the CTA's own
-// barrier, and its readers are the CTA's): v8k_try_wait's .acquire.cluster costs a CCTL.IVALL (an
-// L1 invalidation) on success in SASS (nvcc 13.0, sm_90a), this .acquire.cta does not.
-__device__ __forceinline__ bool v8k_try_wait_cta(uint32_t bar, int parity) {
-  uint32_t done = 1;
-#if V8K_SM90
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
-      " selp.u32 %0, 1, 0, p;\n}"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-#endif
-  return done != 0;
 }
 __device__ __forceinline__ void v8k_fence_proxy_async() {
 #if V8K_SM90
