@@ -37,36 +37,73 @@ from dataclasses import dataclass
 
 import torch
 
-from fasttrain.ladder.common import Impl, LadderConfig, LadderData
+from fasttrain.ladder.common import Impl, LadderConfig, LadderData, batches
+from fasttrain.ladder.torch_compiled import check_aligned, compile_fn, step_fn
 from fasttrain.ladder.torch_optimized import (
     OPS_PER_STEP,
     EpochState,
     read_loss,
+    shuffle,
+    sum_loss,
     train_epoch_steps,
 )
+
+STEPS = ("eager", "mm", "bcast")
 
 
 @dataclass(frozen=True)
 class Variant:
-    """Which GEMM kernels the step's two products get. blas: the library PyTorch calls,
-    "cublas" (its default on CUDA) or "cublaslt". transposed: the weight [10, 785] stored
-    column-major ([785, 10] storage), so the forward GEMM reads both operands in the same
-    layout."""
+    """Which kernels the step gets. blas: the library PyTorch calls for a GEMM, "cublas" (its
+    default on CUDA) or "cublaslt". transposed: the weight [10, 785] stored column-major
+    ([785, 10] storage), so the forward GEMM reads both operands in the same layout. step:
+    "eager" (torch-optimized's 4 aten ops) or a torch_compiled form, "mm" or "bcast", whose
+    kernels Inductor generates; autotune: the compiled step in mode
+    "max-autotune-no-cudagraphs" (GEMM templates and block sizes benchmarked at setup; the
+    epoch's graph is still ours, so none of Inductor's)."""
 
     blas: str = "cublas"
     transposed: bool = False
+    step: str = "eager"
+    autotune: bool = False
+
+    def __post_init__(self):
+        if self.blas not in ("cublas", "cublaslt"):
+            raise ValueError(f"blas {self.blas!r}: cublas or cublaslt")
+        if self.step not in STEPS:
+            raise ValueError(f"step {self.step!r}: one of {', '.join(STEPS)}")
+        if self.autotune and self.step == "eager":
+            raise ValueError("autotune is torch.compile's: the eager step has nothing to tune")
+
+    @property
+    def compiled(self) -> bool:
+        return self.step != "eager"
+
+    @property
+    def mode(self) -> str | None:
+        return "max-autotune-no-cudagraphs" if self.autotune else None
 
     @property
     def tag(self) -> str:
-        return f"{self.blas}, {'Wᵀ' if self.transposed else 'W'} storage"
+        layout = f"{'Wᵀ' if self.transposed else 'W'} storage"
+        if not self.compiled:
+            return f"{self.blas}, {layout}"
+        return f"{self.blas}, {layout}, inductor {self.step}{' autotuned' if self.autotune else ''}"
 
     def __str__(self) -> str:
-        return f"BLAS {self.blas}, weight stored {'[785, 10]' if self.transposed else '[10, 785]'}"
+        step = "eager ops" if not self.compiled else (
+            f"torch.compile {self.step} step, mode {self.mode or 'default'}")
+        return (f"BLAS {self.blas}, weight stored {'[785, 10]' if self.transposed else '[10, 785]'}"
+                f", {step}")
 
 
-# The row's: the fastest of SWEEP on an H100 (2026-11-27: 9.50 ms/epoch, W storage 10.6).
+# The row's: the fastest of SWEEP on an H100 (2026-11-27: 9.50 ms/epoch, W storage 10.6). The
+# compiled steps are not yet run on a GPU.
 DEFAULT = Variant(transposed=True)
-SWEEP = tuple(Variant(b, t) for b in ("cublas", "cublaslt") for t in (False, True))
+SWEEP = (*(Variant(b, t) for b in ("cublas", "cublaslt") for t in (False, True)),
+         # Triton GEMM templates (no split-K) against cuBLAS, the softmax fused: both layouts.
+         Variant(step="mm", autotune=True), Variant(transposed=True, step="mm", autotune=True),
+         # 3 Triton reductions a step, no BLAS; default block sizes and autotuned ones.
+         Variant(step="bcast"), Variant(step="bcast", autotune=True))
 
 
 @contextmanager
@@ -78,6 +115,27 @@ def preferred_blas(library: str):
         yield
     finally:
         torch.backends.cuda.preferred_blas_library(before)
+
+
+def epoch_fn(s: EpochState, v: Variant, batch_size: int, backend: str = "inductor"):
+    """The epoch the graph captures, `epoch(order)`: the eager steps, or the compiled step of
+    `v` called on every step's fixed views (its graphs are compiled on the first calls, which
+    the warm-up makes). backend: what compiles the step (the tests' "aot_eager" runs the same
+    traced graph on the CPU without Inductor's C++ build)."""
+    if not v.compiled:
+        return lambda order: train_epoch_steps(s, order)
+    step = compile_fn(step_fn(v.step, s.lr), mode=v.mode, backend=backend)
+    views = [(s.shuffled[a:b], s.logp[a:b]) for a, b in batches(len(s.rows), batch_size)]
+    check_aligned([s.w, *(t for view in views for t in view)])
+
+    @torch.no_grad()
+    def epoch(order):
+        shuffle(s, order)
+        for batch, logp in views:
+            step(batch, s.w, logp)
+        sum_loss(s)
+
+    return epoch
 
 
 class TorchGraphs(Impl):
@@ -96,19 +154,21 @@ class TorchGraphs(Impl):
         v = self.variant
         self.state = s = EpochState(data, cfg, dev, transposed=v.transposed)
         self.order = torch.empty_like(self.orders[0])  # the graph's static order buffer
+        epoch = epoch_fn(s, v, cfg.batch_size)
         w0 = s.w.clone()
-        # Warm up on a side stream (cuBLAS handles and workspaces are created here, not inside
+        # Warm up on a side stream (cuBLAS handles and workspaces, and for a compiled step its
+        # compilation, autotuning and the loading of its kernels, all happen here, not inside
         # the capture), then capture; both train, so the weights and loss are reset afterwards.
         with preferred_blas(v.blas):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self.order.copy_(self.orders[0])
-                train_epoch_steps(s, self.order)
+                epoch(self.order)
             torch.cuda.current_stream().wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph):
-                train_epoch_steps(s, self.order)
+                epoch(self.order)
         s.w.copy_(w0)
         s.loss_sum.zero_()
         self.epochs_summed = 0
@@ -120,8 +180,11 @@ class TorchGraphs(Impl):
         return read_loss(self, epoch)
 
     def details(self) -> dict:
-        return {"ops_per_step": OPS_PER_STEP, "shuffle": "one gather an epoch", "cuda_graph": True,
-                "graphs_per_epoch": 1, "blas": self.variant.blas,
+        v = self.variant
+        return {"ops_per_step": None if v.compiled else OPS_PER_STEP,
+                "step": v.step, "compile_mode": v.mode if v.compiled else None,
+                "shuffle": "one gather an epoch", "cuda_graph": True,
+                "graphs_per_epoch": 1, "blas": v.blas,
                 "weight_storage": "[785, 10]" if self.variant.transposed else "[10, 785]"}
 
     def params(self):
