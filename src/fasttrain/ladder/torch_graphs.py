@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from fasttrain.ladder.common import Impl, LadderConfig, LadderData, batches
-from fasttrain.ladder.torch_compiled import check_aligned, compile_fn, step_fn
+from fasttrain.ladder.torch_compiled import STEP, check_aligned, compiled
 from fasttrain.ladder.torch_optimized import (
     OPS_PER_STEP,
     EpochState,
@@ -124,7 +124,8 @@ def epoch_fn(s: EpochState, v: Variant, batch_size: int, backend: str = "inducto
     traced graph on the CPU without Inductor's C++ build)."""
     if not v.compiled:
         return lambda order: train_epoch_steps(s, order)
-    step = compile_fn(step_fn(v.step, s.lr), mode=v.mode, backend=backend)
+    mode = v.mode if backend == "inductor" else None  # a mode is Inductor's options
+    step, lr = compiled(STEP[v.step], mode, backend), s.lr
     views = [(s.shuffled[a:b], s.logp[a:b]) for a, b in batches(len(s.rows), batch_size)]
     check_aligned([s.w, *(t for view in views for t in view)])
 
@@ -132,7 +133,7 @@ def epoch_fn(s: EpochState, v: Variant, batch_size: int, backend: str = "inducto
     def epoch(order):
         shuffle(s, order)
         for batch, logp in views:
-            step(batch, s.w, logp)
+            step(batch, s.w, logp, lr)
         sum_loss(s)
 
     return epoch
