@@ -265,4 +265,5 @@ FIGURES = {"gpu-tests": _pytest_figures, "env": _env_figures, "doctor": _doctor_
            "peers-in-memory": _peers_figures, "sync-cost": _sync_cost_figures,
            "cuda-step-profile": _cuda_profile_figures, "dispatch-cost": _dispatch_cost_figures,
            "variant-sweep": _bench_figures,  # the bench's schema, one row a variant
+           "compiled-sweep": _bench_figures,
            "v8-probes": _v8_probes_figures}
