@@ -258,7 +258,8 @@ def _v8_probes_figures(path: Path) -> list[str]:
     return lines
 
 
-FIGURES = {"gpu-tests": _pytest_figures, "env": _env_figures, "doctor": _doctor_figures,
+FIGURES = {"gpu-tests": _pytest_figures, "compiled-tests": _pytest_figures,
+           "env": _env_figures, "doctor": _doctor_figures,
            "engine-speedup": _speedup_figures, "memory-prediction": _memory_prediction_figures,
            "plan-accuracy": _plan_accuracy_figures, "bench": _bench_figures,
            "profile": _profile_figures, "stream-vs-memory": _stream_vs_memory_figures,

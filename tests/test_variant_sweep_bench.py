@@ -68,7 +68,10 @@ def test_the_gpu_check_step_runs_the_sweep(tmp_path, sweep):
     assert step.outputs == ["results/2026-01-01-some-gpu-variant-sweep.json"]
     assert step.argv[step.argv.index("--steps") + 1] == "eager"
     compiled = steps["compiled-sweep"]  # minutes of compiling: apart, and last
-    assert list(steps)[-1] == "compiled-sweep" and compiled.needs_gpu
+    assert list(steps)[-2:] == ["compiled-tests", "compiled-sweep"] and compiled.needs_gpu
+    tests = steps["gpu-tests"].argv  # the compiled variants' GPU tests in their own step
+    ignored = tests[tests.index("--ignore") + 1]
+    assert ignored in steps["compiled-tests"].argv and steps["compiled-tests"].needs_gpu
     argv = compiled.argv
     assert argv[argv.index("--steps") + 1] == "compiled"
     assert argv[argv.index("--rows") + 1] == "torch-graphs,torch-optimized"

@@ -17,7 +17,8 @@ The two forms of the products (`FORMS`):
              no materialized product; Inductor's step is 3 Triton kernels (the z reduction, the
              softmax + backward + log-prob store, the update reduction storing into W itself).
 The kernels a step gets are counted on the CPU from Inductor's Triton code
-(tests/ladder/test_torch_compiled.py, slow) and on a GPU from the graph (test_torch_rows_cuda.py).
+(tests/ladder/test_torch_compiled.py, slow) and on a GPU by the profiler
+(test_torch_compiled_cuda.py).
 
 Guards and recompiles (`torch.compile(dynamic=False)`): the steps' views differ only in their
 storage offset, which Dynamo does not guard, so every full batch reuses one graph and the last

@@ -52,8 +52,17 @@ estimated); v3 v2 with each step's views made once at setup (H100, 2026-11-27: 2
 setup: the step's host path on the 2-core EPYC, CPU tensors of the smallest shapes, 5.03 → 3.19
 µs (-1.8 µs, -37%; dispatch_cost.py, 2026-11-27, load ~8.5 on 2 cores); on an H100 not yet
 measured (if the saving carries over whole, ~54 µs/step, ~25 ms/epoch: the CUDA side dominates).
+v5 (`Variant(k=...)`, not the default; written and CPU-checked, not yet run on a GPU):
+torch.compile(mode="reduce-overhead") of k steps a call (torch_compiled.CHUNK: each batch
+gathered from the rows inside the graph, W, the rows and the loss sum static addresses), replayed
+by Inductor's CUDA graph trees, so the host's ~4 × 14 µs a step becomes one call per k steps
+(guards, graph trees' bookkeeping, one input copy and a graph launch: **estimate** 30-60 µs a call,
+~4 ms an epoch at k = 7 against ~7-10 ms of GPU work in 3k + 3 kernels (mm products) or 3k + 1
+(bcast)): GPU-bound, ~8-12 ms an epoch if graph trees replay as intended (**estimate**, from
+torch-graphs' 9.26 ms for the same kernels in one graph; 3-6× optimism applies to the host part).
 
 Run alone:  python -m fasttrain bench --impl torch-optimized [--device cuda]
+Its variants:  python benchmarks/variant_sweep.py --rows torch-optimized [--steps compiled]
 """
 
 from __future__ import annotations
