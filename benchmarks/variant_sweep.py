@@ -3,9 +3,17 @@ harness, one table a row.
 
 - `triton-fused` (12): pixels a program (32, 64 or 128: 25, 13 or 7 programs a step), 4 or 8
   warps, tl.dot in exact fp32 ("ieee") or fp32 emulated on tensor cores ("tf32x3").
-- `torch-graphs` (4): the BLAS library PyTorch calls for the step's two GEMMs (cuBLAS or
+- `torch-graphs` (8): the BLAS library PyTorch calls for the step's two GEMMs (cuBLAS or
   cuBLASLt, whose heuristics pick different kernels at these shapes) and the weight's storage
-  order ([10, 785] or [785, 10]: the operands' transposes, which the heuristics also read).
+  order ([10, 785] or [785, 10]: the operands' transposes, which the heuristics also read); and
+  4 steps torch.compile generates (Inductor's kernels in the same epoch graph: the GEMMs
+  autotuned against Triton templates, or the products as broadcast-multiply + sum reductions).
+- `torch-optimized` (4): eager v4 and torch.compile(mode="reduce-overhead") of 7 or 67 steps a
+  call, replayed by CUDA graph trees (torch_compiled.py).
+
+The compiled variants spend their setup compiling (and autotuning): seconds to minutes each on
+a GPU host, where the others take well under a second. `--steps eager` sweeps the others alone;
+`--steps compiled` the compiled ones, with each row's default to compare them with.
 
 Each variant is a row of `fasttrain bench` in all but name: checked first against the float64
 reference step (a variant that fails is reported failed and never timed), then set up (compiled,
@@ -17,7 +25,8 @@ is reported failed, and the variants not yet finished are swept again in a fresh
 (`--variant TAG`, repeatable, sweeps only those).
 
     FASTTRAIN_DATA=DIR PYTHONPATH=src python benchmarks/variant_sweep.py \\
-        [--rows triton-fused,torch-graphs] [--variant TAG ...] [--epochs 10] [--json PATH]
+        [--rows triton-fused,torch-graphs,torch-optimized] [--steps all|eager|compiled]
+        [--variant TAG ...] [--epochs 10] [--json PATH]
 """
 
 from __future__ import annotations
@@ -32,7 +41,9 @@ import torch
 from fasttrain import ladder
 from fasttrain.env import env_block, hardware_line
 
-ROWS = ("triton-fused", "torch-graphs")  # the rows whose module has DEFAULT, SWEEP and a Variant
+# The rows whose module has DEFAULT, SWEEP and a Variant (`compiled` where torch.compile makes it).
+ROWS = ("triton-fused", "torch-graphs", "torch-optimized")
+STEPS = ("all", "eager", "compiled")
 
 
 @dataclass(frozen=True)
@@ -56,11 +67,22 @@ def label(row: str, variant) -> str:
     return f"{row} [{variant.tag}]"
 
 
-def entries(rows=ROWS, tags=None) -> list[VariantEntry]:
-    """Every variant of `rows`, or those whose tag is in `tags` (each then runs alone, so that a
-    variant that faults the device cannot take the others down with it)."""
-    return [VariantEntry(label(row, v), ladder.entry(row).target, variant=v)
-            for row in rows for v in module(row).SWEEP if tags is None or v.tag in tags]
+def picked(row: str, v, steps: str) -> bool:
+    """Whether `steps` ("all", "eager" or "compiled") sweeps `v`: "compiled" keeps the row's
+    DEFAULT too, the baseline of its table."""
+    compiled = getattr(v, "compiled", False)
+    return (steps == "all" or compiled == (steps == "compiled")
+            or (steps == "compiled" and v == module(row).DEFAULT))
+
+
+def entries(rows=ROWS, tags=None, steps="all") -> list[VariantEntry]:
+    """Every variant of `rows` that `steps` picks, or those whose tag is in `tags` (each then
+    runs alone, so that a variant that faults the device cannot take the others down with
+    it)."""
+    return [VariantEntry(label(row, v), ladder.entry(row).target,
+                         picks_device=ladder.entry(row).picks_device, variant=v)
+            for row in rows for v in module(row).SWEEP
+            if (v.tag in tags if tags is not None else picked(row, v, steps))]
 
 
 def fresh_process(todo: list[VariantEntry], rows: list[str], args) -> list[dict]:
@@ -81,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="mnist", choices=("mnist", "synthetic"))
     ap.add_argument("--epochs", type=int, default=10, help="timed epochs of each variant")
     ap.add_argument("--json", metavar="PATH", help="write the rows here (the bench's schema)")
+    ap.add_argument("--steps", default="all", choices=STEPS,
+                    help="all variants, the eager ones (no torch.compile: quick to set up), or "
+                         "the compiled ones and each row's default")
     ap.add_argument("--variant", action="append", metavar="TAG",
                     help="sweep only the variant of this tag, e.g. '64, 8w, ieee' (repeatable)")
     args = ap.parse_args(argv)
@@ -117,14 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ladder.LadderConfig(epochs=args.epochs, device="cuda")
     dataset = load_dataset(args.data, None, seed=0)
     data = ladder.make_ladder_data(dataset, cfg)
-    results = bench.run_rows(entries(rows, tags), data, cfg, env, repeats=1, console=console,
-                             quiet=True, rerun=lambda todo: fresh_process(todo, rows, args))
+    results = bench.run_rows(entries(rows, tags, args.steps), data, cfg, env, repeats=1,
+                             console=console, quiet=True,
+                             rerun=lambda todo: fresh_process(todo, rows, args))
     defaults = {row: label(row, module(row).DEFAULT) for row in rows}
     result = {"schema": bench.SCHEMA, "env": env,
               "config": {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
                          "seed": cfg.seed, "data": dataset.name, "synthetic": dataset.synthetic,
                          "data_source": dataset.source, "device": "cuda", "repeats": 1,
                          "sweep": [f"{module(row).__name__}.SWEEP" for row in rows],
+                         "steps": args.steps if tags is None else None,
                          "defaults": defaults},
               "rows": results}
     out = report.wide_console()

@@ -258,11 +258,13 @@ def _v8_probes_figures(path: Path) -> list[str]:
     return lines
 
 
-FIGURES = {"gpu-tests": _pytest_figures, "env": _env_figures, "doctor": _doctor_figures,
+FIGURES = {"gpu-tests": _pytest_figures, "compiled-tests": _pytest_figures,
+           "env": _env_figures, "doctor": _doctor_figures,
            "engine-speedup": _speedup_figures, "memory-prediction": _memory_prediction_figures,
            "plan-accuracy": _plan_accuracy_figures, "bench": _bench_figures,
            "profile": _profile_figures, "stream-vs-memory": _stream_vs_memory_figures,
            "peers-in-memory": _peers_figures, "sync-cost": _sync_cost_figures,
            "cuda-step-profile": _cuda_profile_figures, "dispatch-cost": _dispatch_cost_figures,
            "variant-sweep": _bench_figures,  # the bench's schema, one row a variant
+           "compiled-sweep": _bench_figures,
            "v8-probes": _v8_probes_figures}

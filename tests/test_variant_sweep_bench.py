@@ -16,7 +16,7 @@ def sweep():
     return import_benchmark("variant_sweep")
 
 
-@pytest.mark.parametrize("row", ["triton-fused", "torch-graphs"])
+@pytest.mark.parametrize("row", ["triton-fused", "torch-graphs", "torch-optimized"])
 def test_each_entry_is_the_row_with_its_variant(sweep, row):
     from fasttrain import ladder
 
@@ -32,6 +32,7 @@ def test_each_entry_is_the_row_with_its_variant(sweep, row):
         assert cls.name == e.name == f"{row} [{e.variant.tag}]"
         assert cls().variant == e.variant
         assert e.source_hash() == base.source_hash()  # the same code as the row's
+        assert e.picks_device == base.picks_device  # torch-optimized runs on the sweep's cuda
     assert base.load().variant == module.DEFAULT  # the row itself is untouched
 
 
@@ -65,6 +66,35 @@ def test_the_gpu_check_step_runs_the_sweep(tmp_path, sweep):
     step = steps["variant-sweep"]
     assert step.argv[1] == "benchmarks/variant_sweep.py" and step.needs_gpu
     assert step.outputs == ["results/2026-01-01-some-gpu-variant-sweep.json"]
+    assert step.argv[step.argv.index("--steps") + 1] == "eager"
+    compiled = steps["compiled-sweep"]  # minutes of compiling: apart, and last
+    assert list(steps)[-2:] == ["compiled-tests", "compiled-sweep"] and compiled.needs_gpu
+    tests = steps["gpu-tests"].argv  # the compiled variants' GPU tests in their own step
+    ignored = tests[tests.index("--ignore") + 1]
+    assert ignored in steps["compiled-tests"].argv and steps["compiled-tests"].needs_gpu
+    argv = compiled.argv
+    assert argv[argv.index("--steps") + 1] == "compiled"
+    assert argv[argv.index("--rows") + 1] == "torch-graphs,torch-optimized"
+
+
+def test_steps_picks_the_compiled_variants_or_the_others(sweep):
+    """--steps compiled: the torch.compile variants and each row's default (its table's
+    baseline); --steps eager: every other; together, the whole SWEEP once."""
+    rows = ["triton-fused", "torch-graphs", "torch-optimized"]
+    every = sweep.entries(rows)
+    compiled = sweep.entries(rows, steps="compiled")
+    eager = sweep.entries(rows, steps="eager")
+    def is_compiled(e):
+        return getattr(e.variant, "compiled", False)  # triton-fused's Variant has no such field
+
+    assert all(is_compiled(e) or e.variant == sweep.module(e.name.split(" [")[0]).DEFAULT
+               for e in compiled)
+    assert {e.name for e in compiled if is_compiled(e)} | {e.name for e in eager} == \
+        {e.name for e in every}
+    assert not any(is_compiled(e) for e in eager)
+    assert sum(map(is_compiled, compiled)) == 4 + 3  # torch-graphs', torch-optimized's
+    assert [e.name for e in compiled if e.name.startswith("triton-fused")] == [
+        f"triton-fused [{sweep.module('triton-fused').DEFAULT.tag}]"]
 
 
 def test_an_unwritable_json_is_refused_before_any_gpu_time(sweep, tmp_path, capsys):

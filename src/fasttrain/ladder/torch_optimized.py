@@ -52,17 +52,28 @@ estimated); v3 v2 with each step's views made once at setup (H100, 2026-11-27: 2
 setup: the step's host path on the 2-core EPYC, CPU tensors of the smallest shapes, 5.03 → 3.19
 µs (-1.8 µs, -37%; dispatch_cost.py, 2026-11-27, load ~8.5 on 2 cores); on an H100 not yet
 measured (if the saving carries over whole, ~54 µs/step, ~25 ms/epoch: the CUDA side dominates).
+v5 (`Variant(k=...)`, not the default; written and CPU-checked, not yet run on a GPU):
+torch.compile(mode="reduce-overhead") of k steps a call (torch_compiled.CHUNK: each batch
+gathered from the rows inside the graph, W, the rows and the loss sum static addresses), replayed
+by Inductor's CUDA graph trees, so the host's ~4 × 14 µs a step becomes one call per k steps
+(guards, graph trees' bookkeeping, one input copy and a graph launch: **estimate** 30-60 µs a call,
+~4 ms an epoch at k = 7 against ~7-10 ms of GPU work in 3k + 3 kernels (mm products) or 3k + 1
+(bcast)): GPU-bound, ~8-12 ms an epoch if graph trees replay as intended (**estimate**, from
+torch-graphs' 9.26 ms for the same kernels in one graph; 3-6× optimism applies to the host part).
 
 Run alone:  python -m fasttrain bench --impl torch-optimized [--device cuda]
+Its variants:  python benchmarks/variant_sweep.py --rows torch-optimized [--steps compiled]
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from fasttrain.ladder.common import CLASSES, IN_FEATURES, Impl, LadderConfig, LadderData, batches
+from fasttrain.ladder.torch_compiled import CHUNK, FORMS, compiled
 
 READ_LOSS_EVERY = 10
 X = IN_FEATURES + 1  # augmented input: pixels | 1
@@ -163,13 +174,59 @@ def train_epoch_steps(s: EpochState, order: torch.Tensor) -> None:
     sum_loss(s)
 
 
+@dataclass(frozen=True)
+class Variant:
+    """How the host issues the steps. k = 0: eager v4, 4 aten dispatches a step. k ≥ 1: v5,
+    torch.compile(mode="reduce-overhead") of k steps a call (torch_compiled.CHUNK, the
+    products in `form`), replayed by Inductor's CUDA graph trees: one host call per k steps
+    (the last call of an epoch takes the steps left, the partial batch among them)."""
+
+    k: int = 0
+    form: str = "mm"
+
+    def __post_init__(self):
+        if self.k < 0:
+            raise ValueError(f"k {self.k}: steps a compiled call, ≥ 1 (0: eager)")
+        if self.form not in FORMS:
+            raise ValueError(f"form {self.form!r}: one of {', '.join(FORMS)}")
+        if not self.k and self.form != "mm":
+            raise ValueError("the eager step's products are aten.mm and addmm_ (form 'mm')")
+
+    @property
+    def compiled(self) -> bool:
+        return self.k > 0
+
+    @property
+    def tag(self) -> str:
+        if not self.compiled:
+            return "eager v4"
+        return f"reduce-overhead, {self.k} steps a call{', bcast' if self.form == 'bcast' else ''}"
+
+    def __str__(self) -> str:
+        return ("4 eager ops a step" if not self.compiled else
+                f"torch.compile reduce-overhead ({self.form} products), {self.k} steps a call")
+
+
+# The row's: eager v4. The compiled variants are not yet run on a GPU. 7 and 67 divide the 469
+# steps of an MNIST epoch (67 and 7 calls an epoch, the last with the partial batch).
+DEFAULT = Variant()
+SWEEP = (DEFAULT, Variant(k=7), Variant(k=67), Variant(k=7, form="bcast"))
+
+
 class TorchOptimized(Impl):
     name = "torch-optimized"
     reproduces = "+ torch.compile(), pinned memory, AMP, preloading dataset"
     report_ms = 600.0
+    variant = DEFAULT  # benchmarks/variant_sweep.py sets another on a subclass
 
     def __init__(self, device: str = "cpu"):
         self.device = device
+
+    @classmethod
+    def unavailable(cls, env, cfg):
+        if cls.variant.compiled and not cfg.device.startswith("cuda"):
+            return f"{cls.variant.tag}: CUDA graph trees need a CUDA GPU (--device cuda)"
+        return None
 
     def setup(self, data: LadderData, cfg: LadderConfig) -> None:
         self.data, self.cfg = data, cfg
@@ -177,17 +234,60 @@ class TorchOptimized(Impl):
         self.state = EpochState(data, cfg, dev)
         self.orders = torch.from_numpy(data.orders).to(dev)  # int64 [epochs, N]
         self.epochs_summed = 0
+        self._epoch = self._eager_epoch
+        if self.variant.compiled:
+            self._epoch = graph_tree_epochs(self.state, self.orders, self.variant, cfg)
+
+    def _eager_epoch(self, epoch: int) -> None:
+        train_epoch_steps(self.state, self.orders[epoch])
 
     def train_epoch(self, epoch: int) -> float | None:
-        train_epoch_steps(self.state, self.orders[epoch])
+        self._epoch(epoch)
         self.epochs_summed += 1
         return read_loss(self, epoch)
 
     def details(self) -> dict:
-        return {"ops_per_step": OPS_PER_STEP, "shuffle": "one gather an epoch", "cuda_graph": False}
+        v = self.variant
+        return {"ops_per_step": None if v.compiled else OPS_PER_STEP,
+                "shuffle": "gathered in the steps" if v.compiled else "one gather an epoch",
+                "cuda_graph": "graph trees" if v.compiled else False,
+                "steps_per_call": v.k or None, "products": v.form}
 
     def params(self):
         return self.state.params()
+
+
+def graph_tree_epochs(s: EpochState, orders: torch.Tensor, v: Variant, cfg: LadderConfig,
+                      mode: str | None = "reduce-overhead", backend: str = "inductor"):
+    """v5's epoch, `epoch(e)`: the compiled chunk of v.k steps called on consecutive slices of
+    epoch e's order (views made here, once), after a warm-up of two epochs, which compiles the
+    chunk's graphs (full and last; one each) and lets graph trees warm up and record each (its
+    first call runs, its second records); the weights and loss are reset after it.
+
+    rows, W and loss_sum are static addresses, so graph trees neither copy them in nor refuse
+    a graph for mutating an input; the order slice is the one input they copy. Unguarded: a
+    second instance's buffers (the bench's check, then its timed run) reuse the compiled
+    graphs instead of compiling them again, and graph trees record their graphs anew for the
+    new addresses (checked on a GPU: test_torch_compiled_cuda.py). mode and backend:
+    what compiles the chunk (the tests run it on the CPU with mode None and "aot_eager")."""
+    for t in (s.rows, s.w, s.loss_sum):
+        torch._dynamo.mark_static_address(t, guard=False)
+    chunk, lr, batch_size = compiled(CHUNK[v.form], mode, backend), cfg.lr, cfg.batch_size
+    span = v.k * cfg.batch_size
+    slices = [[o[a : a + span] for a in range(0, len(o), span)] for o in orders]
+    rows, w, loss_sum = s.rows, s.w, s.loss_sum
+
+    @torch.no_grad()
+    def epoch(e: int) -> None:
+        for idx in slices[e]:
+            chunk(idx, rows, w, loss_sum, lr, batch_size)
+
+    w0 = w.clone()
+    epoch(0)
+    epoch(0)
+    w.copy_(w0)  # in place: W's address is the graphs'
+    loss_sum.zero_()
+    return epoch
 
 
 def read_loss(impl, epoch: int) -> float | None:
