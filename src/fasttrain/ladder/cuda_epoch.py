@@ -28,7 +28,7 @@ for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its 
 ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
 Grams now by Gram kernel v2, `V7_GRAM_VERSION`: 211-237 µs an epoch on an H200, 2026-11-28,
 bit-equal to v1's 522-551).
-Version 7 has six variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
+Version 7 has seven variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
 above, v7b (v7a with the worker partials handed to the chain as 8-byte words {value, step} polled
 until every tag is the step, one L2 round trip instead of a counter and then the data, and the
 chain's softmax on 16 lanes a row with shuffles; written without a GPU, its per-thread code run on
@@ -41,7 +41,9 @@ epochs against float64; on an H200, 2026-11-28, 2.062 ms/epoch) and v7e (v7c's c
 workers' update and partials on the tensor cores, the v8 workers probe's mma bodies; written
 without a GPU, its per-thread and per-warp code run on the CPU for whole epochs against float64;
 NOT YET RUN ON A GPU) and v7f (v7e with the probe's reduce-scatter in place of the cluster
-barrier; the same checks, NOT YET RUN ON A GPU), each in two launches or in one
+barrier; the same checks; on an H200, 2026-11-28, 1.72-1.75 ms/epoch in one launch: the row's) and
+v7g (v7f with its chain's partials, producers' flags and labels taken by the helper warps a step
+ahead; compiled and checked on the CPU, NOT YET RUN ON A GPU), each in two launches or in one
 (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch since the
 H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call; 1.967 in the
 bench), the row's version since.

@@ -7,8 +7,9 @@
 // 32-bit: a difference is exact modulo 2^32, i.e. for intervals under ~2 s, and a sum is at most
 // the loop's span) over the whole epoch (the steps and what follows them: the chain's last G
 // wait, the workers' last L updates and their final cluster barrier), and brackets its loop with
-// the global timer (ns), so the host turns clocks into time at chain CTA 0's rate (its span /
-// its clocks) and can check the other 63 CTAs' sums against their own spans. Only the TIMED
+// the global timer (ns), so the host turns clocks into time at each CTA's own rate (its span /
+// its clocks: SMs clock apart). v7c-v7g's helper warps (warps 8-15 of a chain CTA, off the
+// chain's clock) are clocked by their first thread into rows 64-71 of their own. Only the TIMED
 // instantiation of v7_epoch_kernel carries any of this: the row's kernel is unchanged
 // (V7PhaseClock<false> is empty).
 //
