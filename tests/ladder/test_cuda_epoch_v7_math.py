@@ -13,7 +13,11 @@ helper warps as separate units of work, the hand-off and the ring's reuse checke
 bugs must fail too. v7d (`csrc/epoch_v7d.cuh`: v7c with workers that fetch the next update's G
 during a step) runs its prefetch as a snapshot of global memory taken after the partials, used by
 the next update only if the counters said G was published before it was taken; its planted bugs
-must fail. What it cannot check (the mbarriers, st.async, DSMEM reads, the
+must fail. v7g (`csrc/epoch_v7g.cuh`, `epoch_v7g_math.cuh`: v7f's workers, its chain's helpers
+polling the partials a step ahead and checking the producers' flags for the critical warps, the
+labels pipelined in registers) runs its helpers' setup and iterations as units of their own
+(`tests/ladder/csrc/epoch_v7g_host.h`), trains as v7f bit for bit, and its planted bugs must
+fail. What it cannot check (the mbarriers, st.async, DSMEM reads, the
 acquire/release counters (v7d: the acquire and __syncwarp before its early loads), the 64-bit
 words' atomicity, the Gram kernel's tiles on the tensor
 cores) the GPU tests of test_cuda_epoch.py do."""
@@ -35,12 +39,20 @@ HARNESS = "tests/ladder/csrc/epoch_v7_math_host.cu"
 K = 784
 GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
 CHAIN_FIRST = -1  # the chain CTAs run whenever their waits let them: a too-early read shows
-VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3, "v7e": 4, "v7f": 5}
+VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3, "v7e": 4, "v7f": 5, "v7g": 6}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
 GRAMS = {"two launches": 0, "one launch": 1}  # the Grams by their own launch, or by producers
 ONE_LAUNCH = VARIANTS  # every variant has a one-launch kernel (v7d since v7m2)
+
+
+def slow_g(variants):
+    """`variants` as parameters, v7g's marked slow: the fast suite's budget takes its cheaper
+    tests (both launch modes, every schedule: test_epochs_..., test_short_..., and its own below),
+    `-m slow` the rest (~15 s of emulation on 2 cores)."""
+    return [pytest.param(v, marks=pytest.mark.slow) if v == "v7g" else v for v in variants]
+
 # v7prod's one-launch bugs 7-9, renumbered 9-11 at its merge with v7c (whose are 7 and 8), then
 # 11-13 at its merge with v7d (whose are 9 and 10).
 BUGS_ONE_LAUNCH = {11: "the chain not waiting for the producers' flag of Γ",
@@ -58,6 +70,9 @@ BUGS_V7E = {15: "G' scaled by the batch size, not the step's rows (the short las
             17: "a worker's padded feature slot 14 holding 255, not 0"}
 BUGS_V7F = {18: "the deferred reduce's words tagged as the current step's (P_{t-1} taken for P_t)",
             19: "the deferred reduce of step u reading slot (u + 1) % NS (step u + 1's tiles)"}
+BUGS_V7G = {20: "the helpers' sums of P_{t+1} into the buffer of the wrong step parity",
+            21: "the labels' pipeline a stage short (step t + 2's label stored for step t + 1)",
+            22: "step 0 run without its hand-off (P_0 read before the helpers' setup wrote it)"}
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +194,7 @@ def test_planted_bugs_fail_on_random_uint8(lib, bug, fill):
     assert not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS[bug]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", slow_g(VARIANTS))
 @pytest.mark.parametrize("fill", [np.nan, 0.0], ids=["nan", "zeros"])
 def test_what_no_step_has_written_is_never_read(lib, fill, variant):
     # The correct protocol gives the same weights whatever the memory held before.
@@ -218,14 +233,15 @@ def test_the_harness_rejects_bad_arguments(lib):
         return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
                              ptr(np.zeros(2)), 0, bug, 0.0, variant, grams, 0)
 
-    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=6) == -1
+    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=7) == -1
+    assert call(bug=20, variant=5) == call(bug=23, variant=6) == call(bug=18, variant=4) == -1
     assert call(bug=14, variant=4) == call(bug=15, variant=3) == call(bug=18, variant=4) == -1
-    assert call(bug=20, variant=5) == call(bug=19, variant=4) == -1
+    assert call(bug=19, variant=4) == -1
     assert call(bug=17, variant=4, bs=129) == -1
     assert call(bug=9, variant=2) == call(bug=8, variant=1) == call(bug=11, variant=3) == -1
     assert call(bug=14, variant=3, grams=1) == call(bug=12) == -1
     assert call(grams=2) == call(grams=1, bug=14) == call(grams=1, bug=4) == -1
-    assert call(grams=1, variant=6) == call(grams=1, bug=11, variant=2, bs=129) == -1
+    assert call(grams=1, variant=7) == call(grams=1, bug=11, variant=2, bs=129) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])
@@ -252,7 +268,7 @@ def test_v7ds_planted_bugs_fail(lib, bug, fill, policy):
     assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7D[bug]  # NaN too
 
 
-@pytest.mark.parametrize("variant", ONE_LAUNCH)
+@pytest.mark.parametrize("variant", slow_g(ONE_LAUNCH))
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1, 2])
 def test_one_launch_epochs_of_random_uint8_equal_float64(lib, policy, variant):
     # v7 in one launch: the producers among the units (run last by the greedy orders), 3 epochs on
@@ -267,7 +283,7 @@ def test_one_launch_epochs_of_random_uint8_equal_float64(lib, policy, variant):
     assert abs(stats[1] - correct) <= 3  # a near-tie may round either way
 
 
-@pytest.mark.parametrize("variant", ONE_LAUNCH)
+@pytest.mark.parametrize("variant", slow_g(ONE_LAUNCH))
 @pytest.mark.parametrize(("n", "batch"), [(224, 128), (150, 64), (150, 16)])
 def test_one_launch_short_epochs_and_small_batches_equal_float64(lib, n, batch, variant):
     # 64-row batches: every step's second item has no rows (its flag published all the same).
@@ -285,7 +301,7 @@ ONE_LAUNCH_BUG_POLICY = {11: CHAIN_FIRST, 12: CHAIN_FIRST, 13: GREEDY}
 last), 13 workers that run as far ahead as the (stale) counters let them."""
 
 
-@pytest.mark.parametrize("variant", ONE_LAUNCH)
+@pytest.mark.parametrize("variant", slow_g(ONE_LAUNCH))
 @pytest.mark.parametrize("fill", [np.nan, 0.0], ids=["nan", "zeros"])
 @pytest.mark.parametrize("bug", BUGS_ONE_LAUNCH)
 def test_one_launch_planted_bugs_fail(lib, bug, fill, variant):
@@ -345,7 +361,7 @@ def test_v7e_and_v7f_with_truncating_accumulation_equal_float64(lib, grams, vari
 
 @requires_mnist
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["v7e", "v7f"])
+@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g"])
 @pytest.mark.parametrize("rz", [False, True], ids=["acc-rn", "acc-rz"])
 def test_v7e_and_v7f_on_a_slice_of_mnist_equal_float64(lib, rz, variant):
     cfg = LadderConfig(epochs=1)
@@ -353,3 +369,35 @@ def test_v7e_and_v7f_on_a_slice_of_mnist_equal_float64(lib, rz, variant):
     w_ref, b_ref, _, _ = reference(data, cfg, 1)
     w, b, _ = v7_run(lib, data, cfg, 1, 1, variant=VARIANTS[variant], grams=1, rz=rz)
     assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
+
+
+V7G_BUG_CASES = [(20, np.nan, GREEDY), (21, 0.0, 1), (22, 0.0, GREEDY), (22, np.nan, CHAIN_FIRST),
+                 (7, 0.0, CHAIN_FIRST), (8, np.nan, 1)]
+"""v7g's planted bugs (and v7c's 7, 8 in v7g's helpers), each over one fill and schedule: 22 shows
+with any schedule that runs the chain before the helpers (their units run last but for policy
+>= 1), over NaN as NaN and over zeros as P_0 = 0."""
+
+
+@pytest.mark.parametrize(("bug", "fill", "policy"), V7G_BUG_CASES,
+                         ids=[f"{b}-{'nan' if f != f else 'zeros'}-{p}"
+                              for b, f, p in V7G_BUG_CASES])
+def test_v7gs_planted_bugs_fail(lib, bug, fill, policy):
+    # 6 steps (the last of 96 rows): every helper unit past the third has a full lag window.
+    cfg = LadderConfig(epochs=1)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 1)
+    w, b, code = v7_run(lib, data, cfg, 1, policy, bug, fill, variant=6, code=None, grams=1)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, bug  # NaN fails too
+
+
+def test_v7g_trains_as_v7f_bit_for_bit(lib):
+    """v7g changes who reads the partials, the flags and the labels, and runs the Gram terms without
+    branches (0 · G for the terms past the window or the batch), not one sum: its weights, bias and
+    stats equal v7f's exactly, in one launch under schedules that run its chain first or at
+    random (test_epochs_... checks both against float64 in both launch modes)."""
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(10 * 128 + 96), cfg)
+    f = v7_run(lib, data, cfg, 2, GREEDY, variant=5, grams=1)
+    for policy in (CHAIN_FIRST, 2):
+        g = v7_run(lib, data, cfg, 2, policy, variant=6, grams=1)
+        assert all(np.array_equal(a, b) for a, b in zip(f, g, strict=True)), policy

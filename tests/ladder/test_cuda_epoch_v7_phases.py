@@ -1,10 +1,11 @@
-"""cuda-epoch v7's phase-profiling build, v7a's and v7b's (`csrc/epoch_v7_phases.cuh`): on the
-CPU, ptxas's figures for the timed and the untimed epoch kernel of each (no spill; the untimed one
-carries none of the clocks), v7b's 64-bit tagged accesses and shuffles in its PTX, both Gram
-kernels (no spill, no stack frame), the library's phase shape against `cuda_epoch.V7_PHASES`, and
-the Python reader with the library faked at the ctypes boundary (`FakeV7Profile` writes what the
-kernel would); on a GPU (marked gpu), that the phases are positive, finite and add up to each
-role's loop, for v7a and v7b."""
+"""cuda-epoch v7's phase-profiling build (`csrc/epoch_v7_phases.cuh`): on the CPU, ptxas's
+figures for the timed and the untimed epoch kernel of each variant (no spill; the untimed one
+carries none of the clocks), what each variant's PTX must hold (v7b's 64-bit tagged accesses and
+shuffles, v7c's named barriers, ..., v7g's chain without a vote), both Gram kernels (no spill, no
+stack frame), the library's phase shape against `cuda_epoch.V7_PHASES`, and the Python reader with
+the library faked at the ctypes boundary (`FakeV7Profile` writes what the kernel would); on a GPU
+(marked gpu), that the phases are positive, finite and add up to each role's loop (the chain, the
+workers, and v7c-v7g's helper warps), for every variant."""
 
 import ctypes
 import math
@@ -22,7 +23,7 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The 24 instantiations of the epoch kernel (v7a … v7f, each untimed and timed, each
+# The 28 instantiations of the epoch kernel (v7a … v7g, each untimed and timed, each
 # in two launches and in one: GRAMS 0, 1) in one small
 # translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
@@ -40,18 +41,20 @@ void* const v7_kernels[] = {
     (void*)v7_epoch_kernel_e<false, 1>, (void*)v7_epoch_kernel_e<true, 1>,
     (void*)v7_epoch_kernel_f<false>, (void*)v7_epoch_kernel_f<true>,
     (void*)v7_epoch_kernel_f<false, 1>, (void*)v7_epoch_kernel_f<true, 1>,
+    (void*)v7_epoch_kernel_g<false>, (void*)v7_epoch_kernel_g<true>,
+    (void*)v7_epoch_kernel_g<false, 1>, (void*)v7_epoch_kernel_g<true, 1>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {f"{build}{v7b}{one}": f"v7_epoch_kernelILb{t}ELb{b}ELi{g}E"
                  for one, g in (("", 0), (" one launch", 1)) for v7b, b in (("", 0), (" v7b", 1))
                  for build, t in (("untimed", 0), ("timed", 1))}
 EPOCH_KERNELS |= {f"{build} v7{c}{one}": f"v7_epoch_kernel_{c}ILb{t}ELi{g}E"
-                  for c in ("c", "d", "e", "f") for one, g in (("", 0), (" one launch", 1))
+                  for c in ("c", "d", "e", "f", "g") for one, g in (("", 0), (" one launch", 1))
                   for build, t in (("untimed", 0), ("timed", 1))}
 """ptxas's names of v7_epoch_kernel<TIMED, V7B, GRAMS> ("untimed", "timed v7b one launch", …), of
 v7c's v7_epoch_kernel_c<TIMED, GRAMS> ("untimed v7c", "timed v7c one launch", …), of v7d's
 v7_epoch_kernel_d<TIMED, GRAMS> ("untimed v7d", "timed v7d one launch", …) and of v7e's
-v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's."""
+v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's and v7g's."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -200,18 +203,40 @@ def test_v7f_reduce_scatters_its_partials(ptxas_report):
 
 
 @requires_nvcc
+def test_v7gs_critical_warps_take_no_vote_and_its_helpers_poll(ptxas_report):
+    """v7g (csrc/epoch_v7g.cuh): v7f's workers (their st.async sends, the f16 mma) with a chain
+    whose critical warps hold no failure vote in the loop (a failed G wait sets the stop flag,
+    read after the hand-off): one bar.red.or of named barrier 1 (the last G wait's), where v7f has
+    two; the tagged words still polled (by the helpers) as 64-bit relaxed loads; nothing in local
+    memory."""
+    vote = re.compile(r"bar\.red\.or\.pred\s+\S+,\s*1,\s*256")
+    for one in ("", " one launch"):
+        ptx = ptxas_report["untimed v7g" + one]["ptx"]
+        v7f = ptxas_report["untimed v7f" + one]["ptx"]
+        assert len(vote.findall(ptx)) == 1 and len(vote.findall(v7f)) == 2
+        assert "ld.relaxed.gpu.global.b64" in ptx and "bar.sync 2, 512;" in ptx
+        assert "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32" in ptx
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+        assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
-    one reads the global timer at the start and end of each role's loop, the clock at least once
-    a phase (clock() is a %clock64 read in PTX), and writes both arrays."""
-    for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " one launch", " v7b one launch",
-                   " v7c one launch", " v7d one launch", " v7e one launch", " v7f one launch"):
+    one reads the global timer at the start and end of each role's loop (v7c-v7g: the helper
+    warps' loop too), the clock at least once a phase (clock() is a %clock64 read in PTX), and
+    writes both arrays."""
+    for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " one launch",
+                   " v7b one launch", " v7c one launch", " v7d one launch", " v7e one launch",
+                   " v7f one launch", " v7g one launch"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
+        helpers = any(f"v7{v}" in suffix for v in ce.V7_HELPERS)
         assert "%clock" not in untimed and "%globaltimer" not in untimed
-        assert timed.count("%globaltimer") == 4
-        phases = len(ce.V7_PHASES["chain"]) + len(ce.V7_PHASES["workers"])
+        assert timed.count("%globaltimer") == (6 if helpers else 4)
+        phases = (len(ce.V7_PHASES["chain"]) + len(ce.V7_PHASES["workers"])
+                  + helpers * len(ce.V7_PHASES["helpers"]))
         assert timed.count("%clock64") >= phases
         for text, used in ((untimed, False), (timed, True)):
             assert ("g_v7_phase_clocks" in text) == ("g_v7_phase_ns" in text) == used
@@ -223,11 +248,11 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
         lib = ctypes.CDLL(str(hopper_builds["cuda_epoch.cu"]))
     except OSError as e:
         pytest.skip(f"cannot load the library without a CUDA runtime: {e}")
-    shape = [ctypes.c_int() for _ in range(4)]
+    shape = [ctypes.c_int() for _ in range(5)]
     lib.cuda_epoch_v7_phase_shape(*map(ctypes.byref, shape))
-    chain, workers, ctas, cols = (s.value for s in shape)
-    assert (chain, workers) == (len(ce.V7_PHASES["chain"]), len(ce.V7_PHASES["workers"]))
-    assert ctas == 64 and cols == max(chain, workers)
+    chain, workers, helpers, rows, cols = (s.value for s in shape)
+    assert (chain, workers, helpers) == tuple(len(ce.V7_PHASES[r]) for r in ce.V7_PHASES)
+    assert rows == 64 + 8 and cols == max(chain, workers, helpers)  # + the chain's helper warps
     # Bad arguments are refused before anything reaches a GPU (1: cudaErrorInvalidValue).
     p = ctypes.c_void_p
     lib.cuda_epoch_v7_phase_profile.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int,
@@ -236,8 +261,8 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
     dummy = p(16)
     for n, batch, scratch, variant, grams in (
             (1, 0, dummy, 0, 0), (1, 129, dummy, 1, 0), (0, 128, dummy, 0, 0),
-            (1, 128, None, 1, 0), (1, 128, dummy, 6, 0), (1, 128, dummy, -1, 0),
-            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 6, 1)):
+            (1, 128, None, 1, 0), (1, 128, dummy, 7, 0), (1, 128, dummy, -1, 0),
+            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 7, 1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
                                                dummy, scratch, variant, grams, dummy, dummy,
                                                None) == 1
@@ -245,11 +270,12 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
 
 
 class FakeV7Profile:
-    """The library at the ctypes boundary: the phase shape and a profile that writes, for CTA i
-    and phase j of its role, `clocks(i, j)` clocks, and a span of its clocks at `clocks_per_ns`
-    (or `spans`); `timeout`: cuda_epoch_signal_status reports a timed-out wait."""
+    """The library at the ctypes boundary: the phase shape and a profile that writes, for row i
+    (CTAs 0-63, then v7c-v7g's helper warps of chain CTA i - 64) and phase j of its role,
+    `clocks(i, j)` clocks, and a span of its clocks at `clocks_per_ns` (or `spans`); `timeout`:
+    cuda_epoch_signal_status reports a timed-out wait."""
 
-    def __init__(self, steps=10, clocks_per_ns=2.0, shape=(8, 7, 64, 8), spans=None,
+    def __init__(self, steps=10, clocks_per_ns=2.0, shape=(8, 7, 8, 72, 8), spans=None,
                  timeout=False):
         self.steps, self.rate, self.shape, self.spans = steps, clocks_per_ns, shape, spans
         self.timeout, self.calls = timeout, []
@@ -265,9 +291,11 @@ class FakeV7Profile:
     def cuda_epoch_v7_phase_profile(self, x, y, order, n, bs, lr, w, b, stats, scratch, variant,
                                     grams, clocks, span, stream):
         self.calls.append((n, bs, scratch.value, variant, grams))
-        chain, workers, ctas, cols = self.shape
+        chain, workers, helpers, ctas, cols = self.shape
         for i in range(ctas):
-            for j in range(chain if i < 8 else workers):
+            if i >= 64 and ce.V7_VARIANTS[variant] not in ce.V7_HELPERS:
+                continue  # no helper warps: their rows stay 0
+            for j in range(chain if i < 8 else workers if i < 64 else helpers):
                 clocks[i * cols + j] = self.clocks(i, j)
             own = sum(clocks[i * cols:(i + 1) * cols])
             span[i] = self.spans[i] if self.spans else round(own / self.rate)
@@ -306,8 +334,10 @@ def test_the_reader_turns_clocks_into_us_a_step_per_role(monkeypatch, v7_variant
     profile = k.phase_profile(1)
     assert lib.calls == [(150, 16, k.scratch.data_ptr(), ce.V7_VARIANTS.index(v7_variant),
                           ce.V7_GRAMS.index(v7_grams))]
-    assert list(profile) == ["chain", "workers"]
-    for role, rows in (("chain", range(8)), ("workers", range(8, 64))):
+    helpers = v7_variant in ce.V7_HELPERS
+    assert list(profile) == ["chain", "workers"] + ["helpers"] * helpers
+    for role, rows in (("chain", range(8)), ("workers", range(8, 64)),
+                       ("helpers", range(64, 72)))[:2 + helpers]:
         names = ce.V7_PHASES[role]
         p = profile[role]
         assert list(p["mean_us"]) == list(p["max_us"]) == list(names)
@@ -326,7 +356,7 @@ def test_the_reader_converts_every_cta_at_its_own_rate(monkeypatch):
     an H200 ran v7f's workers ~9 % slower): each role's phases still add up to its step, and its
     clock rate says so (at chain CTA 0's rate the workers' phases would be half their step)."""
     spans = [round(sum(FakeV7Profile.clocks(i, j) for j in range(8 if i < 8 else 7)) / 2)
-             * (1 if i < 8 else 2) for i in range(64)]
+             * (1 if i < 8 else 2) for i in range(64)] + [0] * 8  # v7a: no helper warps
     profile = fake_kernel(FakeV7Profile(spans=spans), monkeypatch).phase_profile(0)
     for role, ghz in (("chain", 2.0), ("workers", 1.0)):
         p = profile[role]
@@ -340,10 +370,10 @@ def test_the_reader_converts_every_cta_at_its_own_rate(monkeypatch):
 
 @pytest.mark.parametrize("fault", ["stale build", "no span", "timeout"])
 def test_the_reader_refuses_figures_it_cannot_trust(monkeypatch, fault):
-    lib = {"stale build": FakeV7Profile(shape=(6, 7, 64, 7)),
-           "no span": FakeV7Profile(spans=[1000] * 20 + [0] + [1000] * 43),
+    lib = {"stale build": FakeV7Profile(shape=(6, 7, 8, 72, 7)),
+           "no span": FakeV7Profile(spans=[1000] * 20 + [0] + [1000] * 51),
            "timeout": FakeV7Profile(timeout=True)}[fault]
-    match = {"stale build": "6 chain and 7 worker phases, not V7_PHASES",
+    match = {"stale build": "6 chain, 7 worker and 8 helper phases, not V7_PHASES",
              "no span": r"CTAs \[20\] wrote no figures",
              "timeout": r"CTA 9 waited too long for v7's G \(worker\) at step 3"}[fault]
     with pytest.raises(RuntimeError, match=match):
@@ -381,7 +411,8 @@ def test_v7s_phases_are_positive_and_account_for_each_roles_loop(v7_variant, v7_
     w0 = k.w.clone()
     profile = k.phase_profile(0)
     assert torch.equal(k.w, w0)
-    assert list(profile) == list(ce.V7_PHASES)
+    roles = [r for r in ce.V7_PHASES if r != "helpers" or v7_variant in ce.V7_HELPERS]
+    assert list(profile) == roles
     for role, p in profile.items():
         assert list(p["mean_us"]) == list(ce.V7_PHASES[role])
         untimed = ce.V7_UNTIMED.get(v7_variant, {}).get(role, ())

@@ -28,7 +28,7 @@ for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its 
 ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
 Grams now by Gram kernel v2, `V7_GRAM_VERSION`: 211-237 µs an epoch on an H200, 2026-11-28,
 bit-equal to v1's 522-551).
-Version 7 has six variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
+Version 7 has seven variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
 above, v7b (v7a with the worker partials handed to the chain as 8-byte words {value, step} polled
 until every tag is the step, one L2 round trip instead of a counter and then the data, and the
 chain's softmax on 16 lanes a row with shuffles; written without a GPU, its per-thread code run on
@@ -41,7 +41,9 @@ epochs against float64; on an H200, 2026-11-28, 2.062 ms/epoch) and v7e (v7c's c
 workers' update and partials on the tensor cores, the v8 workers probe's mma bodies; written
 without a GPU, its per-thread and per-warp code run on the CPU for whole epochs against float64;
 NOT YET RUN ON A GPU) and v7f (v7e with the probe's reduce-scatter in place of the cluster
-barrier; the same checks, NOT YET RUN ON A GPU), each in two launches or in one
+barrier; the same checks; on an H200, 2026-11-28, 1.72-1.75 ms/epoch in one launch: the row's) and
+v7g (v7f with its chain's partials, producers' flags and labels taken by the helper warps a step
+ahead; compiled and checked on the CPU, NOT YET RUN ON A GPU), each in two launches or in one
 (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch since the
 H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call; 1.967 in the
 bench), the row's version since.
@@ -80,7 +82,7 @@ SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_s
 PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
 V7_CTAS = 8  # v7's `ctas`: its chain cluster (the launch holds 64: 7 worker clusters more)
-V7_VARIANTS = ("a", "b", "c", "d", "e", "f")
+V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g")
 """v7's variants, in the library's order (`variant` 0 … 5 of its v7 entry points): v7a (H200,
 2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch), v7c
 (csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; H200,
@@ -92,7 +94,15 @@ pieces, the v8 probe's bodies; H200, 2026-11-28 run 7: 1.935 ms/epoch in one lau
 update 0.57 µs a step against v7d's 1.02, but their x load and cluster barrier longer). v7f
 (csrc/epoch_v7f.cuh: v7e with the probe's "mma-scatter": P_t's tiles by st.async into their
 owners' inbox ring, summed a step late, no cluster barrier in the loop; run 7: 1.741 ms/epoch in
-one launch, the fastest). sync_cost.py times them all in one call."""
+one launch, the fastest). v7g (csrc/epoch_v7g.cuh, epoch_v7g_math.cuh: v7f's workers and protocol,
+its chain's helper warps polling P_{t+1}'s tagged words a step ahead and handing them over with the
+terms j >= 2, so the critical warps neither poll the partials nor wait for the producers' flags;
+the helpers' labels a register loaded an iteration ahead; the Gram terms without branches;
+compiled and checked on the CPU, NOT YET RUN ON A GPU, so not the row's). sync_cost.py times them
+all in one call."""
+V7_HELPERS = ("c", "d", "e", "f", "g")
+"""The variants whose chain CTAs split into critical and helper warps (v7c's chain and v7g's): their
+phase profile has a third role, "helpers"."""
 V7_VARIANT = "f"  # version 7's: v7f in one launch, the fastest on an H200 (2026-11-28, run 7)
 LAUNCHES = {7: 2}  # where not 1: v7's Gram kernel, then its epoch kernel (1 in one launch)
 V7_GRAMS = ("kernel", "launch")
@@ -130,6 +140,8 @@ V7_PHASES = {
     "chain": ("wait G", "wait partials", "Gram terms", "logits", "softmax", "send G", "publish",
               "wait Γ"),
     "workers": ("load x", "wait G", "update", "partials", "cluster barrier", "reduce", "publish"),
+    "helpers": ("wait G", "terms", "wait partials", "wait Γ", "Γ loads", "lane sum", "labels",
+                "hand-off"),
 }
 """v7's phases a role, in the order a step runs them (csrc/epoch_v7_phases.cuh): the chain CTA waits
 for G_{t-1} and for the worker clusters' counters, adds the bias and the Gram term j = 1, reads the
@@ -153,11 +165,23 @@ into G''s fp16 pieces, then the mma sums (warps 0-7) and the apply; "partials" i
 m16 x n8 tile of P_t, x_{t+1}'s halves and the next G's fetch. v7f's (no cluster barrier in its
 loop): "partials" includes the wait for the inbox slot's credits and the st.async sends, "cluster
 barrier" is the wait for step t - 1's tiles in my inbox, "reduce" their sums, the tagged stores and
-the credits back."""
-V7_UNTIMED = {v: {"chain": ("wait Γ",)} for v in ("c", "d", "e", "f")}
+the credits back.
+The helpers (V7_HELPERS' chain CTAs' warps 8-15, clocked by their first thread, tid 256, rows of
+their own) make step t + 1's terms j >= 2 during the chain's step t: the try_wait for G_{t-1}, the
+terms, v7g's check (else poll) of P_{t+1}'s tags, the producers' flag of Γ_{t+2} ("wait Γ"), the
+issue of its loads, the 16-lane sums into shared memory, step t + 1's labels (v7c: two dependent
+loads) and the hand-off barrier (their wait for the critical warps). v7g's chain keeps the
+chain's names, in another order: "wait G", "Gram terms" (b_t, the term j = 1 and its lane sums:
+no wait), "wait partials" (the hand-off: its wait for the helpers, who bring P_t and the terms
+j >= 2), "logits" (Γ_{t+1,1}'s loads issued, Z), then softmax, send G, publish; no "wait Γ" (the
+helpers' flag check covers Γ_{t+1,1} through the hand-off barrier)."""
+V7_UNTIMED = {v: {"chain": ("wait Γ",), "helpers": ("wait partials",)}
+              for v in ("c", "d", "e", "f")}
+V7_UNTIMED["g"] = {"chain": ("wait Γ",)}
 """Phases a variant's profiling build does not clock, so they read 0: v7c's chain (v7d-v7f's)
 counts its wait for the producers' flag inside "Gram terms" (a separate clock mark spilled v7c's
-timed one-launch build). The H200's run 5 (2026-11-28) found them 0 in both launch modes."""
+timed one-launch build). The H200's run 5 (2026-11-28) found them 0 in both launch modes. v7c's
+helpers poll no partials; v7g's chain waits for no flag of the producers."""
 
 
 def load_library() -> ctypes.CDLL:
@@ -189,7 +213,7 @@ def load_library() -> ctypes.CDLL:
     lib.cuda_epoch_phase_profile.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, i32,
                                              i32, ptr, ptr, ptr]
     lib.cuda_epoch_phase_profile.restype = i32
-    lib.cuda_epoch_v7_phase_shape.argtypes = [ctypes.POINTER(i32)] * 4
+    lib.cuda_epoch_v7_phase_shape.argtypes = [ctypes.POINTER(i32)] * 5
     lib.cuda_epoch_v7_phase_shape.restype = None
     # x, y, order, n, bs, lr, w, b, stats, scratch, v7 variant, grams, clocks out, span out, stream
     lib.cuda_epoch_v7_phase_profile.argtypes = [ptr, ptr, ptr, i32, i32, f32, ptr, ptr, ptr, ptr,
@@ -393,12 +417,12 @@ class EpochKernel:
         """v7: one epoch (its Gram launch and its epoch kernel's phase-profiling build) from copies
         of the weights, and per role the µs a step each of its CTAs' thread 0 spent in each of
         V7_PHASES[role] (`v7_phases_us`). Raises if a bounded wait timed out. Syncs."""
-        shape = [ctypes.c_int() for _ in range(4)]
+        shape = [ctypes.c_int() for _ in range(5)]
         self.lib.cuda_epoch_v7_phase_shape(*map(ctypes.byref, shape))
-        chain, workers, ctas, cols = (s.value for s in shape)
-        if (chain, workers) != tuple(map(len, V7_PHASES.values())):
-            raise RuntimeError(f"the library times {chain} chain and {workers} worker phases, "
-                               f"not V7_PHASES's: a stale build of {SOURCE}?")
+        chain, workers, helpers, ctas, cols = (s.value for s in shape)
+        if (chain, workers, helpers) != tuple(map(len, V7_PHASES.values())):
+            raise RuntimeError(f"the library times {chain} chain, {workers} worker and {helpers} "
+                               f"helper phases, not V7_PHASES's: a stale build of {SOURCE}?")
         w, b, stats = self.w.clone(), self.b.clone(), torch.zeros_like(self.stats)
         p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
         clocks = (ctypes.c_uint * (ctas * cols))()
@@ -410,7 +434,8 @@ class EpochKernel:
             stream_handle())
         check(self.lib, code, f"cuda_epoch_v7_phase_profile ({self.variant})")
         self.check_signals()  # a timed-out wait: its CTAs wrote no figures
-        return v7_phases_us(list(clocks), list(span), ctas, cols)
+        roles = tuple(r for r in V7_PHASES if r != "helpers" or self.v7_variant in V7_HELPERS)
+        return v7_phases_us(list(clocks), list(span), ctas, cols, roles)
 
     def v7_grams(self, epoch: int, gram_version: int) -> None:
         """v7: only the first launch of an epoch in `orders[epoch]` order, every Γ_{t,j} into the
@@ -461,12 +486,15 @@ class EpochKernel:
         return f"v{self.version}, {kind} of {self.ctas} CTAs"
 
 
-def v7_phases_us(clocks: list[int], span: list[int], ctas: int, cols: int) -> dict:
-    """v7's phase clocks as µs a step, per role: {role: {"step_us", "mean_us", "max_us",
+def v7_phases_us(clocks: list[int], span: list[int], ctas: int, cols: int,
+                 roles: tuple[str, ...] = ("chain", "workers")) -> dict:
+    """v7's phase clocks as µs a step, per role of `roles` (V7_PHASES's, the helpers only for
+    V7_HELPERS: other variants leave their rows 0): {role: {"step_us", "mean_us", "max_us",
     "clock_ghz"}}.
 
-    clocks: [ctas][cols] (chain CTAs first, then the workers; a role's phases in its first
-    columns), span: each CTA's loop in ns (globaltimer), then the steps. Each CTA's clocks become
+    clocks: [ctas][cols] (chain CTAs first, then the workers, then the chain CTAs' helper warps;
+    a role's phases in its first columns), span: each row's loop in ns (globaltimer), then the
+    steps. Each CTA's clocks become
     ns at its own rate (its clocks / its span, "clock_ghz": the role's mean, min and max), since
     SMs run at different clocks at once: on an H200 (2026-11-28, benchmarks/results/
     gpu-calls-2026-11-28-h200-run9) v7e's and v7f's tensor-core workers at 1.77-1.80 GHz while
@@ -478,15 +506,18 @@ def v7_phases_us(clocks: list[int], span: list[int], ctas: int, cols: int) -> di
     per_cta = torch.tensor(clocks, dtype=torch.float64).view(ctas, cols)
     ns, steps = torch.tensor(span[:ctas], dtype=torch.float64), span[ctas]
     ticks = per_cta.sum(1)
-    missing = [i for i in range(ctas) if ns[i] <= 0 or ticks[i] <= 0]
+    # 8 chain CTAs, 7 worker clusters of 8 CTAs, the 8 chain CTAs' helper warps
+    rows = {"chain": slice(0, V7_CTAS), "workers": slice(V7_CTAS, 8 * V7_CTAS),
+            "helpers": slice(8 * V7_CTAS, 9 * V7_CTAS)}
+    missing = [i for role in roles for i in range(ctas)[rows[role]] if ns[i] <= 0 or ticks[i] <= 0]
     if steps <= 0 or missing:
         raise RuntimeError(f"cuda-epoch v7's phase profile: CTAs {missing} wrote no figures (a "
                            f"CTA that left early), steps {steps}")
     ghz = ticks / ns
     us = per_cta / ghz[:, None] / steps / 1e3
-    rows = {"chain": slice(0, V7_CTAS), "workers": slice(V7_CTAS, ctas)}
     out = {}
-    for role, names in V7_PHASES.items():
+    for role in roles:
+        names = V7_PHASES[role]
         part, rate = us[rows[role], :len(names)], ghz[rows[role]]
         out[role] = {"step_us": ns[rows[role]].mean().item() / steps / 1e3,
                      "mean_us": dict(zip(names, part.mean(0).tolist(), strict=True)),

@@ -1,5 +1,6 @@
-// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a … v7f (epoch_v7.cuh,
-// epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, `variant` 0 … 5) on the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
+// The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a … v7g (epoch_v7.cuh,
+// epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, epoch_v7g.cuh, `variant` 0 … 6) on
+// the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
 //   - the Gram kernel: every Γ_{t,j} (exact integer sums rounded once to float) at the kernel's
@@ -38,6 +39,9 @@
 //     step reduced), the owners' reduce of step t − 1 at the end of step t (tagged words of step
 //     t − 1, v7b's slot-reuse check), the last step's reduce a unit of its own that waits for no G,
 //     then the drain. The ring's mbarriers and credits are the v8 probe's protocol test's;
+//   - v7g (variant 6: v7f's workers, epoch_v7g.cuh's chain): its helpers' setup and iterations
+//     as units of their own, its critical step reading P_t and the labels from what the helpers
+//     handed over (epoch_v7g_host.h: the units, the order they run in, its planted bugs 20-22);
 //   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
@@ -85,6 +89,7 @@
 #include "epoch_v7c_math.cuh"
 #include "epoch_v7d_math.cuh"
 #include "epoch_v7e_math.cuh"
+#include "epoch_v7g_math.cuh"
 #include "epoch_v7l_math.cuh"
 #include "v8_mma_host.h"
 
@@ -128,7 +133,12 @@ struct Chain {
   }
   int hnext = 0;          // v7c: the helpers' next iteration (step hnext + 1's terms j ≥ 2)
   int holds[V7_NB] = {};  // the step whose G a slot holds complete (-1: none, or being written)
+  V7GLabels glab[V7_RPC] = {};  // v7g: the label pipeline's registers of helper threads 0 … 15
 };
+}  // namespace
+#include "epoch_v7g_host.h"
+namespace {
+
 struct Worker {  // v7e: its shared memory as V7ESmem lays it out
   std::vector<float> sm = std::vector<float>(
       std::max({WorkerSmem::FLOATS, V7ESmem::FLOATS, V7FSmem::FLOATS}), 0.f);
@@ -143,6 +153,8 @@ struct Emulation {
   const int *y, *order;
   int bug, variant, grams = 0;
   bool rz = false;  // v7e: the mma's accumulation rounded toward zero (V8HostWarp's "acc rz")
+  float fill = 0.f;  // what memory no step has written holds (v7g: its PQ before the helpers')
+  bool fw() const { return variant >= 5; }  // v7f's workers (v7f, v7g)
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
@@ -259,6 +271,7 @@ struct Emulation {
     }
     if (variant < 2) return;
     for (int tid = 0; tid < V7C_CRIT; ++tid) v7c_load_gram<1>(e, s.gram, 0, q, tid, 1, c.gam1_of(tid));
+    if (variant == V7G_VARIANT) return v7g_chain_setup(*this, q);  // Γ_1: the helpers' setup
     if (e.steps > 1 && grams == 0)  // one launch: in the helpers' first unit, after its gate
       for (int h = 0; h < V7C_HELP; ++h)
         v7c_load_gram<V7C_HJ>(e, s.gram, 1, q, h, 2, c.gamh_of(h));
@@ -268,11 +281,13 @@ struct Emulation {
   // One launch: iteration t loads Γ_{t+2} (and iteration 0 Γ_1 first, the kernel's setup load):
   // it runs once their producers' flags are set (the helpers' gate).
   bool helper_runnable(int q) const {
+    if (variant == V7G_VARIANT) return v7g_helper_runnable(*this, q);
     const Chain& c = chain[q];
     if (variant < 2 || c.hnext + 1 >= e.steps || c.next <= c.hnext) return false;
     return gram_ready(c.hnext + 2, q) && (c.hnext > 0 || gram_ready(1, q));
   }
   void helper_step(int q) {
+    if (variant == V7G_VARIANT) return v7g_helper_step(*this, q);
     Chain& c = chain[q];
     float* sm = c.sm.data();
     const float* ring = sm + ChainSmem::RING;
@@ -309,11 +324,14 @@ struct Emulation {
     const Chain& c = chain[q];
     const int t = c.next;
     if (t > e.steps) return false;
-    if (!gram_ready(t + 1, q)) return false;  // step t loads Γ_{t+1}
+    // step t loads Γ_{t+1} (v7g: after the hand-off that follows the helpers' check of its flag)
+    if (variant != V7G_VARIANT && !gram_ready(t + 1, q)) return false;
     // The kernel's try_wait.parity(v7_parity(t − 1)) on slot v7_slot(t − 1): it passes once the
     // phase of that parity has completed, i.e. while the current phase's parity differs.
     if (t > 0 && (c.phases[v7_slot(t - 1)] & 1) == v7_parity(t - 1)) return false;
     if (t == e.steps) return true;  // the last wait: G_{steps−1}
+    if (variant == V7G_VARIANT)  // the hand-off: the helpers' unit t (bug 22: none at step 0)
+      return c.hnext >= t + 1 || (t == 0 && bug == 22);
     if (variant >= 2 && t >= 1 && c.hnext < t) return false;  // the hand-off: helpers' t − 1
     if (variant >= 1) {
       std::vector<float> p(V7_SMT);
@@ -339,7 +357,11 @@ struct Emulation {
     for (int i = 0; i < C; ++i) c.bias_at[t][i] = bias[i];
     if (t == e.steps) return;
     float p[V7_SMT];  // v7b: the thread's partials, read (with their tags) after the G wait
-    if (variant >= 1 && !tagged_ready(q, t, p)) violated = true;  // ran before its words came
+    int labels[V7_RPC] = {};
+    if (variant == V7G_VARIANT)  // from the helpers, at the hand-off
+      v7g_chain_inputs(*this, q, t, p, labels);
+    else if (variant >= 1 && !tagged_ready(q, t, p))
+      violated = true;  // ran before its words came
     float j1[V7C_CRIT] = {};  // v7c: the critical lanes' term j = 1, summed by shuffles
     if (variant >= 2) {
       HostWarp16 warp{bug == 5 ? 8 : 0};
@@ -347,7 +369,10 @@ struct Emulation {
         HostWarp16::Reg<float> acc[C];
         for (int lane = 0; lane < 32; ++lane) {
           float a[C] = {};
-          v7c_terms<1>(e, c.gam1_of(32 * w + lane), ring, t, 32 * w + lane, 1, a);
+          if (variant == V7G_VARIANT)
+            v7g_terms<1>(c.gam1_of(32 * w + lane), ring, t, 32 * w + lane, 1, a);
+          else
+            v7c_terms<1>(e, c.gam1_of(32 * w + lane), ring, t, 32 * w + lane, 1, a);
           for (int k = 0; k < C; ++k) acc[k][lane] = a[k];
         }
         const HostWarp16::Reg<float> sum = v7c_lane_sum(warp, acc);
@@ -363,8 +388,7 @@ struct Emulation {
       }
     }
     const float* used_bias = bug == 2 ? c.bias_at[v7_applied_before(t)].data() : bias;
-    int labels[V7_RPC] = {};
-    for (int i = 0; i < V7_RPC; ++i) {
+    for (int i = 0; i < V7_RPC && variant != V7G_VARIANT; ++i) {
       const int row = q * V7_RPC + i;
       if (row < e.rows(t)) labels[i] = y[order[t * e.bs + row]];
     }
@@ -401,7 +425,8 @@ struct Emulation {
       Chain& dst = chain[d];
       if (dst.armed[slot] != t) violated = true;  // d has not read G_{t−NB} yet
       // v7c: nor have d's helpers (iterations t − NB + 1 … t − 2 read G_{t−NB})
-      if (variant >= 2 && t >= V7_NB && dst.hnext <= t - V7_NB + V7_LAG - 1) violated = true;
+      if (variant >= 2 && t >= V7_NB && v7g_iterations_done(*this, d) <= t - V7_NB + V7_LAG - 1)
+        violated = true;
       float* ds = dst.sm.data() + ChainSmem::RING + slot * ChainSmem::GSLOT;
       for (int i = 0; i < V7_RPC; ++i) {
         const int row = q * V7_RPC + i;
@@ -428,7 +453,7 @@ struct Emulation {
   int w_at() const { return variant >= 4 ? V7ESmem::W : WorkerSmem::W; }
   // The worker's last unit: its drain and write-back (v7f: after a unit of its own, the deferred
   // reduce of the last step, which waits for no G: the chain needs those partials first).
-  int wlast() const { return variant == 5 ? e.steps + 1 : e.steps; }
+  int wlast() const { return fw() ? e.steps + 1 : e.steps; }
   void worker_setup(int k, const float* w) {
     for (int r = 0; r < V7_CLUSTER; ++r) {
       std::vector<float>& sm = workers[k][r].sm;
@@ -450,7 +475,7 @@ struct Emulation {
     if (grams == 1 && !wstarted[k]) return reset_seen();  // its setup, after the reset
     const int t = wnext[k];
     if (t > wlast()) return false;
-    if (variant == 5 && t == e.steps) return true;  // v7f's last deferred reduce
+    if (fw() && t == e.steps) return true;  // v7f's last deferred reduce
     const int upto = t == wlast() ? e.steps : applied_before(t);
     for (int a = wapplied[k]; a < upto; ++a)
       if (!g_published(a)) return false;
@@ -577,7 +602,7 @@ struct Emulation {
   }
   void worker_step(int k, float* w_out) {
     const int t = wnext[k]++;
-    if (variant == 5 && t == e.steps) {  // the last step's deferred reduce
+    if (fw() && t == e.steps) {  // the last step's deferred reduce
       if (t >= 1) reduce_f(k, t);
       return;
     }
@@ -593,7 +618,7 @@ struct Emulation {
     }
     const int p = t & 1;
     for (; wapplied[k] < applied_before(t); ++wapplied[k]) update(k, wapplied[k]);
-    if (variant == 5) {  // v7f: the sends, x_{t+1}, the next G, then step t − 1's reduce
+    if (fw()) {  // v7f: the sends, x_{t+1}, the next G, then step t − 1's reduce
       scatter_f(k, t);
       if (t + 1 < e.steps) store_x(k, t + 1);
       if (wapplied[k] < e.steps) ahead(k, wapplied[k]);
@@ -709,7 +734,7 @@ struct Emulation {
       if (wnext[k] <= wlast()) return -2;
     for (int q = 0; q < V7_CHAIN; ++q) {
       if (chain[q].next <= e.steps) return -2;
-      if (variant >= 2 && chain[q].hnext != std::max(e.steps - 1, 0)) return -2;
+      if (variant >= 2 && v7g_iterations_done(*this, q) != std::max(e.steps - 1, 0)) return -2;
       for (int tid = 0; tid < V7_T; ++tid) {
         stats[0] += chain[q].loss[tid];
         stats[1] += chain[q].correct[tid];
@@ -723,7 +748,8 @@ struct Emulation {
 
 }  // namespace
 
-// `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4) or v7f (5) on (w [10][784], b [10]) in place, orders
+// `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4), v7f (5) or v7g (6) on
+// (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
@@ -732,9 +758,9 @@ struct Emulation {
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
                          int bug, float fill, int variant, int grams, int acc_rz) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 19 || bug == 14 ||
-      variant < 0 || variant > 5 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
-      (bug >= 18 && variant != 5) ||
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 22 || bug == 14 ||
+      variant < 0 || variant > 6 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
+      (bug >= 18 && variant < 5) || (bug >= 20 && variant != V7G_VARIANT) ||
       (bug > 3 && bug < 7 && variant < 1) ||
       (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
       (bug >= 11 && bug <= 13 && grams != 1))
@@ -753,6 +779,7 @@ extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* 
   em->bug = bug;
   em->variant = variant;
   em->rz = acc_rz != 0;
+  em->fill = fill;
   int code = 0;
   for (int ep = 0; ep < epochs && code == 0; ++ep) {
     em->order = orders + size_t(ep) * n;

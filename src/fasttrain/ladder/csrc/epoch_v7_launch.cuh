@@ -1,15 +1,16 @@
 // cuda-epoch v7's host side (epoch_v7_api.cuh's entry points call it): the launch configuration,
 // an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel of v7a, v7b,
-// v7c, v7d, v7e or v7f, TIMED or not) or its one launch (`grams` V7_GRAMS_LAUNCH: the epoch kernel with its
-// producer clusters, epoch_v7l.cuh), and the phase profile's read-back. v7's
-// variants: V7A (0), V7B (1), V7C (2), V7D (3), V7E (4) and V7F (5), the `variant` of the entry points
-// (cuda_epoch.V7_VARIANTS); `grams` is independent of it.
+// v7c, v7d, v7e, v7f or v7g, TIMED or not) or its one launch (`grams` V7_GRAMS_LAUNCH: the epoch
+// kernel with its producer clusters, epoch_v7l.cuh), and the phase profile's read-back. v7's
+// variants: V7A (0), V7B (1), V7C (2), V7D (3), V7E (4), V7F (5) and V7G (6), the `variant` of the
+// entry points (cuda_epoch.V7_VARIANTS); `grams` is independent of it.
 #pragma once
 #include "epoch_v7.cuh"
 #include "epoch_v7c.cuh"
 #include "epoch_v7d.cuh"
 #include "epoch_v7e.cuh"
 #include "epoch_v7f.cuh"
+#include "epoch_v7g.cuh"
 
 namespace {
 
@@ -54,7 +55,7 @@ cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, c
 
 // The Gram kernels: 1 (v7a's, measured on an H200) or 2 (gram_v2.cuh, not yet run on a GPU).
 constexpr int V7_GRAM_VERSION = 2;  // the epoch's
-enum V7Variant { V7A = 0, V7B = 1, V7C = 2, V7D = 3, V7E = 4, V7F = 5, V7_VARIANTS };
+enum V7Variant { V7A = 0, V7B = 1, V7C = 2, V7D = 3, V7E = 4, V7F = 5, V7G = 6, V7_VARIANTS };
 V7Args v7_args(const Args& a, bool tagged = false) {
   const int steps = (a.n + a.bs - 1) / a.bs;
   return V7Args{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps), tagged};
@@ -81,12 +82,13 @@ cudaError_t v7_grams(const V7Args& v, int version, cudaStream_t stream) {
 // V7C (with V7B): v7c's; V7D (with V7B): v7d's. GRAMS: V7_GRAMS_KERNEL, two
 // launches (the Gram kernel, then the epoch kernel); V7_GRAMS_LAUNCH, one (the scratch of
 // v7l_scratch_bytes, zeroed before its first epoch: epoch_v7l_math.cuh). V7E (with V7B): v7e's;
-// V7F (with V7B): v7f's.
+// V7F (with V7B): v7f's; V7G (with V7B): v7g's.
 template <bool TIMED = false, bool V7B = false, bool V7C = false, int GRAMS = V7_GRAMS_KERNEL,
-          bool V7D = false, bool V7E = false, bool V7F = false>
+          bool V7D = false, bool V7E = false, bool V7F = false, bool V7G = false>
 cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   if (a.scratch == nullptr) return cudaErrorInvalidValue;
-  constexpr auto kernel = V7F   ? v7_epoch_kernel_f<TIMED, GRAMS>
+  constexpr auto kernel = V7G   ? v7_epoch_kernel_g<TIMED, GRAMS>
+                          : V7F ? v7_epoch_kernel_f<TIMED, GRAMS>
                           : V7E ? v7_epoch_kernel_e<TIMED, GRAMS>
                           : V7D ? v7_epoch_kernel_d<TIMED, GRAMS>
                           : V7C ? v7_epoch_kernel_c<TIMED, GRAMS>
@@ -115,6 +117,8 @@ cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
       return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, true>(a, stream);
     if (variant == V7F)
       return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, true>(a, stream);
+    if (variant == V7G)
+      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, false, true>(a, stream);
     return cudaErrorInvalidValue;
   }
   if (grams != V7_GRAMS_KERNEL) return cudaErrorInvalidValue;
@@ -125,11 +129,13 @@ cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
   if (variant == V7E) return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, true>(a, stream);
   if (variant == V7F)
     return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, true>(a, stream);
+  if (variant == V7G)
+    return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, false, true>(a, stream);
   return cudaErrorInvalidValue;
 }
 
 // One epoch by the phase-profiling build, then its figures (epoch_v7_phases.cuh): clocks
-// [V7_CTAS][V7_PHASE_COLS], span [V7_CTAS + 1]. Zeroed first: a CTA that left early (a failed
+// [V7_PROFILED][V7_PHASE_COLS], span [V7_PROFILED + 1]. Zeroed first: a CTA that left early (a failed
 // wait) reads back as 0, not as an earlier launch's figures. Syncs the stream.
 // `grams`: as train_v7_variant's (the producer CTAs are not profiled: they write no figures).
 cudaError_t v7_phase_profile(const Args& a, int variant, unsigned int* clocks, long long* span,

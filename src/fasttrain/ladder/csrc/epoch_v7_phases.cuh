@@ -7,8 +7,9 @@
 // 32-bit: a difference is exact modulo 2^32, i.e. for intervals under ~2 s, and a sum is at most
 // the loop's span) over the whole epoch (the steps and what follows them: the chain's last G
 // wait, the workers' last L updates and their final cluster barrier), and brackets its loop with
-// the global timer (ns), so the host turns clocks into time at chain CTA 0's rate (its span /
-// its clocks) and can check the other 63 CTAs' sums against their own spans. Only the TIMED
+// the global timer (ns), so the host turns clocks into time at each CTA's own rate (its span /
+// its clocks: SMs clock apart). v7c-v7g's helper warps (warps 8-15 of a chain CTA, off the
+// chain's clock) are clocked by their first thread into rows 64-71 of their own. Only the TIMED
 // instantiation of v7_epoch_kernel carries any of this: the row's kernel is unchanged
 // (V7PhaseClock<false> is empty).
 //
@@ -48,20 +49,44 @@ enum V7WorkerPhase {
   V7W_PUBLISH,    // thread 0: release my partial counter (v7b: nothing, the tags are the signal)
   V7W_PHASES
 };
-constexpr int V7_PHASE_COLS = V7C_PHASES > V7W_PHASES ? V7C_PHASES : V7W_PHASES;
+// v7c-v7g's helper warps (warps 8-15 of a chain CTA, epoch_v7c.cuh, epoch_v7g.cuh), clocked by
+// their first thread (tid 256) in rows of their own: their iteration t makes step t + 1's terms
+// j ≥ 2 during the critical warps' step t, off the chain's clock (its "Gram terms" holds only
+// its wait for them at the hand-off). In the order v7g's iteration runs them; v7c's has no
+// "wait partials" (it reads 0, cuda_epoch.V7_UNTIMED).
+enum V7HelperPhase {
+  V7H_WAIT_G,     // the try_wait for G_{t−1} (passes at once: the critical warps waited for it)
+  V7H_TERMS,      // Σ_{j=2..L} Γ_{t+1,j} G_{t+1−j}: the shared loads and FMAs
+  V7H_WAIT_PART,  // v7g: the tags of P_{t+1}'s words (loaded before the terms), else the poll
+  V7H_WAIT_GRAM,  // one launch: the producers' flag of Γ_{t+2} (two launches: ~0)
+  V7H_LOAD_GRAM,  // the issue of Γ_{t+2}'s loads into registers (their wait: next iteration)
+  V7H_SUM,        // the 16-lane sums (15 shuffles) into HQ (v7g: and P_{t+1} into PQ)
+  V7H_LABELS,     // step t + 1's labels (v7c: order, then y, two dependent loads; v7g: a
+                  // register loaded an iteration before)
+  V7H_HAND,       // the hand-off barrier: waiting for the critical warps' step t + 1
+  V7H_PHASES
+};
+constexpr int V7_PHASE_COLS_CW = V7C_PHASES > V7W_PHASES ? V7C_PHASES : V7W_PHASES;
+constexpr int V7_PHASE_COLS = V7_PHASE_COLS_CW > V7H_PHASES ? V7_PHASE_COLS_CW : V7H_PHASES;
+// Rows of the profile: the 64 chain and worker CTAs, then the 8 chain CTAs' helper warps.
+constexpr int V7_PROFILED = V7_CTAS + V7_CHAIN;
 
-// Per CTA (chain 0 … 7, then the workers in launch order): its phases' clocks (a role's own
-// columns; the rest stay 0), and its loop's globaltimer span in ns; the last element the steps.
-__device__ unsigned int g_v7_phase_clocks[V7_CTAS][V7_PHASE_COLS];
-__device__ long long g_v7_phase_ns[V7_CTAS + 1];
+// Per row (chain CTAs 0 … 7, the workers in launch order, then chain CTA q's helpers at row
+// V7_CTAS + q): its phases' clocks (a role's own columns; the rest stay 0), and its loop's
+// globaltimer span in ns; the last element the steps.
+__device__ unsigned int g_v7_phase_clocks[V7_PROFILED][V7_PHASE_COLS];
+__device__ long long g_v7_phase_ns[V7_PROFILED + 1];
 
-template <bool ON>
+// ROW0, LEAD: the clock of row ROW0 + blockIdx.x, written by thread LEAD (the chain's and the
+// workers': 0, 0; the helpers': V7_CTAS, their first thread). Compile-time, so the critical
+// warps' clock keeps the registers it had.
+template <bool ON, int ROW0 = 0, int LEAD = 0>
 struct V7PhaseClock {  // off: nothing
   __device__ void mark(int) {}
   __device__ void write(int) {}
 };
-template <>
-struct V7PhaseClock<true> {
+template <int ROW0, int LEAD>
+struct V7PhaseClock<true, ROW0, LEAD> {
   unsigned int last, sum[V7_PHASE_COLS];
   __device__ static long long now_ns() {
     long long t;
@@ -70,7 +95,7 @@ struct V7PhaseClock<true> {
   }
   __device__ V7PhaseClock() {
     for (int k = 0; k < V7_PHASE_COLS; ++k) sum[k] = 0;
-    if (threadIdx.x == 0) g_v7_phase_ns[blockIdx.x] = now_ns();  // the start, until write()
+    if (threadIdx.x == LEAD) g_v7_phase_ns[ROW0 + blockIdx.x] = now_ns();  // until write()
     last = clock();
   }
   __device__ void mark(int phase) {
@@ -78,12 +103,13 @@ struct V7PhaseClock<true> {
     sum[phase] += now - last;
     last = now;
   }
-  // After the role's last mark: the sums and the span, by thread 0 (steps: CTA 0's).
+  // After the role's last mark: the sums and the span, by thread LEAD (steps: CTA 0's).
   __device__ void write(int steps) {
-    if (threadIdx.x != 0) return;
-    for (int k = 0; k < V7_PHASE_COLS; ++k) g_v7_phase_clocks[blockIdx.x][k] = sum[k];
-    g_v7_phase_ns[blockIdx.x] = now_ns() - g_v7_phase_ns[blockIdx.x];
-    if (blockIdx.x == 0) g_v7_phase_ns[V7_CTAS] = steps;
+    if (threadIdx.x != LEAD) return;
+    const int row = ROW0 + blockIdx.x;
+    for (int k = 0; k < V7_PHASE_COLS; ++k) g_v7_phase_clocks[row][k] = sum[k];
+    g_v7_phase_ns[row] = now_ns() - g_v7_phase_ns[row];
+    if (row == 0) g_v7_phase_ns[V7_PROFILED] = steps;
   }
 };
 

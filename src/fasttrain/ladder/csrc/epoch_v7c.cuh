@@ -47,8 +47,9 @@ __device__ __forceinline__ bool bar_or(bool pred) {
 }
 
 // Helper warps (tid ≥ 256) of chain CTA q: iterations t = 0 … steps − 2, step t + 1's terms j ≥ 2.
-// gate(t): Γ_{t,·} may be read (v7_chain's Gate: V7GramsReady in two launches).
-template <class Gate>
+// gate(t): Γ_{t,·} may be read (v7_chain's Gate: V7GramsReady in two launches). TIMED: their
+// phases (epoch_v7_phases.cuh's V7HelperPhase, rows of their own, by their first thread).
+template <bool TIMED, class Gate>
 __device__ void v7c_helpers(int q, const V7Args& v, float* sm, Gate gate) {
   const V7Epoch& e = v.e;
   const int h = threadIdx.x - V7C_CRIT, steps = e.steps;
@@ -62,29 +63,38 @@ __device__ void v7c_helpers(int q, const V7Args& v, float* sm, Gate gate) {
     if (!gate(1)) *stop = 1;  // read by everyone after the first hand-off
     v7c_load_gram<V7C_HJ>(e, v.s.gram, 1, q, h, 2, gam);
   }
+  V7PhaseClock<TIMED, V7_CTAS, V7C_CRIT> clock;
   for (int t = 0; t + 1 < steps; ++t) {
     // G_{t−1} is in the ring (the critical warps passed its wait before this iteration's start):
     // the try_wait passes at once; it is the acquire of the st.async bytes for these threads.
     if (t > 0 && !bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
                                WAIT_G | blockIdx.x << 4 | t << 12))
       *stop = 1;
+    clock.mark(V7H_WAIT_G);
     float acc[C];
     for (int c = 0; c < C; ++c) acc[c] = 0.f;
     v7c_terms<V7C_HJ>(e, gam, ring, t + 1, h, 2, acc);
+    clock.mark(V7H_TERMS);
     if (t + 2 < steps) {
       if (!gate(t + 2)) *stop = 1;  // one launch: the producers' flag of Γ_{t+2}
+      clock.mark(V7H_WAIT_GRAM);
       v7c_load_gram<V7C_HJ>(e, v.s.gram, t + 2, q, h, 2, gam);
     }
+    clock.mark(V7H_LOAD_GRAM);
     const float s = v7c_lane_sum(V7DeviceWarp{}, acc);
     if (ln.c < C) sm[v7c_hq_at(t + 1) + ln.i * 16 + ln.c] = s;
+    clock.mark(V7H_SUM);
     if (h < V7_RPC) {
       const int row = q * V7_RPC + h;
       ys[((t + 1) & 1) * V7_RPC + h] = row < e.rows(t + 1) ? v.a.y[v.a.order[(t + 1) * e.bs + row]]
                                                            : 0;
     }
+    clock.mark(V7H_LABELS);
     bar_sync<V7C_BAR_HAND, V7_T>();
+    clock.mark(V7H_HAND);
     if (*stop) return;
   }
+  clock.write(steps);
 }
 
 // ---- the chain (cluster 0, CTA q), v7c ---------------------------------------------------------
@@ -113,7 +123,7 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   __syncthreads();
   cluster_barrier();  // every chain CTA's mbarriers armed before anyone sends
   if (tid >= V7C_CRIT) {
-    v7c_helpers(q, v, sm, gate);
+    v7c_helpers<TIMED>(q, v, sm, gate);
     return;
   }
 
