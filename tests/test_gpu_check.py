@@ -235,7 +235,9 @@ def test_the_sync_cost_figures_show_v7s_phases_per_role_and_a_profile_that_faile
         f"  {v7}: chain phases, µs a step (mean over CTAs): wait G 0.20, wait partials 0.20, "
         "Gram terms 0.20, logits 0.20, softmax 0.20, send G 0.20, publish 0.20, wait Γ 0.20",
         f"  {v7}: workers phases, µs a step (mean over CTAs): load x 0.20, wait G 0.20, update "
-        "0.20, partials 0.20, cluster barrier 0.20, reduce 0.20, publish 0.20"]
+        "0.20, partials 0.20, cluster barrier 0.20, reduce 0.20, publish 0.20",
+        f"  {v7}: helpers phases, µs a step (mean over CTAs): "
+        + ", ".join(f"{name} 0.20" for name in V7_PHASES["helpers"])]
     path.write_text(json.dumps({"cuda_epoch_phases_us": {
         v7: "cuda_epoch_train (v7 ...): CTA 9 waited too long"}}))
     assert gpu_check_figures.FIGURES["sync-cost"](path) == [
