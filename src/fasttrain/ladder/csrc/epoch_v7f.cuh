@@ -40,7 +40,19 @@ __device__ __forceinline__ bool v7f_ring_wait(uint32_t bar, int parity, int code
   return mbar_try_wait(bar, parity) || v7f_ring_wait_slow(bar, parity, code);
 }
 
-template <bool TIMED>
+// v7a-v7g's gather of x_{t+1} during step t (worker_fetch_x: order[] and then the pixels, both in
+// the step). v7h's (epoch_v7h.cuh) loads the order[] indices a step earlier.
+struct V7XGatherNow {
+  __device__ __forceinline__ void prime(const V7Args& v, int f0, int tid, uint8_t (&xb)[V7_XF]) {
+    worker_fetch_x(v.e, v.a.x, v.a.order, 0, f0, tid, V7_T, xb);
+  }
+  __device__ __forceinline__ void next(const V7Args& v, int t, int f0, int tid,
+                                       uint8_t (&xb)[V7_XF]) {
+    worker_fetch_x(v.e, v.a.x, v.a.order, t, f0, tid, V7_T, xb);
+  }
+};
+
+template <bool TIMED, class XG = V7XGatherNow>
 __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
   using S = V7FSmem;
   const V7Epoch& e = v.e;
@@ -97,12 +109,13 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
   int applied = 0;
   bool failed = false;
   uint8_t xb[V7_XF];  // x_{t+1}'s bytes, loaded during step t
-  worker_fetch_x(e, v.a.x, v.a.order, 0, f0, tid, V7_T, xb);
+  XG xg;
+  xg.prime(v, f0, tid, xb);
   v8_store_xh<V7_XR>(e, 0, tid, V7_T, xb, false, xh);
   for (int t = 0; t < steps; ++t) {
     const int slot = v8_ns_slot(t);
     if (tid == 0) mbar_arm(full_u + 8 * slot, V8_SLOT_BYTES);
-    if (t + 1 < steps) worker_fetch_x(e, v.a.x, v.a.order, t + 1, f0, tid, V7_T, xb);
+    if (t + 1 < steps) xg.next(v, t + 1, f0, tid, xb);
     clock.mark(V7W_LOAD_X);
     for (; !failed && applied < v7_applied_before(t); ++applied) failed = !update(applied);
     __syncthreads();  // x_t in place (stored at the end of step t − 1)
