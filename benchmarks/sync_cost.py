@@ -17,7 +17,7 @@ costs, measured, and how the `cuda-epoch` variants compare.
   update's G a step ahead) in the same call, and v7b, v7c, v7d, v7e (v7c's chain, its workers'
   update and partials on the tensor cores), v7f (v7e, its partials reduce-scattered), v7g (v7f,
   its chain's helper warps polling the partials a step ahead) and v7h (v7g, its workers' x gather
-  a step deeper) in ONE launch
+  a step deeper and their reduce's stores after its credits) in ONE launch
   (`v7_grams="launch"`: their Grams made by 7 producer clusters of the epoch kernel itself, 120
   CTAs; `V7_TIMED`)): ms per epoch (CUDA
   events, median of the epochs after a warm-up one), and its weights after those epochs against
@@ -63,7 +63,8 @@ v7c and v7d (the fastest in two launches on an H200, 2026-11-28: 2.231, 2.179 an
 one; v7e (v7c's chain, the workers on the tensor cores) and v7f (v7e with the reduce-scatter; the
 row's: 1.72-1.75 ms on an H200, 2026-11-28) in one launch; v7g (v7f with the chain's partials,
 flags and labels handled by its helper warps a step ahead; not yet run on a GPU) and v7h (v7g,
-its workers' order[] indices loaded a step before their pixels; not yet run on a GPU) in one
+its workers' order[] indices loaded a step before their pixels, their reduce's stores after its
+credits; not yet run on a GPU) in one
 launch, to be read against v7f's from the same call (`--v7 f:launch,g:launch,h:launch`)."""
 
 ITERS = 10_000

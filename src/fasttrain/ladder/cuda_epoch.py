@@ -44,11 +44,11 @@ NOT YET RUN ON A GPU) and v7f (v7e with the probe's reduce-scatter in place of t
 barrier; the same checks; on an H200, 2026-11-28, 1.72-1.75 ms/epoch in one launch: the row's) and
 v7g (v7f with its chain's partials, producers' flags and labels taken by the helper warps a step
 ahead; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7h (v7g with its workers' x
-gather a step deeper: the sample indices loaded a step before the pixels; compiled and checked on
-the CPU, NOT YET RUN ON A GPU), each in two launches or in one
-(`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch since the
-H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call; 1.967 in the
-bench), the row's version since.
+gather a step deeper, the sample indices loaded a step before the pixels, and its reduce's stores
+after its credits; compiled and checked on the CPU, NOT YET RUN ON A GPU), each in two launches
+or in one (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch
+since the H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call;
+1.967 in the bench), the row's version since.
 The signalled versions' waits are bounded: a protocol fault ends the launch and shows as a
 RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
@@ -103,8 +103,9 @@ the helpers' labels a register loaded an iteration ahead; the Gram terms without
 compiled and checked on the CPU, NOT YET RUN ON A GPU, so not the row's). v7h (csrc/epoch_v7h.cuh,
 epoch_v7h_math.cuh: v7g with its workers' order[] indices loaded a step before their pixels, so
 the gather waits on no load: in v7f's SASS the 4 index → pixel pairs issue one after another, 4
-L2 round trips a step, its "load x" 0.87-0.95 µs; compiled and checked on the CPU, NOT YET RUN ON
-A GPU, so not the row's). sync_cost.py times them all in one call."""
+L2 round trips a step, its "load x" 0.87-0.95 µs; and its reduce's tagged stores after the inbox
+credits, whose release fence waited for them; compiled and checked on the CPU, NOT YET RUN ON A
+GPU, so not the row's). sync_cost.py times them all in one call."""
 V7_HELPERS = ("c", "d", "e", "f", "g", "h")
 """The variants whose chain CTAs split into critical and helper warps (v7c's chain and v7g's): their
 phase profile has a third role, "helpers"."""

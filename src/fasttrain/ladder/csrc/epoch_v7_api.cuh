@@ -58,7 +58,8 @@
 //      producers' flag; the helpers' labels loaded an iteration ahead; the Gram terms branch-free.
 //   v7h (epoch_v7h.cuh, epoch_v7h_math.cuh; variant 7; written without a GPU, not yet run on one)
 //      v7g with its workers' x gather a step deeper: order[] of step t + 2 loaded during step t,
-//      so the pixel loads of step t + 1 wait on no load (v7f's SASS: 4 dependent round trips).
+//      so the pixel loads of step t + 1 wait on no load (v7f's SASS: 4 dependent round trips),
+//      and the reduce's tagged stores after the inbox credits (whose fence waited for them).
 #pragma once
 #include "epoch_v7_launch.cuh"
 

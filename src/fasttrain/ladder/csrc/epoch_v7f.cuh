@@ -52,7 +52,10 @@ struct V7XGatherNow {
   }
 };
 
-template <bool TIMED, class XG = V7XGatherNow>
+// LATE (v7h): a reducing thread's tagged word stored after the slot's credits, not before: the
+// credit's release (mbarrier.arrive.release.cluster: a MEMBAR.ALL.GPU in the SASS) then waits for
+// no global store of this thread (epoch_v7h.cuh: why).
+template <bool TIMED, class XG = V7XGatherNow, bool LATE = false>
 __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
   using S = V7FSmem;
   const V7Epoch& e = v.e;
@@ -96,13 +99,22 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
     const int slot = v8_ns_slot(u);
     v7f_ring_wait(full_u + 8 * slot, v8_full_parity(u), WAIT_V7_RING | blockIdx.x << 4 | u << 12);
     clock.mark(V7W_BARRIER);
+    uint64_t* dst = nullptr;  // LATE: my word, stored after the credits
+    uint64_t word = 0;
     worker_reduce(e, u, r, tid,
                   [&](int src, int i) { return inbox[v8_inbox_at(slot, src, i / V7_GROW, i % V7_GROW)]; },
                   [&](int row, int c, float val) {
-                    st_relaxed64(ring + v7b_word_at(u, k, row, c), v7b_word(val, u));
+                    if constexpr (LATE) {
+                      dst = ring + v7b_word_at(u, k, row, c);
+                      word = v7b_word(val, u);
+                    } else {
+                      st_relaxed64(ring + v7b_word_at(u, k, row, c), v7b_word(val, u));
+                    }
                   });
     __syncthreads();  // every read of the slot done: credit the 8 senders
     if (tid < V7_CLUSTER) v8k_remote_arrive(free_u + 8 * slot, tid);
+    if constexpr (LATE)
+      if (dst != nullptr) st_relaxed64(dst, word);
     clock.mark(V7W_REDUCE);
   };
 

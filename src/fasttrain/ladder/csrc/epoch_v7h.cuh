@@ -1,7 +1,17 @@
-// cuda-epoch v7h: v7g's epoch kernel (its chain, v7f's workers and protocol) with the workers' x
-// gather pipelined a step deeper: the sample indices of step t + 2 loaded during step t, the
-// pixels of step t + 1 issued from indices already in registers (epoch_v7h_math.cuh: why, from the
-// SASS). Written without a GPU, not yet run on one.
+// cuda-epoch v7h: v7g's epoch kernel (its chain, v7f's workers and protocol) with two waits taken
+// off its workers' step, both found in v7f's SASS (the design doc's "v7h" section). Written
+// without a GPU, not yet run on one.
+//
+// 1. The x gather pipelined a step deeper: the sample indices of step t + 2 loaded during step t,
+//    the pixels of step t + 1 issued from indices already in registers (epoch_v7h_math.cuh).
+// 2. The reduce's tagged stores after the inbox credits (v7f_worker's LATE). v7f's reducing
+//    threads store their word of P_u (STG.E.64.STRONG.GPU), pass a __syncthreads, and threads 0-7
+//    then credit the 8 senders with mbarrier.arrive.release.cluster, which ptxas compiles to
+//    MEMBAR.ALL.GPU + the arrive: the fence waits until the thread's own global store is
+//    acknowledged by L2, a round trip on thread 0's path every step (v7f's "reduce" 0.62-0.67 µs
+//    a step on an H200, 2026-11-28, against v7c's 0.28-0.29 with no credit). The credit orders
+//    only the slot's shared-memory reads (done: their sums are in registers), so h credits first
+//    and stores after: the same words, the same release, no store for the fence to wait on.
 //
 // The worker loop is v7f_worker's (epoch_v7f.cuh), its gather a policy (V7XGatherNow there: the
 // kernels of v7f and v7g compile to the PTX they had). Everything else, the arithmetic included,
@@ -44,7 +54,7 @@ __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_h(V7Args v) {
     else
       v7g_chain<TIMED>(rank, v, sm);
   } else {
-    v7f_worker<TIMED, V7XGatherAhead>(cluster - 1, rank, v, sm);
+    v7f_worker<TIMED, V7XGatherAhead, true>(cluster - 1, rank, v, sm);
   }
 #endif
 }

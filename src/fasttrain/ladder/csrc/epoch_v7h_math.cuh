@@ -1,7 +1,8 @@
 // cuda-epoch v7h's per-thread bodies (epoch_v7h.cuh runs them on the GPU;
 // tests/ladder/csrc/epoch_v7_math_host.cu runs them on the host for whole epochs). v7h is v7g (its
 // chain, v7f's workers and protocol) with the workers' x gather split in two and pipelined a step
-// deeper (the design doc's "v7h" section: the SASS behind it).
+// deeper (the design doc's "v7h" section: the SASS behind it; h's other change, its reduce's
+// stores after the credits, is v7f_worker's LATE: epoch_v7h.cuh).
 //
 // Why. worker_fetch_x (v7a-v7g) loads, for each of a thread's V7_XF = 4 bytes of x_{t+1}, the
 // sample index order[(t + 1)·bs + i] and then the pixel x[index·784 + f]: a dependent pair. In
