@@ -17,6 +17,9 @@ must fail. v7g (`csrc/epoch_v7g.cuh`, `epoch_v7g_math.cuh`: v7f's workers, its c
 polling the partials a step ahead and checking the producers' flags for the critical warps, the
 labels pipelined in registers) runs its helpers' setup and iterations as units of their own
 (`tests/ladder/csrc/epoch_v7g_host.h`), trains as v7f bit for bit, and its planted bugs must
+fail. v7h (`csrc/epoch_v7h.cuh`, `epoch_v7h_math.cuh`: v7g with its workers' sample indices
+loaded a step before their pixels) keeps each worker thread's index registers across steps
+(`tests/ladder/csrc/epoch_v7h_host.h`), trains as v7g bit for bit, and its planted bugs must
 fail. What it cannot check (the mbarriers, st.async, DSMEM reads, the
 acquire/release counters (v7d: the acquire and __syncwarp before its early loads), the 64-bit
 words' atomicity, the Gram kernel's tiles on the tensor
@@ -39,7 +42,7 @@ HARNESS = "tests/ladder/csrc/epoch_v7_math_host.cu"
 K = 784
 GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
 CHAIN_FIRST = -1  # the chain CTAs run whenever their waits let them: a too-early read shows
-VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3, "v7e": 4, "v7f": 5, "v7g": 6}
+VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3, "v7e": 4, "v7f": 5, "v7g": 6, "v7h": 7}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
@@ -48,10 +51,18 @@ ONE_LAUNCH = VARIANTS  # every variant has a one-launch kernel (v7d since v7m2)
 
 
 def slow_g(variants):
-    """`variants` as parameters, v7g's marked slow: the fast suite's budget takes its cheaper
-    tests (both launch modes, every schedule: test_epochs_..., test_short_..., and its own below),
-    `-m slow` the rest (~15 s of emulation on 2 cores)."""
-    return [pytest.param(v, marks=pytest.mark.slow) if v == "v7g" else v for v in variants]
+    """`variants` as parameters, v7g's (and v7h's) marked slow: the fast suite's budget takes its
+    cheaper tests (both launch modes, every schedule: test_epochs_..., test_short_..., and its own
+    below), `-m slow` the rest (~15 s of emulation on 2 cores)."""
+    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7g", "v7h") else v
+            for v in variants]
+
+
+def slow_h(variants):
+    """`variants` as parameters, v7h's marked slow: its chain, protocol and arithmetic are v7g's
+    (bit for bit: test_v7h_trains_as_v7g_bit_for_bit, fast), only its workers' gather is its own,
+    so the fast suite runs its own tests below and `-m slow` the float64 matrix."""
+    return [pytest.param(v, marks=pytest.mark.slow) if v == "v7h" else v for v in variants]
 
 # v7prod's one-launch bugs 7-9, renumbered 9-11 at its merge with v7c (whose are 7 and 8), then
 # 11-13 at its merge with v7d (whose are 9 and 10).
@@ -73,6 +84,8 @@ BUGS_V7F = {18: "the deferred reduce's words tagged as the current step's (P_{t-
 BUGS_V7G = {20: "the helpers' sums of P_{t+1} into the buffer of the wrong step parity",
             21: "the labels' pipeline a stage short (step t + 2's label stored for step t + 1)",
             22: "step 0 run without its hand-off (P_0 read before the helpers' setup wrote it)"}
+BUGS_V7H = {23: "the workers' index pipeline a stage short (x_{t+1} gathered with step t's rows)",
+            24: "the gather's prime without step 1's indices (x_1 holds step 0's rows)"}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +141,7 @@ def test_the_shape_is_the_designs(lib):
     assert lib.v7_shape(5) <= 227 * 1024
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", slow_h(VARIANTS))
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1, 2])
 def test_epochs_of_random_uint8_equal_float64(lib, policy, variant):
     # 10 full batches and the 96-row last one (chain CTAs 6 and 7 own none of it), 2 epochs of
@@ -143,7 +156,7 @@ def test_epochs_of_random_uint8_equal_float64(lib, policy, variant):
     assert abs(stats[1] - correct) <= 2  # a near-tie may round either way
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", slow_h(VARIANTS))
 @pytest.mark.parametrize(("n", "batch"), [(224, 128), (150, 64), (150, 16)])
 def test_short_epochs_and_small_batches_equal_float64(lib, n, batch, variant):
     # 2 steps (fewer than L: every update at the end), 64-row batches (chain CTAs 4-7 idle),
@@ -233,7 +246,8 @@ def test_the_harness_rejects_bad_arguments(lib):
         return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
                              ptr(np.zeros(2)), 0, bug, 0.0, variant, grams, 0)
 
-    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=7) == -1
+    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=8) == -1
+    assert call(bug=23, variant=6) == call(bug=24, variant=5) == call(bug=25, variant=7) == -1
     assert call(bug=20, variant=5) == call(bug=23, variant=6) == call(bug=18, variant=4) == -1
     assert call(bug=14, variant=4) == call(bug=15, variant=3) == call(bug=18, variant=4) == -1
     assert call(bug=19, variant=4) == -1
@@ -241,7 +255,7 @@ def test_the_harness_rejects_bad_arguments(lib):
     assert call(bug=9, variant=2) == call(bug=8, variant=1) == call(bug=11, variant=3) == -1
     assert call(bug=14, variant=3, grams=1) == call(bug=12) == -1
     assert call(grams=2) == call(grams=1, bug=14) == call(grams=1, bug=4) == -1
-    assert call(grams=1, variant=7) == call(grams=1, bug=11, variant=2, bs=129) == -1
+    assert call(grams=1, variant=8) == call(grams=1, bug=11, variant=2, bs=129) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])
@@ -361,7 +375,7 @@ def test_v7e_and_v7f_with_truncating_accumulation_equal_float64(lib, grams, vari
 
 @requires_mnist
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g"])
+@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g", "v7h"])
 @pytest.mark.parametrize("rz", [False, True], ids=["acc-rn", "acc-rz"])
 def test_v7e_and_v7f_on_a_slice_of_mnist_equal_float64(lib, rz, variant):
     cfg = LadderConfig(epochs=1)
@@ -401,3 +415,36 @@ def test_v7g_trains_as_v7f_bit_for_bit(lib):
     for policy in (CHAIN_FIRST, 2):
         g = v7_run(lib, data, cfg, 2, policy, variant=6, grams=1)
         assert all(np.array_equal(a, b) for a, b in zip(f, g, strict=True)), policy
+
+
+V7H_BUG_CASES = [(23, 1, 1), (24, 0, CHAIN_FIRST), (24, 1, 2)]
+"""v7h's planted bugs (its workers' gather), each over one launch mode and schedule: both are
+arithmetic (the rows gathered, not the protocol), so any schedule shows them."""
+
+
+@pytest.mark.parametrize(("bug", "grams", "policy"), V7H_BUG_CASES,
+                         ids=[f"{b}-{'kl'[g]}-{p}" for b, g, p in V7H_BUG_CASES])
+def test_v7hs_planted_bugs_fail(lib, bug, grams, policy):
+    # 6 steps, the last of 96 rows: x_1 … x_5 gathered through the pipeline.
+    cfg = LadderConfig(epochs=1)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 1)
+    w, b, code = v7_run(lib, data, cfg, 1, policy, bug, 0.0, variant=7, code=None, grams=grams)
+    assert code == 0 and not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7H[bug]
+
+
+@pytest.mark.parametrize("grams", [pytest.param("two launches", marks=pytest.mark.slow),
+                                   "one launch"])
+def test_v7h_trains_as_v7g_bit_for_bit(lib, grams):
+    """v7h changes when its workers load the sample indices and the pixels, not which: its
+    weights, bias and stats equal v7g's exactly (so v7f's, and float64 at FP32_ATOL: checked
+    here too), 2 epochs of 6 steps with the 96-row last batch (its rows past the batch: index
+    -1, byte 0), in both launch modes (two: slow), under a chain-first and a random schedule."""
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    g = v7_run(lib, data, cfg, 2, GREEDY, variant=6, grams=GRAMS[grams])
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    assert err(g[:2], (w_ref, b_ref)) <= FP32_ATOL
+    for policy in (CHAIN_FIRST, 2):
+        h = v7_run(lib, data, cfg, 2, policy, variant=7, grams=GRAMS[grams])
+        assert all(np.array_equal(a, b) for a, b in zip(g, h, strict=True)), policy

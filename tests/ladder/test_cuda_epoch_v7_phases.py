@@ -23,7 +23,7 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The 28 instantiations of the epoch kernel (v7a … v7g, each untimed and timed, each
+# The 32 instantiations of the epoch kernel (v7a … v7h, each untimed and timed, each
 # in two launches and in one: GRAMS 0, 1) in one small
 # translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
@@ -43,18 +43,21 @@ void* const v7_kernels[] = {
     (void*)v7_epoch_kernel_f<false, 1>, (void*)v7_epoch_kernel_f<true, 1>,
     (void*)v7_epoch_kernel_g<false>, (void*)v7_epoch_kernel_g<true>,
     (void*)v7_epoch_kernel_g<false, 1>, (void*)v7_epoch_kernel_g<true, 1>,
+    (void*)v7_epoch_kernel_h<false>, (void*)v7_epoch_kernel_h<true>,
+    (void*)v7_epoch_kernel_h<false, 1>, (void*)v7_epoch_kernel_h<true, 1>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {f"{build}{v7b}{one}": f"v7_epoch_kernelILb{t}ELb{b}ELi{g}E"
                  for one, g in (("", 0), (" one launch", 1)) for v7b, b in (("", 0), (" v7b", 1))
                  for build, t in (("untimed", 0), ("timed", 1))}
 EPOCH_KERNELS |= {f"{build} v7{c}{one}": f"v7_epoch_kernel_{c}ILb{t}ELi{g}E"
-                  for c in ("c", "d", "e", "f", "g") for one, g in (("", 0), (" one launch", 1))
+                  for c in ("c", "d", "e", "f", "g", "h")
+                  for one, g in (("", 0), (" one launch", 1))
                   for build, t in (("untimed", 0), ("timed", 1))}
 """ptxas's names of v7_epoch_kernel<TIMED, V7B, GRAMS> ("untimed", "timed v7b one launch", …), of
 v7c's v7_epoch_kernel_c<TIMED, GRAMS> ("untimed v7c", "timed v7c one launch", …), of v7d's
 v7_epoch_kernel_d<TIMED, GRAMS> ("untimed v7d", "timed v7d one launch", …) and of v7e's
-v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's and v7g's."""
+v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's, v7g's and v7h's."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -224,12 +227,12 @@ def test_v7gs_critical_warps_take_no_vote_and_its_helpers_poll(ptxas_report):
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
-    one reads the global timer at the start and end of each role's loop (v7c-v7g: the helper
+    one reads the global timer at the start and end of each role's loop (v7c-v7h: the helper
     warps' loop too), the clock at least once a phase (clock() is a %clock64 read in PTX), and
     writes both arrays."""
-    for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " one launch",
+    for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " v7h", " one launch",
                    " v7b one launch", " v7c one launch", " v7d one launch", " v7e one launch",
-                   " v7f one launch", " v7g one launch"):
+                   " v7f one launch", " v7g one launch", " v7h one launch"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         helpers = any(f"v7{v}" in suffix for v in ce.V7_HELPERS)
@@ -261,8 +264,8 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
     dummy = p(16)
     for n, batch, scratch, variant, grams in (
             (1, 0, dummy, 0, 0), (1, 129, dummy, 1, 0), (0, 128, dummy, 0, 0),
-            (1, 128, None, 1, 0), (1, 128, dummy, 7, 0), (1, 128, dummy, -1, 0),
-            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 7, 1)):
+            (1, 128, None, 1, 0), (1, 128, dummy, 8, 0), (1, 128, dummy, -1, 0),
+            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 8, 1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
                                                dummy, scratch, variant, grams, dummy, dummy,
                                                None) == 1
@@ -271,7 +274,7 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
 
 class FakeV7Profile:
     """The library at the ctypes boundary: the phase shape and a profile that writes, for row i
-    (CTAs 0-63, then v7c-v7g's helper warps of chain CTA i - 64) and phase j of its role,
+    (CTAs 0-63, then v7c-v7h's helper warps of chain CTA i - 64) and phase j of its role,
     `clocks(i, j)` clocks, and a span of its clocks at `clocks_per_ns` (or `spans`); `timeout`:
     cuda_epoch_signal_status reports a timed-out wait."""
 

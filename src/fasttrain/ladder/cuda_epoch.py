@@ -28,7 +28,7 @@ for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its 
 ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
 Grams now by Gram kernel v2, `V7_GRAM_VERSION`: 211-237 µs an epoch on an H200, 2026-11-28,
 bit-equal to v1's 522-551).
-Version 7 has seven variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
+Version 7 has eight variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
 above, v7b (v7a with the worker partials handed to the chain as 8-byte words {value, step} polled
 until every tag is the step, one L2 round trip instead of a counter and then the data, and the
 chain's softmax on 16 lanes a row with shuffles; written without a GPU, its per-thread code run on
@@ -43,10 +43,12 @@ without a GPU, its per-thread and per-warp code run on the CPU for whole epochs 
 NOT YET RUN ON A GPU) and v7f (v7e with the probe's reduce-scatter in place of the cluster
 barrier; the same checks; on an H200, 2026-11-28, 1.72-1.75 ms/epoch in one launch: the row's) and
 v7g (v7f with its chain's partials, producers' flags and labels taken by the helper warps a step
-ahead; compiled and checked on the CPU, NOT YET RUN ON A GPU), each in two launches or in one
-(`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch since the
-H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call; 1.967 in the
-bench), the row's version since.
+ahead; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7h (v7g with its workers' x
+gather a step deeper, the sample indices loaded a step before the pixels, and its reduce's stores
+after its credits; compiled and checked on the CPU, NOT YET RUN ON A GPU), each in two launches
+or in one (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch
+since the H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call;
+1.967 in the bench), the row's version since.
 The signalled versions' waits are bounded: a protocol fault ends the launch and shows as a
 RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
@@ -82,8 +84,8 @@ SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_s
 PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
 V7_CTAS = 8  # v7's `ctas`: its chain cluster (the launch holds 64: 7 worker clusters more)
-V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g")
-"""v7's variants, in the library's order (`variant` 0 … 5 of its v7 entry points): v7a (H200,
+V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h")
+"""v7's variants, in the library's order (`variant` 0 … 7 of its v7 entry points): v7a (H200,
 2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch), v7c
 (csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; H200,
 2026-11-28 run 2: 2.179 ms/epoch) and v7d (csrc/epoch_v7d.cuh, epoch_v7d_math.cuh: v7c with the
@@ -98,9 +100,13 @@ one launch, the fastest). v7g (csrc/epoch_v7g.cuh, epoch_v7g_math.cuh: v7f's wor
 its chain's helper warps polling P_{t+1}'s tagged words a step ahead and handing them over with the
 terms j >= 2, so the critical warps neither poll the partials nor wait for the producers' flags;
 the helpers' labels a register loaded an iteration ahead; the Gram terms without branches;
-compiled and checked on the CPU, NOT YET RUN ON A GPU, so not the row's). sync_cost.py times them
-all in one call."""
-V7_HELPERS = ("c", "d", "e", "f", "g")
+compiled and checked on the CPU, NOT YET RUN ON A GPU, so not the row's). v7h (csrc/epoch_v7h.cuh,
+epoch_v7h_math.cuh: v7g with its workers' order[] indices loaded a step before their pixels, so
+the gather waits on no load: in v7f's SASS the 4 index → pixel pairs issue one after another, 4
+L2 round trips a step, its "load x" 0.87-0.95 µs; and its reduce's tagged stores after the inbox
+credits, whose release fence waited for them; compiled and checked on the CPU, NOT YET RUN ON A
+GPU, so not the row's). sync_cost.py times them all in one call."""
+V7_HELPERS = ("c", "d", "e", "f", "g", "h")
 """The variants whose chain CTAs split into critical and helper warps (v7c's chain and v7g's): their
 phase profile has a third role, "helpers"."""
 V7_VARIANT = "f"  # version 7's: v7f in one launch, the fastest on an H200 (2026-11-28, run 7)
@@ -177,11 +183,11 @@ j >= 2), "logits" (Γ_{t+1,1}'s loads issued, Z), then softmax, send G, publish;
 helpers' flag check covers Γ_{t+1,1} through the hand-off barrier)."""
 V7_UNTIMED = {v: {"chain": ("wait Γ",), "helpers": ("wait partials",)}
               for v in ("c", "d", "e", "f")}
-V7_UNTIMED["g"] = {"chain": ("wait Γ",)}
+V7_UNTIMED["g"] = V7_UNTIMED["h"] = {"chain": ("wait Γ",)}
 """Phases a variant's profiling build does not clock, so they read 0: v7c's chain (v7d-v7f's)
 counts its wait for the producers' flag inside "Gram terms" (a separate clock mark spilled v7c's
 timed one-launch build). The H200's run 5 (2026-11-28) found them 0 in both launch modes. v7c's
-helpers poll no partials; v7g's chain waits for no flag of the producers."""
+helpers poll no partials; v7g's chain (v7h's) waits for no flag of the producers."""
 
 
 def load_library() -> ctypes.CDLL:

@@ -1,5 +1,6 @@
 // The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a … v7g (epoch_v7.cuh,
-// epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, epoch_v7g.cuh, `variant` 0 … 6) on
+// epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, epoch_v7g.cuh, epoch_v7h.cuh,
+// `variant` 0 … 7) on
 // the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
@@ -42,6 +43,8 @@
 //   - v7g (variant 6: v7f's workers, epoch_v7g.cuh's chain): its helpers' setup and iterations
 //     as units of their own, its critical step reading P_t and the labels from what the helpers
 //     handed over (epoch_v7g_host.h: the units, the order they run in, its planted bugs 20-22);
+//   - v7h (variant 7: v7g with its workers' sample indices loaded a step before their pixels):
+//     each worker thread's index registers kept across steps (epoch_v7h_host.h, bugs 23, 24);
 //   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
@@ -76,6 +79,7 @@
 // bias pixel) instead of 0; v7f only: 18 the deferred reduce's words tagged (and placed) as the
 // current step's, not the reduced step's (step 0's never written: the chain waits forever), 19
 // the deferred reduce of step u reading slot (u + 1) % NS (step u + 1's tiles, the probe's bug 5).
+// v7g only: 20-22 (epoch_v7g_host.h, v7h's too); v7h only: 23, 24 (epoch_v7h_host.h).
 #define FT_HOST_MATH
 #include <cmath>
 #include <algorithm>
@@ -137,6 +141,7 @@ struct Chain {
 };
 }  // namespace
 #include "epoch_v7g_host.h"
+#include "epoch_v7h_host.h"
 namespace {
 
 struct Worker {  // v7e: its shared memory as V7ESmem lays it out
@@ -144,6 +149,7 @@ struct Worker {  // v7e: its shared memory as V7ESmem lays it out
       std::max({WorkerSmem::FLOATS, V7ESmem::FLOATS, V7FSmem::FLOATS}), 0.f);
   // v7d: the fetching threads' registers (V7GAhead::g), at G's float4 indices (v7d_vec).
   std::vector<float> pf = std::vector<float>(BMAX * V7_GROW, NAN);
+  std::vector<int> xidx = std::vector<int>(V7_T * V7_XF, -2);  // v7h: the sample indices ahead
 };
 
 struct Emulation {
@@ -154,7 +160,8 @@ struct Emulation {
   int bug, variant, grams = 0;
   bool rz = false;  // v7e: the mma's accumulation rounded toward zero (V8HostWarp's "acc rz")
   float fill = 0.f;  // what memory no step has written holds (v7g: its PQ before the helpers')
-  bool fw() const { return variant >= 5; }  // v7f's workers (v7f, v7g)
+  bool fw() const { return variant >= 5; }  // v7f's workers (v7f, v7g, v7h)
+  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g, v7h)
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
@@ -271,7 +278,7 @@ struct Emulation {
     }
     if (variant < 2) return;
     for (int tid = 0; tid < V7C_CRIT; ++tid) v7c_load_gram<1>(e, s.gram, 0, q, tid, 1, c.gam1_of(tid));
-    if (variant == V7G_VARIANT) return v7g_chain_setup(*this, q);  // Γ_1: the helpers' setup
+    if (gc()) return v7g_chain_setup(*this, q);  // Γ_1: the helpers' setup
     if (e.steps > 1 && grams == 0)  // one launch: in the helpers' first unit, after its gate
       for (int h = 0; h < V7C_HELP; ++h)
         v7c_load_gram<V7C_HJ>(e, s.gram, 1, q, h, 2, c.gamh_of(h));
@@ -281,13 +288,13 @@ struct Emulation {
   // One launch: iteration t loads Γ_{t+2} (and iteration 0 Γ_1 first, the kernel's setup load):
   // it runs once their producers' flags are set (the helpers' gate).
   bool helper_runnable(int q) const {
-    if (variant == V7G_VARIANT) return v7g_helper_runnable(*this, q);
+    if (gc()) return v7g_helper_runnable(*this, q);
     const Chain& c = chain[q];
     if (variant < 2 || c.hnext + 1 >= e.steps || c.next <= c.hnext) return false;
     return gram_ready(c.hnext + 2, q) && (c.hnext > 0 || gram_ready(1, q));
   }
   void helper_step(int q) {
-    if (variant == V7G_VARIANT) return v7g_helper_step(*this, q);
+    if (gc()) return v7g_helper_step(*this, q);
     Chain& c = chain[q];
     float* sm = c.sm.data();
     const float* ring = sm + ChainSmem::RING;
@@ -325,12 +332,12 @@ struct Emulation {
     const int t = c.next;
     if (t > e.steps) return false;
     // step t loads Γ_{t+1} (v7g: after the hand-off that follows the helpers' check of its flag)
-    if (variant != V7G_VARIANT && !gram_ready(t + 1, q)) return false;
+    if (!gc() && !gram_ready(t + 1, q)) return false;
     // The kernel's try_wait.parity(v7_parity(t − 1)) on slot v7_slot(t − 1): it passes once the
     // phase of that parity has completed, i.e. while the current phase's parity differs.
     if (t > 0 && (c.phases[v7_slot(t - 1)] & 1) == v7_parity(t - 1)) return false;
     if (t == e.steps) return true;  // the last wait: G_{steps−1}
-    if (variant == V7G_VARIANT)  // the hand-off: the helpers' unit t (bug 22: none at step 0)
+    if (gc())  // the hand-off: the helpers' unit t (bug 22: none at step 0)
       return c.hnext >= t + 1 || (t == 0 && bug == 22);
     if (variant >= 2 && t >= 1 && c.hnext < t) return false;  // the hand-off: helpers' t − 1
     if (variant >= 1) {
@@ -358,7 +365,7 @@ struct Emulation {
     if (t == e.steps) return;
     float p[V7_SMT];  // v7b: the thread's partials, read (with their tags) after the G wait
     int labels[V7_RPC] = {};
-    if (variant == V7G_VARIANT)  // from the helpers, at the hand-off
+    if (gc())  // from the helpers, at the hand-off
       v7g_chain_inputs(*this, q, t, p, labels);
     else if (variant >= 1 && !tagged_ready(q, t, p))
       violated = true;  // ran before its words came
@@ -369,7 +376,7 @@ struct Emulation {
         HostWarp16::Reg<float> acc[C];
         for (int lane = 0; lane < 32; ++lane) {
           float a[C] = {};
-          if (variant == V7G_VARIANT)
+          if (gc())
             v7g_terms<1>(c.gam1_of(32 * w + lane), ring, t, 32 * w + lane, 1, a);
           else
             v7c_terms<1>(e, c.gam1_of(32 * w + lane), ring, t, 32 * w + lane, 1, a);
@@ -388,7 +395,7 @@ struct Emulation {
       }
     }
     const float* used_bias = bug == 2 ? c.bias_at[v7_applied_before(t)].data() : bias;
-    for (int i = 0; i < V7_RPC && variant != V7G_VARIANT; ++i) {
+    for (int i = 0; i < V7_RPC && !gc(); ++i) {
       const int row = q * V7_RPC + i;
       if (row < e.rows(t)) labels[i] = y[order[t * e.bs + row]];
     }
@@ -485,7 +492,10 @@ struct Emulation {
     for (int r = 0; r < V7_CLUSTER; ++r)
       for (int tid = 0; tid < V7_T; ++tid) {
         uint8_t buf[V7_XF];
-        worker_fetch_x(e, x, order, t, (k * V7_CLUSTER + r) * V7_FW, tid, V7_T, buf);
+        if (variant == V7H_VARIANT)
+          v7h_gather(*this, k, r, tid, t, buf);
+        else
+          worker_fetch_x(e, x, order, t, (k * V7_CLUSTER + r) * V7_FW, tid, V7_T, buf);
         float* sm = workers[k][r].sm.data();
         if (variant >= 4)  // bug 17: the padded slot 14 holds 255 (the probe's bias pixel)
           v8_store_xh<V7_XR>(e, t, tid, V7_T, buf, bug == 17,
@@ -748,8 +758,8 @@ struct Emulation {
 
 }  // namespace
 
-// `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4), v7f (5) or v7g (6) on
-// (w [10][784], b [10]) in place, orders
+// `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4), v7f (5), v7g (6) or v7h
+// (7) on (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
@@ -758,9 +768,10 @@ struct Emulation {
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
                          int bug, float fill, int variant, int grams, int acc_rz) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 22 || bug == 14 ||
-      variant < 0 || variant > 6 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
-      (bug >= 18 && variant < 5) || (bug >= 20 && variant != V7G_VARIANT) ||
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 24 || bug == 14 ||
+      variant < 0 || variant > 7 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
+      (bug >= 18 && variant < 5) || (bug >= 20 && bug <= 22 && variant < V7G_VARIANT) ||
+      (bug >= 23 && variant != V7H_VARIANT) ||
       (bug > 3 && bug < 7 && variant < 1) ||
       (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
       (bug >= 11 && bug <= 13 && grams != 1))

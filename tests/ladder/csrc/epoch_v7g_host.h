@@ -10,8 +10,8 @@
 // only once the critical step t has run. A unit runs only once every tagged word it sums carries
 // its step (the kernel polls until then) and, in one launch, once the producers' flag it passes
 // is set; the critical step checks no tag and no flag (the helpers' cover both).
-// Planted bugs (variant 6 only): 20 P_{t+1}'s sums into PQ of the wrong parity (t & 1, which the
-// critical warps have read already), 21 the labels' pipeline a stage short (step t + 2's label
+// Planted bugs (variants 6 and 7: v7h's chain is v7g's): 20 P_{t+1}'s sums into PQ of the wrong
+// parity (t & 1, which the critical warps have read already), 21 the labels' pipeline a stage short (step t + 2's label
 // stored for step t + 1), 22 step 0 run without its hand-off (PQ[0] read before the helpers'
 // setup wrote it: shared memory holds `fill`, the scratch's, there). v7c's 7 and 8 apply too.
 #pragma once
@@ -27,7 +27,7 @@ constexpr int V7G_LABEL_JUNK = 12345;  // ys before the helpers write it: no cla
 template <class Em>
 int v7g_iterations_done(const Em& em, int q) {
   const int n = em.chain[q].hnext;
-  return em.variant == V7G_VARIANT ? n - 1 : n;
+  return em.gc() ? n - 1 : n;  // v7g's chain (v7g, v7h)
 }
 
 template <class Em>

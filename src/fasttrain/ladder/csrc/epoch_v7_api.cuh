@@ -56,6 +56,10 @@
 //      v7f with the chain's helper warps polling P_{t+1}'s tagged words a step ahead and handing
 //      them over with the terms j >= 2, so the critical warps poll no partials and pass no
 //      producers' flag; the helpers' labels loaded an iteration ahead; the Gram terms branch-free.
+//   v7h (epoch_v7h.cuh, epoch_v7h_math.cuh; variant 7; written without a GPU, not yet run on one)
+//      v7g with its workers' x gather a step deeper: order[] of step t + 2 loaded during step t,
+//      so the pixel loads of step t + 1 wait on no load (v7f's SASS: 4 dependent round trips),
+//      and the reduce's tagged stores after the inbox credits (whose fence waited for them).
 #pragma once
 #include "epoch_v7_launch.cuh"
 
@@ -73,7 +77,7 @@ long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
 // v7's co-residency, checked at setup: *clusters = how many clusters of 8 of its epoch kernel the
 // device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
 // Returns 0 or a cudaError_t.
-// `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3, V7E 4, V7F 5, V7G 6); `grams`:
+// `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3, V7E 4, V7F 5, V7G 6, V7H 7); `grams`:
 // V7_GRAMS_KERNEL 0
 // (8 clusters) or V7_GRAMS_LAUNCH 1 (one launch: 15 clusters, the producers').
 int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) {
@@ -83,14 +87,16 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
     return cudaErrorInvalidValue;
   void (*kernel)(V7Args) =
       grams == V7_GRAMS_LAUNCH
-          ? (variant == V7G   ? v7_epoch_kernel_g<false, V7_GRAMS_LAUNCH>
+          ? (variant == V7H   ? v7_epoch_kernel_h<false, V7_GRAMS_LAUNCH>
+             : variant == V7G ? v7_epoch_kernel_g<false, V7_GRAMS_LAUNCH>
              : variant == V7F ? v7_epoch_kernel_f<false, V7_GRAMS_LAUNCH>
              : variant == V7E ? v7_epoch_kernel_e<false, V7_GRAMS_LAUNCH>
              : variant == V7D ? v7_epoch_kernel_d<false, V7_GRAMS_LAUNCH>
              : variant == V7C ? v7_epoch_kernel_c<false, V7_GRAMS_LAUNCH>
              : variant == V7B ? v7_epoch_kernel<false, true, V7_GRAMS_LAUNCH>
                               : v7_epoch_kernel<false, false, V7_GRAMS_LAUNCH>)
-          : (variant == V7G   ? v7_epoch_kernel_g<>
+          : (variant == V7H   ? v7_epoch_kernel_h<>
+             : variant == V7G ? v7_epoch_kernel_g<>
              : variant == V7F ? v7_epoch_kernel_f<>
              : variant == V7E ? v7_epoch_kernel_e<>
              : variant == V7D ? v7_epoch_kernel_d<>
@@ -105,12 +111,12 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
   return cudaOccupancyMaxActiveClusters(clusters, kernel, &cfg);
 }
 
-// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a … v7g).
+// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a … v7h).
 // Host only.
 int cuda_epoch_v7_variants() { return V7_VARIANTS; }
 
 // One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b; 2 v7c; 3 v7d;
-// 4 v7e; 5 v7f; 6 v7g),
+// 4 v7e; 5 v7f; 6 v7g; 7 v7h),
 // args as cuda_epoch_train's with ctas = 8, cluster = 1 and `scratch` of
 // cuda_epoch_v7_scratch_bytes: its Grams, then its epoch kernel (`grams` 0), or its one launch
 // (`grams` 1: the scratch zeroed before its first epoch), on `stream`. Returns 0 or a
@@ -128,7 +134,7 @@ int cuda_epoch_v7_train(const void* x, const void* y, const void* order, int n, 
 
 // v7's phase-profiling build: *chain, *worker and *helper phases a row of each role
 // (epoch_v7_phases.cuh), *rows the rows profiled (the 64 chain and worker CTAs, then the chain
-// CTAs' helper warps: v7c-v7g's), *cols the clock columns a row (the buffers' shape). Host only.
+// CTAs' helper warps: v7c-v7h's), *cols the clock columns a row (the buffers' shape). Host only.
 void cuda_epoch_v7_phase_shape(int* chain, int* worker, int* helper, int* rows, int* cols) {
   *chain = V7C_PHASES;
   *worker = V7W_PHASES;
@@ -141,7 +147,7 @@ void cuda_epoch_v7_phase_shape(int* chain, int* worker, int* helper, int* rows, 
 // cuda_epoch_v7_train's, `grams` too) by the phase-profiling build (it trains), then per CTA of
 // the chain and the workers (the producers are not profiled) the clocks its
 // thread 0 spent in each of its role's phases, then per chain CTA those of its helper warps'
-// first thread (v7c-v7g; rows of zeros for v7a, v7b) (out: rows x cols of
+// first thread (v7c-v7h; rows of zeros for v7a, v7b) (out: rows x cols of
 // cuda_epoch_v7_phase_shape, 32-bit, chain CTAs first) and each row's loop's span in ns (span:
 // rows + 1, the last the steps).
 // Syncs the stream.

@@ -40,7 +40,22 @@ __device__ __forceinline__ bool v7f_ring_wait(uint32_t bar, int parity, int code
   return mbar_try_wait(bar, parity) || v7f_ring_wait_slow(bar, parity, code);
 }
 
-template <bool TIMED>
+// v7a-v7g's gather of x_{t+1} during step t (worker_fetch_x: order[] and then the pixels, both in
+// the step). v7h's (epoch_v7h.cuh) loads the order[] indices a step earlier.
+struct V7XGatherNow {
+  __device__ __forceinline__ void prime(const V7Args& v, int f0, int tid, uint8_t (&xb)[V7_XF]) {
+    worker_fetch_x(v.e, v.a.x, v.a.order, 0, f0, tid, V7_T, xb);
+  }
+  __device__ __forceinline__ void next(const V7Args& v, int t, int f0, int tid,
+                                       uint8_t (&xb)[V7_XF]) {
+    worker_fetch_x(v.e, v.a.x, v.a.order, t, f0, tid, V7_T, xb);
+  }
+};
+
+// LATE (v7h): a reducing thread's tagged word stored after the slot's credits, not before: the
+// credit's release (mbarrier.arrive.release.cluster: a MEMBAR.ALL.GPU in the SASS) then waits for
+// no global store of this thread (epoch_v7h.cuh: why).
+template <bool TIMED, class XG = V7XGatherNow, bool LATE = false>
 __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
   using S = V7FSmem;
   const V7Epoch& e = v.e;
@@ -84,25 +99,35 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
     const int slot = v8_ns_slot(u);
     v7f_ring_wait(full_u + 8 * slot, v8_full_parity(u), WAIT_V7_RING | blockIdx.x << 4 | u << 12);
     clock.mark(V7W_BARRIER);
+    uint64_t* dst = nullptr;  // LATE: my word, stored after the credits
+    uint64_t word = 0;
     worker_reduce(e, u, r, tid,
                   [&](int src, int i) { return inbox[v8_inbox_at(slot, src, i / V7_GROW, i % V7_GROW)]; },
                   [&](int row, int c, float val) {
-                    st_relaxed64(ring + v7b_word_at(u, k, row, c), v7b_word(val, u));
+                    if constexpr (LATE) {
+                      dst = ring + v7b_word_at(u, k, row, c);
+                      word = v7b_word(val, u);
+                    } else {
+                      st_relaxed64(ring + v7b_word_at(u, k, row, c), v7b_word(val, u));
+                    }
                   });
     __syncthreads();  // every read of the slot done: credit the 8 senders
     if (tid < V7_CLUSTER) v8k_remote_arrive(free_u + 8 * slot, tid);
+    if constexpr (LATE)
+      if (dst != nullptr) st_relaxed64(dst, word);
     clock.mark(V7W_REDUCE);
   };
 
   int applied = 0;
   bool failed = false;
   uint8_t xb[V7_XF];  // x_{t+1}'s bytes, loaded during step t
-  worker_fetch_x(e, v.a.x, v.a.order, 0, f0, tid, V7_T, xb);
+  XG xg;
+  xg.prime(v, f0, tid, xb);
   v8_store_xh<V7_XR>(e, 0, tid, V7_T, xb, false, xh);
   for (int t = 0; t < steps; ++t) {
     const int slot = v8_ns_slot(t);
     if (tid == 0) mbar_arm(full_u + 8 * slot, V8_SLOT_BYTES);
-    if (t + 1 < steps) worker_fetch_x(e, v.a.x, v.a.order, t + 1, f0, tid, V7_T, xb);
+    if (t + 1 < steps) xg.next(v, t + 1, f0, tid, xb);
     clock.mark(V7W_LOAD_X);
     for (; !failed && applied < v7_applied_before(t); ++applied) failed = !update(applied);
     __syncthreads();  // x_t in place (stored at the end of step t − 1)
