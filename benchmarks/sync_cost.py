@@ -27,7 +27,7 @@ costs, measured, and how the `cuda-epoch` variants compare.
 - v4's, v5's, v6's and v7's phases: one epoch by their phase-profiling build
   (`EpochKernel.phase_profile`), the µs a step each CTA's thread 0 spends in each phase (mean
   over CTAs and the slowest CTA), to show what the next version must shorten; v7 per role (its
-  chain's, its workers' and (v7c-v7h) its chain's helper warps' phases, `cuda_epoch.V7_PHASES`,
+  chain's, its workers' and (v7c-v7h) its chain's helper warps' phases, `epoch_phases.V7_PHASES`,
   the chain's "wait Γ" its wait for the producers' Grams in one launch), recorded as "<variant>:
   chain", "<variant>: workers" and "<variant>: helpers";
 - v7's Gram launch alone, each Gram kernel (v1 v7a's, v2 operands staged in shared memory): "v7

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import torch
 
-from fasttrain.ladder import build
+from fasttrain.ladder import build, epoch_phases
 from fasttrain.ladder import cuda_epoch as ce
 from fasttrain.ladder.common import LadderConfig, make_ladder_data
 from tests.conftest import import_benchmark, tiny_images
@@ -403,7 +403,7 @@ def test_sync_cost_prints_and_records_each_role(monkeypatch, capsys):
 @pytest.mark.parametrize("v7_variant", ce.V7_VARIANTS)
 def test_v7s_phases_are_positive_and_account_for_each_roles_loop(v7_variant, v7_grams):
     """The profiling build on a 40-step epoch: every phase of both roles positive and finite (0 for
-    those the variant does not clock, ce.V7_UNTIMED), the slowest CTA's at least the mean, each
+    those the variant does not clock, V7_UNTIMED), the slowest CTA's at least the mean, each
     role's phase means adding up to its CTAs' loop, every CTA's clock rate over its loop an SM's
     and all within 25 % of each other; the kernel's own weights untouched."""
     if not ce.has_clusters():
@@ -418,7 +418,7 @@ def test_v7s_phases_are_positive_and_account_for_each_roles_loop(v7_variant, v7_
     assert list(profile) == roles
     for role, p in profile.items():
         assert list(p["mean_us"]) == list(ce.V7_PHASES[role])
-        untimed = ce.V7_UNTIMED.get(v7_variant, {}).get(role, ())
+        untimed = epoch_phases.V7_UNTIMED.get(v7_variant, {}).get(role, ())
         assert all(v == 0 if n in untimed else v > 0 and math.isfinite(v)
                    for n, v in p["mean_us"].items()), (role, p)
         assert all(p["max_us"][n] >= p["mean_us"][n] for n in p["mean_us"]), (role, p)

@@ -53,7 +53,7 @@ enum V7WorkerPhase {
 // their first thread (tid 256) in rows of their own: their iteration t makes step t + 1's terms
 // j ≥ 2 during the critical warps' step t, off the chain's clock (its "Gram terms" holds only
 // its wait for them at the hand-off). In the order v7g's iteration runs them; v7c's has no
-// "wait partials" (it reads 0, cuda_epoch.V7_UNTIMED).
+// "wait partials" (it reads 0, epoch_phases.V7_UNTIMED).
 enum V7HelperPhase {
   V7H_WAIT_G,     // the try_wait for G_{t−1} (passes at once: the critical warps waited for it)
   V7H_TERMS,      // Σ_{j=2..L} Γ_{t+1,j} G_{t+1−j}: the shared loads and FMAs
