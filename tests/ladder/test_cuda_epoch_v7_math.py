@@ -20,7 +20,11 @@ labels pipelined in registers) runs its helpers' setup and iterations as units o
 fail. v7h (`csrc/epoch_v7h.cuh`, `epoch_v7h_math.cuh`: v7g with its workers' sample indices
 loaded a step before their pixels) keeps each worker thread's index registers across steps
 (`tests/ladder/csrc/epoch_v7h_host.h`), trains as v7g bit for bit, and its planted bugs must
-fail. What it cannot check (the mbarriers, st.async, DSMEM reads, the
+fail. v7i (`csrc/epoch_v7i.cuh`, `epoch_v7i_math.cuh`: v7h with G_t's global rows and the step
+counter written by the chain's helper warps after the next hand-off, not by its critical warps)
+runs those as the end of each helper unit plus a tail unit (`tests/ladder/csrc/epoch_v7i_host.h`),
+trains as v7h bit for bit, and its planted bugs (a count ahead of its rows) must fail. What it
+cannot check (the mbarriers, st.async, DSMEM reads, the
 acquire/release counters (v7d: the acquire and __syncwarp before its early loads), the 64-bit
 words' atomicity, the Gram kernel's tiles on the tensor
 cores) the GPU tests of test_cuda_epoch.py do."""

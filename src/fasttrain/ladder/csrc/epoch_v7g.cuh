@@ -9,7 +9,8 @@
 //   the hand-off (named barrier 2, 512 threads): PQ[t & 1], HQ[t & 1] and the labels of step t
 //     from the helpers; stop read (set by either half: everyone leaves here)
 //   Γ_{t+1,1}'s loads issued (the helpers passed its flag before this hand-off)
-//   Z, softmax, colsum, G_t sent and published (v7c's: named barrier 1 between them).
+//   Z, softmax, colsum, G_t sent and published (v7c's: named barrier 1 between them; v7i's
+//   helpers store and publish it instead: the Pub policy below, epoch_v7i.cuh).
 // The helpers (8-15): a setup (step 0's partials into PQ[0]; the flag and loads of Γ_{1,j≥2}),
 // then iterations t = 0 … steps − 2 (step t + 1's partials and terms, the flag and loads of
 // Γ_{t+2}, step t + 1's labels), each ending at a hand-off: setup ↔ step 0, iteration t ↔ step
