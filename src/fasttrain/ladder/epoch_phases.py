@@ -62,7 +62,7 @@ V7_UNTIMED["g"] = V7_UNTIMED["h"] = V7_UNTIMED["i"] = {"chain": ("wait Γ",)}
 counts its wait for the producers' flag inside "Gram terms" (a separate clock mark spilled v7c's
 timed one-launch build). The H200's run 5 (2026-11-28) found them 0 in both launch modes. v7c's
 helpers poll no partials; v7g's chain (v7h's, v7i's) waits for no flag of the producers. v7i's
-chain publishes nothing (its helpers do), so its "publish" reads ~0 but is clocked."""
+chain publishes nothing (its helpers do): its "publish" is one bar.arrive, ~0 but clocked."""
 
 
 def v7_phases_us(clocks: list[int], span: list[int], ctas: int, cols: int,

@@ -11,9 +11,10 @@
 // workers only; the chain's own dependency is the st.async sends into every chain CTA's ring.
 //
 // What v7i does (V7IHelperPublish, the hooks of v7g_chain / v7g_helpers):
-// - critical warps, step t: after colsum's barrier, bar.arrive on named barrier V7I_BAR_G (3,
-//   512 threads: non-blocking) says gl holds G_t; then the sends to the rings only
-//   (chain_send_g<.., false>), and straight to step t + 1's wait: no barrier, no fence, no store.
+// - critical warps, step t: after colsum's barrier the sends to the rings only
+//   (chain_send_g<.., false>), then bar.arrive on named barrier V7I_BAR_G (3, 512 threads:
+//   non-blocking: gl holds G_t), and straight to step t + 1's wait: no bar.sync, no fence, no
+//   global store.
 // - helper warps, iteration t (it runs during the critical step t; step t + 1's hand-off ends
 //   it): before that hand-off, bar.sync V7I_BAR_G (G_t in gl), then 64 threads (warps 14, 15)
 //   load one float4 of G_t's rows each and store it to global memory; after the hand-off, at the
@@ -65,13 +66,17 @@ __device__ __forceinline__ void bar_arrive() {
 }
 
 struct V7IHelperPublish {
-  // Critical warps: gl holds G_t (colsum's barrier passed); the rings only, nothing to wait for.
+  // Critical warps: the rings only (gl holds G_t: colsum's barrier passed), no barrier after.
   __device__ __forceinline__ void sent(const V7Args& v, int t, int q, int tid, const float* gl,
                                        uint32_t ring_u, uint32_t bar_u) const {
-    bar_arrive<V7I_BAR_G, V7_T>();
     chain_send_g<V7C_CRIT, false>(v, t, q, tid, gl, ring_u, bar_u);
   }
-  __device__ __forceinline__ void published(const V7Args&, int, int) const {}
+  // Then "G_t is in gl" to the helpers, without waiting (the phase "publish": this instruction).
+  // After the sends, not before: the helpers store at their iteration's end, and the critical
+  // warps reach the next hand-off only after the next G wait, so it costs nobody a wait.
+  __device__ __forceinline__ void published(const V7Args&, int, int) const {
+    bar_arrive<V7I_BAR_G, V7_T>();
+  }
   // Helpers, top of iteration t ≥ 1 (after hand-off t): G_{t−1}'s rows were stored before it.
   __device__ __forceinline__ void top(const V7Args& v, int t, int q, int h) const {
     if (t > 0 && h == 0) st_release(v.s.gflag + q, t);
