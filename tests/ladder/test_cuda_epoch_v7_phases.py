@@ -23,7 +23,7 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The 32 instantiations of the epoch kernel (v7a … v7h, each untimed and timed, each
+# The 36 instantiations of the epoch kernel (v7a … v7i, each untimed and timed, each
 # in two launches and in one: GRAMS 0, 1) in one small
 # translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
@@ -45,13 +45,15 @@ void* const v7_kernels[] = {
     (void*)v7_epoch_kernel_g<false, 1>, (void*)v7_epoch_kernel_g<true, 1>,
     (void*)v7_epoch_kernel_h<false>, (void*)v7_epoch_kernel_h<true>,
     (void*)v7_epoch_kernel_h<false, 1>, (void*)v7_epoch_kernel_h<true, 1>,
+    (void*)v7_epoch_kernel_i<false>, (void*)v7_epoch_kernel_i<true>,
+    (void*)v7_epoch_kernel_i<false, 1>, (void*)v7_epoch_kernel_i<true, 1>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {f"{build}{v7b}{one}": f"v7_epoch_kernelILb{t}ELb{b}ELi{g}E"
                  for one, g in (("", 0), (" one launch", 1)) for v7b, b in (("", 0), (" v7b", 1))
                  for build, t in (("untimed", 0), ("timed", 1))}
 EPOCH_KERNELS |= {f"{build} v7{c}{one}": f"v7_epoch_kernel_{c}ILb{t}ELi{g}E"
-                  for c in ("c", "d", "e", "f", "g", "h")
+                  for c in ("c", "d", "e", "f", "g", "h", "i")
                   for one, g in (("", 0), (" one launch", 1))
                   for build, t in (("untimed", 0), ("timed", 1))}
 """ptxas's names of v7_epoch_kernel<TIMED, V7B, GRAMS> ("untimed", "timed v7b one launch", …), of
@@ -224,15 +226,39 @@ def test_v7gs_critical_warps_take_no_vote_and_its_helpers_poll(ptxas_report):
 
 
 @requires_nvcc
+def test_v7is_helpers_store_g_and_release_the_count(ptxas_report):
+    """v7i (csrc/epoch_v7i.cuh): its critical warps say "G_t is in gl" with one bar.arrive on named
+    barrier 3 (512 threads, no wait) and leave the send without a barrier (v7h: 3 bar.sync of
+    barrier 1, v7i 2); its helpers wait on barrier 3 (in their loop and after it), store G's rows
+    as 16-byte global stores (v7h's critical warps: st.global.v4.f32 in the send loop, none left
+    there in v7i) and release the counter at three places (the loop's top, and twice after it:
+    steps − 1, steps), the tail after a barrier of the 256 helper threads; nothing in local
+    memory. v7h has none of barriers 3, 4."""
+    for one in ("", " one launch"):
+        ptx = ptxas_report["untimed v7i" + one]["ptx"]
+        v7h = ptxas_report["untimed v7h" + one]["ptx"]
+        assert ptx.count("bar.arrive 3, 512;") == 1 and ptx.count("bar.sync 3, 512;") == 2
+        assert ptx.count("bar.sync 4, 256;") == 1
+        assert not any(b in v7h for b in ("bar.arrive 3", "bar.sync 3", "bar.sync 4"))
+        assert ptx.count("bar.sync 1, 256;") == v7h.count("bar.sync 1, 256;") - 1
+        assert "st.global.v4.f32" in v7h and "st.global.v4.f32" not in ptx
+        assert "st.global.v4.u32" in ptx and "st.global.v4.u32" not in v7h
+        release = "st.release.gpu.global.s32"
+        assert ptx.count(release) == v7h.count(release) + 2
+        assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
-    one reads the global timer at the start and end of each role's loop (v7c-v7h: the helper
+    one reads the global timer at the start and end of each role's loop (v7c-v7i: the helper
     warps' loop too), the clock at least once a phase (clock() is a %clock64 read in PTX), and
     writes both arrays."""
-    for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " v7h", " one launch",
-                   " v7b one launch", " v7c one launch", " v7d one launch", " v7e one launch",
-                   " v7f one launch", " v7g one launch", " v7h one launch"):
+    for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " v7h", " v7i",
+                   " one launch", " v7b one launch", " v7c one launch", " v7d one launch",
+                   " v7e one launch", " v7f one launch", " v7g one launch", " v7h one launch",
+                   " v7i one launch"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         helpers = any(f"v7{v}" in suffix for v in ce.V7_HELPERS)
@@ -264,8 +290,8 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
     dummy = p(16)
     for n, batch, scratch, variant, grams in (
             (1, 0, dummy, 0, 0), (1, 129, dummy, 1, 0), (0, 128, dummy, 0, 0),
-            (1, 128, None, 1, 0), (1, 128, dummy, 8, 0), (1, 128, dummy, -1, 0),
-            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 8, 1)):
+            (1, 128, None, 1, 0), (1, 128, dummy, 9, 0), (1, 128, dummy, -1, 0),
+            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 9, 1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
                                                dummy, scratch, variant, grams, dummy, dummy,
                                                None) == 1
@@ -274,7 +300,7 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
 
 class FakeV7Profile:
     """The library at the ctypes boundary: the phase shape and a profile that writes, for row i
-    (CTAs 0-63, then v7c-v7h's helper warps of chain CTA i - 64) and phase j of its role,
+    (CTAs 0-63, then v7c-v7i's helper warps of chain CTA i - 64) and phase j of its role,
     `clocks(i, j)` clocks, and a span of its clocks at `clocks_per_ns` (or `spans`); `timeout`:
     cuda_epoch_signal_status reports a timed-out wait."""
 

@@ -296,11 +296,13 @@ def test_sync_cost_picks_versions_and_v7_pairs_or_refuses_with_one_line(capsys):
     assert sync_cost.parse_v7(None) == sync_cost.V7_TIMED
     assert sync_cost.parse_v7("e,c:launch") == (("c", "launch"), ("e", "launch"))
     assert sync_cost.parse_v7("c") == (("c", "kernel"), ("c", "launch"))
-    # The next GPU loan's call: the row's v7f against g and h (timed in one launch only).
+    # The next GPU loan's call: the row's v7f against g, h and i (timed in one launch only).
     assert sync_cost.parse_v7("h:launch,f:launch,g") == (("f", "launch"), ("g", "launch"),
                                                          ("h", "launch"))
+    assert sync_cost.parse_v7("i,f:launch,h:launch") == (("f", "launch"), ("h", "launch"),
+                                                         ("i", "launch"))
     for argv in (["--versions", "8"], ["--versions", "six"], ["--v7", "c:graph"], ["--v7", "z"],
-                 ["--v7", "h:kernel"]):
+                 ["--v7", "h:kernel"], ["--v7", "i:kernel"]):
         assert sync_cost.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("sync_cost: --"), err

@@ -1,6 +1,6 @@
 // The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a … v7g (epoch_v7.cuh,
 // epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, epoch_v7g.cuh, epoch_v7h.cuh,
-// `variant` 0 … 7) on
+// epoch_v7i.cuh, `variant` 0 … 8) on
 // the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
@@ -45,6 +45,9 @@
 //     handed over (epoch_v7g_host.h: the units, the order they run in, its planted bugs 20-22);
 //   - v7h (variant 7: v7g with its workers' sample indices loaded a step before their pixels):
 //     each worker thread's index registers kept across steps (epoch_v7h_host.h, bugs 23, 24);
+//   - v7i (variant 8: v7h with G_t's global rows and the step counter by the chain's helpers):
+//     the critical step publishes nothing; a helper unit ends with the previous step's rows and
+//     count, and a tail unit does the last step's (epoch_v7i_host.h, bugs 25, 26);
 //   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
@@ -79,7 +82,8 @@
 // bias pixel) instead of 0; v7f only: 18 the deferred reduce's words tagged (and placed) as the
 // current step's, not the reduced step's (step 0's never written: the chain waits forever), 19
 // the deferred reduce of step u reading slot (u + 1) % NS (step u + 1's tiles, the probe's bug 5).
-// v7g only: 20-22 (epoch_v7g_host.h, v7h's too); v7h only: 23, 24 (epoch_v7h_host.h).
+// v7g only: 20-22 (epoch_v7g_host.h, v7h's and v7i's too); v7h only: 23, 24 (epoch_v7h_host.h,
+// v7i's too); v7i only: 25, 26 (epoch_v7i_host.h).
 #define FT_HOST_MATH
 #include <cmath>
 #include <algorithm>
@@ -94,6 +98,7 @@
 #include "epoch_v7d_math.cuh"
 #include "epoch_v7e_math.cuh"
 #include "epoch_v7g_math.cuh"
+#include "epoch_v7i_math.cuh"
 #include "epoch_v7l_math.cuh"
 #include "v8_mma_host.h"
 
@@ -138,8 +143,12 @@ struct Chain {
   int hnext = 0;          // v7c: the helpers' next iteration (step hnext + 1's terms j ≥ 2)
   int holds[V7_NB] = {};  // the step whose G a slot holds complete (-1: none, or being written)
   V7GLabels glab[V7_RPC] = {};  // v7g: the label pipeline's registers of helper threads 0 … 15
+  int gl_step = -1;  // v7i: the step whose G gl holds (the critical step's softmax wrote it)
+  int ipend = -1;    // v7i, bug 26: the step whose rows (igl) have not landed in global memory
+  std::vector<float> igl = std::vector<float>((V7_RPC + 1) * 16);
 };
 }  // namespace
+#include "epoch_v7i_host.h"  // before v7g's, whose helper units end with v7i_publish
 #include "epoch_v7g_host.h"
 #include "epoch_v7h_host.h"
 namespace {
@@ -160,8 +169,8 @@ struct Emulation {
   int bug, variant, grams = 0;
   bool rz = false;  // v7e: the mma's accumulation rounded toward zero (V8HostWarp's "acc rz")
   float fill = 0.f;  // what memory no step has written holds (v7g: its PQ before the helpers')
-  bool fw() const { return variant >= 5; }  // v7f's workers (v7f, v7g, v7h)
-  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g, v7h)
+  bool fw() const { return variant >= 5; }  // v7f's workers (v7f … v7i)
+  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g, v7h, v7i)
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
@@ -288,12 +297,14 @@ struct Emulation {
   // One launch: iteration t loads Γ_{t+2} (and iteration 0 Γ_1 first, the kernel's setup load):
   // it runs once their producers' flags are set (the helpers' gate).
   bool helper_runnable(int q) const {
+    if (variant == V7I_VARIANT && chain[q].hnext == e.steps) return v7i_tail_runnable(*this, q);
     if (gc()) return v7g_helper_runnable(*this, q);
     const Chain& c = chain[q];
     if (variant < 2 || c.hnext + 1 >= e.steps || c.next <= c.hnext) return false;
     return gram_ready(c.hnext + 2, q) && (c.hnext > 0 || gram_ready(1, q));
   }
   void helper_step(int q) {
+    if (variant == V7I_VARIANT && chain[q].hnext == e.steps) return v7i_tail(*this, q);
     if (gc()) return v7g_helper_step(*this, q);
     Chain& c = chain[q];
     float* sm = c.sm.data();
@@ -427,6 +438,7 @@ struct Emulation {
         chain_softmax(e, t, q, tid, zs, labels, gl, c.loss[tid], c.correct[tid]);
     }
     for (int tid = 0; tid < V7_T; ++tid) chain_colsum(tid, gl);
+    c.gl_step = t;
     const int slot = v7_slot(t);
     for (int d = 0; d < V7_CHAIN; ++d) {  // the st.asyncs into d's slot
       Chain& dst = chain[d];
@@ -443,6 +455,7 @@ struct Emulation {
       if (++dst.got[slot] == V7_CHAIN) ++dst.phases[slot];  // armed, all bytes in: complete
       dst.holds[slot] = dst.got[slot] == V7_CHAIN ? t : -1;
     }
+    if (variant == V7I_VARIANT) return;  // G_t's rows and the count: the helpers' (v7i_publish)
     for (int i = 0; i < V7_RPC; ++i) {
       const int row = q * V7_RPC + i;
       if (row < e.rows(t)) std::memcpy(s.g + (size_t(t) * BMAX + row) * V7_GROW, gl + i * 16, 64);
@@ -492,7 +505,7 @@ struct Emulation {
     for (int r = 0; r < V7_CLUSTER; ++r)
       for (int tid = 0; tid < V7_T; ++tid) {
         uint8_t buf[V7_XF];
-        if (variant == V7H_VARIANT)
+        if (variant >= V7H_VARIANT)  // v7h's workers (v7h, v7i)
           v7h_gather(*this, k, r, tid, t, buf);
         else
           worker_fetch_x(e, x, order, t, (k * V7_CLUSTER + r) * V7_FW, tid, V7_T, buf);
@@ -745,6 +758,7 @@ struct Emulation {
     for (int q = 0; q < V7_CHAIN; ++q) {
       if (chain[q].next <= e.steps) return -2;
       if (variant >= 2 && v7g_iterations_done(*this, q) != std::max(e.steps - 1, 0)) return -2;
+      if (variant == V7I_VARIANT && chain[q].hnext != e.steps + 1) return -2;  // its tail
       for (int tid = 0; tid < V7_T; ++tid) {
         stats[0] += chain[q].loss[tid];
         stats[1] += chain[q].correct[tid];
@@ -758,8 +772,8 @@ struct Emulation {
 
 }  // namespace
 
-// `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4), v7f (5), v7g (6) or v7h
-// (7) on (w [10][784], b [10]) in place, orders
+// `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4), v7f (5), v7g (6), v7h
+// (7) or v7i (8) on (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
@@ -768,10 +782,10 @@ struct Emulation {
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
                          int bug, float fill, int variant, int grams, int acc_rz) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 24 || bug == 14 ||
-      variant < 0 || variant > 7 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 26 || bug == 14 ||
+      variant < 0 || variant > 8 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
       (bug >= 18 && variant < 5) || (bug >= 20 && bug <= 22 && variant < V7G_VARIANT) ||
-      (bug >= 23 && variant != V7H_VARIANT) ||
+      (bug >= 23 && bug <= 24 && variant < V7H_VARIANT) || (bug >= 25 && variant != V7I_VARIANT) ||
       (bug > 3 && bug < 7 && variant < 1) ||
       (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
       (bug >= 11 && bug <= 13 && grams != 1))

@@ -27,7 +27,8 @@ constexpr int V7G_LABEL_JUNK = 12345;  // ys before the helpers write it: no cla
 template <class Em>
 int v7g_iterations_done(const Em& em, int q) {
   const int n = em.chain[q].hnext;
-  return em.gc() ? n - 1 : n;  // v7g's chain (v7g, v7h)
+  // v7g's chain (v7g, v7h, v7i; v7i's tail unit, after the last iteration, is not one)
+  return em.gc() ? std::min(n - 1, std::max(em.e.steps - 1, 0)) : n;
 }
 
 template <class Em>
@@ -96,6 +97,7 @@ void v7g_helper_step(Em& em, int q) {
   if (t + 2 < e.steps)
     for (int h = 0; h < V7C_HELP; ++h)
       v7c_load_gram<V7C_HJ>(e, em.s.gram, t + 2, q, h, 2, c.gamh_of(h));
+  if (em.variant == V7I_VARIANT) v7i_publish(em, q, u);  // G_t's rows, then the count t + 1
 }
 
 // The critical setup's part that differs from v7c's: step 0's labels into ys[0], ys[1] junk

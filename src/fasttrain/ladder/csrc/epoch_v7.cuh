@@ -108,7 +108,8 @@ __global__ void __launch_bounds__(gram::v2::THREADS, 1) v7_gram_kernel_v2(V7Args
 // Chain CTA q's G_t (its valid rows and their column sum, in gl) to every chain CTA's ring slot
 // t % NB (st.async, completing on that slot's mbarrier), the rows also to global memory for the
 // workers; by threads 0 … THREADS − 1 (v7a/v7b: all 512; v7c: its 256 critical threads).
-template <int THREADS>
+// GLOBAL false (v7i): the ring slots only; the helper warps store the rows (epoch_v7i.cuh).
+template <int THREADS, bool GLOBAL = true>
 __device__ __forceinline__ void chain_send_g(const V7Args& v, int t, int q, int tid,
                                              const float* gl, uint32_t ring_u, uint32_t bar_u) {
   const int nt = v.e.rows(t), slot = v7_slot(t);
@@ -120,7 +121,7 @@ __device__ __forceinline__ void chain_send_g(const V7Args& v, int t, int q, int 
     const int off = i < V7_RPC ? row * V7_RS : BMAX * V7_RS + q * V7_GROW;
     st_async4(mapa(ring_u + 4 * (slot * ChainSmem::GSLOT + off + 4 * w4), d), val,
               mapa(bar_u + 8 * slot, d));
-    if (d == 0 && i < V7_RPC)
+    if (GLOBAL && d == 0 && i < V7_RPC)
       *reinterpret_cast<float4*>(v.s.g + (size_t(t) * BMAX + row) * V7_GROW + 4 * w4) = val;
   }
 }

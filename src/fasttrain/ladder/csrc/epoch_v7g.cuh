@@ -9,7 +9,8 @@
 //   the hand-off (named barrier 2, 512 threads): PQ[t & 1], HQ[t & 1] and the labels of step t
 //     from the helpers; stop read (set by either half: everyone leaves here)
 //   Γ_{t+1,1}'s loads issued (the helpers passed its flag before this hand-off)
-//   Z, softmax, colsum, G_t sent and published (v7c's: named barrier 1 between them).
+//   Z, softmax, colsum, G_t sent and published (v7c's: named barrier 1 between them; v7i's
+//   helpers store and publish it instead: the Pub policy below, epoch_v7i.cuh).
 // The helpers (8-15): a setup (step 0's partials into PQ[0]; the flag and loads of Γ_{1,j≥2}),
 // then iterations t = 0 … steps − 2 (step t + 1's partials and terms, the flag and loads of
 // Γ_{t+2}, step t + 1's labels), each ending at a hand-off: setup ↔ step 0, iteration t ↔ step
@@ -27,9 +28,28 @@
 
 namespace {
 
+// Who stores G_t to global memory and publishes the step counter: v7c-v7h's critical warps
+// (V7GCritPublish, after the sends: a barrier and thread 0's release) or v7i's helper warps
+// (epoch_v7i.cuh's V7IHelperPublish). The hooks: `sent` (the critical warps, after colsum's
+// barrier: the sends and what follows them), `top` (a helper iteration's start, after its hand-off),
+// `before_hand` (a helper iteration's end), `last` (the helpers, after their loop).
+struct V7GCritPublish {
+  __device__ __forceinline__ void sent(const V7Args& v, int t, int q, int tid, const float* gl,
+                                       uint32_t ring_u, uint32_t bar_u) const {
+    chain_send_g<V7C_CRIT>(v, t, q, tid, gl, ring_u, bar_u);
+    bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
+  }
+  __device__ __forceinline__ void published(const V7Args& v, int t, int q) const {
+    publish(v.s.gflag + q, t + 1);
+  }
+  __device__ __forceinline__ void top(const V7Args&, int, int, int) const {}
+  __device__ __forceinline__ void before_hand(const V7Args&, int, int, int, const float*) const {}
+  __device__ __forceinline__ void last(const V7Args&, int, int, const float*) const {}
+};
+
 // Helper warps (tid ≥ 256) of chain CTA q. gate(t): Γ_{t,·} may be read (V7GramsReady in two
-// launches, V7GramsGate in one). TIMED: their phases (V7HelperPhase).
-template <bool TIMED, class Gate>
+// launches, V7GramsGate in one). TIMED: their phases (V7HelperPhase). Pub: V7GCritPublish's hooks.
+template <bool TIMED, class Pub = V7GCritPublish, class Gate>
 __device__ void v7g_helpers(int q, const V7Args& v, float* sm, Gate gate) {
   const V7Epoch& e = v.e;
   const int h = threadIdx.x - V7C_CRIT, steps = e.steps;
@@ -72,7 +92,10 @@ __device__ void v7g_helpers(int q, const V7Args& v, float* sm, Gate gate) {
   bar_sync<V7C_BAR_HAND, V7_T>();  // ↔ the critical warps' step 0
   if (*stop) return;
   V7PhaseClock<TIMED, V7_CTAS, V7C_CRIT> clock;
+  const Pub pub{};
+  const float* gl = sm + ChainSmem::GL;
   for (int t = 0; t + 1 < steps; ++t) {
+    pub.top(v, t, q, h);
     // G_{t−1}'s try_wait passes at once (the critical warps waited for it before this
     // iteration's hand-off); it is these threads' acquire of its st.async bytes.
     if (t > 0 && !bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
@@ -97,15 +120,17 @@ __device__ void v7g_helpers(int q, const V7Args& v, float* sm, Gate gate) {
     clock.mark(V7H_SUM);
     if (h < V7_RPC) v7g_labels_step(e, v.a.y, v.a.order, q, h, t, ys, lab);
     clock.mark(V7H_LABELS);
+    pub.before_hand(v, t, q, h, gl);
     bar_sync<V7C_BAR_HAND, V7_T>();  // ↔ the critical warps' step t + 1
     clock.mark(V7H_HAND);
     if (*stop) return;
   }
   clock.write(steps);
+  pub.last(v, steps, q, gl);
 }
 
 // ---- the chain (cluster 0, CTA q), v7g ---------------------------------------------------------
-template <bool TIMED, class Gate = V7GramsReady>
+template <bool TIMED, class Pub = V7GCritPublish, class Gate = V7GramsReady>
 __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   using S = ChainSmem;
   const V7Epoch& e = v.e;
@@ -127,7 +152,7 @@ __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   __syncthreads();
   cluster_barrier();  // every chain CTA's mbarriers armed before anyone sends
   if (tid >= V7C_CRIT) {
-    v7g_helpers<TIMED>(q, v, sm, gate);
+    v7g_helpers<TIMED, Pub>(q, v, sm, gate);
     return;
   }
 
@@ -168,10 +193,9 @@ __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
     chain_colsum(tid, gl);
     bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
     clock.mark(V7C_SOFTMAX);
-    chain_send_g<V7C_CRIT>(v, t, q, tid, gl, ring_u, bar_u);
-    bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
+    Pub{}.sent(v, t, q, tid, gl, ring_u, bar_u);
     clock.mark(V7C_SEND);
-    publish(v.s.gflag + q, t + 1);
+    Pub{}.published(v, t, q);
     clock.mark(V7C_PUBLISH);
   }
   if (!failed) {  // G_{steps−1}: the last bias update, and no st.async left in flight to me
