@@ -1,5 +1,6 @@
 """Compare two PTX files kernel by kernel: each .entry body with its register names renumbered by
-first use, branch labels and the anonymous namespace's path hash blanked, then diffed. How the
+first use, branch labels, call-sequence numbers and the translation unit's hashes (the anonymous
+namespace's, and the one after a file name's `_cu_`) blanked, then diffed. How the
 gram6 branch showed that v7's Gram kernel v2 compiles to the same PTX after gram_v2.cuh's
 parametrization (nvcc -O3 -std=c++17 -arch=sm_90a -ptx cuda_epoch.cu, before and after).
 
@@ -25,13 +26,14 @@ def _renumber(body: str) -> str:
 
     body = REG.sub(one, body)
     body = re.sub(r"\$L__BB\d+_\d+", "$L", body)
+    body = re.sub(r"callseq \d+, \d+", "callseq", body)  # numbered across the whole file
     return re.sub(r"\.reg \.\S+ \s*%\S+<\d+>;", ".reg", body)
 
 
 def entries(path: str) -> dict[str, str]:
     """The file's kernels, name → normalized body."""
     with open(path) as f:
-        text = re.sub(r"(_GLOBAL__N__|_INTERNAL_)[0-9a-f]{8}", r"\1H", f.read())
+        text = re.sub(r"(_GLOBAL__N__|_INTERNAL_|_cu_)[0-9a-f]{8}", r"\1H", f.read())
     out = {}
     for m in ENTRY.finditer(text):
         end = text.find("\n}\n", m.start())

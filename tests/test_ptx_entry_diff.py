@@ -40,3 +40,17 @@ def test_another_instruction_or_a_missing_kernel_is_a_difference(tmp_path, capsy
     out = capsys.readouterr().out
     assert "kernelA differs" in out and "kernelB differs" in out
     assert "0 entries identical after renaming registers, 2 differ" in out
+
+
+def test_another_translation_units_hashes_and_call_numbers_are_the_same_kernel(tmp_path, capsys):
+    """Two nvcc runs of another .cu: its hash after `_cu_` and ptxas's call-sequence numbers
+    (counted over the whole file) differ; the kernel does not."""
+    k = dict(k="A", nf=9, lab=3, a=1, b=2, c=3, op="neg")
+    a, b = (tmp_path / "a.ptx", tmp_path / "b.ptx")
+    for path, unit, call in ((a, "2dc49567", 0), (b, "9f00e1aa", 7)):
+        path.write_text(KERNEL.format(**k).replace("2dc49567", unit).replace(
+            "bra.uni", f"{{ // callseq {call}, 0\n\tbra.uni"))
+    assert ptx_entry_diff.main([str(a), str(b)]) == 0
+    assert "1 entries identical" in capsys.readouterr().out
+    b.write_text(b.read_text().replace("neg", "abs"))
+    assert ptx_entry_diff.main([str(a), str(b)]) == 1
