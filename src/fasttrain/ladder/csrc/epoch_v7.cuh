@@ -105,6 +105,18 @@ __global__ void __launch_bounds__(gram::v2::THREADS, 1) v7_gram_kernel_v2(V7Args
 // TIMED: the phase-profiling build (epoch_v7_phases.cuh), never the timed row's. V7B: v7b.
 // gate(t): Γ_{t,·} may be read (epoch_v7l.cuh: always in two launches; in one, the producers'
 // flag, false on a failed wait, which the next step's check turns into the loop's exit).
+// A chain CTA's results after its last step (every chain's: v7_chain, v7c_chain, v7g_chain): CTA
+// 0 writes the bias (every chain CTA holds the same copy); each CTA adds its rows' loss and
+// correct count to the stats.
+__device__ __forceinline__ void chain_results(const V7Args& v, int q, int tid, const float* bias,
+                                              float loss, float correct) {
+  if (q == 0 && tid < C) v.a.b[tid] = bias[tid];
+  if (loss != 0.f || correct != 0.f) {
+    atomicAdd(v.a.stats, loss);
+    atomicAdd(v.a.stats + 1, correct);
+  }
+}
+
 // Chain CTA q's G_t (its valid rows and their column sum, in gl) to every chain CTA's ring slot
 // t % NB (st.async, completing on that slot's mbarrier), the rows also to global memory for the
 // workers; by threads 0 … THREADS − 1 (v7a/v7b: all 512; v7c: its 256 critical threads).
@@ -274,11 +286,7 @@ __device__ void v7_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   }
   if (failed) return;
   clock.write(steps);
-  if (q == 0 && tid < C) v.a.b[tid] = bias[tid];
-  if (loss != 0.f || correct != 0.f) {
-    atomicAdd(v.a.stats, loss);
-    atomicAdd(v.a.stats + 1, correct);
-  }
+  chain_results(v, q, tid, bias, loss, correct);
 }
 
 // ---- 3. the workers (cluster 1 + k, CTA r) ----------------------------------------------------

@@ -209,27 +209,33 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   }
   if (failed) return;
   clock.write(steps);
-  if (q == 0 && tid < C) v.a.b[tid] = bias[tid];
-  if (loss != 0.f || correct != 0.f) {
-    atomicAdd(v.a.stats, loss);
-    atomicAdd(v.a.stats + 1, correct);
-  }
+  chain_results(v, q, tid, bias, loss, correct);
 }
 
-// v7c's epoch kernel body, shared with v7d-v7f (epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh): the
-// chain is v7c's; `worker(k, rank, v, sm)` runs a worker CTA of cluster k (v7c: v7_worker with
-// V7GDirect, G read at the update; v7d: V7GAhead, G fetched a step ahead; v7e, v7f: their
-// tensor-core workers). GRAMS: as v7_epoch_kernel's (its one-launch prologue and producers, v7b's
-// ring cleared).
-template <bool TIMED, int GRAMS, class Worker>
-__device__ __forceinline__ void v7c_epoch(const V7Args& v, float* sm, Worker worker) {
+// v7c's chain, as v7c_epoch's chain: v7c_chain with the producers' gate when there is one.
+template <bool TIMED>
+struct V7CChain {
+  template <class... Gate>
+  __device__ __forceinline__ void operator()(int q, const V7Args& v, float* sm, Gate... gate) const {
+    v7c_chain<TIMED>(q, v, sm, gate...);
+  }
+};
+
+// v7c's epoch kernel body, shared with v7d-v7i (epoch_v7d.cuh … epoch_v7i.cuh): `chain(rank, v,
+// sm[, gate])` runs a chain CTA (v7c-v7f: v7c's; v7g-v7i: v7g's, V7GChain) and `worker(k, rank,
+// v, sm)` a worker CTA of cluster k (v7c: v7_worker with V7GDirect, G read at the update; v7d:
+// V7GAhead, G fetched a step ahead; v7e-v7i: their tensor-core workers). GRAMS: as
+// v7_epoch_kernel's (its one-launch prologue and producers, v7b's ring cleared).
+template <bool TIMED, int GRAMS, class Worker, class Chain = V7CChain<TIMED>>
+__device__ __forceinline__ void v7c_epoch(const V7Args& v, float* sm, Worker worker,
+                                          Chain chain = {}) {
   if (!v7_prologue<GRAMS>(v, sm)) return;
   const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
   if (cluster == 0) {
     if constexpr (GRAMS == V7_GRAMS_LAUNCH)
-      v7c_chain<TIMED>(rank, v, sm, V7GramsGate{});
+      chain(rank, v, sm, V7GramsGate{});
     else
-      v7c_chain<TIMED>(rank, v, sm);
+      chain(rank, v, sm);
   } else {
     worker(cluster - 1, rank, v, sm);
   }

@@ -157,10 +157,10 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
 
 // v7c's kernel (its chain; in one launch its producers, ticket, ring clear and reset wait) with
 // v7f's workers.
-template <bool TIMED>
+template <bool TIMED, class XG = V7XGatherNow, bool LATE = false>
 struct V7FWorker {
   __device__ __forceinline__ void operator()(int k, int r, const V7Args& v, float* sm) const {
-    v7f_worker<TIMED>(k, r, v, sm);
+    v7f_worker<TIMED, XG, LATE>(k, r, v, sm);
   }
 };
 template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>

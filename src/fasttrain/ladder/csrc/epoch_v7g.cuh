@@ -209,28 +209,24 @@ __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   }
   if (failed) return;
   clock.write(steps);
-  if (q == 0 && tid < C) v.a.b[tid] = bias[tid];
-  if (loss != 0.f || correct != 0.f) {
-    atomicAdd(v.a.stats, loss);
-    atomicAdd(v.a.stats + 1, correct);
-  }
+  chain_results(v, q, tid, bias, loss, correct);
 }
 
-// v7c_epoch's body with v7g's chain and v7f's workers.
+// v7g's chain, as v7c_epoch's chain (Pub: who publishes G's global rows and the step count).
+template <bool TIMED, class Pub = V7GCritPublish>
+struct V7GChain {
+  template <class... Gate>
+  __device__ __forceinline__ void operator()(int q, const V7Args& v, float* sm, Gate... gate) const {
+    v7g_chain<TIMED, Pub>(q, v, sm, gate...);
+  }
+};
+
+// v7c_epoch with v7g's chain and v7f's workers.
 template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_g(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
-  if (!v7_prologue<GRAMS>(v, sm)) return;
-  const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
-  if (cluster == 0) {
-    if constexpr (GRAMS == V7_GRAMS_LAUNCH)
-      v7g_chain<TIMED>(rank, v, sm, V7GramsGate{});
-    else
-      v7g_chain<TIMED>(rank, v, sm);
-  } else {
-    v7f_worker<TIMED>(cluster - 1, rank, v, sm);
-  }
+  v7c_epoch<TIMED, GRAMS>(v, sm, V7FWorker<TIMED>{}, V7GChain<TIMED>{});
 #endif
 }
 

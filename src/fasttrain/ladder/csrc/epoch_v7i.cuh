@@ -104,16 +104,8 @@ template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>
 __global__ void __launch_bounds__(V7_T, 1) v7_epoch_kernel_i(V7Args v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) float sm[];
-  if (!v7_prologue<GRAMS>(v, sm)) return;
-  const int cluster = blockIdx.x / V7_CLUSTER, rank = blockIdx.x % V7_CLUSTER;
-  if (cluster == 0) {
-    if constexpr (GRAMS == V7_GRAMS_LAUNCH)
-      v7g_chain<TIMED, V7IHelperPublish>(rank, v, sm, V7GramsGate{});
-    else
-      v7g_chain<TIMED, V7IHelperPublish>(rank, v, sm);
-  } else {
-    v7f_worker<TIMED, V7XGatherAhead, true>(cluster - 1, rank, v, sm);
-  }
+  v7c_epoch<TIMED, GRAMS>(v, sm, V7FWorker<TIMED, V7XGatherAhead, true>{},
+                         V7GChain<TIMED, V7IHelperPublish>{});
 #endif
 }
 
