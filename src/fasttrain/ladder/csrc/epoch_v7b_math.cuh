@@ -87,12 +87,14 @@ FT_V7 const uint64_t* v7b_part_words(const uint64_t* ring, int t, int q, int tid
   const ChainLane16 ln = chain_lane16(tid);
   return ring + v7b_word_at(t, 0, q * V7_RPC + ln.i, ln.c);
 }
-// Its 7 words by ld (every load issued before any is used: one round trip), whether every tag is
-// `want`, and p = their values summed in cluster order (v7a's chain_logits's order).
+// A row's 7 words by ld, every load issued before any is used (one round trip).
 template <class Load>
-FT_V7 bool v7b_sum_tagged(const uint64_t* words, int want, Load ld, float& p) {
-  uint64_t w[V7_WCLUSTERS];
+FT_V7 void v7b_load_tagged(const uint64_t* words, Load ld, uint64_t (&w)[V7_WCLUSTERS]) {
   for (int k = 0; k < V7_WCLUSTERS; ++k) w[k] = ld(words + size_t(k) * V7_PSTRIDE);
+}
+// Whether every tag of the 7 words is `want`, and p = their values summed in cluster order (v7a's
+// chain_logits's order).
+FT_V7 bool v7b_sum_words(const uint64_t (&w)[V7_WCLUSTERS], int want, float& p) {
   bool all = true;
   float s = 0.f;
   for (int k = 0; k < V7_WCLUSTERS; ++k) {
@@ -101,6 +103,14 @@ FT_V7 bool v7b_sum_tagged(const uint64_t* words, int want, Load ld, float& p) {
   }
   p = s;
   return all;
+}
+// Both at once: load the words, then sum them (v7b-v7f's chain; v7g's helpers issue the loads a
+// phase ahead of the sum).
+template <class Load>
+FT_V7 bool v7b_sum_tagged(const uint64_t* words, int want, Load ld, float& p) {
+  uint64_t w[V7_WCLUSTERS];
+  v7b_load_tagged(words, ld, w);
+  return v7b_sum_words(w, want, p);
 }
 // Z of (row i, class c) from its partial sum p: p + b_t[c] − c · the lanes' Gram terms (red by
 // row); 0 on padding lanes and rows past the batch (finite: they still take part in the

@@ -63,13 +63,13 @@ __device__ void v7g_helpers(int q, const V7Args& v, float* sm, Gate gate) {
   uint64_t words[V7_WCLUSTERS];
   auto issue = [&](int s) {
     if (v7b_part_mine(e, s, q, h))
-      v7g_part_issue(v7b_part_words(v.s.ptag, s, q, h), LdRelaxed64{}, words);
+      v7b_load_tagged(v7b_part_words(v.s.ptag, s, q, h), LdRelaxed64{}, words);
   };
   auto partials = [&](int s) {
     if (!v7b_part_mine(e, s, q, h)) return true;
     const int want = s == 2 && q == 0 && g_signal_fault == 2 ? V7_TAG_NEVER : s;
     float p;
-    bool ok = v7g_part_sum(words, want, p);
+    bool ok = v7b_sum_words(words, want, p);
     if (!ok) {
       const unsigned long long got = poll_tagged(v7b_part_words(v.s.ptag, s, q, h), want,
                                                  WAIT_V7_PARTIALS | blockIdx.x << 4 | s << 12);

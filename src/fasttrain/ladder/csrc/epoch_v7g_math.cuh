@@ -63,24 +63,6 @@ FT_V7 void v7g_terms(const float (&gam)[J][V7C_U], const float* ring, int t, int
   }
 }
 
-// P_t's 7 tagged words of thread tid's (row, class), loaded (every load issued before any value is
-// used) into w; then whether every tag is `want`, and p their values summed in cluster order
-// (v7b_sum_tagged's order: the same p).
-template <class Load>
-FT_V7 void v7g_part_issue(const uint64_t* words, Load ld, uint64_t (&w)[V7_WCLUSTERS]) {
-  for (int k = 0; k < V7_WCLUSTERS; ++k) w[k] = ld(words + size_t(k) * V7_PSTRIDE);
-}
-FT_V7 bool v7g_part_sum(const uint64_t (&w)[V7_WCLUSTERS], int want, float& p) {
-  bool all = true;
-  float s = 0.f;
-  for (int k = 0; k < V7_WCLUSTERS; ++k) {
-    all = all && v7b_tag(w[k]) == want;
-    s += v7b_value(w[k]);
-  }
-  p = s;
-  return all;
-}
-
 // The labels' pipeline (helper thread h < RPC: row q·16 + h). v7g_order_at: the sample index of
 // the row at step s (−1: no such row or step); v7g_label_of: its label (0 for −1).
 FT_V7 int v7g_order_at(const V7Epoch& e, const int* order, int q, int h, int s) {
