@@ -97,6 +97,22 @@ __device__ void v7c_helpers(int q, const V7Args& v, float* sm, Gate gate) {
   clock.write(steps);
 }
 
+// After a critical chain's loop (v7c's, v7g's): the wait for G_{steps−1} (the last bias update,
+// and no st.async left in flight to me) by the critical warps, then that update; whether the wait
+// failed on any of them.
+template <class Clock>
+__device__ __forceinline__ bool v7c_last_g(const V7Epoch& e, int steps, int tid, uint32_t bar_u,
+                                           const float* ring, float* bias, Clock& clock) {
+  const int t = steps;
+  const bool ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
+                               WAIT_G | blockIdx.x << 4 | t << 12);
+  const bool failed = bar_or<V7C_BAR_CRIT, V7C_CRIT>(!ok);
+  clock.mark(V7C_WAIT_G);
+  if (!failed) chain_bias(e, ring, t - 1, tid, bias);
+  clock.mark(V7C_GRAM);
+  return failed;
+}
+
 // ---- the chain (cluster 0, CTA q), v7c ---------------------------------------------------------
 template <bool TIMED, class Gate = V7GramsReady>
 __device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
@@ -198,15 +214,7 @@ __device__ void v7c_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
     publish(v.s.gflag + q, t + 1);
     clock.mark(V7C_PUBLISH);
   }
-  if (!failed) {  // G_{steps−1}: the last bias update, and no st.async left in flight to me
-    const int t = steps;
-    const bool ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
-                                 WAIT_G | blockIdx.x << 4 | t << 12);
-    failed = bar_or<V7C_BAR_CRIT, V7C_CRIT>(!ok);
-    clock.mark(V7C_WAIT_G);
-    if (!failed) chain_bias(e, ring, t - 1, tid, bias);
-    clock.mark(V7C_GRAM);
-  }
+  if (!failed) failed = v7c_last_g(e, steps, tid, bar_u, ring, bias, clock);
   if (failed) return;
   clock.write(steps);
   chain_results(v, q, tid, bias, loss, correct);

@@ -198,15 +198,7 @@ __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
     Pub{}.published(v, t, q);
     clock.mark(V7C_PUBLISH);
   }
-  if (!failed) {  // G_{steps−1}: the last bias update, and no st.async left in flight to me
-    const int t = steps;
-    const bool ok = bounded_wait(bar_u + 8 * v7_slot(t - 1), v7_parity(t - 1),
-                                 WAIT_G | blockIdx.x << 4 | t << 12);
-    failed = bar_or<V7C_BAR_CRIT, V7C_CRIT>(!ok);
-    clock.mark(V7C_WAIT_G);
-    if (!failed) chain_bias(e, ring, t - 1, tid, bias);
-    clock.mark(V7C_GRAM);
-  }
+  if (!failed) failed = v7c_last_g(e, steps, tid, bar_u, ring, bias, clock);
   if (failed) return;
   clock.write(steps);
   chain_results(v, q, tid, bias, loss, correct);
