@@ -259,6 +259,7 @@ def _v8_probes_figures(path: Path) -> list[str]:
 
 
 FIGURES = {"gpu-tests": _pytest_figures, "compiled-tests": _pytest_figures,
+           "v7-tests": _pytest_figures, "v7-candidates": _sync_cost_figures,
            "env": _env_figures, "doctor": _doctor_figures,
            "engine-speedup": _speedup_figures, "memory-prediction": _memory_prediction_figures,
            "plan-accuracy": _plan_accuracy_figures, "bench": _bench_figures,

@@ -40,7 +40,7 @@ def run(*argv, env=None):
 
 def test_every_fasttrain_step_parses_and_every_script_exists(tmp_path):
     steps = load_script().plan(tmp_path, "2026-01-01-some-gpu")
-    names = [s.name for s in steps]
+    names = [s.name for s in steps if not s.opt_in]
     assert names[:6] == ["env", "doctor", "bench", "engine-speedup", "gpu-tests",
                          "memory-prediction"]
     assert names[6] == "plan-accuracy"
@@ -51,6 +51,34 @@ def test_every_fasttrain_step_parses_and_every_script_exists(tmp_path):
             assert (ROOT / step.argv[1]).is_file(), step.argv
         for path in step.outputs:
             assert "/" not in path or path.startswith("results/2026-01-01-some-gpu"), path
+
+
+def test_the_v7_steps_are_opt_in_and_name_the_rows_variant_and_real_candidates(tmp_path):
+    """v7-tests and v7-candidates run only when --only names them; they measure the row's own
+    variant against candidates that exist, sync_cost takes their --v7, and their -k selects the
+    candidates' float64 and one-launch tests and every variant's phase test (collected here)."""
+    from fasttrain.ladder import cuda_epoch
+
+    script = load_script()
+    steps = {s.name: s for s in script.plan(tmp_path, "2026-01-01-some-gpu")}
+    assert {n for n, s in steps.items() if s.opt_in} == {"v7-tests", "v7-candidates"}
+    assert script.V7_ROW == cuda_epoch.V7_VARIANT
+    assert set(script.V7_CANDIDATES) <= set(cuda_epoch.V7_VARIANTS) - {script.V7_ROW}
+    sync_cost = import_benchmark("sync_cost")
+    argv = steps["v7-candidates"].argv
+    timed = sync_cost.parse_v7(argv[argv.index("--v7") + 1])
+    assert timed == tuple((v, "launch") for v in (script.V7_ROW, *script.V7_CANDIDATES))
+    argv = steps["v7-tests"].argv
+    collect = [a for a in argv[1:argv.index("--junitxml")] if a != "-v"]
+    done = subprocess.run([sys.executable, *collect, "--collect-only", "-q"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    ids = [ln for ln in done.stdout.splitlines() if "::" in ln]
+    for v in script.V7_CANDIDATES:
+        assert any(f"v7{v}-one-launch" in i and "float64" in i for i in ids), (v, done.stdout)
+        assert any("in_one_launch" in i and f"[v7{v}]" in i for i in ids), v
+    for v in (script.V7_ROW, *script.V7_CANDIDATES):
+        assert any("phases_are_positive" in i and f"[{v}-launch]" in i for i in ids), v
+    assert not any(f"v7{script.V7_ROW}" in i for i in ids), "the row's own tests ran before"
 
 
 def test_the_plan_accuracy_step_measures_on_cuda_into_its_result_file(tmp_path):
@@ -94,6 +122,7 @@ def test_allow_cpu_runs_the_cpu_steps_and_skips_the_gpu_ones_with_the_reason(tmp
     assert status["bench"]["status"] == "skipped"
     assert status["bench"]["reason"].startswith("needs a CUDA GPU: torch.cuda.is_available()")
     assert status["doctor"]["reason"] == "not in --only"
+    assert status["v7-candidates"]["reason"] == "not in --only"
     # The GPU tests ran and every one skipped, saying why.
     tests = status["gpu-tests"]["figures"]
     ran = re.fullmatch(r"(\d+) tests: 0 passed, 0 failed, 0 errors, (\d+) skipped", tests[0])
