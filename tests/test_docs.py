@@ -1,6 +1,6 @@
 """The docs as a user reads them: every relative link and `#anchor` resolves, every `fasttrain
-<command> --flag` in the README's code blocks is one the CLI accepts, and every
-`scripts/gpu-check --only STEP` names a step of the script.
+<command> --flag` in the code blocks of the README and docs/ (and in the README's Switches table)
+is one the CLI accepts, and every `scripts/gpu-check --only STEP` names a step of the script.
 
 Anchors follow GitHub's rules (github-slugger): the heading as rendered (code spans, links and
 emphasis reduced to their text), lower-cased, every character that is not a letter, mark,
@@ -259,8 +259,10 @@ def cli() -> argparse.ArgumentParser:
     return build_parser(None)
 
 
-def test_every_readme_command_and_flag_is_one_the_cli_accepts(cli):
-    problems = cli_problems(README.read_text(encoding="utf-8"), cli)
+def test_every_documented_command_and_flag_is_one_the_cli_accepts(cli):
+    problems = [f"{path.relative_to(ROOT)}: {p}"
+                for path in [README, *sorted((ROOT / "docs").rglob("*.md"))]
+                for p in cli_problems(path.read_text(encoding="utf-8"), cli)]
     assert not problems, "\n".join(problems)
 
 
