@@ -13,6 +13,8 @@ import argparse
 import importlib.machinery
 import importlib.util
 import re
+import shutil
+import subprocess
 import sys
 import unicodedata
 from pathlib import Path
@@ -101,8 +103,17 @@ def links(path: Path) -> list[tuple[int, str]]:
     return [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in LINK.finditer(text)]
 
 
+def ignored_by_git(paths: list[Path]) -> set[Path]:
+    """Those of `paths` git ignores: they exist here but not in a clone (none without git)."""
+    if not paths or not (ROOT / ".git").exists() or shutil.which("git") is None:
+        return set()
+    out = subprocess.run(["git", "check-ignore", "--stdin"], cwd=ROOT, capture_output=True,
+                         text=True, input="\n".join(str(p.relative_to(ROOT)) for p in paths))
+    return {ROOT / line for line in out.stdout.split("\n") if line}
+
+
 def link_problems(path: Path, anchor_cache: dict[Path, set[str]]) -> list[str]:
-    problems = []
+    problems, targets = [], {}
     for line, target in links(path):
         if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto:
             continue
@@ -115,11 +126,15 @@ def link_problems(path: Path, anchor_cache: dict[Path, set[str]]) -> list[str]:
         if file_part and not dest.exists():
             problems.append(f"{where} no such file or folder")
             continue
+        if file_part:
+            targets.setdefault(dest, where)
         if anchor and dest.suffix == ".md":
             if dest not in anchor_cache:
                 anchor_cache[dest] = set(anchors(headings(dest)))
             if unquote(anchor) not in anchor_cache[dest]:
                 problems.append(f"{where} no heading of {dest.relative_to(ROOT)} has this anchor")
+    problems += [f"{targets[dest]} ignored by git: not in a clone"
+                 for dest in sorted(ignored_by_git(list(targets)))]
     return problems
 
 
@@ -178,6 +193,21 @@ def test_a_broken_link_or_anchor_is_found(tmp_path, monkeypatch):
     assert len(problems) == 3, problems
     assert "no-such-file.md" in problems[0] and "no such file" in problems[0]
     assert "#no-such-heading" in problems[1] and "#nope" in problems[2]
+
+
+def test_a_link_to_a_file_git_ignores_is_found(monkeypatch):
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("not a git checkout: nothing is ignored")
+    doc = ROOT / "docs" / "_probe.md"
+    cache = ROOT / "src" / "fasttrain" / "__pycache__"  # exists once anything is imported
+    text = "[cache](../src/fasttrain/__pycache__) [ok](../src/fasttrain/cli.py)\n"
+    original = Path.read_text
+    monkeypatch.setattr(Path, "read_text",
+                        lambda self, *a, **k: text if self == doc else original(self, *a, **k))
+    if not cache.is_dir():
+        pytest.skip("no __pycache__ here (PYTHONDONTWRITEBYTECODE): no ignored folder to link")
+    assert link_problems(doc, {}) == [
+        "docs/_probe.md:1: (../src/fasttrain/__pycache__) ignored by git: not in a clone"]
 
 
 # --- the docs themselves -----------------------------------------------------------------------
