@@ -510,15 +510,17 @@ struct Emulation {
   void store_x(int k, int t) {  // the kernel fetches a step ahead, and stores here
     for (int r = 0; r < V7_CLUSTER; ++r)
       for (int tid = 0; tid < V7_T; ++tid) {
+        if (variant == V7J_VARIANT) {  // by pixel pairs
+          v7j_store_x(*this, k, r, tid, t);
+          continue;
+        }
         uint8_t buf[V7_XF];
-        if (variant >= V7H_VARIANT)  // v7h's workers (v7h, v7i, v7j)
+        if (variant >= V7H_VARIANT)  // v7h's workers (v7h, v7i)
           v7h_gather(*this, k, r, tid, t, buf);
         else
           worker_fetch_x(e, x, order, t, (k * V7_CLUSTER + r) * V7_FW, tid, V7_T, buf);
         float* sm = workers[k][r].sm.data();
-        if (variant == V7J_VARIANT)
-          v7j_host_store_x(sm, t, tid, buf);
-        else if (variant >= 4)  // bug 17: the padded slot 14 holds 255 (the probe's bias pixel)
+        if (variant >= 4)  // bug 17: the padded slot 14 holds 255 (the probe's bias pixel)
           v8_store_xh<V7_XR>(e, t, tid, V7_T, buf, bug == 17,
                              reinterpret_cast<__half*>(sm + V7ESmem::XH));
         else

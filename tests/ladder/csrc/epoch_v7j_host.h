@@ -1,7 +1,7 @@
 // The host emulation's v7j (variant 9, epoch_v7j.cuh): v7i with its workers' fragments loaded by
 // ldmatrix (V8HostWarp::ldsm4 / ldsm4t: the PTX ISA's lane map, element by element) from
-// swizzled rows, and W·2⁸'s fp16 pieces written by the apply (and the setup) instead of split in
-// the partials. Every reader and writer goes through epoch_v7j_math.cuh's bodies, the device's:
+// swizzled rows, W·2⁸'s fp16 pieces written by the apply (and the setup) instead of split in
+// the partials, and x gathered and stored by pixel pairs. Every reader and writer goes through epoch_v7j_math.cuh's bodies, the device's:
 // x's store, G′'s staging, the update's sums and apply, the partials. The worker's shared memory
 // starts as NaN (as v7e's), so pieces read before the setup wrote them show.
 // Planted bugs: 27 the partials' A (x_t) read unswizzled while the store swizzles (features f and
@@ -16,9 +16,20 @@ namespace {
 
 constexpr int V7J_VARIANT = 9;
 
-// Worker CTA smem `sm` (floats): x_t's halves into its ring slot, thread tid's bytes.
-inline void v7j_host_store_x(float* sm, int t, int tid, const uint8_t (&buf)[V7_XF]) {
-  v7j_store_xh(t, tid, V7_T, buf, reinterpret_cast<__half*>(sm + V7ESmem::XH));
+// Thread tid of worker CTA (k, r): its pixel pairs of x_t (t = 0: the prime) through its index
+// registers kept across steps (the first V7J_XP of Worker::xidx's, as v7h_gather's), as
+// V7XGatherPairs loads them, then their store into x_t's ring slot.
+template <class Em>
+void v7j_store_x(Em& em, int k, int r, int tid, int t) {
+  int(&idx)[V7J_XP] =
+      *reinterpret_cast<int(*)[V7J_XP]>(&em.workers[k][r].xidx[size_t(tid) * V7_XF]);
+  const int f0 = (k * V7_CLUSTER + r) * V7_FW;
+  uint16_t px[V7J_XP];
+  if (t == 0) v7j_fetch_idx(em.e, em.order, 0, tid, V7_T, idx);
+  v7j_fetch_px(em.x, idx, f0, tid, V7_T, px);
+  if (t + 1 < em.e.steps) v7j_fetch_idx(em.e, em.order, t + 1, tid, V7_T, idx);
+  v7j_store_xh(t, tid, V7_T, px,
+               reinterpret_cast<__half*>(em.workers[k][r].sm.data() + V7ESmem::XH));
 }
 
 // The setup's W₀ pieces (after W₀'s fp32 entries).

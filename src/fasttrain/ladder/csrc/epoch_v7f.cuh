@@ -43,6 +43,7 @@ __device__ __forceinline__ bool v7f_ring_wait(uint32_t bar, int parity, int code
 // v7a-v7g's gather of x_{t+1} during step t (worker_fetch_x: order[] and then the pixels, both in
 // the step). v7h's (epoch_v7h.cuh) loads the order[] indices a step earlier.
 struct V7XGatherNow {
+  using Buf = uint8_t[V7_XF];  // a thread's bytes of x_{t+1}
   __device__ __forceinline__ void prime(const V7Args& v, int f0, int tid, uint8_t (&xb)[V7_XF]) {
     worker_fetch_x(v.e, v.a.x, v.a.order, 0, f0, tid, V7_T, xb);
   }
@@ -150,7 +151,7 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
 
   int applied = 0;
   bool failed = false;
-  uint8_t xb[V7_XF];  // x_{t+1}'s bytes, loaded during step t
+  typename XG::Buf xb;  // x_{t+1}'s bytes, loaded during step t
   XG xg;
   xg.prime(v, f0, tid, xb);
   mm.store_x(e, 0, tid, xb, xh);

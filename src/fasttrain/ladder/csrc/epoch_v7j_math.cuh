@@ -20,6 +20,8 @@
 //     classes 8·nt …: registers 0, 1 are B hi, 2, 3 B lo;
 //   partials A = X_t [i][f]: no .trans, matrix m = rows 16·mt + 8(m & 1) + j, features 8(m >> 1) …;
 //   partials B = (W·2⁸) [f][c]: .trans, matrix m = rows 8(m & 1) + j of piece m >> 1, classes 8·nt ….
+// x_t by pixel pairs (j4, below): one 16-bit load, one index and one 32-bit store a pair, the
+// bytes to fp16 by an exact subtraction instead of the conversion pipe.
 // The same fp16 values in the same fragments as v7i's loads, W's pieces the same v8_split_f16x2 of
 // the same fp32 W·2⁸, the mma chains in the same order: v7j trains as v7i bit for bit.
 //
@@ -47,17 +49,55 @@ FT_V8 int v7j_swz(int row, int col, bool on = true) {
   return row * 16 + (on ? col ^ (((row >> 2) & 1) << 3) : col);
 }
 
-// v8_store_xh<V7_XR>'s values (bias false: slots 14, 15 zero) at swizzled places.
-FT_V8 void v7j_store_xh(int t, int tid, int T, const uint8_t (&buf)[V7_XF], __half* xh) {
-  __half* dst = xh + (t % V7_XR) * BMAX * 16;
-  for (int k = 0; k < V7_XF; ++k) {
-    const int it = tid + k * T, i = it / V7_FW, f = it % V7_FW;
-    if (it < BMAX * V7_FW) dst[v7j_swz(i, f)] = __float2half_rn(float(buf[k]));
+// j4: x_t by pixel pairs. A worker CTA's features f0 + 2j, f0 + 2j + 1 (j < 7; f0 = 14q even, K
+// even) are adjacent bytes of a sample row: one 16-bit load a pair and one index, pair
+// p = tid + k·T (row p / 7, pair p % 7), at most V7J_XP = 2 a thread (896 pairs) where v7h loads 4
+// bytes by 4 indices. The indices of step t + 1 are loaded during step t − 1 (v7h's pipeline).
+constexpr int V7J_PAIRS = V7_FW / 2;
+constexpr int V7J_XP = 2;
+static_assert(V7_FW % 2 == 0 && K % 2 == 0 && BMAX * V7J_PAIRS <= V7J_XP * V7_T,
+              "a worker's features as pairs, at most V7J_XP a thread");
+
+// The sample index of each of thread tid's pairs of x_t (-1: row past the batch, or no pair).
+FT_V7 void v7j_fetch_idx(const V7Epoch& e, const int* order, int t, int tid, int T,
+                         int (&idx)[V7J_XP]) {
+  const int nt = e.rows(t);
+  for (int k = 0; k < V7J_XP; ++k) {
+    const int p = tid + k * T;
+    idx[k] = p < nt * V7J_PAIRS ? order[t * e.bs + p / V7J_PAIRS] : -1;
   }
-  if (tid < BMAX) {
-    dst[v7j_swz(tid, V8_BIAS)] = __float2half_rn(0.f);
-    dst[v7j_swz(tid, V8_BIAS + 1)] = __float2half_rn(0.f);
+}
+// Those pairs' bytes (lower address in the low byte), 0 where idx is -1.
+FT_V7 void v7j_fetch_px(const uint8_t* x, const int (&idx)[V7J_XP], int f0, int tid, int T,
+                        uint16_t (&px)[V7J_XP]) {
+  for (int k = 0; k < V7J_XP; ++k) {
+    const int j = (tid + k * T) % V7J_PAIRS;
+    px[k] = idx[k] >= 0
+                ? *reinterpret_cast<const uint16_t*>(x + size_t(idx[k]) * K + f0 + 2 * j)
+                : uint16_t(0);
   }
+}
+// A pair of bytes as two fp16 halves without the conversion pipe: 0x6400 | b is the fp16 of
+// 1024 + b exactly (in [1024, 2048) fp16's ulp is 1), and (1024 + b) − 1024 = b is exact
+// (scripts/v7_worker_smem.py checks all 256 bytes; the host emulation's bit-equality with v7i,
+// whose halves are __float2half_rn(b), checks it again).
+FT_V8 uint32_t v7j_px_f16x2(uint16_t px) {
+  const uint32_t biased = 0x64006400u | (px & 0xffu) | uint32_t(px >> 8) << 16;
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased),
+                            __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400)));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// x_t's pairs as halves into its ring slot, swizzled (a pair never straddles a 16-byte half:
+// its first feature is even), one 32-bit store a pair; slots 14, 15 zero by threads < BMAX.
+// Every row is written (rows past the batch: 0), as the fragments read all 128.
+FT_V8 void v7j_store_xh(int t, int tid, int T, const uint16_t (&px)[V7J_XP], __half* xh) {
+  uint32_t* d = reinterpret_cast<uint32_t*>(xh + (t % V7_XR) * BMAX * 16);
+  for (int k = 0; k < V7J_XP; ++k) {
+    const int p = tid + k * T;
+    if (p < BMAX * V7J_PAIRS)
+      d[v7j_swz(p / V7J_PAIRS, 2 * (p % V7J_PAIRS)) / 2] = v7j_px_f16x2(px[k]);
+  }
+  if (tid < BMAX) d[v7j_swz(tid, V8_BIAS) / 2] = 0u;
 }
 
 // v7e_put_g's pieces of G_a's float4 i (row i / 4, classes 4·(i % 4) …), swizzled: a float4's 4
