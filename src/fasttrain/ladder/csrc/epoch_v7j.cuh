@@ -24,8 +24,8 @@
 // v7j trains as v7i bit for bit: tests/ladder/test_cuda_epoch_v7_math.py (variant 9).
 // Estimate (not measured; the design doc): the workers' update + partials −0.26 to −0.38 µs a
 // step by the wavefront count (j1 + j2), taken as −0.1 to −0.35 given how such counts have held.
-// ptxas (nvcc 13.0, sm_90a): 119 / 128 registers (two launches, untimed / timed), 121 / 128 (one
-// launch), no spill: i's counts.
+// ptxas (nvcc 13.0, sm_90a): 119 / 128 registers (two launches, untimed / timed), 121 / 125 (one
+// launch), no spill (i: 119 / 128, 121 / 128).
 #pragma once
 #include "epoch_v7i.cuh"
 #include "epoch_v7j_math.cuh"
