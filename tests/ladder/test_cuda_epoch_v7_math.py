@@ -23,7 +23,12 @@ loaded a step before their pixels) keeps each worker thread's index registers ac
 fail. v7i (`csrc/epoch_v7i.cuh`, `epoch_v7i_math.cuh`: v7h with G_t's global rows and the step
 counter written by the chain's helper warps after the next hand-off, not by its critical warps)
 runs those as the end of each helper unit plus a tail unit (`tests/ladder/csrc/epoch_v7i_host.h`),
-trains as v7h bit for bit, and its planted bugs (a count ahead of its rows) must fail. What it
+trains as v7h bit for bit, and its planted bugs (a count ahead of its rows) must fail. v7j
+(`csrc/epoch_v7j.cuh`, `epoch_v7j_math.cuh`: v7i with its workers' mma fragments loaded by
+ldmatrix from swizzled rows and W·2⁸'s fp16 pieces split once by the apply) runs its ldmatrix as
+the PTX ISA's lane map (`tests/ladder/csrc/v8_mma_host.h`, `epoch_v7j_host.h`), trains as v7i bit
+for bit, and its planted bugs (a reader that skips the swizzle, a dropped .trans, stale W pieces)
+must fail. What it
 cannot check (the mbarriers, st.async, DSMEM reads, the
 acquire/release counters (v7d: the acquire and __syncwarp before its early loads), the 64-bit
 words' atomicity, the Gram kernel's tiles on the tensor
@@ -47,7 +52,7 @@ K = 784
 GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
 CHAIN_FIRST = -1  # the chain CTAs run whenever their waits let them: a too-early read shows
 VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3, "v7e": 4, "v7f": 5, "v7g": 6, "v7h": 7,
-            "v7i": 8}
+            "v7i": 8, "v7j": 9}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
@@ -56,20 +61,21 @@ ONE_LAUNCH = VARIANTS  # every variant has a one-launch kernel (v7d since v7m2)
 
 
 def slow_g(variants):
-    """`variants` as parameters, v7g's (and v7h's, v7i's) marked slow: the fast suite's budget
-    takes its cheaper tests (both launch modes, every schedule: test_epochs_..., test_short_...,
-    and its own below), `-m slow` the rest (~15 s of emulation on 2 cores)."""
-    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7g", "v7h", "v7i") else v
+    """`variants` as parameters, v7g's (and v7h's, v7i's, v7j's) marked slow: the fast suite's
+    budget takes its cheaper tests (both launch modes, every schedule: test_epochs_...,
+    test_short_..., and its own below), `-m slow` the rest (~15 s of emulation on 2 cores)."""
+    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7g", "v7h", "v7i", "v7j") else v
             for v in variants]
 
 
 def slow_h(variants):
-    """`variants` as parameters, v7h's and v7i's marked slow: v7h's chain, protocol and arithmetic
-    are v7g's (bit for bit: test_v7h_trains_as_v7g_bit_for_bit, fast), only its workers' gather is
-    its own; v7i's arithmetic is v7h's (test_v7i_trains_as_v7h_bit_for_bit, fast), only who stores
-    G and publishes is its own: the fast suite runs their own tests below, `-m slow` the float64
-    matrix."""
-    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7h", "v7i") else v
+    """`variants` as parameters, v7h's, v7i's and v7j's marked slow: v7h's chain, protocol and
+    arithmetic are v7g's (bit for bit: test_v7h_trains_as_v7g_bit_for_bit, fast), only its workers'
+    gather is its own; v7i's arithmetic is v7h's (test_v7i_trains_as_v7h_bit_for_bit, fast), only
+    who stores G and publishes is its own; v7j's is v7i's (test_v7j_trains_as_v7i_bit_for_bit,
+    fast), only how its workers load their fragments is its own: the fast suite runs their own
+    tests below, `-m slow` the float64 matrix."""
+    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7h", "v7i", "v7j") else v
             for v in variants]
 
 # v7prod's one-launch bugs 7-9, renumbered 9-11 at its merge with v7c (whose are 7 and 8), then
@@ -96,6 +102,9 @@ BUGS_V7H = {23: "the workers' index pipeline a stage short (x_{t+1} gathered wit
             24: "the gather's prime without step 1's indices (x_1 holds step 0's rows)"}
 BUGS_V7I = {25: "the helpers' count a step ahead (G_t's rows not yet stored when it says so)",
             26: "the count released before the rows it covers land (they land a unit later)"}
+BUGS_V7J = {27: "the partials' x read unswizzled (the store swizzles: features f, f ^ 8 swapped)",
+            28: "the update's B (G') loaded by ldmatrix without .trans",
+            29: "W's fp16 pieces not rewritten by the apply (the partials keep W_0)"}
 
 
 @pytest.fixture(scope="module")
@@ -256,7 +265,7 @@ def test_the_harness_rejects_bad_arguments(lib):
         return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
                              ptr(np.zeros(2)), 0, bug, 0.0, variant, grams, 0)
 
-    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=9) == -1
+    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=10) == -1
     assert call(bug=23, variant=6) == call(bug=24, variant=5) == call(bug=25, variant=7) == -1
     assert call(bug=26, variant=6) == call(bug=27, variant=8) == call(bug=24, variant=5) == -1
     assert call(bug=20, variant=5) == call(bug=23, variant=6) == call(bug=18, variant=4) == -1
@@ -266,7 +275,9 @@ def test_the_harness_rejects_bad_arguments(lib):
     assert call(bug=9, variant=2) == call(bug=8, variant=1) == call(bug=11, variant=3) == -1
     assert call(bug=14, variant=3, grams=1) == call(bug=12) == -1
     assert call(grams=2) == call(grams=1, bug=14) == call(grams=1, bug=4) == -1
-    assert call(grams=1, variant=9) == call(grams=1, bug=11, variant=2, bs=129) == -1
+    assert call(grams=1, variant=10) == call(grams=1, bug=11, variant=2, bs=129) == -1
+    assert call(bug=27, variant=8) == call(bug=28, variant=6) == call(bug=30, variant=9) == -1
+    assert call(bug=29, variant=4) == call(bug=24, variant=5) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])
@@ -386,7 +397,7 @@ def test_v7e_and_v7f_with_truncating_accumulation_equal_float64(lib, grams, vari
 
 @requires_mnist
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g", "v7h", "v7i"])
+@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g", "v7h", "v7i", "v7j"])
 @pytest.mark.parametrize("rz", [False, True], ids=["acc-rn", "acc-rz"])
 def test_v7e_and_v7f_on_a_slice_of_mnist_equal_float64(lib, rz, variant):
     cfg = LadderConfig(epochs=1)
@@ -510,3 +521,54 @@ def test_v7is_planted_bugs_fail(lib, bug, fill, policy, grams):
     w_ref, b_ref, _, _ = reference(data, cfg, 2)
     w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=8, code=None, grams=grams)
     assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7I[bug]
+
+
+@pytest.mark.parametrize("grams", [pytest.param("two launches", marks=pytest.mark.slow),
+                                   "one launch"])
+def test_v7j_trains_as_v7i_bit_for_bit(lib, grams):
+    """v7j changes how its workers load their mma fragments (ldmatrix from swizzled rows) and when
+    W·2⁸ is split into fp16 pieces (once by the apply, not by every partial), not one value a
+    fragment holds nor the order of any sum: its weights, bias and stats equal v7i's exactly (and
+    float64's at FP32_ATOL), 2 epochs of 6 steps with the 96-row last batch, under the greedy
+    schedule (the workers as far ahead as the counters let them: several applies between two
+    partials), a chain-first and a random one, with the mma's accumulation to nearest and toward
+    zero."""
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    for rz in (False, True):
+        i = v7_run(lib, data, cfg, 2, GREEDY, variant=8, grams=GRAMS[grams], rz=rz)
+        for policy in (GREEDY, CHAIN_FIRST, 2):
+            j = v7_run(lib, data, cfg, 2, policy, variant=9, grams=GRAMS[grams], rz=rz)
+            assert all(np.array_equal(a, b) for a, b in zip(i, j, strict=True)), (rz, policy)
+            assert err(j[:2], (w_ref, b_ref)) <= FP32_ATOL, (rz, policy)
+
+
+def test_v7j_in_one_step_epochs_and_16_row_batches_equals_float64(lib):
+    """v7j's W pieces come from the setup alone in a 1-step epoch (no apply before its partials)
+    and from many applies in 10-step epochs of 16 rows: both against float64 at FP32_ATOL."""
+    for n, batch, grams in ((96, 128, 1), (150, 16, 0)):
+        cfg = LadderConfig(epochs=2, batch_size=batch)
+        data = make_ladder_data(random_uint8(n), cfg)
+        w_ref, b_ref, _, _ = reference(data, cfg, 2)
+        for policy in (CHAIN_FIRST, 1):
+            w, b, _ = v7_run(lib, data, cfg, 2, policy, variant=9, grams=grams)
+            assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (n, batch, policy)
+
+
+V7J_BUG_CASES = [(27, np.nan, GREEDY, 1), (28, 0.0, CHAIN_FIRST, 0), (29, np.nan, 1, 1),
+                 (29, 0.0, GREEDY, 0)]
+"""v7j's planted bugs, each over one fill, schedule and launch mode: none depends on the order
+(each is a wrong fragment or a stale operand, whatever runs when)."""
+
+
+@pytest.mark.parametrize(("bug", "fill", "policy", "grams"), V7J_BUG_CASES,
+                         ids=[f"{b}-{'nan' if f != f else 'zeros'}-{p}-{'kl'[g]}"
+                              for b, f, p, g in V7J_BUG_CASES])
+def test_v7js_planted_bugs_fail(lib, bug, fill, policy, grams):
+    # 2 epochs of 6 steps, the last of 96 rows.
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=9, code=None, grams=grams)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7J[bug]

@@ -23,7 +23,7 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The 36 instantiations of the epoch kernel (v7a … v7i, each untimed and timed, each
+# The 40 instantiations of the epoch kernel (v7a … v7j, each untimed and timed, each
 # in two launches and in one: GRAMS 0, 1) in one small
 # translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
@@ -47,19 +47,21 @@ void* const v7_kernels[] = {
     (void*)v7_epoch_kernel_h<false, 1>, (void*)v7_epoch_kernel_h<true, 1>,
     (void*)v7_epoch_kernel_i<false>, (void*)v7_epoch_kernel_i<true>,
     (void*)v7_epoch_kernel_i<false, 1>, (void*)v7_epoch_kernel_i<true, 1>,
+    (void*)v7_epoch_kernel_j<false>, (void*)v7_epoch_kernel_j<true>,
+    (void*)v7_epoch_kernel_j<false, 1>, (void*)v7_epoch_kernel_j<true, 1>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {f"{build}{v7b}{one}": f"v7_epoch_kernelILb{t}ELb{b}ELi{g}E"
                  for one, g in (("", 0), (" one launch", 1)) for v7b, b in (("", 0), (" v7b", 1))
                  for build, t in (("untimed", 0), ("timed", 1))}
 EPOCH_KERNELS |= {f"{build} v7{c}{one}": f"v7_epoch_kernel_{c}ILb{t}ELi{g}E"
-                  for c in ("c", "d", "e", "f", "g", "h", "i")
+                  for c in ("c", "d", "e", "f", "g", "h", "i", "j")
                   for one, g in (("", 0), (" one launch", 1))
                   for build, t in (("untimed", 0), ("timed", 1))}
 """ptxas's names of v7_epoch_kernel<TIMED, V7B, GRAMS> ("untimed", "timed v7b one launch", …), of
 v7c's v7_epoch_kernel_c<TIMED, GRAMS> ("untimed v7c", "timed v7c one launch", …), of v7d's
 v7_epoch_kernel_d<TIMED, GRAMS> ("untimed v7d", "timed v7d one launch", …) and of v7e's
-v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's, v7g's and v7h's."""
+v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's … v7j's."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -249,16 +251,41 @@ def test_v7is_helpers_store_g_and_release_the_count(ptxas_report):
 
 
 @requires_nvcc
+def test_v7js_workers_load_their_fragments_by_ldmatrix(ptxas_report):
+    """v7j (csrc/epoch_v7j.cuh): its workers' mma operands come by ldmatrix.x4 (the partials' A)
+    and .x4.trans (the update's A and B, 2 k-steps, in the loop's update and the drain's: 8; the
+    partials' B: 1), where v7i loads them by 64 16-bit shared loads (the update's, twice) and
+    none of its own ldmatrix; the same 10 f16 mma (the chains unchanged); x gathered by 16-bit
+    loads of pixel pairs (v7i: 8-bit loads) and turned into halves by an f16x2 subtraction
+    (v7i: a u16 → f32 conversion a byte); v7i's chain (its barrier 3); nothing in local
+    memory."""
+    trans = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+    plain = "ldmatrix.sync.aligned.m8n8.x4.shared.b16"
+    f16 = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+    for one in ("", " one launch"):
+        ptx = ptxas_report["untimed v7j" + one]["ptx"]
+        v7i = ptxas_report["untimed v7i" + one]["ptx"]
+        assert ptx.count(trans) == 9 and ptx.count(plain) == 1
+        assert trans not in v7i and plain not in v7i
+        assert v7i.count("ld.shared.u16") == 64 and "ld.shared.u16" not in ptx
+        assert ptx.count(f16) == v7i.count(f16) == 10
+        assert "ld.global.u8" in v7i and "ld.global.u8" not in ptx and "ld.global.u16" in ptx
+        assert "cvt.rn.f32.u16" in v7i and "cvt.rn.f32.u16" not in ptx and "sub.f16x2" in ptx
+        assert ptx.count("bar.arrive 3, 512;") == 1
+        assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
-    one reads the global timer at the start and end of each role's loop (v7c-v7i: the helper
+    one reads the global timer at the start and end of each role's loop (v7c-v7j: the helper
     warps' loop too), the clock at least once a phase (clock() is a %clock64 read in PTX), and
     writes both arrays."""
-    for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " v7h", " v7i",
+    for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " v7h", " v7i", " v7j",
                    " one launch", " v7b one launch", " v7c one launch", " v7d one launch",
                    " v7e one launch", " v7f one launch", " v7g one launch", " v7h one launch",
-                   " v7i one launch"):
+                   " v7i one launch", " v7j one launch"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         helpers = any(f"v7{v}" in suffix for v in ce.V7_HELPERS)
@@ -290,8 +317,8 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
     dummy = p(16)
     for n, batch, scratch, variant, grams in (
             (1, 0, dummy, 0, 0), (1, 129, dummy, 1, 0), (0, 128, dummy, 0, 0),
-            (1, 128, None, 1, 0), (1, 128, dummy, 9, 0), (1, 128, dummy, -1, 0),
-            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 9, 1)):
+            (1, 128, None, 1, 0), (1, 128, dummy, 10, 0), (1, 128, dummy, -1, 0),
+            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 10, 1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
                                                dummy, scratch, variant, grams, dummy, dummy,
                                                None) == 1

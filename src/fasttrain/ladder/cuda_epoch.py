@@ -28,7 +28,7 @@ for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its 
 ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
 Grams now by Gram kernel v2, `V7_GRAM_VERSION`: 211-237 µs an epoch on an H200, 2026-11-28,
 bit-equal to v1's 522-551).
-Version 7 has nine variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
+Version 7 has ten variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
 above, v7b (v7a with the worker partials handed to the chain as 8-byte words {value, step} polled
 until every tag is the step, one L2 round trip instead of a counter and then the data, and the
 chain's softmax on 16 lanes a row with shuffles; written without a GPU, its per-thread code run on
@@ -47,7 +47,9 @@ ahead; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7h (v7g with 
 gather a step deeper, the sample indices loaded a step before the pixels, and its reduce's stores
 after its credits; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7i (v7h with G_t's
 global store and the step counter's release done by the chain's helper warps, off its critical
-warps; compiled and checked on the CPU, NOT YET RUN ON A GPU), each in two launches
+warps; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7j (v7i with its workers'
+mma fragments loaded by ldmatrix from swizzled rows and W's fp16 pieces split once by the apply;
+compiled and checked on the CPU, NOT YET RUN ON A GPU), each in two launches
 or in one (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch
 since the H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call;
 1.967 in the bench), the row's version since.
@@ -86,8 +88,8 @@ CLUSTER_ONLY = (4, 5, 6, 7)  # versions with no cooperative-grid kernel (signals
 SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_signal_status
 PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
-V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i")
-"""v7's variants, in the library's order (`variant` 0 … 8 of its v7 entry points): v7a (H200,
+V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j")
+"""v7's variants, in the library's order (`variant` 0 … 9 of its v7 entry points): v7a (H200,
 2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch), v7c
 (csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; H200,
 2026-11-28 run 2: 2.179 ms/epoch) and v7d (csrc/epoch_v7d.cuh, epoch_v7d_math.cuh: v7c with the
@@ -111,7 +113,13 @@ GPU, so not the row's). v7i (csrc/epoch_v7i.cuh, epoch_v7i_math.cuh: v7h with G_
 stored and the chain CTA's step counter released by its helper warps after the next hand-off, so
 the critical warps end a step with the st.async sends and go straight to the next wait for G: in
 v7h's SASS a barrier and thread 0's fence for the stores' L2 round trip; compiled and checked on
-the CPU, NOT YET RUN ON A GPU, so not the row's). sync_cost.py times them all in one call."""
+the CPU, NOT YET RUN ON A GPU, so not the row's). v7j (csrc/epoch_v7j.cuh, epoch_v7j_math.cuh:
+v7i with its workers' mma fragments loaded by ldmatrix from rows swizzled against bank conflicts,
+and W·2⁸'s fp16 pieces split once by the apply instead of in every partial: in v7i's SASS 32
+LDS.U16 + 16 PRMT a warp for the update's operands and 4-way conflicted W loads for the
+partials', 512 and 384 shared wavefronts a step; trains as v7i bit for bit on the CPU; compiled
+and checked on the CPU, NOT YET RUN ON A GPU, so not the row's). sync_cost.py times them all in
+one call."""
 V7_VARIANT = "f"  # version 7's: v7f in one launch, the fastest on an H200 (2026-11-28, run 7)
 LAUNCHES = {7: 2}  # where not 1: v7's Gram kernel, then its epoch kernel (1 in one launch)
 V7_GRAMS = ("kernel", "launch")

@@ -1,6 +1,6 @@
 // The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a … v7g (epoch_v7.cuh,
 // epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, epoch_v7g.cuh, epoch_v7h.cuh,
-// epoch_v7i.cuh, `variant` 0 … 8) on
+// epoch_v7i.cuh, epoch_v7j.cuh, `variant` 0 … 9) on
 // the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
@@ -48,6 +48,9 @@
 //   - v7i (variant 8: v7h with G_t's global rows and the step counter by the chain's helpers):
 //     the critical step publishes nothing; a helper unit ends with the previous step's rows and
 //     count, and a tail unit does the last step's (epoch_v7i_host.h, bugs 25, 26);
+//   - v7j (variant 9: v7i with its workers' fragments by ldmatrix from swizzled rows, W·2⁸'s
+//     pieces split by the apply): V8HostWarp's ldmatrix from the PTX ISA's lane map, every
+//     reader and writer through epoch_v7j_math.cuh (epoch_v7j_host.h, bugs 27-29);
 //   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
@@ -83,7 +86,8 @@
 // current step's, not the reduced step's (step 0's never written: the chain waits forever), 19
 // the deferred reduce of step u reading slot (u + 1) % NS (step u + 1's tiles, the probe's bug 5).
 // v7g only: 20-22 (epoch_v7g_host.h, v7h's and v7i's too); v7h only: 23, 24 (epoch_v7h_host.h,
-// v7i's too); v7i only: 25, 26 (epoch_v7i_host.h).
+// v7i's too); v7i only: 25, 26 (epoch_v7i_host.h, v7j's too); v7j only: 27-29
+// (epoch_v7j_host.h).
 #define FT_HOST_MATH
 #include <cmath>
 #include <algorithm>
@@ -151,11 +155,12 @@ struct Chain {
 #include "epoch_v7i_host.h"  // before v7g's, whose helper units end with v7i_publish
 #include "epoch_v7g_host.h"
 #include "epoch_v7h_host.h"
+#include "epoch_v7j_host.h"
 namespace {
 
 struct Worker {  // v7e: its shared memory as V7ESmem lays it out
   std::vector<float> sm = std::vector<float>(
-      std::max({WorkerSmem::FLOATS, V7ESmem::FLOATS, V7FSmem::FLOATS}), 0.f);
+      std::max({WorkerSmem::FLOATS, V7ESmem::FLOATS, V7FSmem::FLOATS, V7JSmem::FLOATS}), 0.f);
   // v7d: the fetching threads' registers (V7GAhead::g), at G's float4 indices (v7d_vec).
   std::vector<float> pf = std::vector<float>(BMAX * V7_GROW, NAN);
   std::vector<int> xidx = std::vector<int>(V7_T * V7_XF, -2);  // v7h: the sample indices ahead
@@ -170,7 +175,7 @@ struct Emulation {
   bool rz = false;  // v7e: the mma's accumulation rounded toward zero (V8HostWarp's "acc rz")
   float fill = 0.f;  // what memory no step has written holds (v7g: its PQ before the helpers')
   bool fw() const { return variant >= 5; }  // v7f's workers (v7f … v7i)
-  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g, v7h, v7i)
+  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g … v7j)
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
@@ -297,14 +302,14 @@ struct Emulation {
   // One launch: iteration t loads Γ_{t+2} (and iteration 0 Γ_1 first, the kernel's setup load):
   // it runs once their producers' flags are set (the helpers' gate).
   bool helper_runnable(int q) const {
-    if (variant == V7I_VARIANT && chain[q].hnext == e.steps) return v7i_tail_runnable(*this, q);
+    if (variant >= V7I_VARIANT && chain[q].hnext == e.steps) return v7i_tail_runnable(*this, q);
     if (gc()) return v7g_helper_runnable(*this, q);
     const Chain& c = chain[q];
     if (variant < 2 || c.hnext + 1 >= e.steps || c.next <= c.hnext) return false;
     return gram_ready(c.hnext + 2, q) && (c.hnext > 0 || gram_ready(1, q));
   }
   void helper_step(int q) {
-    if (variant == V7I_VARIANT && chain[q].hnext == e.steps) return v7i_tail(*this, q);
+    if (variant >= V7I_VARIANT && chain[q].hnext == e.steps) return v7i_tail(*this, q);
     if (gc()) return v7g_helper_step(*this, q);
     Chain& c = chain[q];
     float* sm = c.sm.data();
@@ -455,7 +460,7 @@ struct Emulation {
       if (++dst.got[slot] == V7_CHAIN) ++dst.phases[slot];  // armed, all bytes in: complete
       dst.holds[slot] = dst.got[slot] == V7_CHAIN ? t : -1;
     }
-    if (variant == V7I_VARIANT) return;  // G_t's rows and the count: the helpers' (v7i_publish)
+    if (variant >= V7I_VARIANT) return;  // G_t's rows and the count: the helpers' (v7i_publish)
     for (int i = 0; i < V7_RPC; ++i) {
       const int row = q * V7_RPC + i;
       if (row < e.rows(t)) std::memcpy(s.g + (size_t(t) * BMAX + row) * V7_GROW, gl + i * 16, 64);
@@ -485,6 +490,7 @@ struct Emulation {
       }
       for (int f = 0; f < V7_FW; ++f)
         for (int c = 0; c < C; ++c) sm[w_at() + f * 16 + c] = w[c * K + f0 + f];
+      if (variant == V7J_VARIANT) v7j_host_setup(sm.data());  // W₀'s pieces
     }
     wnext[k] = wapplied[k] = 0;
     for (bool& u : unread[k]) u = false;
@@ -504,6 +510,10 @@ struct Emulation {
   void store_x(int k, int t) {  // the kernel fetches a step ahead, and stores here
     for (int r = 0; r < V7_CLUSTER; ++r)
       for (int tid = 0; tid < V7_T; ++tid) {
+        if (variant == V7J_VARIANT) {  // by pixel pairs
+          v7j_store_x(*this, k, r, tid, t);
+          continue;
+        }
         uint8_t buf[V7_XF];
         if (variant >= V7H_VARIANT)  // v7h's workers (v7h, v7i)
           v7h_gather(*this, k, r, tid, t, buf);
@@ -542,6 +552,7 @@ struct Emulation {
   // by warps 0-7 and the apply.
   void update_mma(int k, int r, int a) {
     float* sm = workers[k][r].sm.data();
+    if (variant == V7J_VARIANT) return v7j_host_update(e, a, sm, workers[k][r].pf.data(), rz, bug);
     __half* gsh = reinterpret_cast<__half*>(sm + V7ESmem::GSH);
     for (int tid = V7D_PF0; tid < V7_T; ++tid)
       for (int kk = 0; kk < V7D_VEC; ++kk) {
@@ -612,15 +623,19 @@ struct Emulation {
     unread[k][slot] = true;
     for (int r = 0; r < V7_CLUSTER; ++r) {
       float* sm = workers[k][r].sm.data();
+      const auto send = [&](int row, int c, float v0, float v1) {
+        float* in = workers[k][row / V7_RPC].sm.data() + V7FSmem::INBOX +
+                    v8_inbox_at(slot, r, row, c);
+        in[0] = v0;
+        in[1] = v1;
+      };
+      if (variant == V7J_VARIANT) {
+        v7j_host_partials(t, sm, rz, bug, send);
+        continue;
+      }
       const __half* xt = reinterpret_cast<const __half*>(sm + V7ESmem::XH) + (t % V7_XR) * BMAX * 16;
       for (int wi = 0; wi < V7_T / 32; ++wi)
-        v8_mma_partial(V8HostWarp{rz}, wi, xt, sm + V7ESmem::W,
-                       [&](int row, int c, float v0, float v1) {
-                         float* in = workers[k][row / V7_RPC].sm.data() + V7FSmem::INBOX +
-                                     v8_inbox_at(slot, r, row, c);
-                         in[0] = v0;
-                         in[1] = v1;
-                       });
+        v8_mma_partial(V8HostWarp{rz}, wi, xt, sm + V7ESmem::W, send);
     }
   }
   void worker_step(int k, float* w_out) {
@@ -758,7 +773,7 @@ struct Emulation {
     for (int q = 0; q < V7_CHAIN; ++q) {
       if (chain[q].next <= e.steps) return -2;
       if (variant >= 2 && v7g_iterations_done(*this, q) != std::max(e.steps - 1, 0)) return -2;
-      if (variant == V7I_VARIANT && chain[q].hnext != e.steps + 1) return -2;  // its tail
+      if (variant >= V7I_VARIANT && chain[q].hnext != e.steps + 1) return -2;  // its tail
       for (int tid = 0; tid < V7_T; ++tid) {
         stats[0] += chain[q].loss[tid];
         stats[1] += chain[q].correct[tid];
@@ -773,7 +788,7 @@ struct Emulation {
 }  // namespace
 
 // `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4), v7f (5), v7g (6), v7h
-// (7) or v7i (8) on (w [10][784], b [10]) in place, orders
+// (7), v7i (8) or v7j (9) on (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
@@ -782,10 +797,11 @@ struct Emulation {
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
                          int bug, float fill, int variant, int grams, int acc_rz) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 26 || bug == 14 ||
-      variant < 0 || variant > 8 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 29 || bug == 14 ||
+      variant < 0 || variant > 9 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
       (bug >= 18 && variant < 5) || (bug >= 20 && bug <= 22 && variant < V7G_VARIANT) ||
-      (bug >= 23 && bug <= 24 && variant < V7H_VARIANT) || (bug >= 25 && variant != V7I_VARIANT) ||
+      (bug >= 23 && bug <= 24 && variant < V7H_VARIANT) ||
+      (bug >= 25 && bug <= 26 && variant < V7I_VARIANT) || (bug >= 27 && variant != V7J_VARIANT) ||
       (bug > 3 && bug < 7 && variant < 1) ||
       (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
       (bug >= 11 && bug <= 13 && grams != 1))

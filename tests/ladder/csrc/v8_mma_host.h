@@ -39,6 +39,29 @@ struct V8HostWarp {
     return out;
   }
 
+  // ldmatrix.sync.aligned.m8n8.x4.b16 (PTX ISA, "Warp-level matrix load instruction: ldmatrix"),
+  // element by element from the ISA's lane map: lanes 8m … 8m + 7 give the addresses of rows
+  // 0 … 7 of matrix m (8 halves each); lane l receives, in register m, half h of row l / 4,
+  // column 2(l % 4) + h (.trans: row 2(l % 4) + h, column l / 4). addr(lane): a const __half*.
+  template <class F>
+  void ldsm4(Reg<uint32_t> (&out)[4], F&& addr) const { ldsm(out, addr, false); }
+  template <class F>
+  void ldsm4t(Reg<uint32_t> (&out)[4], F&& addr) const { ldsm(out, addr, true); }
+  template <class F>
+  void ldsm(Reg<uint32_t> (&out)[4], F&& addr, bool trans) const {
+    const __half* row[32];
+    for (int lane = 0; lane < 32; ++lane) row[lane] = addr(lane);
+    for (int l = 0; l < 32; ++l)
+      for (int m = 0; m < 4; ++m) {
+        __half e[2];
+        for (int h = 0; h < 2; ++h) {
+          const int r = trans ? 2 * (l % 4) + h : l / 4, c = trans ? l / 4 : 2 * (l % 4) + h;
+          e[h] = row[8 * m + r][c];
+        }
+        out[m][l] = v8_pack(e[0], e[1]);
+      }
+  }
+
   void mma(Reg<float> (&d)[4], const Reg<uint32_t> (&a)[4], const Reg<uint32_t> (&b)[2]) const {
     double A[16][16], B[16][8], C[16][8];
     for (int lane = 0; lane < 32; ++lane) {

@@ -43,6 +43,7 @@ __device__ __forceinline__ bool v7f_ring_wait(uint32_t bar, int parity, int code
 // v7a-v7g's gather of x_{t+1} during step t (worker_fetch_x: order[] and then the pixels, both in
 // the step). v7h's (epoch_v7h.cuh) loads the order[] indices a step earlier.
 struct V7XGatherNow {
+  using Buf = uint8_t[V7_XF];  // a thread's bytes of x_{t+1}
   __device__ __forceinline__ void prime(const V7Args& v, int f0, int tid, uint8_t (&xb)[V7_XF]) {
     worker_fetch_x(v.e, v.a.x, v.a.order, 0, f0, tid, V7_T, xb);
   }
@@ -52,10 +53,38 @@ struct V7XGatherNow {
   }
 };
 
+// v7e-v7i's mma bodies (v8_workers.cuh), a policy of v7f_worker: x's store, G_a's staging, the
+// update's sums and apply, the partials. v7j's (epoch_v7j.cuh: ldmatrix loads, W's pieces
+// split once by the apply) are the other.
+struct V7FMma {
+  __device__ __forceinline__ void setup(int, const float*, float*) const {}
+  __device__ __forceinline__ void store_x(const V7Epoch& e, int t, int tid,
+                                          const uint8_t (&xb)[V7_XF], __half* xh) const {
+    v8_store_xh<V7_XR>(e, t, tid, V7_T, xb, false, xh);
+  }
+  __device__ __forceinline__ void stage(V7GAheadH& gf, const V7Args& v, int a, int tid,
+                                        float* gs) const {
+    gf.stage(v, a, tid, gs);
+  }
+  __device__ __forceinline__ void sums(int wi, const __half* xa, const __half* gsh,
+                                       float* ured) const {
+    v8_mma_update_sums(V8DeviceWarp{}, wi, xa, gsh, ured);
+  }
+  __device__ __forceinline__ void apply(const V7Epoch& e, int a, const float* ured, int tid,
+                                        float* w, float*) const {
+    v8_mma_update_apply(e, a, ured, tid, w);
+  }
+  template <class Out>
+  __device__ __forceinline__ void partial(int wi, const __half* xt, const float* w, float*,
+                                          Out out) const {
+    v8_mma_partial(V8DeviceWarp{}, wi, xt, w, out);
+  }
+};
+
 // LATE (v7h): a reducing thread's tagged word stored after the slot's credits, not before: the
 // credit's release (mbarrier.arrive.release.cluster: a MEMBAR.ALL.GPU in the SASS) then waits for
-// no global store of this thread (epoch_v7h.cuh: why).
-template <bool TIMED, class XG = V7XGatherNow, bool LATE = false>
+// no global store of this thread (epoch_v7h.cuh: why). M: the mma bodies (V7FMma, or v7j's).
+template <bool TIMED, class XG = V7XGatherNow, bool LATE = false, class M = V7FMma>
 __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
   using S = V7FSmem;
   const V7Epoch& e = v.e;
@@ -70,6 +99,8 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
     const int f = tid / 16, c = tid % 16;
     w[tid] = f < V7_FW && c < C ? v.a.w[c * K + f0 + f] : 0.f;
   }
+  const M mm{};
+  mm.setup(tid, w, sm);  // v7j: W₀'s pieces (each thread its own entry of w)
   if (tid < V8_NS) {
     mbar_init(full_u + 8 * tid, 1);           // its owner's arm
     mbar_init(free_u + 8 * tid, V7_CLUSTER);  // the 8 receivers' credits
@@ -83,11 +114,11 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
   auto update = [&](int a) {  // v7e's
     if (__syncthreads_or(!gf.wait(v, a, tid))) return false;
     clock.mark(V7W_WAIT_G);
-    gf.stage(v, a, tid, gs);
+    mm.stage(gf, v, a, tid, gs);
     __syncthreads();
-    v8_mma_update_sums(V8DeviceWarp{}, wi, xh + (a % V7_XR) * BMAX * 16, gsh, ured);
+    mm.sums(wi, xh + (a % V7_XR) * BMAX * 16, gsh, ured);
     __syncthreads();
-    v8_mma_update_apply(e, a, ured, tid, w);
+    mm.apply(e, a, ured, tid, w, sm);
     __syncthreads();
     clock.mark(V7W_UPDATE);
     return true;
@@ -120,10 +151,10 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
 
   int applied = 0;
   bool failed = false;
-  uint8_t xb[V7_XF];  // x_{t+1}'s bytes, loaded during step t
+  typename XG::Buf xb;  // x_{t+1}'s bytes, loaded during step t
   XG xg;
   xg.prime(v, f0, tid, xb);
-  v8_store_xh<V7_XR>(e, 0, tid, V7_T, xb, false, xh);
+  mm.store_x(e, 0, tid, xb, xh);
   for (int t = 0; t < steps; ++t) {
     const int slot = v8_ns_slot(t);
     if (tid == 0) mbar_arm(full_u + 8 * slot, V8_SLOT_BYTES);
@@ -134,13 +165,13 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
     clock.mark(V7W_LOAD_X);
     if (t >= V8_NS)  // the 8 receivers have read this slot's previous step
       v7f_ring_wait(free_u + 8 * slot, v8_free_parity(t), WAIT_V7_RING | blockIdx.x << 4 | t << 12);
-    v8_mma_partial(V8DeviceWarp{}, wi, xh + (t % V7_XR) * BMAX * 16, w,
-                   [&](int row, int c, float v0, float v1) {
-                     const int dst = row / V7_RPC;
-                     v8k_st8(mapa(in_u + 4 * v8_inbox_at(slot, r, row, c), dst), v0, v1,
-                                   mapa(full_u + 8 * slot, dst));
-                   });
-    if (t + 1 < steps) v8_store_xh<V7_XR>(e, t + 1, tid, V7_T, xb, false, xh);
+    mm.partial(wi, xh + (t % V7_XR) * BMAX * 16, w, sm,
+               [&](int row, int c, float v0, float v1) {
+                 const int dst = row / V7_RPC;
+                 v8k_st8(mapa(in_u + 4 * v8_inbox_at(slot, r, row, c), dst), v0, v1,
+                         mapa(full_u + 8 * slot, dst));
+               });
+    if (t + 1 < steps) mm.store_x(e, t + 1, tid, xb, xh);
     if (!failed && applied < steps) gf.ahead(v, applied, tid);
     clock.mark(V7W_PARTIALS);
     if (t >= 1) reduce_slot(v7f_reduced_at(t));
@@ -157,10 +188,10 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
 
 // v7c's kernel (its chain; in one launch its producers, ticket, ring clear and reset wait) with
 // v7f's workers.
-template <bool TIMED, class XG = V7XGatherNow, bool LATE = false>
+template <bool TIMED, class XG = V7XGatherNow, bool LATE = false, class M = V7FMma>
 struct V7FWorker {
   __device__ __forceinline__ void operator()(int k, int r, const V7Args& v, float* sm) const {
-    v7f_worker<TIMED, XG, LATE>(k, r, v, sm);
+    v7f_worker<TIMED, XG, LATE, M>(k, r, v, sm);
   }
 };
 template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>

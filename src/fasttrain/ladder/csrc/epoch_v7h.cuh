@@ -26,6 +26,7 @@ namespace {
 
 // v7h's gather: idx holds the sample indices of the step whose pixels `next` issues.
 struct V7XGatherAhead {
+  using Buf = uint8_t[V7_XF];
   int idx[V7_XF];
   __device__ __forceinline__ void prime(const V7Args& v, int f0, int tid, uint8_t (&xb)[V7_XF]) {
     v7h_fetch_idx(v.e, v.a.order, 0, tid, V7_T, idx);

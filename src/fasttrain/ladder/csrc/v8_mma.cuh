@@ -83,6 +83,24 @@ struct V8DeviceWarp {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
+  // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (v7j): addr(lane) is the start of the row
+  // (16 bytes, 16-byte aligned, shared memory) that the lane gives: row lane % 8 of matrix lane / 8.
+  template <class F>
+  __device__ __forceinline__ void ldsm4(uint32_t (&r)[4], F&& addr) const {
+    const uint32_t a = static_cast<uint32_t>(
+        __cvta_generic_to_shared(addr(static_cast<int>(threadIdx.x & 31))));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  }
+  template <class F>
+  __device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], F&& addr) const {
+    const uint32_t a = static_cast<uint32_t>(
+        __cvta_generic_to_shared(addr(static_cast<int>(threadIdx.x & 31))));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  }
 };
 #endif
 
