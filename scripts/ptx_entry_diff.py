@@ -26,7 +26,8 @@ def _renumber(body: str) -> str:
 
     body = REG.sub(one, body)
     body = re.sub(r"\$L__BB\d+_\d+", "$L", body)
-    body = re.sub(r"callseq \d+, \d+", "callseq", body)  # numbered across the whole file
+    # numbered across the whole file: `{ // callseq 7, 0` opens a call, `} // callseq 7` ends it
+    body = re.sub(r"callseq \d+(?:, \d+)?", "callseq", body)
     return re.sub(r"\.reg \.\S+ \s*%\S+<\d+>;", ".reg", body)
 
 

@@ -49,7 +49,7 @@ def test_another_translation_units_hashes_and_call_numbers_are_the_same_kernel(t
     a, b = (tmp_path / "a.ptx", tmp_path / "b.ptx")
     for path, unit, call in ((a, "2dc49567", 0), (b, "9f00e1aa", 7)):
         path.write_text(KERNEL.format(**k).replace("2dc49567", unit).replace(
-            "bra.uni", f"{{ // callseq {call}, 0\n\tbra.uni"))
+            "bra.uni", f"{{ // callseq {call}, 0\n\tbra.uni\n\t}} // callseq {call}"))
     assert ptx_entry_diff.main([str(a), str(b)]) == 0
     assert "1 entries identical" in capsys.readouterr().out
     b.write_text(b.read_text().replace("neg", "abs"))
