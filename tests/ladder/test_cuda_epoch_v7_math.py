@@ -273,7 +273,7 @@ def test_the_harness_rejects_bad_arguments(lib):
         return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
                              ptr(np.zeros(2)), 0, bug, 0.0, variant, grams, 0)
 
-    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=10) == -1
+    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=11) == -1
     assert call(bug=23, variant=6) == call(bug=24, variant=5) == call(bug=25, variant=7) == -1
     assert call(bug=26, variant=6) == call(bug=27, variant=8) == call(bug=24, variant=5) == -1
     assert call(bug=20, variant=5) == call(bug=23, variant=6) == call(bug=18, variant=4) == -1
@@ -283,9 +283,11 @@ def test_the_harness_rejects_bad_arguments(lib):
     assert call(bug=9, variant=2) == call(bug=8, variant=1) == call(bug=11, variant=3) == -1
     assert call(bug=14, variant=3, grams=1) == call(bug=12) == -1
     assert call(grams=2) == call(grams=1, bug=14) == call(grams=1, bug=4) == -1
-    assert call(grams=1, variant=10) == call(grams=1, bug=11, variant=2, bs=129) == -1
+    assert call(grams=1, variant=11) == call(grams=1, bug=11, variant=2, bs=129) == -1
     assert call(bug=27, variant=8) == call(bug=28, variant=6) == call(bug=30, variant=9) == -1
     assert call(bug=29, variant=4) == call(bug=24, variant=5) == -1
+    # v7k's: 30 and 31 its own, 31 in one launch only
+    assert call(bug=31, variant=10) == call(bug=31, variant=9, grams=1) == call(bug=32) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])

@@ -67,8 +67,10 @@
 // the fallback passes; 31: step 0's early read before the reset) fail.
 //
 // Arithmetic: the same G in the same registers, the same sums: v7k trains as v7j bit for bit.
-// ptxas (nvcc 13.0, sm_90a): see the design doc's "v7k" section.
-// Estimate (not measured; the design doc): j3 ~−0.03-0.05 µs, j5 ~−0.1-0.18 µs a worker step.
+// ptxas (nvcc 13.0, sm_90a): 119 / 128 registers (two launches, untimed / timed), 121 / 127 (one
+// launch), no spill (j: 119 / 128, 121 / 125); BAR.SYNC 22 → 20 (two launches), 33 → 31 (one).
+// Estimate (not measured; the design doc): j3 ~−0.03-0.05 µs, j5 ~−0.1-0.18 µs a worker step,
+// j5's only if the early reads are fresh (the design doc: about one worker step of slack).
 #pragma once
 #include "epoch_v7j.cuh"
 
