@@ -28,7 +28,11 @@ trains as v7h bit for bit, and its planted bugs (a count ahead of its rows) must
 ldmatrix from swizzled rows and W·2⁸'s fp16 pieces split once by the apply) runs its ldmatrix as
 the PTX ISA's lane map (`tests/ladder/csrc/v8_mma_host.h`, `epoch_v7j_host.h`), trains as v7i bit
 for bit, and its planted bugs (a reader that skips the swizzle, a dropped .trans, stale W pieces)
-must fail. What it
+must fail. v7k (`csrc/epoch_v7k.cuh`: v7j with two barriers fewer a worker step, which no unit of
+the emulation can see, and the chain counters read at the top of a worker step, tested after its
+partials) reads them when the cluster's previous unit ended (`tests/ladder/csrc/epoch_v7k_host.h`),
+trains as v7j bit for bit, its schedules make stale early reads and take the fallback, and its
+planted bugs (loads checked after they were issued, a read before the reset) must fail. What it
 cannot check (the mbarriers, st.async, DSMEM reads, the
 acquire/release counters (v7d: the acquire and __syncwarp before its early loads), the 64-bit
 words' atomicity, the Gram kernel's tiles on the tensor
@@ -52,7 +56,7 @@ K = 784
 GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
 CHAIN_FIRST = -1  # the chain CTAs run whenever their waits let them: a too-early read shows
 VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3, "v7e": 4, "v7f": 5, "v7g": 6, "v7h": 7,
-            "v7i": 8, "v7j": 9}
+            "v7i": 8, "v7j": 9, "v7k": 10}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
@@ -61,11 +65,11 @@ ONE_LAUNCH = VARIANTS  # every variant has a one-launch kernel (v7d since v7m2)
 
 
 def slow_g(variants):
-    """`variants` as parameters, v7g's (and v7h's, v7i's, v7j's) marked slow: the fast suite's
+    """`variants` as parameters, v7g's (and v7h's … v7k's) marked slow: the fast suite's
     budget takes its cheaper tests (both launch modes, every schedule: test_epochs_...,
     test_short_..., and its own below), `-m slow` the rest (~15 s of emulation on 2 cores)."""
-    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7g", "v7h", "v7i", "v7j") else v
-            for v in variants]
+    return [pytest.param(v, marks=pytest.mark.slow)
+            if v in ("v7g", "v7h", "v7i", "v7j", "v7k") else v for v in variants]
 
 
 def slow_h(variants):
@@ -73,9 +77,10 @@ def slow_h(variants):
     arithmetic are v7g's (bit for bit: test_v7h_trains_as_v7g_bit_for_bit, fast), only its workers'
     gather is its own; v7i's arithmetic is v7h's (test_v7i_trains_as_v7h_bit_for_bit, fast), only
     who stores G and publishes is its own; v7j's is v7i's (test_v7j_trains_as_v7i_bit_for_bit,
-    fast), only how its workers load their fragments is its own: the fast suite runs their own
-    tests below, `-m slow` the float64 matrix."""
-    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7h", "v7i", "v7j") else v
+    fast), only how its workers load their fragments is its own; v7k's is v7j's
+    (test_v7k_trains_as_v7j_bit_for_bit, fast), only its barriers and when it reads the counters
+    are its own: the fast suite runs their own tests below, `-m slow` the float64 matrix."""
+    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7h", "v7i", "v7j", "v7k") else v
             for v in variants]
 
 # v7prod's one-launch bugs 7-9, renumbered 9-11 at its merge with v7c (whose are 7 and 8), then
@@ -105,6 +110,8 @@ BUGS_V7I = {25: "the helpers' count a step ahead (G_t's rows not yet stored when
 BUGS_V7J = {27: "the partials' x read unswizzled (the store swizzles: features f, f ^ 8 swapped)",
             28: "the update's B (G') loaded by ldmatrix without .trans",
             29: "W's fp16 pieces not rewritten by the apply (the partials keep W_0)"}
+BUGS_V7K = {30: "the G loads issued with the early read and kept when the fallback's read passes",
+            31: "step 0's early read before the reset (the previous epoch's counts trusted)"}
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +122,7 @@ def lib(tmp_path_factory):
                               ctypes.c_float, i32, i32, i32]
     lib.v7_shape.argtypes = [i32]
     lib.v7_shape.restype = ctypes.c_longlong
+    lib.v7k_counts.argtypes = [p]
     return lib
 
 
@@ -265,7 +273,7 @@ def test_the_harness_rejects_bad_arguments(lib):
         return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
                              ptr(np.zeros(2)), 0, bug, 0.0, variant, grams, 0)
 
-    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=10) == -1
+    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=11) == -1
     assert call(bug=23, variant=6) == call(bug=24, variant=5) == call(bug=25, variant=7) == -1
     assert call(bug=26, variant=6) == call(bug=27, variant=8) == call(bug=24, variant=5) == -1
     assert call(bug=20, variant=5) == call(bug=23, variant=6) == call(bug=18, variant=4) == -1
@@ -275,9 +283,11 @@ def test_the_harness_rejects_bad_arguments(lib):
     assert call(bug=9, variant=2) == call(bug=8, variant=1) == call(bug=11, variant=3) == -1
     assert call(bug=14, variant=3, grams=1) == call(bug=12) == -1
     assert call(grams=2) == call(grams=1, bug=14) == call(grams=1, bug=4) == -1
-    assert call(grams=1, variant=10) == call(grams=1, bug=11, variant=2, bs=129) == -1
+    assert call(grams=1, variant=11) == call(grams=1, bug=11, variant=2, bs=129) == -1
     assert call(bug=27, variant=8) == call(bug=28, variant=6) == call(bug=30, variant=9) == -1
     assert call(bug=29, variant=4) == call(bug=24, variant=5) == -1
+    # v7k's: 30 and 31 its own, 31 in one launch only
+    assert call(bug=31, variant=10) == call(bug=31, variant=9, grams=1) == call(bug=32) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])
@@ -397,7 +407,7 @@ def test_v7e_and_v7f_with_truncating_accumulation_equal_float64(lib, grams, vari
 
 @requires_mnist
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g", "v7h", "v7i", "v7j"])
+@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g", "v7h", "v7i", "v7j", "v7k"])
 @pytest.mark.parametrize("rz", [False, True], ids=["acc-rn", "acc-rz"])
 def test_v7e_and_v7f_on_a_slice_of_mnist_equal_float64(lib, rz, variant):
     cfg = LadderConfig(epochs=1)
@@ -572,3 +582,70 @@ def test_v7js_planted_bugs_fail(lib, bug, fill, policy, grams):
     w_ref, b_ref, _, _ = reference(data, cfg, 2)
     w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=9, code=None, grams=grams)
     assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7J[bug]
+
+
+def v7k_counts(lib):
+    """The emulation's v7k early reads of its last run: (passed, stale, stale then loaded by the
+    fallback)."""
+    out = np.zeros(3, dtype=np.int64)
+    lib.v7k_counts(ptr(out))
+    return tuple(int(c) for c in out)
+
+
+@pytest.mark.parametrize("grams", [pytest.param("two launches", marks=pytest.mark.slow),
+                                   "one launch"])
+def test_v7k_trains_as_v7j_bit_for_bit(lib, grams):
+    """v7k changes two barriers (no unit here can see them) and when its workers read the chain
+    counters (at the step's top, tested after the partials, the fallback's read then), not which
+    G an update uses: its weights, bias and stats equal v7j's exactly (and float64's at
+    FP32_ATOL), 2 epochs of 6 steps with the 96-row last batch, under the greedy, chain-first and
+    random schedules, the mma's accumulation to nearest and toward zero."""
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    for rz in (False, True):
+        j = v7_run(lib, data, cfg, 2, GREEDY, variant=9, grams=GRAMS[grams], rz=rz)
+        for policy in (GREEDY, CHAIN_FIRST, 2):
+            k = v7_run(lib, data, cfg, 2, policy, variant=10, grams=GRAMS[grams], rz=rz)
+            assert all(np.array_equal(a, b) for a, b in zip(j, k, strict=True)), (rz, policy)
+            assert err(k[:2], (w_ref, b_ref)) <= FP32_ATOL, (rz, policy)
+
+
+def test_v7ks_early_reads_go_stale_and_the_fallback_loads(lib):
+    """The schedules decide what an early read sees: over these runs some early reads pass (the
+    fetch-ahead without a read of its own), some are stale (a count reached after the step's top),
+    and of those some are loaded by the fallback's read (v7j's acquire) — each run still v7j's
+    weights bit for bit."""
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(10 * 128 + 96), cfg)
+    seen = np.zeros(3, dtype=np.int64)
+    for grams in (0, 1):
+        j = v7_run(lib, data, cfg, 2, GREEDY, variant=9, grams=grams)
+        for policy in (GREEDY, CHAIN_FIRST, 1, 2, 3):
+            k = v7_run(lib, data, cfg, 2, policy, variant=10, grams=grams)
+            assert all(np.array_equal(a, b) for a, b in zip(j, k, strict=True)), (grams, policy)
+            seen += v7k_counts(lib)
+    passed, stale, fallback = seen
+    assert passed > 0 and stale > 0 and fallback > 0, seen
+
+
+V7K_BUG_CASES = [(30, np.nan, 1, 0), (30, 0.0, 2, 1), (31, np.nan, GREEDY, 1),
+                 (31, 0.0, GREEDY, 1)]
+"""v7k's planted bugs, each over one fill, schedule and launch mode: 30 shows where a G_a is
+published between a cluster's units (random schedules), 31 where a worker fetches ahead before
+the chain's step 0 (greedy): over NaN its first epoch's counters read as reached, over zeros its
+second epoch's (the first's final counts)."""
+
+
+@pytest.mark.parametrize(("bug", "fill", "policy", "grams"), V7K_BUG_CASES,
+                         ids=[f"{b}-{'nan' if f != f else 'zeros'}-{p}-{'kl'[g]}"
+                              for b, f, p, g in V7K_BUG_CASES])
+def test_v7ks_planted_bugs_fail(lib, bug, fill, policy, grams):
+    # 2 epochs of 11 steps, the last of 96 rows.
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(10 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=10, code=None, grams=grams)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7K[bug]
+    w, b, _ = v7_run(lib, data, cfg, 2, policy, 0, fill, variant=10, grams=grams)  # the fix
+    assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL

@@ -23,7 +23,7 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The 40 instantiations of the epoch kernel (v7a … v7j, each untimed and timed, each
+# The 44 instantiations of the epoch kernel (v7a … v7k, each untimed and timed, each
 # in two launches and in one: GRAMS 0, 1) in one small
 # translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
@@ -49,19 +49,21 @@ void* const v7_kernels[] = {
     (void*)v7_epoch_kernel_i<false, 1>, (void*)v7_epoch_kernel_i<true, 1>,
     (void*)v7_epoch_kernel_j<false>, (void*)v7_epoch_kernel_j<true>,
     (void*)v7_epoch_kernel_j<false, 1>, (void*)v7_epoch_kernel_j<true, 1>,
+    (void*)v7_epoch_kernel_k<false>, (void*)v7_epoch_kernel_k<true>,
+    (void*)v7_epoch_kernel_k<false, 1>, (void*)v7_epoch_kernel_k<true, 1>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {f"{build}{v7b}{one}": f"v7_epoch_kernelILb{t}ELb{b}ELi{g}E"
                  for one, g in (("", 0), (" one launch", 1)) for v7b, b in (("", 0), (" v7b", 1))
                  for build, t in (("untimed", 0), ("timed", 1))}
 EPOCH_KERNELS |= {f"{build} v7{c}{one}": f"v7_epoch_kernel_{c}ILb{t}ELi{g}E"
-                  for c in ("c", "d", "e", "f", "g", "h", "i", "j")
+                  for c in ("c", "d", "e", "f", "g", "h", "i", "j", "k")
                   for one, g in (("", 0), (" one launch", 1))
                   for build, t in (("untimed", 0), ("timed", 1))}
 """ptxas's names of v7_epoch_kernel<TIMED, V7B, GRAMS> ("untimed", "timed v7b one launch", …), of
 v7c's v7_epoch_kernel_c<TIMED, GRAMS> ("untimed v7c", "timed v7c one launch", …), of v7d's
 v7_epoch_kernel_d<TIMED, GRAMS> ("untimed v7d", "timed v7d one launch", …) and of v7e's
-v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's … v7j's."""
+v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's … v7k's."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -276,16 +278,48 @@ def test_v7js_workers_load_their_fragments_by_ldmatrix(ptxas_report):
 
 
 @requires_nvcc
+def test_v7ks_workers_have_two_barriers_fewer_and_read_the_counters_early(ptxas_report):
+    """v7k (csrc/epoch_v7k.cuh): v7j's workers with G′ staged before the vote's barrier, so two
+    `bar.sync 0` fewer than v7j (the staging barrier of the update, inlined in the loop and in
+    the drain; the step's "x_t in place" barrier stays once, behind its test: with an update a
+    step runs 4 CTA-wide barriers where v7j runs 6, the two `bar.red.or` votes and the rest
+    unchanged); the chain counters read once more (the step's top: ld.relaxed.gpu, v7j's acquire
+    kept as the fallback) and one fence.acquire.gpu, no fence.acq_rel (it would wait for the
+    partials' st.asyncs); the same ldmatrix, mma and v7i chain as v7j; nothing in local
+    memory."""
+    trans = "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"
+    f16 = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+    for kind in ("untimed", "timed"):
+        for one in ("", " one launch"):
+            ptx = ptxas_report[f"{kind} v7k{one}"]["ptx"]
+            v7j = ptxas_report[f"{kind} v7j{one}"]["ptx"]
+            def n(pattern, text):
+                return len(re.findall(pattern, text))
+            cta_sync, vote = r"bar\.sync\s+0;", r"bar\.red\.or\.pred\s+%p\d+, 0,"
+            assert n(cta_sync, ptx) == n(cta_sync, v7j) - 2, (n(cta_sync, ptx), n(cta_sync, v7j))
+            assert n(vote, ptx) == n(vote, v7j) >= 2
+            relaxed, acquire = r"ld\.relaxed\.gpu\.global\.s32", r"ld\.acquire\.gpu\.global\.s32"
+            assert n(relaxed, ptx) == n(relaxed, v7j) + 1
+            assert n(acquire, ptx) == n(acquire, v7j) >= 1
+            assert ptx.count("fence.acquire.gpu;") == 1 and "fence.acquire.gpu" not in v7j
+            assert ptx.count("fence.acq_rel.gpu;") == v7j.count("fence.acq_rel.gpu;")
+            assert ptx.count(trans) == v7j.count(trans) and ptx.count(f16) == v7j.count(f16)
+            assert ptx.count("bar.arrive 3, 512;") == 1
+            assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
-    one reads the global timer at the start and end of each role's loop (v7c-v7j: the helper
+    one reads the global timer at the start and end of each role's loop (v7c-v7k: the helper
     warps' loop too), the clock at least once a phase (clock() is a %clock64 read in PTX), and
     writes both arrays."""
     for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " v7h", " v7i", " v7j",
+                   " v7k",
                    " one launch", " v7b one launch", " v7c one launch", " v7d one launch",
                    " v7e one launch", " v7f one launch", " v7g one launch", " v7h one launch",
-                   " v7i one launch", " v7j one launch"):
+                   " v7i one launch", " v7j one launch", " v7k one launch"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         helpers = any(f"v7{v}" in suffix for v in ce.V7_HELPERS)
@@ -315,10 +349,11 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
                                                 ctypes.c_float, p, p, p, p, ctypes.c_int,
                                                 ctypes.c_int, p, p, p]
     dummy = p(16)
+    past = len(ce.V7_VARIANTS)  # the first variant the library has not
     for n, batch, scratch, variant, grams in (
             (1, 0, dummy, 0, 0), (1, 129, dummy, 1, 0), (0, 128, dummy, 0, 0),
-            (1, 128, None, 1, 0), (1, 128, dummy, 10, 0), (1, 128, dummy, -1, 0),
-            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 10, 1)):
+            (1, 128, None, 1, 0), (1, 128, dummy, past, 0), (1, 128, dummy, -1, 0),
+            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, past, 1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
                                                dummy, scratch, variant, grams, dummy, dummy,
                                                None) == 1

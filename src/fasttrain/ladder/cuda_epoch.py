@@ -49,7 +49,9 @@ after its credits; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7
 global store and the step counter's release done by the chain's helper warps, off its critical
 warps; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7j (v7i with its workers'
 mma fragments loaded by ldmatrix from swizzled rows and W's fp16 pieces split once by the apply;
-compiled and checked on the CPU, NOT YET RUN ON A GPU), each in two launches
+compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7k (v7j with two barriers fewer a
+worker step and the chain counters read at the step's top, tested after the partials; compiled
+and checked on the CPU, NOT YET RUN ON A GPU), each in two launches
 or in one (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch
 since the H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call;
 1.967 in the bench), the row's version since.
@@ -88,8 +90,8 @@ CLUSTER_ONLY = (4, 5, 6, 7)  # versions with no cooperative-grid kernel (signals
 SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_signal_status
 PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
-V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j")
-"""v7's variants, in the library's order (`variant` 0 … 9 of its v7 entry points): v7a (H200,
+V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k")
+"""v7's variants, in the library's order (`variant` 0 … 10 of its v7 entry points): v7a (H200,
 2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch), v7c
 (csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; H200,
 2026-11-28 run 2: 2.179 ms/epoch) and v7d (csrc/epoch_v7d.cuh, epoch_v7d_math.cuh: v7c with the
@@ -118,8 +120,12 @@ v7i with its workers' mma fragments loaded by ldmatrix from rows swizzled agains
 and W·2⁸'s fp16 pieces split once by the apply instead of in every partial: in v7i's SASS 32
 LDS.U16 + 16 PRMT a warp for the update's operands and 4-way conflicted W loads for the
 partials', 512 and 384 shared wavefronts a step; trains as v7i bit for bit on the CPU; compiled
-and checked on the CPU, NOT YET RUN ON A GPU, so not the row's). sync_cost.py times them all in
-one call."""
+and checked on the CPU, NOT YET RUN ON A GPU, so not the row's). v7k (csrc/epoch_v7k.cuh: v7j
+with two CTA-wide barriers fewer a worker step, G′ staged before the vote's barrier and x_t's
+barrier kept only in a step without an update, and the chain counters read relaxed at the step's
+top and tested after the partials, then fence.acquire, where v7j's acquire waits an L2 round trip
+there; trains as v7j bit for bit on the CPU; compiled and checked on the CPU, NOT YET RUN ON A
+GPU, so not the row's). sync_cost.py times them all in one call."""
 V7_VARIANT = "f"  # version 7's: v7f in one launch, the fastest on an H200 (2026-11-28, run 7)
 LAUNCHES = {7: 2}  # where not 1: v7's Gram kernel, then its epoch kernel (1 in one launch)
 V7_GRAMS = ("kernel", "launch")

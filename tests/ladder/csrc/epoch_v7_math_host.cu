@@ -1,6 +1,6 @@
 // The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a … v7g (epoch_v7.cuh,
 // epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, epoch_v7g.cuh, epoch_v7h.cuh,
-// epoch_v7i.cuh, epoch_v7j.cuh, `variant` 0 … 9) on
+// epoch_v7i.cuh, epoch_v7j.cuh, epoch_v7k.cuh, `variant` 0 … 10) on
 // the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
@@ -51,6 +51,10 @@
 //   - v7j (variant 9: v7i with its workers' fragments by ldmatrix from swizzled rows, W·2⁸'s
 //     pieces split by the apply): V8HostWarp's ldmatrix from the PTX ISA's lane map, every
 //     reader and writer through epoch_v7j_math.cuh (epoch_v7j_host.h, bugs 27-29);
+//   - v7k (variant 10: v7j with two barriers fewer, which no unit can see, and the chain
+//     counters read at the top of a worker step, tested after its partials): the counters as
+//     the cluster's previous unit left them, the fallback reading them when tested
+//     (epoch_v7k_host.h, bugs 30, 31);
 //   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
@@ -87,7 +91,7 @@
 // the deferred reduce of step u reading slot (u + 1) % NS (step u + 1's tiles, the probe's bug 5).
 // v7g only: 20-22 (epoch_v7g_host.h, v7h's and v7i's too); v7h only: 23, 24 (epoch_v7h_host.h,
 // v7i's too); v7i only: 25, 26 (epoch_v7i_host.h, v7j's too); v7j only: 27-29
-// (epoch_v7j_host.h).
+// (epoch_v7j_host.h, v7k's too); v7k only: 30, 31 (epoch_v7k_host.h; 31 in one launch).
 #define FT_HOST_MATH
 #include <cmath>
 #include <algorithm>
@@ -156,6 +160,7 @@ struct Chain {
 #include "epoch_v7g_host.h"
 #include "epoch_v7h_host.h"
 #include "epoch_v7j_host.h"
+#include "epoch_v7k_host.h"
 namespace {
 
 struct Worker {  // v7e: its shared memory as V7ESmem lays it out
@@ -175,12 +180,14 @@ struct Emulation {
   bool rz = false;  // v7e: the mma's accumulation rounded toward zero (V8HostWarp's "acc rz")
   float fill = 0.f;  // what memory no step has written holds (v7g: its PQ before the helpers')
   bool fw() const { return variant >= 5; }  // v7f's workers (v7f … v7i)
-  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g … v7j)
+  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g … v7k)
+  bool jw() const { return variant == V7J_VARIANT || variant == V7K_VARIANT; }  // v7j's workers
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
   int held[V7_WCLUSTERS] = {};  // v7d: the step whose G the cluster's fetching threads hold
   bool unread[V7_WCLUSTERS][V8_NS] = {};  // v7f: an inbox slot holds a step not yet reduced
+  V7KEarly early[V7_WCLUSTERS];  // v7k: the counters as each cluster read them at its step's top
   bool violated = false;
   // One launch: its scratch tail, generation, who has started, each producer's next unit.
   V7LScratch l;
@@ -490,12 +497,13 @@ struct Emulation {
       }
       for (int f = 0; f < V7_FW; ++f)
         for (int c = 0; c < C; ++c) sm[w_at() + f * 16 + c] = w[c * K + f0 + f];
-      if (variant == V7J_VARIANT) v7j_host_setup(sm.data());  // W₀'s pieces
+      if (jw()) v7j_host_setup(sm.data());  // W₀'s pieces
     }
     wnext[k] = wapplied[k] = 0;
     for (bool& u : unread[k]) u = false;
     held[k] = -1;
     store_x(k, 0);
+    if (variant == V7K_VARIANT && bug != 31) v7k_top(*this, k);  // bug 31: read before the reset
   }
   bool worker_runnable(int k) const {
     if (grams == 1 && !wstarted[k]) return reset_seen();  // its setup, after the reset
@@ -510,7 +518,7 @@ struct Emulation {
   void store_x(int k, int t) {  // the kernel fetches a step ahead, and stores here
     for (int r = 0; r < V7_CLUSTER; ++r)
       for (int tid = 0; tid < V7_T; ++tid) {
-        if (variant == V7J_VARIANT) {  // by pixel pairs
+        if (jw()) {  // by pixel pairs
           v7j_store_x(*this, k, r, tid, t);
           continue;
         }
@@ -528,22 +536,24 @@ struct Emulation {
       }
   }
   // v7d: every fetching thread's float4s of G_a from global memory (bug 9: G_{a+1}'s, a step
-  // off), as V7GAhead::load; a snapshot of what global memory holds now.
-  void fetch(int k, int a) {
+  // off), as V7GAhead::load; a snapshot of what global memory holds now (v7k's bug 30: `rows`,
+  // G_a's rows as an earlier snapshot held them).
+  void fetch(int k, int a, const float* rows = nullptr) {
     const int src = bug == 9 && a + 1 < e.steps ? a + 1 : a;
+    if (rows == nullptr) rows = s.g + size_t(src) * BMAX * V7_GROW;
     for (int r = 0; r < V7_CLUSTER; ++r)
       for (int tid = V7D_PF0; tid < V7_T; ++tid)
         for (int kk = 0; kk < V7D_VEC; ++kk) {
           const int i = v7d_vec(tid, kk);
           if (v7d_vec_valid(e, a, i))
-            std::memcpy(workers[k][r].pf.data() + 4 * i, s.g + size_t(src) * BMAX * V7_GROW + 4 * i,
-                        16);
+            std::memcpy(workers[k][r].pf.data() + 4 * i, rows + 4 * i, 16);
         }
     held[k] = a;
   }
   // v7d: V7GAhead::ahead during step t's partials: the loads only once all 8 counters say G_a is
   // published (bug 10: the loads first, the counters checked when the update comes, i.e. after).
   void ahead(int k, int a) {
+    if (variant == V7K_VARIANT) return v7k_ahead(*this, k, a);
     if (held[k] == a || (bug != 10 && !g_published(a))) return;
     fetch(k, a);
   }
@@ -552,7 +562,7 @@ struct Emulation {
   // by warps 0-7 and the apply.
   void update_mma(int k, int r, int a) {
     float* sm = workers[k][r].sm.data();
-    if (variant == V7J_VARIANT) return v7j_host_update(e, a, sm, workers[k][r].pf.data(), rz, bug);
+    if (jw()) return v7j_host_update(e, a, sm, workers[k][r].pf.data(), rz, bug);
     __half* gsh = reinterpret_cast<__half*>(sm + V7ESmem::GSH);
     for (int tid = V7D_PF0; tid < V7_T; ++tid)
       for (int kk = 0; kk < V7D_VEC; ++kk) {
@@ -629,7 +639,7 @@ struct Emulation {
         in[0] = v0;
         in[1] = v1;
       };
-      if (variant == V7J_VARIANT) {
+      if (jw()) {
         v7j_host_partials(t, sm, rz, bug, send);
         continue;
       }
@@ -715,6 +725,8 @@ struct Emulation {
     } else {  // the launch's V7L_CTAS tickets; nobody has started
       gen = v7l_generation(*l.arrive);
       *l.arrive += V7L_CTAS;
+      if (bug == 31)  // v7k: step 0's early reads before the reset (the counters not yet zeroed)
+        for (int k = 0; k < V7_WCLUSTERS; ++k) v7k_top(*this, k);
       reset_done = false;
       for (int q = 0; q < V7_CHAIN; ++q) chain[q].next = 0;  // not started: not finished either
       for (int k = 0; k < V7_WCLUSTERS; ++k) wnext[k] = 0;
@@ -759,6 +771,7 @@ struct Emulation {
           worker_setup(u, w_in);
         } else {
           worker_step(u, w);
+          if (variant == V7K_VARIANT) v7k_top(*this, u);  // the top of its next step
         }
       } else if (grams == 1 && !cstarted[u - V7_WCLUSTERS]) {
         cstarted[u - V7_WCLUSTERS] = true;
@@ -788,7 +801,7 @@ struct Emulation {
 }  // namespace
 
 // `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4), v7f (5), v7g (6), v7h
-// (7), v7i (8) or v7j (9) on (w [10][784], b [10]) in place, orders
+// (7), v7i (8), v7j (9) or v7k (10) on (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
@@ -797,11 +810,13 @@ struct Emulation {
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
                          int bug, float fill, int variant, int grams, int acc_rz) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 29 || bug == 14 ||
-      variant < 0 || variant > 9 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 31 || bug == 14 ||
+      variant < 0 || variant > 10 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
       (bug >= 18 && variant < 5) || (bug >= 20 && bug <= 22 && variant < V7G_VARIANT) ||
       (bug >= 23 && bug <= 24 && variant < V7H_VARIANT) ||
-      (bug >= 25 && bug <= 26 && variant < V7I_VARIANT) || (bug >= 27 && variant != V7J_VARIANT) ||
+      (bug >= 25 && bug <= 26 && variant < V7I_VARIANT) ||
+      (bug >= 27 && bug <= 29 && variant < V7J_VARIANT) ||
+      (bug >= 30 && variant != V7K_VARIANT) || (bug == 31 && grams != 1) ||
       (bug > 3 && bug < 7 && variant < 1) ||
       (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
       (bug >= 11 && bug <= 13 && grams != 1))
@@ -822,12 +837,19 @@ extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* 
   em->rz = acc_rz != 0;
   em->fill = fill;
   int code = 0;
+  for (long long& c : g_v7k_counts) c = 0;
   for (int ep = 0; ep < epochs && code == 0; ++ep) {
     em->order = orders + size_t(ep) * n;
     code = em->epoch(w, b, stats, policy);
   }
   delete em;
   return code;
+}
+
+// v7k: since the last v7_epochs call began, the early reads that passed, those that were stale,
+// and the stale ones whose fallback loaded G (epoch_v7k_host.h).
+extern "C" void v7k_counts(long long* out) {
+  for (int i = 0; i < 3; ++i) out[i] = g_v7k_counts[i];
 }
 
 // The shape the header promises, for the test: L, chain CTAs × rows, worker CTAs × features, CTAs,

@@ -81,10 +81,21 @@ struct V7FMma {
   }
 };
 
+// v7e-v7j's step, a policy of v7f_worker: G′ staged after the vote's barrier, then a barrier of
+// its own; the "x_t in place" barrier every step; v7d's fetch-ahead (V7GAheadH: the counters read
+// by ld.acquire when the partials are done). v7k's (epoch_v7k.cuh) is the other.
+struct V7FStep {
+  static constexpr bool FEWER_BARRIERS = false;  // v7k: G′ staged before the vote (j3)
+  static constexpr bool EARLY = false;           // v7k: GAhead::top at the step's top (j5)
+  using GAhead = V7GAheadH;
+};
+
 // LATE (v7h): a reducing thread's tagged word stored after the slot's credits, not before: the
 // credit's release (mbarrier.arrive.release.cluster: a MEMBAR.ALL.GPU in the SASS) then waits for
-// no global store of this thread (epoch_v7h.cuh: why). M: the mma bodies (V7FMma, or v7j's).
-template <bool TIMED, class XG = V7XGatherNow, bool LATE = false, class M = V7FMma>
+// no global store of this thread (epoch_v7h.cuh: why). M: the mma bodies (V7FMma, or v7j's). P:
+// the step's barriers and fetch-ahead (V7FStep, or v7k's).
+template <bool TIMED, class XG = V7XGatherNow, bool LATE = false, class M = V7FMma,
+          class P = V7FStep>
 __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
   using S = V7FSmem;
   const V7Epoch& e = v.e;
@@ -110,12 +121,19 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
   cluster_barrier();  // every CTA's mbarriers ready before anyone sends or credits
   V7PhaseClock<TIMED> clock;
 
-  V7GAheadH gf;
+  typename P::GAhead gf;
   auto update = [&](int a) {  // v7e's
-    if (__syncthreads_or(!gf.wait(v, a, tid))) return false;
-    clock.mark(V7W_WAIT_G);
-    mm.stage(gf, v, a, tid, gs);
-    __syncthreads();
+    if constexpr (P::FEWER_BARRIERS) {  // v7k (j3): one barrier orders the staging and votes
+      const bool ok = gf.wait(v, a, tid);  // warp-uniform
+      if (ok) mm.stage(gf, v, a, tid, gs);
+      if (__syncthreads_or(!ok)) return false;
+      clock.mark(V7W_WAIT_G);
+    } else {
+      if (__syncthreads_or(!gf.wait(v, a, tid))) return false;
+      clock.mark(V7W_WAIT_G);
+      mm.stage(gf, v, a, tid, gs);
+      __syncthreads();
+    }
     mm.sums(wi, xh + (a % V7_XR) * BMAX * 16, gsh, ured);
     __syncthreads();
     mm.apply(e, a, ured, tid, w, sm);
@@ -157,11 +175,18 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
   mm.store_x(e, 0, tid, xb, xh);
   for (int t = 0; t < steps; ++t) {
     const int slot = v8_ns_slot(t);
+    if constexpr (P::EARLY) gf.top(v, tid);  // v7k (j5): tested after the partials
     if (tid == 0) mbar_arm(full_u + 8 * slot, V8_SLOT_BYTES);
     if (t + 1 < steps) xg.next(v, t + 1, f0, tid, xb);
     clock.mark(V7W_LOAD_X);
-    for (; !failed && applied < v7_applied_before(t); ++applied) failed = !update(applied);
-    __syncthreads();  // x_t in place (stored at the end of step t − 1)
+    if constexpr (P::FEWER_BARRIERS) {
+      const int before = applied;
+      for (; !failed && applied < v7_applied_before(t); ++applied) failed = !update(applied);
+      if (applied == before) __syncthreads();  // x_t in place; else an update's barriers did it
+    } else {
+      for (; !failed && applied < v7_applied_before(t); ++applied) failed = !update(applied);
+      __syncthreads();  // x_t in place (stored at the end of step t − 1)
+    }
     clock.mark(V7W_LOAD_X);
     if (t >= V8_NS)  // the 8 receivers have read this slot's previous step
       v7f_ring_wait(free_u + 8 * slot, v8_free_parity(t), WAIT_V7_RING | blockIdx.x << 4 | t << 12);
@@ -188,10 +213,11 @@ __device__ void v7f_worker(int k, int r, const V7Args& v, float* sm) {
 
 // v7c's kernel (its chain; in one launch its producers, ticket, ring clear and reset wait) with
 // v7f's workers.
-template <bool TIMED, class XG = V7XGatherNow, bool LATE = false, class M = V7FMma>
+template <bool TIMED, class XG = V7XGatherNow, bool LATE = false, class M = V7FMma,
+          class P = V7FStep>
 struct V7FWorker {
   __device__ __forceinline__ void operator()(int k, int r, const V7Args& v, float* sm) const {
-    v7f_worker<TIMED, XG, LATE, M>(k, r, v, sm);
+    v7f_worker<TIMED, XG, LATE, M, P>(k, r, v, sm);
   }
 };
 template <bool TIMED = false, int GRAMS = V7_GRAMS_KERNEL>
