@@ -79,6 +79,7 @@ def test_the_v7_steps_are_opt_in_and_name_the_rows_variant_and_real_candidates(t
     for v in (script.V7_ROW, *script.V7_CANDIDATES):
         assert any("phases_are_positive" in i and f"[{v}-launch]" in i for i in ids), v
     assert not any(f"v7{script.V7_ROW}" in i for i in ids), "the row's own tests ran before"
+    assert not any("two-launches" in i for i in ids), "the row runs one launch"
 
 
 def test_the_plan_accuracy_step_measures_on_cuda_into_its_result_file(tmp_path):
