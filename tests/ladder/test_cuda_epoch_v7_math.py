@@ -28,7 +28,11 @@ trains as v7h bit for bit, and its planted bugs (a count ahead of its rows) must
 ldmatrix from swizzled rows and W·2⁸'s fp16 pieces split once by the apply) runs its ldmatrix as
 the PTX ISA's lane map (`tests/ladder/csrc/v8_mma_host.h`, `epoch_v7j_host.h`), trains as v7i bit
 for bit, and its planted bugs (a reader that skips the swizzle, a dropped .trans, stale W pieces)
-must fail. What it
+must fail. v7m (`csrc/epoch_v7m.cuh`, `epoch_v7m_math.cuh`: v7j with its chain's critical
+warps sending their own rows of G right after their softmax, warp 0 the column sums after one
+barrier, the loss after the sends) runs that tail through the kernel's send mapping
+(`tests/ladder/csrc/epoch_v7m_host.h`, every row and the sums exactly once a destination), trains
+as v7j bit for bit, and its planted bugs must fail. What it
 cannot check (the mbarriers, st.async, DSMEM reads, the
 acquire/release counters (v7d: the acquire and __syncwarp before its early loads), the 64-bit
 words' atomicity, the Gram kernel's tiles on the tensor
@@ -52,7 +56,7 @@ K = 784
 GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
 CHAIN_FIRST = -1  # the chain CTAs run whenever their waits let them: a too-early read shows
 VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3, "v7e": 4, "v7f": 5, "v7g": 6, "v7h": 7,
-            "v7i": 8, "v7j": 9}
+            "v7i": 8, "v7j": 9, "v7m": 11}  # 10: v7k, another branch's
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
@@ -64,8 +68,8 @@ def slow_g(variants):
     """`variants` as parameters, v7g's (and v7h's, v7i's, v7j's) marked slow: the fast suite's
     budget takes its cheaper tests (both launch modes, every schedule: test_epochs_...,
     test_short_..., and its own below), `-m slow` the rest (~15 s of emulation on 2 cores)."""
-    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7g", "v7h", "v7i", "v7j") else v
-            for v in variants]
+    return [pytest.param(v, marks=pytest.mark.slow)
+            if v in ("v7g", "v7h", "v7i", "v7j", "v7m") else v for v in variants]
 
 
 def slow_h(variants):
@@ -75,7 +79,7 @@ def slow_h(variants):
     who stores G and publishes is its own; v7j's is v7i's (test_v7j_trains_as_v7i_bit_for_bit,
     fast), only how its workers load their fragments is its own: the fast suite runs their own
     tests below, `-m slow` the float64 matrix."""
-    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7h", "v7i", "v7j") else v
+    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7h", "v7i", "v7j", "v7m") else v
             for v in variants]
 
 # v7prod's one-launch bugs 7-9, renumbered 9-11 at its merge with v7c (whose are 7 and 8), then
@@ -105,6 +109,9 @@ BUGS_V7I = {25: "the helpers' count a step ahead (G_t's rows not yet stored when
 BUGS_V7J = {27: "the partials' x read unswizzled (the store swizzles: features f, f ^ 8 swapped)",
             28: "the update's B (G') loaded by ldmatrix without .trans",
             29: "W's fp16 pieces not rewritten by the apply (the partials keep W_0)"}
+BUGS_V7M = {40: "a warp's send mapping without its row bit (row 2w + 1 never sent, 2w twice)",
+            41: "the column sums taken before warps 1-7's rows are in gl (no arrive/sync)",
+            42: "1/bs in place of 1/n_t (the last, short batch's G off by bs/n_t)"}
 
 
 @pytest.fixture(scope="module")
@@ -397,7 +404,7 @@ def test_v7e_and_v7f_with_truncating_accumulation_equal_float64(lib, grams, vari
 
 @requires_mnist
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g", "v7h", "v7i", "v7j"])
+@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g", "v7h", "v7i", "v7j", "v7m"])
 @pytest.mark.parametrize("rz", [False, True], ids=["acc-rn", "acc-rz"])
 def test_v7e_and_v7f_on_a_slice_of_mnist_equal_float64(lib, rz, variant):
     cfg = LadderConfig(epochs=1)
@@ -572,3 +579,54 @@ def test_v7js_planted_bugs_fail(lib, bug, fill, policy, grams):
     w_ref, b_ref, _, _ = reference(data, cfg, 2)
     w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=9, code=None, grams=grams)
     assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7J[bug]
+
+
+@pytest.mark.parametrize("grams", [pytest.param("two launches", marks=pytest.mark.slow),
+                                   "one launch"])
+def test_v7m_trains_as_v7j_bit_for_bit(lib, grams):
+    """v7m changes when its chain's critical warps send G_t (each warp its own rows at once, warp
+    0 the column sums after one barrier) and when they add the loss (after the sends), not one
+    value: the same G, column sums, bias and loss terms in the same order, so its weights, bias
+    and stats equal v7j's exactly (and float64's at FP32_ATOL), 2 epochs of 6 steps with the
+    96-row last batch (1/n_t differs from 1/bs there), greedy, chain-first and random schedules,
+    the mma's accumulation to nearest and toward zero."""
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    for rz in (False, True):
+        j = v7_run(lib, data, cfg, 2, GREEDY, variant=9, grams=GRAMS[grams], rz=rz)
+        for policy in (GREEDY, CHAIN_FIRST, 2):
+            m = v7_run(lib, data, cfg, 2, policy, variant=11, grams=GRAMS[grams], rz=rz)
+            assert all(np.array_equal(a, b) for a, b in zip(j, m, strict=True)), (rz, policy)
+            assert err(m[:2], (w_ref, b_ref)) <= FP32_ATOL, (rz, policy)
+
+
+def test_v7m_in_one_step_epochs_and_16_row_batches_equals_float64(lib):
+    """v7m with a 1-step epoch of 96 rows (one short batch: its rows 96-127 not sent) and 10-step
+    epochs of 16 rows (chain CTAs 1-7 send no row, only their column sums of zeros): against
+    float64 at FP32_ATOL."""
+    for n, batch, grams in ((96, 128, 1), (150, 16, 0)):
+        cfg = LadderConfig(epochs=2, batch_size=batch)
+        data = make_ladder_data(random_uint8(n), cfg)
+        w_ref, b_ref, _, _ = reference(data, cfg, 2)
+        for policy in (CHAIN_FIRST, 1):
+            w, b, _ = v7_run(lib, data, cfg, 2, policy, variant=11, grams=grams)
+            assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (n, batch, policy)
+
+
+V7M_BUG_CASES = [(40, np.nan, GREEDY, 1), (40, 0.0, CHAIN_FIRST, 0), (41, np.nan, 1, 1),
+                 (41, 0.0, GREEDY, 0), (42, np.nan, CHAIN_FIRST, 1), (42, 0.0, 2, 0)]
+"""v7m's planted bugs, each over one fill, schedule and launch mode: none depends on the order
+(a row never sent, column sums of stale rows, a short batch's G scaled by 1/bs)."""
+
+
+@pytest.mark.parametrize(("bug", "fill", "policy", "grams"), V7M_BUG_CASES,
+                         ids=[f"{b}-{'nan' if f != f else 'zeros'}-{p}-{'kl'[g]}"
+                              for b, f, p, g in V7M_BUG_CASES])
+def test_v7ms_planted_bugs_fail(lib, bug, fill, policy, grams):
+    # 2 epochs of 6 steps, the last of 96 rows.
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=11, code=None, grams=grams)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7M[bug]

@@ -1,6 +1,6 @@
 // The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a … v7g (epoch_v7.cuh,
 // epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, epoch_v7g.cuh, epoch_v7h.cuh,
-// epoch_v7i.cuh, epoch_v7j.cuh, `variant` 0 … 9) on
+// epoch_v7i.cuh, epoch_v7j.cuh, epoch_v7m.cuh, `variant` 0 … 9 and 11) on
 // the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
@@ -51,6 +51,9 @@
 //   - v7j (variant 9: v7i with its workers' fragments by ldmatrix from swizzled rows, W·2⁸'s
 //     pieces split by the apply): V8HostWarp's ldmatrix from the PTX ISA's lane map, every
 //     reader and writer through epoch_v7j_math.cuh (epoch_v7j_host.h, bugs 27-29);
+//   - v7m (variant 11: v7j with its chain's critical tail cut: each warp sends its own rows, warp
+//     0 the column sums, the loss after the sends): the critical step's tail through
+//     epoch_v7m_math.cuh's bodies and send mapping (epoch_v7m_host.h, bugs 40-42);
 //   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
@@ -87,7 +90,7 @@
 // the deferred reduce of step u reading slot (u + 1) % NS (step u + 1's tiles, the probe's bug 5).
 // v7g only: 20-22 (epoch_v7g_host.h, v7h's and v7i's too); v7h only: 23, 24 (epoch_v7h_host.h,
 // v7i's too); v7i only: 25, 26 (epoch_v7i_host.h, v7j's too); v7j only: 27-29
-// (epoch_v7j_host.h).
+// (epoch_v7j_host.h); v7m only: 40-42 (epoch_v7m_host.h; 30-39 are other branches').
 #define FT_HOST_MATH
 #include <cmath>
 #include <algorithm>
@@ -156,6 +159,7 @@ struct Chain {
 #include "epoch_v7g_host.h"
 #include "epoch_v7h_host.h"
 #include "epoch_v7j_host.h"
+#include "epoch_v7m_host.h"
 namespace {
 
 struct Worker {  // v7e: its shared memory as V7ESmem lays it out
@@ -175,7 +179,8 @@ struct Emulation {
   bool rz = false;  // v7e: the mma's accumulation rounded toward zero (V8HostWarp's "acc rz")
   float fill = 0.f;  // what memory no step has written holds (v7g: its PQ before the helpers')
   bool fw() const { return variant >= 5; }  // v7f's workers (v7f … v7i)
-  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g … v7j)
+  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g … v7j, v7m)
+  bool jw() const { return variant == V7J_VARIANT || variant == V7M_VARIANT; }  // v7j's workers
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
@@ -415,6 +420,7 @@ struct Emulation {
       const int row = q * V7_RPC + i;
       if (row < e.rows(t)) labels[i] = y[order[t * e.bs + row]];
     }
+    if (variant == V7M_VARIANT) return v7m_chain_tail(*this, q, t, p, j1, used_bias, labels);
     if (variant >= 1) {
       HostWarp16 warp{bug == 5 ? 8 : 0};
       for (int w = 0; w < V7_SMT / 32; ++w) {
@@ -490,7 +496,7 @@ struct Emulation {
       }
       for (int f = 0; f < V7_FW; ++f)
         for (int c = 0; c < C; ++c) sm[w_at() + f * 16 + c] = w[c * K + f0 + f];
-      if (variant == V7J_VARIANT) v7j_host_setup(sm.data());  // W₀'s pieces
+      if (jw()) v7j_host_setup(sm.data());  // W₀'s pieces
     }
     wnext[k] = wapplied[k] = 0;
     for (bool& u : unread[k]) u = false;
@@ -510,7 +516,7 @@ struct Emulation {
   void store_x(int k, int t) {  // the kernel fetches a step ahead, and stores here
     for (int r = 0; r < V7_CLUSTER; ++r)
       for (int tid = 0; tid < V7_T; ++tid) {
-        if (variant == V7J_VARIANT) {  // by pixel pairs
+        if (jw()) {  // by pixel pairs
           v7j_store_x(*this, k, r, tid, t);
           continue;
         }
@@ -552,7 +558,7 @@ struct Emulation {
   // by warps 0-7 and the apply.
   void update_mma(int k, int r, int a) {
     float* sm = workers[k][r].sm.data();
-    if (variant == V7J_VARIANT) return v7j_host_update(e, a, sm, workers[k][r].pf.data(), rz, bug);
+    if (jw()) return v7j_host_update(e, a, sm, workers[k][r].pf.data(), rz, bug);
     __half* gsh = reinterpret_cast<__half*>(sm + V7ESmem::GSH);
     for (int tid = V7D_PF0; tid < V7_T; ++tid)
       for (int kk = 0; kk < V7D_VEC; ++kk) {
@@ -629,7 +635,7 @@ struct Emulation {
         in[0] = v0;
         in[1] = v1;
       };
-      if (variant == V7J_VARIANT) {
+      if (jw()) {
         v7j_host_partials(t, sm, rz, bug, send);
         continue;
       }
@@ -788,7 +794,7 @@ struct Emulation {
 }  // namespace
 
 // `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4), v7f (5), v7g (6), v7h
-// (7), v7i (8) or v7j (9) on (w [10][784], b [10]) in place, orders
+// (7), v7i (8), v7j (9) or v7m (11) on (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
@@ -797,11 +803,13 @@ struct Emulation {
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
                          int bug, float fill, int variant, int grams, int acc_rz) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 29 || bug == 14 ||
-      variant < 0 || variant > 9 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 42 || bug == 14 ||
+      (bug >= 30 && bug < 40) || (bug >= 40 && variant != V7M_VARIANT) ||
+      variant < 0 || variant > 11 || variant == 10 || grams < 0 || grams > 1 ||
+      (bug >= 15 && variant < 4) ||
       (bug >= 18 && variant < 5) || (bug >= 20 && bug <= 22 && variant < V7G_VARIANT) ||
       (bug >= 23 && bug <= 24 && variant < V7H_VARIANT) ||
-      (bug >= 25 && bug <= 26 && variant < V7I_VARIANT) || (bug >= 27 && variant != V7J_VARIANT) ||
+      (bug >= 25 && bug <= 26 && variant < V7I_VARIANT) || (bug >= 27 && bug <= 29 && variant != V7J_VARIANT) ||
       (bug > 3 && bug < 7 && variant < 1) ||
       (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
       (bug >= 11 && bug <= 13 && grams != 1))

@@ -68,6 +68,11 @@
 //      v7i with the workers' mma fragments loaded by ldmatrix from swizzled rows and W·2⁸'s
 //      fp16 pieces split once by the apply (v7i's SASS: 512 + 384 shared wavefronts a step of
 //      LDS.U16 / conflicted LDS.32 fragment loads, the split in every lane).
+//   v7m (epoch_v7m.cuh, epoch_v7m_math.cuh; variant 11; written without a GPU, not yet run on one)
+//      v7j with the chain's critical warps' tail cut: each warp sends its own rows of G_t right
+//      after its softmax, only warp 0 waits (for the column sums), the loss after the sends
+//      (v7i's SASS: two 256-thread barriers, warp 0's column sums and 2-3 serial send blocks a
+//      thread between the softmax and the next wait, the loss's logf inline before them).
 #pragma once
 #include "epoch_v7_launch.cuh"
 
@@ -86,7 +91,7 @@ long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
 // device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
 // Returns 0 or a cudaError_t.
 // `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3, V7E 4, V7F 5, V7G 6, V7H 7, V7I 8,
-// V7J 9); `grams`:
+// V7J 9, V7M 11); `grams`:
 // V7_GRAMS_KERNEL 0
 // (8 clusters) or V7_GRAMS_LAUNCH 1 (one launch: 15 clusters, the producers').
 int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) {
@@ -96,7 +101,8 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
     return cudaErrorInvalidValue;
   void (*kernel)(V7Args) =
       grams == V7_GRAMS_LAUNCH
-          ? (variant == V7J   ? v7_epoch_kernel_j<false, V7_GRAMS_LAUNCH>
+          ? (variant == V7M   ? v7_epoch_kernel_m<false, V7_GRAMS_LAUNCH>
+             : variant == V7J ? v7_epoch_kernel_j<false, V7_GRAMS_LAUNCH>
              : variant == V7I ? v7_epoch_kernel_i<false, V7_GRAMS_LAUNCH>
              : variant == V7H ? v7_epoch_kernel_h<false, V7_GRAMS_LAUNCH>
              : variant == V7G ? v7_epoch_kernel_g<false, V7_GRAMS_LAUNCH>
@@ -106,7 +112,8 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
              : variant == V7C ? v7_epoch_kernel_c<false, V7_GRAMS_LAUNCH>
              : variant == V7B ? v7_epoch_kernel<false, true, V7_GRAMS_LAUNCH>
                               : v7_epoch_kernel<false, false, V7_GRAMS_LAUNCH>)
-          : (variant == V7J   ? v7_epoch_kernel_j<>
+          : (variant == V7M   ? v7_epoch_kernel_m<>
+             : variant == V7J ? v7_epoch_kernel_j<>
              : variant == V7I ? v7_epoch_kernel_i<>
              : variant == V7H ? v7_epoch_kernel_h<>
              : variant == V7G ? v7_epoch_kernel_g<>
@@ -124,12 +131,13 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
   return cudaOccupancyMaxActiveClusters(clusters, kernel, &cfg);
 }
 
-// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a … v7j).
+// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a … v7j, 11 v7m; 10 is
+// v7k's, another branch's: training and the phase profile refuse it).
 // Host only.
 int cuda_epoch_v7_variants() { return V7_VARIANTS; }
 
 // One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b; 2 v7c; 3 v7d;
-// 4 v7e; 5 v7f; 6 v7g; 7 v7h; 8 v7i; 9 v7j),
+// 4 v7e; 5 v7f; 6 v7g; 7 v7h; 8 v7i; 9 v7j; 11 v7m),
 // args as cuda_epoch_train's with ctas = 8, cluster = 1 and `scratch` of
 // cuda_epoch_v7_scratch_bytes: its Grams, then its epoch kernel (`grams` 0), or its one launch
 // (`grams` 1: the scratch zeroed before its first epoch), on `stream`. Returns 0 or a
