@@ -19,7 +19,8 @@ costs, measured, and how the `cuda-epoch` variants compare.
   its chain's helper warps polling the partials a step ahead) and v7h (v7g, its workers' x gather
   a step deeper and their reduce's stores after its credits) and v7i (v7h, G's global rows and
   the step counter by the chain's helper warps) and v7j (v7i, its workers' mma fragments by
-  ldmatrix, W's fp16 pieces split once by the apply) in ONE launch
+  ldmatrix, W's fp16 pieces split once by the apply) and v7m (v7j, its chain's critical warps
+  sending their own rows at once, one barrier wait for warp 0 alone, the loss after) in ONE launch
   (`v7_grams="launch"`: their Grams made by 7 producer clusters of the epoch kernel itself, 120
   CTAs; `V7_TIMED`)): ms per epoch (CUDA
   events, median of the epochs after a warm-up one), and its weights after those epochs against
@@ -59,7 +60,8 @@ from fasttrain.env import env_block, hardware_line
 
 V7_TIMED = (("a", "kernel"), ("b", "kernel"), ("c", "kernel"), ("d", "kernel"),
             ("b", "launch"), ("c", "launch"), ("d", "launch"), ("e", "launch"), ("f", "launch"),
-            ("g", "launch"), ("h", "launch"), ("i", "launch"), ("j", "launch"))
+            ("g", "launch"), ("h", "launch"), ("i", "launch"), ("j", "launch"),
+            ("m", "launch"))
 """v7's (variant, v7_grams) this script times and profiles: v7a-v7d in two launches, and v7b,
 v7c and v7d (the fastest in two launches on an H200, 2026-11-28: 2.231, 2.179 and 2.062 ms) in
 one; v7e (v7c's chain, the workers on the tensor cores) and v7f (v7e with the reduce-scatter; the
@@ -68,9 +70,10 @@ flags and labels handled by its helper warps a step ahead; not yet run on a GPU)
 its workers' order[] indices loaded a step before their pixels, their reduce's stores after its
 credits; not yet run on a GPU) and v7i (v7h, G_t's global rows and the step counter by the
 chain's helper warps; not yet run on a GPU) and v7j (v7i, its workers' mma fragments by ldmatrix
-from swizzled rows, W's fp16 pieces split once by the apply; not yet run on a GPU) in one launch,
-to be read against v7f's from the same call
-(`--v7 f:launch,g:launch,h:launch,i:launch,j:launch`)."""
+from swizzled rows, W's fp16 pieces split once by the apply; not yet run on a GPU) and v7m (v7j,
+its chain's critical warps sending their own rows of G right after their softmax; not yet run on
+a GPU) in one launch, to be read against v7f's from the same call
+(`--v7 f:launch,g:launch,h:launch,i:launch,j:launch,m:launch`)."""
 
 ITERS = 10_000
 STEPS = 469

@@ -80,7 +80,8 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7: the Grams, then the epoch
     # v7f in one launch (the producers in the epoch kernel) is version 7's; two launches and the
     # other variants stay selectable.
-    assert ce.V7_VARIANTS == ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j")
+    assert ce.V7_VARIANTS == ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "m")
+    assert ce.V7_LIBRARY_ORDER == "abcdefghijkm"  # 10, v7k, is another branch's
     assert ce.V7_VARIANT == "f"
     assert ce.V7_GRAMS == ("kernel", "launch") and ce.V7_GRAMS_DEFAULT == "launch"
     assert ce.V7_ONE_LAUNCH == ce.V7_VARIANTS
@@ -90,8 +91,8 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     for header in ("epoch_v4.cuh", "epoch_v6_math.cuh", "epoch_v7_phases.cuh", "epoch_v7l.cuh",
                    "epoch_v7e.cuh", "epoch_v7e_math.cuh", "epoch_v7f.cuh", "epoch_v7g.cuh",
                    "epoch_v7g_math.cuh", "epoch_v7h.cuh", "epoch_v7h_math.cuh", "epoch_v7i.cuh",
-                   "epoch_v7i_math.cuh", "epoch_v7j.cuh", "epoch_v7j_math.cuh", "v8_workers.cuh",
-                   "v8_mma.cuh", "gram_v2.cuh"):
+                   "epoch_v7i_math.cuh", "epoch_v7j.cuh", "epoch_v7j_math.cuh", "epoch_v7m.cuh",
+                   "epoch_v7m_math.cuh", "v8_workers.cuh", "v8_mma.cuh", "gram_v2.cuh"):
         assert f"csrc/{header}" in hashed
 
 
@@ -149,8 +150,8 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
                                     0, version, None)
         assert code == 1
     # v7: clusters only, its 8 chain CTAs, and its scratch; cuda_epoch_v7_train (v7a 0, v7b 1,
-    # v7c 2, v7d 3, v7e 4, v7f 5, v7g 6, v7h 7, v7i 8, v7j 9): its scratch, a batch that fits and a
-    # variant it has.
+    # v7c 2, v7d 3, v7e 4, v7f 5, v7g 6, v7h 7, v7i 8, v7j 9, v7m 11; 10 is v7k's, another
+    # branch's): its scratch, a batch that fits and a variant it has.
     for ctas, cluster, scratch in ((8, 0, dummy), (14, 1, dummy), (8, 1, None)):
         code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, scratch,
                                     ctas, cluster, 7, None)
@@ -158,9 +159,9 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
     lib.cuda_epoch_v7_train.argtypes = [p, p, p, ctypes.c_int, ctypes.c_int, ctypes.c_float, p,
                                         p, p, p, ctypes.c_int, ctypes.c_int, p]
     # ... and `grams` 0 (two launches) or 1 (one), for every variant.
-    for batch, scratch, variant, grams in ((1, None, 1, 0), (129, dummy, 1, 0), (1, dummy, 10, 0),
+    for batch, scratch, variant, grams in ((1, None, 1, 0), (129, dummy, 1, 0), (1, dummy, 12, 0),
                                            (1, dummy, -1, 0), (1, None, 0, 1), (1, None, 2, 1),
-                                           (1, None, 3, 1), (1, None, 7, 1), (1, dummy, 10, 1),
+                                           (1, None, 3, 1), (1, None, 7, 1), (1, dummy, 12, 1),
                                            (1, dummy, 0, 2),
                                            (1, dummy, 1, -1)):
         assert lib.cuda_epoch_v7_train(dummy, dummy, dummy, 1, batch, 0.1, dummy, dummy, dummy,
@@ -212,12 +213,13 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
     assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
 
 
-V7_VARIANTS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"]  # cuda_epoch.V7_VARIANTS
+V7_VARIANTS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "m"]  # cuda_epoch.V7_VARIANTS
+V7_LIBRARY_ORDER = "abcdefghijkm"  # cuda_epoch.V7_LIBRARY_ORDER: the library's `variant`
 V7_ONE_LAUNCH = V7_VARIANTS  # cuda_epoch.V7_ONE_LAUNCH
 V7_IDS = [f"v7{v}" for v in V7_VARIANTS]
 V7_GRAMS = ["kernel", "launch"]  # cuda_epoch.V7_GRAMS
 V7_RUNS = [(v, g) for g in V7_GRAMS for v in V7_VARIANTS if g == "kernel" or v in V7_ONE_LAUNCH]
-"""(variant, v7_grams) of every v7 kernel: v7a-v7j in two launches and in one."""
+"""(variant, v7_grams) of every v7 kernel: v7a-v7j and v7m in two launches and in one."""
 V7_RUN_IDS = [f"v7{v}-{'two-launches' if g == 'kernel' else 'one-launch'}" for v, g in V7_RUNS]
 
 
@@ -319,7 +321,7 @@ def test_v7_in_one_launch_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_one_
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize(("variant", "grams"),
-                         [(V7_VARIANTS.index(v), V7_GRAMS.index(g)) for v, g in V7_RUNS],
+                         [(V7_LIBRARY_ORDER.index(v), V7_GRAMS.index(g)) for v, g in V7_RUNS],
                          ids=V7_RUN_IDS)
 def test_v7_is_resident_on_this_gpu_or_refused_at_setup(variant, grams):
     """Its 8 clusters of 8 CTAs (one launch: 15, the producers' 7 more) must all fit at once (they

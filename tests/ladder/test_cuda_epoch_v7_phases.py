@@ -23,7 +23,7 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The 40 instantiations of the epoch kernel (v7a … v7j, each untimed and timed, each
+# The 44 instantiations of the epoch kernel (v7a … v7j and v7m, each untimed and timed, each
 # in two launches and in one: GRAMS 0, 1) in one small
 # translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
@@ -49,19 +49,21 @@ void* const v7_kernels[] = {
     (void*)v7_epoch_kernel_i<false, 1>, (void*)v7_epoch_kernel_i<true, 1>,
     (void*)v7_epoch_kernel_j<false>, (void*)v7_epoch_kernel_j<true>,
     (void*)v7_epoch_kernel_j<false, 1>, (void*)v7_epoch_kernel_j<true, 1>,
+    (void*)v7_epoch_kernel_m<false>, (void*)v7_epoch_kernel_m<true>,
+    (void*)v7_epoch_kernel_m<false, 1>, (void*)v7_epoch_kernel_m<true, 1>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {f"{build}{v7b}{one}": f"v7_epoch_kernelILb{t}ELb{b}ELi{g}E"
                  for one, g in (("", 0), (" one launch", 1)) for v7b, b in (("", 0), (" v7b", 1))
                  for build, t in (("untimed", 0), ("timed", 1))}
 EPOCH_KERNELS |= {f"{build} v7{c}{one}": f"v7_epoch_kernel_{c}ILb{t}ELi{g}E"
-                  for c in ("c", "d", "e", "f", "g", "h", "i", "j")
+                  for c in ("c", "d", "e", "f", "g", "h", "i", "j", "m")
                   for one, g in (("", 0), (" one launch", 1))
                   for build, t in (("untimed", 0), ("timed", 1))}
 """ptxas's names of v7_epoch_kernel<TIMED, V7B, GRAMS> ("untimed", "timed v7b one launch", …), of
 v7c's v7_epoch_kernel_c<TIMED, GRAMS> ("untimed v7c", "timed v7c one launch", …), of v7d's
 v7_epoch_kernel_d<TIMED, GRAMS> ("untimed v7d", "timed v7d one launch", …) and of v7e's
-v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's … v7j's."""
+v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's … v7j's and v7m's."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -276,6 +278,26 @@ def test_v7js_workers_load_their_fragments_by_ldmatrix(ptxas_report):
 
 
 @requires_nvcc
+def test_v7ms_critical_warps_send_their_rows_with_one_barrier_wait(ptxas_report):
+    """v7m (csrc/epoch_v7m.cuh): v7j's kernel whose critical warps hold one bar.sync of named
+    barrier 1 in the loop (warp 0's, before the column sums) where v7j has two, and one
+    bar.arrive on it (warps 1-7); the same st.async v4 sends at three sites (a lane's two items of
+    its warp's rows, warp 0's sums) where v7j's peeled send loop has more; barrier 3's arrive as
+    i's; the loss's log after the sends (its place is not countable in PTX: the same count of
+    lg2 as v7j's); nothing in local memory."""
+    send = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32"
+    for one in ("", " one launch"):
+        ptx = ptxas_report["untimed v7m" + one]["ptx"]
+        v7j = ptxas_report["untimed v7j" + one]["ptx"]
+        assert ptx.count("bar.sync 1, 256;") == v7j.count("bar.sync 1, 256;") - 1
+        assert ptx.count("bar.arrive 1, 256;") == 1 and "bar.arrive 1, 256;" not in v7j
+        assert ptx.count("bar.arrive 3, 512;") == 1 and ptx.count("bar.sync 3, 512;") == 2
+        assert ptx.count(send) == 3 < v7j.count(send)
+        assert ptx.count("lg2.approx") == v7j.count("lg2.approx")
+        assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
@@ -283,9 +305,9 @@ def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     warps' loop too), the clock at least once a phase (clock() is a %clock64 read in PTX), and
     writes both arrays."""
     for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " v7h", " v7i", " v7j",
-                   " one launch", " v7b one launch", " v7c one launch", " v7d one launch",
+                   " v7m", " one launch", " v7b one launch", " v7c one launch", " v7d one launch",
                    " v7e one launch", " v7f one launch", " v7g one launch", " v7h one launch",
-                   " v7i one launch", " v7j one launch"):
+                   " v7i one launch", " v7j one launch", " v7m one launch"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         helpers = any(f"v7{v}" in suffix for v in ce.V7_HELPERS)
@@ -317,12 +339,12 @@ def test_the_library_times_the_phases_python_names(hopper_builds):
     dummy = p(16)
     for n, batch, scratch, variant, grams in (
             (1, 0, dummy, 0, 0), (1, 129, dummy, 1, 0), (0, 128, dummy, 0, 0),
-            (1, 128, None, 1, 0), (1, 128, dummy, 10, 0), (1, 128, dummy, -1, 0),
-            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 10, 1)):
+            (1, 128, None, 1, 0), (1, 128, dummy, 12, 0), (1, 128, dummy, -1, 0),
+            (1, 128, dummy, 0, 2), (1, 128, dummy, 1, -1), (1, 128, dummy, 12, 1)):
         assert lib.cuda_epoch_v7_phase_profile(dummy, dummy, dummy, n, batch, 0.1, dummy, dummy,
                                                dummy, scratch, variant, grams, dummy, dummy,
                                                None) == 1
-    assert lib.cuda_epoch_v7_variants() == len(ce.V7_VARIANTS)
+    assert lib.cuda_epoch_v7_variants() == len(ce.V7_LIBRARY_ORDER)
 
 
 class FakeV7Profile:
@@ -349,7 +371,7 @@ class FakeV7Profile:
         self.calls.append((n, bs, scratch.value, variant, grams))
         chain, workers, helpers, ctas, cols = self.shape
         for i in range(ctas):
-            if i >= 64 and ce.V7_VARIANTS[variant] not in ce.V7_HELPERS:
+            if i >= 64 and ce.V7_LIBRARY_ORDER[variant] not in ce.V7_HELPERS:
                 continue  # no helper warps: their rows stay 0
             for j in range(chain if i < 8 else workers if i < 64 else helpers):
                 clocks[i * cols + j] = self.clocks(i, j)
@@ -388,7 +410,7 @@ def test_the_reader_turns_clocks_into_us_a_step_per_role(monkeypatch, v7_variant
     lib = FakeV7Profile(steps=10, clocks_per_ns=2.0)
     k = fake_kernel(lib, monkeypatch, v7_variant, v7_grams)
     profile = k.phase_profile(1)
-    assert lib.calls == [(150, 16, k.scratch.data_ptr(), ce.V7_VARIANTS.index(v7_variant),
+    assert lib.calls == [(150, 16, k.scratch.data_ptr(), ce.V7_LIBRARY_ORDER.index(v7_variant),
                           ce.V7_GRAMS.index(v7_grams))]
     helpers = v7_variant in ce.V7_HELPERS
     assert list(profile) == ["chain", "workers"] + ["helpers"] * helpers
