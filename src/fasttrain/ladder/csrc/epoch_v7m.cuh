@@ -36,12 +36,10 @@
 
 namespace {
 
-// Item `it` of G_t (a float4 of gl) to chain CTA it.d's ring slot t % NB, if it is sent.
-__device__ __forceinline__ void v7m_send(const V7Epoch& e, int t, int q, const V7MItem& it,
-                                         const float* gl, uint32_t ring_u, uint32_t bar_u) {
-  if (!v7m_item_sent(e, t, q, it)) return;
+// Item `it` of G_t (val: its float4 of gl) to chain CTA it.d's ring slot t % NB.
+__device__ __forceinline__ void v7m_send(int t, int q, const V7MItem& it, float4 val,
+                                         uint32_t ring_u, uint32_t bar_u) {
   const int slot = v7_slot(t);
-  const float4 val = *reinterpret_cast<const float4*>(gl + v7m_gl_at(it));
   st_async4(mapa(ring_u + 4 * (slot * ChainSmem::GSLOT + v7m_slot_at(q, it)), it.d), val,
             mapa(bar_u + 8 * slot, it.d));
 }
@@ -58,13 +56,18 @@ struct V7MTail {
     __syncwarp();
     if (w > 0) bar_arrive<V7C_BAR_CRIT, V7C_CRIT>();
     clock.mark(V7C_SOFTMAX);
-    for (int k = 0; k < V7M_ROW_ITEMS; ++k)
-      v7m_send(v.e, t, q, v7m_row_item(w, lane, k), gl, ring_u, bar_u);
+    const V7MItem row = v7m_row_item(w, lane, 0);  // a lane's items carry one float4
+    if (v7m_item_sent(v.e, t, q, row)) {
+      const float4 val = *reinterpret_cast<const float4*>(gl + v7m_gl_at(row));
+      for (int k = 0; k < V7M_ROW_ITEMS; ++k)
+        v7m_send(t, q, v7m_row_item(w, lane, k), val, ring_u, bar_u);
+    }
     if (w == 0) {
       bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
       chain_colsum(tid, gl);
       __syncwarp();
-      v7m_send(v.e, t, q, v7m_sum_item(lane), gl, ring_u, bar_u);
+      const V7MItem sum = v7m_sum_item(lane);
+      v7m_send(t, q, sum, *reinterpret_cast<const float4*>(gl + v7m_gl_at(sum)), ring_u, bar_u);
     }
     clock.mark(V7C_SEND);
     bar_arrive<V7I_BAR_G, V7_T>();
