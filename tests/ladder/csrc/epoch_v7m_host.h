@@ -1,4 +1,4 @@
-// The host emulation's v7m (variant 11, epoch_v7m.cuh; 10 is v7k's, another branch's): v7j with
+// The host emulation's v7m (variant 11, epoch_v7m.cuh; 10 is v7k's): v7j with
 // its chain's critical warps' step after Z cut. The critical step's tail runs through the
 // kernel's bodies (epoch_v7m_math.cuh): v7m_softmax16 a warp (the loss's inputs kept), warp 0's
 // column sums (chain_colsum), every warp's items (v7m_row_item, v7m_sum_item) copied into every
