@@ -602,6 +602,23 @@ def test_v7js_planted_bugs_fail(lib, bug, fill, policy, grams):
     assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7J[bug]
 
 
+JW_BUG_CASES = [(v, *case) for v in ("v7k", "v7m") for case in V7J_BUG_CASES[:3]]
+"""v7j's planted bugs 27-29 in v7k and v7m, whose workers are v7j's (the emulation's jw(): a
+variant left out of it runs v7i's workers, which train as v7j's bit for bit, so only these show
+it)."""
+
+
+@pytest.mark.parametrize(("variant", "bug", "fill", "policy", "grams"), JW_BUG_CASES,
+                         ids=[f"{v}-{b}" for v, b, *_ in JW_BUG_CASES])
+def test_v7js_planted_bugs_fail_in_v7k_and_v7m(lib, variant, bug, fill, policy, grams):
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=VARIANTS[variant], code=None,
+                        grams=grams)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (variant, BUGS_V7J[bug])
+
+
 def v7k_counts(lib):
     """The emulation's v7k early reads of its last run: (passed, stale, stale then loaded by the
     fallback)."""
