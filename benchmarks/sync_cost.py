@@ -20,7 +20,8 @@ costs, measured, and how the `cuda-epoch` variants compare.
   a step deeper and their reduce's stores after its credits) and v7i (v7h, G's global rows and
   the step counter by the chain's helper warps) and v7j (v7i, its workers' mma fragments by
   ldmatrix, W's fp16 pieces split once by the apply) and v7k (v7j, two barriers fewer a worker
-  step, the chain counters read at its top) in ONE launch
+  step, the chain counters read at its top) and v7m (v7j, its chain's critical warps sending their
+  own rows at once, one barrier wait for warp 0 alone, the loss after) in ONE launch
   (`v7_grams="launch"`: their Grams made by 7 producer clusters of the epoch kernel itself, 120
   CTAs; `V7_TIMED`)): ms per epoch (CUDA
   events, median of the epochs after a warm-up one), and its weights after those epochs against
@@ -30,7 +31,7 @@ costs, measured, and how the `cuda-epoch` variants compare.
 - v4's, v5's, v6's and v7's phases: one epoch by their phase-profiling build
   (`EpochKernel.phase_profile`), the µs a step each CTA's thread 0 spends in each phase (mean
   over CTAs and the slowest CTA), to show what the next version must shorten; v7 per role (its
-  chain's, its workers' and (v7c-v7k) its chain's helper warps' phases, `epoch_phases.V7_PHASES`,
+  chain's, its workers' and (v7c-v7m) its chain's helper warps' phases, `epoch_phases.V7_PHASES`,
   the chain's "wait Γ" its wait for the producers' Grams in one launch), recorded as "<variant>:
   chain", "<variant>: workers" and "<variant>: helpers";
 - v7's Gram launch alone, each Gram kernel (v1 v7a's, v2 operands staged in shared memory): "v7
@@ -60,7 +61,8 @@ from fasttrain.env import env_block, hardware_line
 
 V7_TIMED = (("a", "kernel"), ("b", "kernel"), ("c", "kernel"), ("d", "kernel"),
             ("b", "launch"), ("c", "launch"), ("d", "launch"), ("e", "launch"), ("f", "launch"),
-            ("g", "launch"), ("h", "launch"), ("i", "launch"), ("j", "launch"), ("k", "launch"))
+            ("g", "launch"), ("h", "launch"), ("i", "launch"), ("j", "launch"), ("k", "launch"),
+            ("m", "launch"))
 """v7's (variant, v7_grams) this script times and profiles: v7a-v7d in two launches, and v7b,
 v7c and v7d (the fastest in two launches on an H200, 2026-11-28: 2.231, 2.179 and 2.062 ms) in
 one; v7e (v7c's chain, the workers on the tensor cores) and v7f (v7e with the reduce-scatter; the
@@ -71,8 +73,9 @@ credits; not yet run on a GPU) and v7i (v7h, G_t's global rows and the step coun
 chain's helper warps; not yet run on a GPU) and v7j (v7i, its workers' mma fragments by ldmatrix
 from swizzled rows, W's fp16 pieces split once by the apply; not yet run on a GPU) and v7k (v7j,
 two barriers fewer a worker step, the chain counters read at its top and tested after the
-partials; not yet run on a GPU) in one launch, to be read against v7f's from the same call
-(`--v7 f:launch,g:launch,h:launch,i:launch,j:launch,k:launch`)."""
+partials; not yet run on a GPU) and v7m (v7j, its chain's critical warps sending their own rows of
+G right after their softmax; not yet run on a GPU) in one launch, to be read against v7f's from
+the same call (`--v7 f:launch,g:launch,h:launch,i:launch,j:launch,k:launch,m:launch`)."""
 
 ITERS = 10_000
 STEPS = 469

@@ -80,7 +80,7 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7: the Grams, then the epoch
     # v7f in one launch (the producers in the epoch kernel) is version 7's; two launches and the
     # other variants stay selectable.
-    assert ce.V7_VARIANTS == ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k")
+    assert ce.V7_VARIANTS == ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m")
     assert ce.V7_VARIANT == "f"
     assert ce.V7_GRAMS == ("kernel", "launch") and ce.V7_GRAMS_DEFAULT == "launch"
     assert ce.V7_ONE_LAUNCH == ce.V7_VARIANTS
@@ -91,7 +91,8 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
                    "epoch_v7e.cuh", "epoch_v7e_math.cuh", "epoch_v7f.cuh", "epoch_v7g.cuh",
                    "epoch_v7g_math.cuh", "epoch_v7h.cuh", "epoch_v7h_math.cuh", "epoch_v7i.cuh",
                    "epoch_v7i_math.cuh", "epoch_v7j.cuh", "epoch_v7j_math.cuh", "epoch_v7k.cuh",
-                   "v8_workers.cuh", "v8_mma.cuh", "gram_v2.cuh"):
+                   "epoch_v7m.cuh", "epoch_v7m_math.cuh", "v8_workers.cuh", "v8_mma.cuh",
+                   "gram_v2.cuh"):
         assert f"csrc/{header}" in hashed
 
 
@@ -149,8 +150,8 @@ def test_v4_timeout_has_its_own_error_code_and_no_grid_launch(cpu_loaded_library
                                     0, version, None)
         assert code == 1
     # v7: clusters only, its 8 chain CTAs, and its scratch; cuda_epoch_v7_train (v7a 0, v7b 1,
-    # v7c 2, v7d 3, v7e 4, v7f 5, v7g 6, v7h 7, v7i 8, v7j 9, v7k 10): its scratch, a batch that
-    # fits and a variant it has (len(V7_VARIANTS) is the first it has not).
+    # v7c 2, v7d 3, v7e 4, v7f 5, v7g 6, v7h 7, v7i 8, v7j 9, v7k 10, v7m 11): its scratch, a batch
+    # that fits and a variant it has (len(V7_VARIANTS) is the first it has not).
     for ctas, cluster, scratch in ((8, 0, dummy), (14, 1, dummy), (8, 1, None)):
         code = lib.cuda_epoch_train(dummy, dummy, dummy, 1, 1, 0.1, dummy, dummy, dummy, scratch,
                                     ctas, cluster, 7, None)
@@ -213,12 +214,12 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
     assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
 
 
-V7_VARIANTS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"]  # cuda_epoch.V7_VARIANTS
+V7_VARIANTS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m"]  # cuda_epoch.V7_VARIANTS
 V7_ONE_LAUNCH = V7_VARIANTS  # cuda_epoch.V7_ONE_LAUNCH
 V7_IDS = [f"v7{v}" for v in V7_VARIANTS]
 V7_GRAMS = ["kernel", "launch"]  # cuda_epoch.V7_GRAMS
 V7_RUNS = [(v, g) for g in V7_GRAMS for v in V7_VARIANTS if g == "kernel" or v in V7_ONE_LAUNCH]
-"""(variant, v7_grams) of every v7 kernel: v7a-v7k in two launches and in one."""
+"""(variant, v7_grams) of every v7 kernel: v7a-v7k and v7m in two launches and in one."""
 V7_RUN_IDS = [f"v7{v}-{'two-launches' if g == 'kernel' else 'one-launch'}" for v, g in V7_RUNS]
 
 

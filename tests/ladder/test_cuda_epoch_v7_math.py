@@ -32,7 +32,12 @@ must fail. v7k (`csrc/epoch_v7k.cuh`: v7j with two barriers fewer a worker step,
 the emulation can see, and the chain counters read at the top of a worker step, tested after its
 partials) reads them when the cluster's previous unit ended (`tests/ladder/csrc/epoch_v7k_host.h`),
 trains as v7j bit for bit, its schedules make stale early reads and take the fallback, and its
-planted bugs (loads checked after they were issued, a read before the reset) must fail. What it
+planted bugs (loads checked after they were issued, a read before the reset) must fail. v7m
+(`csrc/epoch_v7m.cuh`, `epoch_v7m_math.cuh`: v7j with its chain's critical warps sending their
+own rows of G right after their softmax, warp 0 the column sums after one barrier, the loss after
+the sends) runs that tail through the kernel's send mapping (`tests/ladder/csrc/epoch_v7m_host.h`,
+every row and the sums exactly once a destination), trains as v7j bit for bit, and its planted
+bugs must fail. What it
 cannot check (the mbarriers, st.async, DSMEM reads, the
 acquire/release counters (v7d: the acquire and __syncwarp before its early loads), the 64-bit
 words' atomicity, the Gram kernel's tiles on the tensor
@@ -44,6 +49,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from fasttrain.ladder import cuda_epoch as ce
 from fasttrain.ladder.check import FP32_ATOL
 from fasttrain.ladder.common import LadderConfig, make_ladder_data
 from tests.conftest import real_data_dir, requires_mnist, tiny_images
@@ -56,7 +62,7 @@ K = 784
 GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
 CHAIN_FIRST = -1  # the chain CTAs run whenever their waits let them: a too-early read shows
 VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3, "v7e": 4, "v7f": 5, "v7g": 6, "v7h": 7,
-            "v7i": 8, "v7j": 9, "v7k": 10}
+            "v7i": 8, "v7j": 9, "v7k": 10, "v7m": 11}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
@@ -69,7 +75,7 @@ def slow_g(variants):
     budget takes its cheaper tests (both launch modes, every schedule: test_epochs_...,
     test_short_..., and its own below), `-m slow` the rest (~15 s of emulation on 2 cores)."""
     return [pytest.param(v, marks=pytest.mark.slow)
-            if v in ("v7g", "v7h", "v7i", "v7j", "v7k") else v for v in variants]
+            if v in ("v7g", "v7h", "v7i", "v7j", "v7k", "v7m") else v for v in variants]
 
 
 def slow_h(variants):
@@ -79,8 +85,11 @@ def slow_h(variants):
     who stores G and publishes is its own; v7j's is v7i's (test_v7j_trains_as_v7i_bit_for_bit,
     fast), only how its workers load their fragments is its own; v7k's is v7j's
     (test_v7k_trains_as_v7j_bit_for_bit, fast), only its barriers and when it reads the counters
-    are its own: the fast suite runs their own tests below, `-m slow` the float64 matrix."""
-    return [pytest.param(v, marks=pytest.mark.slow) if v in ("v7h", "v7i", "v7j", "v7k") else v
+    are its own; v7m's is v7j's (test_v7m_trains_as_v7j_bit_for_bit, fast), only when its chain
+    sends G and adds the loss is its own: the fast suite runs their own tests below, `-m slow` the
+    float64 matrix."""
+    return [pytest.param(v, marks=pytest.mark.slow)
+            if v in ("v7h", "v7i", "v7j", "v7k", "v7m") else v
             for v in variants]
 
 # v7prod's one-launch bugs 7-9, renumbered 9-11 at its merge with v7c (whose are 7 and 8), then
@@ -112,6 +121,9 @@ BUGS_V7J = {27: "the partials' x read unswizzled (the store swizzles: features f
             29: "W's fp16 pieces not rewritten by the apply (the partials keep W_0)"}
 BUGS_V7K = {30: "the G loads issued with the early read and kept when the fallback's read passes",
             31: "step 0's early read before the reset (the previous epoch's counts trusted)"}
+BUGS_V7M = {40: "a warp's send mapping without its row bit (row 2w + 1 never sent, 2w twice)",
+            41: "the column sums taken before warps 1-7's rows are in gl (no arrive/sync)",
+            42: "1/bs in place of 1/n_t (the last, short batch's G off by bs/n_t)"}
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +285,9 @@ def test_the_harness_rejects_bad_arguments(lib):
         return lib.v7_epochs(1, ptr(one), ptr(one), ptr(one), 1, bs, 0.1, ptr(one), ptr(one),
                              ptr(np.zeros(2)), 0, bug, 0.0, variant, grams, 0)
 
-    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=11) == -1
+    past = len(ce.V7_VARIANTS)  # the first variant the library (and the harness) has not
+    assert {f"v7{v}": i for i, v in enumerate(ce.V7_VARIANTS)} == VARIANTS  # the same numbers
+    assert call(bs=129) == call(bug=7, variant=1) == call(bug=4) == call(variant=past) == -1
     assert call(bug=23, variant=6) == call(bug=24, variant=5) == call(bug=25, variant=7) == -1
     assert call(bug=26, variant=6) == call(bug=27, variant=8) == call(bug=24, variant=5) == -1
     assert call(bug=20, variant=5) == call(bug=23, variant=6) == call(bug=18, variant=4) == -1
@@ -283,11 +297,15 @@ def test_the_harness_rejects_bad_arguments(lib):
     assert call(bug=9, variant=2) == call(bug=8, variant=1) == call(bug=11, variant=3) == -1
     assert call(bug=14, variant=3, grams=1) == call(bug=12) == -1
     assert call(grams=2) == call(grams=1, bug=14) == call(grams=1, bug=4) == -1
-    assert call(grams=1, variant=11) == call(grams=1, bug=11, variant=2, bs=129) == -1
+    assert call(grams=1, variant=past) == call(grams=1, bug=11, variant=2, bs=129) == -1
     assert call(bug=27, variant=8) == call(bug=28, variant=6) == call(bug=30, variant=9) == -1
     assert call(bug=29, variant=4) == call(bug=24, variant=5) == -1
     # v7k's: 30 and 31 its own, 31 in one launch only
     assert call(bug=31, variant=10) == call(bug=31, variant=9, grams=1) == call(bug=32) == -1
+    assert call(bug=30, variant=11) == call(bug=31, variant=11, grams=1) == -1
+    # v7m's: 40-42 its own; 32-39 nobody's
+    assert call(bug=40, variant=9) == call(bug=41, variant=10) == call(bug=42, variant=10) == -1
+    assert call(bug=39, variant=11) == call(bug=43, variant=11) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])
@@ -407,7 +425,7 @@ def test_v7e_and_v7f_with_truncating_accumulation_equal_float64(lib, grams, vari
 
 @requires_mnist
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g", "v7h", "v7i", "v7j", "v7k"])
+@pytest.mark.parametrize("variant", ["v7e", "v7f", "v7g", "v7h", "v7i", "v7j", "v7k", "v7m"])
 @pytest.mark.parametrize("rz", [False, True], ids=["acc-rn", "acc-rz"])
 def test_v7e_and_v7f_on_a_slice_of_mnist_equal_float64(lib, rz, variant):
     cfg = LadderConfig(epochs=1)
@@ -584,6 +602,23 @@ def test_v7js_planted_bugs_fail(lib, bug, fill, policy, grams):
     assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7J[bug]
 
 
+JW_BUG_CASES = [(v, *case) for v in ("v7k", "v7m") for case in V7J_BUG_CASES[:3]]
+"""v7j's planted bugs 27-29 in v7k and v7m, whose workers are v7j's (the emulation's jw(): a
+variant left out of it runs v7i's workers, which train as v7j's bit for bit, so only these show
+it)."""
+
+
+@pytest.mark.parametrize(("variant", "bug", "fill", "policy", "grams"), JW_BUG_CASES,
+                         ids=[f"{v}-{b}" for v, b, *_ in JW_BUG_CASES])
+def test_v7js_planted_bugs_fail_in_v7k_and_v7m(lib, variant, bug, fill, policy, grams):
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=VARIANTS[variant], code=None,
+                        grams=grams)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (variant, BUGS_V7J[bug])
+
+
 def v7k_counts(lib):
     """The emulation's v7k early reads of its last run: (passed, stale, stale then loaded by the
     fallback)."""
@@ -649,3 +684,54 @@ def test_v7ks_planted_bugs_fail(lib, bug, fill, policy, grams):
     assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7K[bug]
     w, b, _ = v7_run(lib, data, cfg, 2, policy, 0, fill, variant=10, grams=grams)  # the fix
     assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL
+
+
+@pytest.mark.parametrize("grams", [pytest.param("two launches", marks=pytest.mark.slow),
+                                   "one launch"])
+def test_v7m_trains_as_v7j_bit_for_bit(lib, grams):
+    """v7m changes when its chain's critical warps send G_t (each warp its own rows at once, warp
+    0 the column sums after one barrier) and when they add the loss (after the sends), not one
+    value: the same G, column sums, bias and loss terms in the same order, so its weights, bias
+    and stats equal v7j's exactly (and float64's at FP32_ATOL), 2 epochs of 6 steps with the
+    96-row last batch (1/n_t differs from 1/bs there), greedy, chain-first and random schedules,
+    the mma's accumulation to nearest and toward zero."""
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    for rz in (False, True):
+        j = v7_run(lib, data, cfg, 2, GREEDY, variant=9, grams=GRAMS[grams], rz=rz)
+        for policy in (GREEDY, CHAIN_FIRST, 2):
+            m = v7_run(lib, data, cfg, 2, policy, variant=11, grams=GRAMS[grams], rz=rz)
+            assert all(np.array_equal(a, b) for a, b in zip(j, m, strict=True)), (rz, policy)
+            assert err(m[:2], (w_ref, b_ref)) <= FP32_ATOL, (rz, policy)
+
+
+def test_v7m_in_one_step_epochs_and_16_row_batches_equals_float64(lib):
+    """v7m with a 1-step epoch of 96 rows (one short batch: its rows 96-127 not sent) and 10-step
+    epochs of 16 rows (chain CTAs 1-7 send no row, only their column sums of zeros): against
+    float64 at FP32_ATOL."""
+    for n, batch, grams in ((96, 128, 1), (150, 16, 0)):
+        cfg = LadderConfig(epochs=2, batch_size=batch)
+        data = make_ladder_data(random_uint8(n), cfg)
+        w_ref, b_ref, _, _ = reference(data, cfg, 2)
+        for policy in (CHAIN_FIRST, 1):
+            w, b, _ = v7_run(lib, data, cfg, 2, policy, variant=11, grams=grams)
+            assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (n, batch, policy)
+
+
+V7M_BUG_CASES = [(40, np.nan, GREEDY, 1), (40, 0.0, CHAIN_FIRST, 0), (41, np.nan, 1, 1),
+                 (41, 0.0, GREEDY, 0), (42, np.nan, CHAIN_FIRST, 1), (42, 0.0, 2, 0)]
+"""v7m's planted bugs, each over one fill, schedule and launch mode: none depends on the order
+(a row never sent, column sums of stale rows, a short batch's G scaled by 1/bs)."""
+
+
+@pytest.mark.parametrize(("bug", "fill", "policy", "grams"), V7M_BUG_CASES,
+                         ids=[f"{b}-{'nan' if f != f else 'zeros'}-{p}-{'kl'[g]}"
+                              for b, f, p, g in V7M_BUG_CASES])
+def test_v7ms_planted_bugs_fail(lib, bug, fill, policy, grams):
+    # 2 epochs of 6 steps, the last of 96 rows.
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=11, code=None, grams=grams)
+    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7M[bug]

@@ -23,7 +23,7 @@ from tests.conftest import import_benchmark, tiny_images
 requires_nvcc = pytest.mark.skipif(build.find_nvcc() is None, reason="nvcc not found on PATH")
 requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-# The 44 instantiations of the epoch kernel (v7a … v7k, each untimed and timed, each
+# The 48 instantiations of the epoch kernel (v7a … v7k and v7m, each untimed and timed, each
 # in two launches and in one: GRAMS 0, 1) in one small
 # translation unit: ~8 s of nvcc for two, against ~35 s for the whole of cuda_epoch.cu (whose
 # build, hopper_builds, keeps no ptxas report).
@@ -51,19 +51,21 @@ void* const v7_kernels[] = {
     (void*)v7_epoch_kernel_j<false, 1>, (void*)v7_epoch_kernel_j<true, 1>,
     (void*)v7_epoch_kernel_k<false>, (void*)v7_epoch_kernel_k<true>,
     (void*)v7_epoch_kernel_k<false, 1>, (void*)v7_epoch_kernel_k<true, 1>,
+    (void*)v7_epoch_kernel_m<false>, (void*)v7_epoch_kernel_m<true>,
+    (void*)v7_epoch_kernel_m<false, 1>, (void*)v7_epoch_kernel_m<true, 1>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {f"{build}{v7b}{one}": f"v7_epoch_kernelILb{t}ELb{b}ELi{g}E"
                  for one, g in (("", 0), (" one launch", 1)) for v7b, b in (("", 0), (" v7b", 1))
                  for build, t in (("untimed", 0), ("timed", 1))}
 EPOCH_KERNELS |= {f"{build} v7{c}{one}": f"v7_epoch_kernel_{c}ILb{t}ELi{g}E"
-                  for c in ("c", "d", "e", "f", "g", "h", "i", "j", "k")
+                  for c in ("c", "d", "e", "f", "g", "h", "i", "j", "k", "m")
                   for one, g in (("", 0), (" one launch", 1))
                   for build, t in (("untimed", 0), ("timed", 1))}
 """ptxas's names of v7_epoch_kernel<TIMED, V7B, GRAMS> ("untimed", "timed v7b one launch", …), of
 v7c's v7_epoch_kernel_c<TIMED, GRAMS> ("untimed v7c", "timed v7c one launch", …), of v7d's
 v7_epoch_kernel_d<TIMED, GRAMS> ("untimed v7d", "timed v7d one launch", …) and of v7e's
-v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's … v7k's."""
+v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's … v7k's and v7m's."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -309,17 +311,37 @@ def test_v7ks_workers_have_two_barriers_fewer_and_read_the_counters_early(ptxas_
 
 
 @requires_nvcc
+def test_v7ms_critical_warps_send_their_rows_with_one_barrier_wait(ptxas_report):
+    """v7m (csrc/epoch_v7m.cuh): v7j's kernel whose critical warps hold one bar.sync of named
+    barrier 1 in the loop (warp 0's, before the column sums) where v7j has two, and one
+    bar.arrive on it (warps 1-7); the same st.async v4 sends at three sites (a lane's two items of
+    its warp's rows, warp 0's sums) where v7j's peeled send loop has more; barrier 3's arrive as
+    i's; the loss's log after the sends (its place is not countable in PTX: the same count of
+    lg2 as v7j's); nothing in local memory."""
+    send = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32"
+    for one in ("", " one launch"):
+        ptx = ptxas_report["untimed v7m" + one]["ptx"]
+        v7j = ptxas_report["untimed v7j" + one]["ptx"]
+        assert ptx.count("bar.sync 1, 256;") == v7j.count("bar.sync 1, 256;") - 1
+        assert ptx.count("bar.arrive 1, 256;") == 1 and "bar.arrive 1, 256;" not in v7j
+        assert ptx.count("bar.arrive 3, 512;") == 1 and ptx.count("bar.sync 3, 512;") == 2
+        assert ptx.count(send) == 3 < v7j.count(send)
+        assert ptx.count("lg2.approx") == v7j.count("lg2.approx")
+        assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
-    one reads the global timer at the start and end of each role's loop (v7c-v7k: the helper
+    one reads the global timer at the start and end of each role's loop (v7c-v7m: the helper
     warps' loop too), the clock at least once a phase (clock() is a %clock64 read in PTX), and
     writes both arrays."""
     for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " v7h", " v7i", " v7j",
-                   " v7k",
+                   " v7k", " v7m",
                    " one launch", " v7b one launch", " v7c one launch", " v7d one launch",
                    " v7e one launch", " v7f one launch", " v7g one launch", " v7h one launch",
-                   " v7i one launch", " v7j one launch", " v7k one launch"):
+                   " v7i one launch", " v7j one launch", " v7k one launch", " v7m one launch"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         helpers = any(f"v7{v}" in suffix for v in ce.V7_HELPERS)

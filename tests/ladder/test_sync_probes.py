@@ -305,9 +305,11 @@ def test_sync_cost_picks_versions_and_v7_pairs_or_refuses_with_one_line(capsys):
                                                          ("j", "launch"))
     assert sync_cost.parse_v7("k,j:launch,f:launch") == (("f", "launch"), ("j", "launch"),
                                                          ("k", "launch"))
+    assert sync_cost.parse_v7("m,k:launch,j:launch") == (("j", "launch"), ("k", "launch"),
+                                                         ("m", "launch"))
     for argv in (["--versions", "8"], ["--versions", "six"], ["--v7", "c:graph"], ["--v7", "z"],
                  ["--v7", "h:kernel"], ["--v7", "i:kernel"], ["--v7", "j:kernel"],
-                 ["--v7", "k:kernel"]):
+                 ["--v7", "k:kernel"], ["--v7", "m:kernel"]):
         assert sync_cost.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("sync_cost: --"), err

@@ -28,7 +28,7 @@ for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its 
 ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
 Grams now by Gram kernel v2, `V7_GRAM_VERSION`: 211-237 µs an epoch on an H200, 2026-11-28,
 bit-equal to v1's 522-551).
-Version 7 has ten variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
+Version 7 has twelve variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
 above, v7b (v7a with the worker partials handed to the chain as 8-byte words {value, step} polled
 until every tag is the step, one L2 round trip instead of a counter and then the data, and the
 chain's softmax on 16 lanes a row with shuffles; written without a GPU, its per-thread code run on
@@ -51,7 +51,10 @@ warps; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7j (v7i with 
 mma fragments loaded by ldmatrix from swizzled rows and W's fp16 pieces split once by the apply;
 compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7k (v7j with two barriers fewer a
 worker step and the chain counters read at the step's top, tested after the partials; compiled
-and checked on the CPU, NOT YET RUN ON A GPU), each in two launches
+and checked on the CPU, NOT YET RUN ON A GPU) and v7m (v7j with its chain's critical warps
+sending their own rows of G right after their softmax, warp 0 alone waiting for the column sums,
+the loss added after the sends; trains as v7j bit for bit on the CPU; compiled and checked on the
+CPU, NOT YET RUN ON A GPU), each in two launches
 or in one (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch
 since the H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call;
 1.967 in the bench), the row's version since.
@@ -90,8 +93,8 @@ CLUSTER_ONLY = (4, 5, 6, 7)  # versions with no cooperative-grid kernel (signals
 SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_signal_status
 PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
-V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k")
-"""v7's variants, in the library's order (`variant` 0 … 10 of its v7 entry points): v7a (H200,
+V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m")
+"""v7's variants, in the library's order (`variant` 0 … 11 of its v7 entry points): v7a (H200,
 2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch), v7c
 (csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; H200,
 2026-11-28 run 2: 2.179 ms/epoch) and v7d (csrc/epoch_v7d.cuh, epoch_v7d_math.cuh: v7c with the
@@ -125,7 +128,12 @@ with two CTA-wide barriers fewer a worker step, G′ staged before the vote's ba
 barrier kept only in a step without an update, and the chain counters read relaxed at the step's
 top and tested after the partials, then fence.acquire, where v7j's acquire waits an L2 round trip
 there; trains as v7j bit for bit on the CPU; compiled and checked on the CPU, NOT YET RUN ON A
-GPU, so not the row's). sync_cost.py times them all in one call."""
+GPU, so not the row's). v7m (csrc/epoch_v7m.cuh, epoch_v7m_math.cuh: v7j with its chain's
+critical warps sending their own rows of G_t right after their softmax, warp 0 alone waiting on a
+barrier for the column sums, the loss after the sends: in v7i's SASS two 256-thread barriers, the
+column sums and 2-3 serial send blocks a thread between the softmax and the next wait, the loss's
+logf before them; trains as v7j bit for bit on the CPU; compiled and checked on the CPU, NOT YET
+RUN ON A GPU, so not the row's). sync_cost.py times them all in one call."""
 V7_VARIANT = "f"  # version 7's: v7f in one launch, the fastest on an H200 (2026-11-28, run 7)
 LAUNCHES = {7: 2}  # where not 1: v7's Gram kernel, then its epoch kernel (1 in one launch)
 V7_GRAMS = ("kernel", "launch")

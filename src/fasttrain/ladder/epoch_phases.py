@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 V7_CTAS = 8  # v7's `ctas`: its chain cluster (the launch holds 64: 7 worker clusters more)
-V7_HELPERS = ("c", "d", "e", "f", "g", "h", "i", "j", "k")
+V7_HELPERS = ("c", "d", "e", "f", "g", "h", "i", "j", "k", "m")
 """The variants whose chain CTAs split into critical and helper warps (v7c's chain and v7g's): their
 phase profile has a third role, "helpers"."""
 PHASES = ("partials", "widen", "wait partials", "softmax, send g", "wait g", "update")
@@ -59,12 +59,16 @@ V7_UNTIMED = {v: {"chain": ("wait Γ",), "helpers": ("wait partials",)}
               for v in ("c", "d", "e", "f")}
 V7_UNTIMED["g"] = V7_UNTIMED["h"] = V7_UNTIMED["i"] = V7_UNTIMED["j"] = V7_UNTIMED["k"] = {
     "chain": ("wait Γ",)}
+V7_UNTIMED["m"] = V7_UNTIMED["j"]
 """Phases a variant's profiling build does not clock, so they read 0: v7c's chain (v7d-v7f's)
 counts its wait for the producers' flag inside "Gram terms" (a separate clock mark spilled v7c's
 timed one-launch build). The H200's run 5 (2026-11-28) found them 0 in both launch modes. v7c's
-helpers poll no partials; v7g's chain (v7h's … v7k's) waits for no flag of the producers.
-v7i's (and v7j's, v7k's) chain publishes nothing (its helpers do): its "publish" is one
-bar.arrive, ~0 but clocked."""
+helpers poll no partials; v7g's chain (v7h's … v7m's) waits for no flag of the producers.
+v7i's (and v7j's, v7k's, v7m's) chain publishes nothing (its helpers do): its "publish" is one
+bar.arrive, ~0 but clocked. v7m's chain sends each warp's rows right after its softmax: its
+"softmax" (thread 0's, warp 0's) ends with its rows in gl, "send G" holds warp 0's sends, its wait
+for the other warps' rows (barrier 1), the column sums and their sends; the loss after "publish"
+lands in "wait G"."""
 
 
 def v7_phases_us(clocks: list[int], span: list[int], ctas: int, cols: int,

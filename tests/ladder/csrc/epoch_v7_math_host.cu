@@ -1,6 +1,6 @@
 // The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a … v7g (epoch_v7.cuh,
 // epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, epoch_v7g.cuh, epoch_v7h.cuh,
-// epoch_v7i.cuh, epoch_v7j.cuh, epoch_v7k.cuh, `variant` 0 … 10) on
+// epoch_v7i.cuh, epoch_v7j.cuh, epoch_v7k.cuh, epoch_v7m.cuh, `variant` 0 … 11) on
 // the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
@@ -55,6 +55,9 @@
 //     counters read at the top of a worker step, tested after its partials): the counters as
 //     the cluster's previous unit left them, the fallback reading them when tested
 //     (epoch_v7k_host.h, bugs 30, 31);
+//   - v7m (variant 11: v7j with its chain's critical tail cut: each warp sends its own rows, warp
+//     0 the column sums, the loss after the sends): the critical step's tail through
+//     epoch_v7m_math.cuh's bodies and send mapping (epoch_v7m_host.h, bugs 40-42);
 //   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
@@ -91,7 +94,8 @@
 // the deferred reduce of step u reading slot (u + 1) % NS (step u + 1's tiles, the probe's bug 5).
 // v7g only: 20-22 (epoch_v7g_host.h, v7h's and v7i's too); v7h only: 23, 24 (epoch_v7h_host.h,
 // v7i's too); v7i only: 25, 26 (epoch_v7i_host.h, v7j's too); v7j only: 27-29
-// (epoch_v7j_host.h, v7k's too); v7k only: 30, 31 (epoch_v7k_host.h; 31 in one launch).
+// (epoch_v7j_host.h, v7k's and v7m's too); v7k only: 30, 31 (epoch_v7k_host.h; 31 in one launch);
+// v7m only: 40-42 (epoch_v7m_host.h).
 #define FT_HOST_MATH
 #include <cmath>
 #include <algorithm>
@@ -161,6 +165,7 @@ struct Chain {
 #include "epoch_v7h_host.h"
 #include "epoch_v7j_host.h"
 #include "epoch_v7k_host.h"
+#include "epoch_v7m_host.h"
 namespace {
 
 struct Worker {  // v7e: its shared memory as V7ESmem lays it out
@@ -180,8 +185,10 @@ struct Emulation {
   bool rz = false;  // v7e: the mma's accumulation rounded toward zero (V8HostWarp's "acc rz")
   float fill = 0.f;  // what memory no step has written holds (v7g: its PQ before the helpers')
   bool fw() const { return variant >= 5; }  // v7f's workers (v7f … v7i)
-  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g … v7k)
-  bool jw() const { return variant == V7J_VARIANT || variant == V7K_VARIANT; }  // v7j's workers
+  bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g … v7m)
+  bool jw() const {  // v7j's workers (v7j, v7k, v7m)
+    return variant == V7J_VARIANT || variant == V7K_VARIANT || variant == V7M_VARIANT;
+  }
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
@@ -422,6 +429,7 @@ struct Emulation {
       const int row = q * V7_RPC + i;
       if (row < e.rows(t)) labels[i] = y[order[t * e.bs + row]];
     }
+    if (variant == V7M_VARIANT) return v7m_chain_tail(*this, q, t, p, j1, used_bias, labels);
     if (variant >= 1) {
       HostWarp16 warp{bug == 5 ? 8 : 0};
       for (int w = 0; w < V7_SMT / 32; ++w) {
@@ -801,7 +809,7 @@ struct Emulation {
 }  // namespace
 
 // `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4), v7f (5), v7g (6), v7h
-// (7), v7i (8), v7j (9) or v7k (10) on (w [10][784], b [10]) in place, orders
+// (7), v7i (8), v7j (9), v7k (10) or v7m (11) on (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
@@ -810,13 +818,14 @@ struct Emulation {
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
                          int bug, float fill, int variant, int grams, int acc_rz) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 31 || bug == 14 ||
-      variant < 0 || variant > 10 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 42 || bug == 14 ||
+      variant < 0 || variant > 11 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
       (bug >= 18 && variant < 5) || (bug >= 20 && bug <= 22 && variant < V7G_VARIANT) ||
       (bug >= 23 && bug <= 24 && variant < V7H_VARIANT) ||
       (bug >= 25 && bug <= 26 && variant < V7I_VARIANT) ||
       (bug >= 27 && bug <= 29 && variant < V7J_VARIANT) ||
-      (bug >= 30 && variant != V7K_VARIANT) || (bug == 31 && grams != 1) ||
+      (bug >= 30 && bug <= 31 && variant != V7K_VARIANT) || (bug == 31 && grams != 1) ||
+      (bug >= 32 && bug < 40) || (bug >= 40 && variant != V7M_VARIANT) ||
       (bug > 3 && bug < 7 && variant < 1) ||
       (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
       (bug >= 11 && bug <= 13 && grams != 1))

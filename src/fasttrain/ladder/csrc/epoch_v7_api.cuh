@@ -73,6 +73,11 @@
 //      barrier only in a step without an update) and the chain counters read relaxed at the
 //      step's top, tested after the partials, then fence.acquire (v7j: an acquire's round trip
 //      in "reduce").
+//   v7m (epoch_v7m.cuh, epoch_v7m_math.cuh; variant 11; written without a GPU, not yet run on one)
+//      v7j with the chain's critical warps' tail cut: each warp sends its own rows of G_t right
+//      after its softmax, only warp 0 waits (for the column sums), the loss after the sends
+//      (v7i's SASS: two 256-thread barriers, warp 0's column sums and 2-3 serial send blocks a
+//      thread between the softmax and the next wait, the loss's logf inline before them).
 #pragma once
 #include "epoch_v7_launch.cuh"
 
@@ -91,7 +96,7 @@ long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
 // device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
 // Returns 0 or a cudaError_t.
 // `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3, V7E 4, V7F 5, V7G 6, V7H 7, V7I 8,
-// V7J 9, V7K 10); `grams`:
+// V7J 9, V7K 10, V7M 11); `grams`:
 // V7_GRAMS_KERNEL 0
 // (8 clusters) or V7_GRAMS_LAUNCH 1 (one launch: 15 clusters, the producers').
 int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) {
@@ -101,7 +106,8 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
     return cudaErrorInvalidValue;
   void (*kernel)(V7Args) =
       grams == V7_GRAMS_LAUNCH
-          ? (variant == V7K   ? v7_epoch_kernel_k<false, V7_GRAMS_LAUNCH>
+          ? (variant == V7M   ? v7_epoch_kernel_m<false, V7_GRAMS_LAUNCH>
+             : variant == V7K ? v7_epoch_kernel_k<false, V7_GRAMS_LAUNCH>
              : variant == V7J ? v7_epoch_kernel_j<false, V7_GRAMS_LAUNCH>
              : variant == V7I ? v7_epoch_kernel_i<false, V7_GRAMS_LAUNCH>
              : variant == V7H ? v7_epoch_kernel_h<false, V7_GRAMS_LAUNCH>
@@ -112,7 +118,8 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
              : variant == V7C ? v7_epoch_kernel_c<false, V7_GRAMS_LAUNCH>
              : variant == V7B ? v7_epoch_kernel<false, true, V7_GRAMS_LAUNCH>
                               : v7_epoch_kernel<false, false, V7_GRAMS_LAUNCH>)
-          : (variant == V7K   ? v7_epoch_kernel_k<>
+          : (variant == V7M   ? v7_epoch_kernel_m<>
+             : variant == V7K ? v7_epoch_kernel_k<>
              : variant == V7J ? v7_epoch_kernel_j<>
              : variant == V7I ? v7_epoch_kernel_i<>
              : variant == V7H ? v7_epoch_kernel_h<>
@@ -131,12 +138,12 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
   return cudaOccupancyMaxActiveClusters(clusters, kernel, &cfg);
 }
 
-// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a … v7k).
+// How many v7 variants the entry points take (`variant` 0 … count − 1: v7a … v7k, v7m).
 // Host only.
 int cuda_epoch_v7_variants() { return V7_VARIANTS; }
 
 // One epoch of v7 variant `variant` (0 v7a: cuda_epoch_train's version 7; 1 v7b; 2 v7c; 3 v7d;
-// 4 v7e; 5 v7f; 6 v7g; 7 v7h; 8 v7i; 9 v7j; 10 v7k),
+// 4 v7e; 5 v7f; 6 v7g; 7 v7h; 8 v7i; 9 v7j; 10 v7k; 11 v7m),
 // args as cuda_epoch_train's with ctas = 8, cluster = 1 and `scratch` of
 // cuda_epoch_v7_scratch_bytes: its Grams, then its epoch kernel (`grams` 0), or its one launch
 // (`grams` 1: the scratch zeroed before its first epoch), on `stream`. Returns 0 or a
@@ -154,7 +161,7 @@ int cuda_epoch_v7_train(const void* x, const void* y, const void* order, int n, 
 
 // v7's phase-profiling build: *chain, *worker and *helper phases a row of each role
 // (epoch_v7_phases.cuh), *rows the rows profiled (the 64 chain and worker CTAs, then the chain
-// CTAs' helper warps: v7c-v7k's), *cols the clock columns a row (the buffers' shape). Host only.
+// CTAs' helper warps: v7c-v7m's), *cols the clock columns a row (the buffers' shape). Host only.
 void cuda_epoch_v7_phase_shape(int* chain, int* worker, int* helper, int* rows, int* cols) {
   *chain = V7C_PHASES;
   *worker = V7W_PHASES;
@@ -167,7 +174,7 @@ void cuda_epoch_v7_phase_shape(int* chain, int* worker, int* helper, int* rows, 
 // cuda_epoch_v7_train's, `grams` too) by the phase-profiling build (it trains), then per CTA of
 // the chain and the workers (the producers are not profiled) the clocks its
 // thread 0 spent in each of its role's phases, then per chain CTA those of its helper warps'
-// first thread (v7c-v7k; rows of zeros for v7a, v7b) (out: rows x cols of
+// first thread (v7c-v7m; rows of zeros for v7a, v7b) (out: rows x cols of
 // cuda_epoch_v7_phase_shape, 32-bit, chain CTAs first) and each row's loop's span in ns (span:
 // rows + 1, the last the steps).
 // Syncs the stream.

@@ -1,9 +1,9 @@
 // cuda-epoch v7's host side (epoch_v7_api.cuh's entry points call it): the launch configuration,
 // an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel of v7a, v7b,
-// v7c, v7d, v7e, v7f, v7g, v7h, v7i, v7j or v7k, TIMED or not) or its one launch (`grams` V7_GRAMS_LAUNCH: the
+// v7c, v7d, v7e, v7f, v7g, v7h, v7i, v7j, v7k or v7m, TIMED or not) or its one launch (`grams` V7_GRAMS_LAUNCH: the
 // epoch kernel with its producer clusters, epoch_v7l.cuh), and the phase profile's read-back. v7's
-// variants: V7A (0), V7B (1), V7C (2), V7D (3), V7E (4), V7F (5), V7G (6), V7H (7), V7I (8) and
-// V7J (9), V7K (10), the
+// variants: V7A (0), V7B (1), V7C (2), V7D (3), V7E (4), V7F (5), V7G (6), V7H (7), V7I (8),
+// V7J (9), V7K (10) and V7M (11), the
 // `variant` of the entry points (cuda_epoch.V7_VARIANTS); `grams` is independent of it.
 #pragma once
 #include "epoch_v7.cuh"
@@ -16,6 +16,7 @@
 #include "epoch_v7i.cuh"
 #include "epoch_v7j.cuh"
 #include "epoch_v7k.cuh"
+#include "epoch_v7m.cuh"
 
 namespace {
 
@@ -64,7 +65,7 @@ cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, c
 // The Gram kernels: 1 (v7a's, measured on an H200) or 2 (gram_v2.cuh, not yet run on a GPU).
 constexpr int V7_GRAM_VERSION = 2;  // the epoch's
 enum V7Variant { V7A = 0, V7B = 1, V7C = 2, V7D = 3, V7E = 4, V7F = 5, V7G = 6, V7H = 7,
-                 V7I = 8, V7J = 9, V7K = 10, V7_VARIANTS };
+                 V7I = 8, V7J = 9, V7K = 10, V7M = 11, V7_VARIANTS };
 V7Args v7_args(const Args& a, bool tagged = false) {
   const int steps = (a.n + a.bs - 1) / a.bs;
   return V7Args{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps), tagged};
@@ -92,13 +93,15 @@ cudaError_t v7_grams(const V7Args& v, int version, cudaStream_t stream) {
 // launches (the Gram kernel, then the epoch kernel); V7_GRAMS_LAUNCH, one (the scratch of
 // v7l_scratch_bytes, zeroed before its first epoch: epoch_v7l_math.cuh). V7E (with V7B): v7e's;
 // V7F (with V7B): v7f's; V7G (with V7B): v7g's; V7H (with V7B): v7h's; V7I (with V7B): v7i's;
-// V7J (with V7B): v7j's; V7K (with V7B): v7k's.
+// V7J (with V7B): v7j's; V7K (with V7B): v7k's; V7M (with V7B): v7m's.
 template <bool TIMED = false, bool V7B = false, bool V7C = false, int GRAMS = V7_GRAMS_KERNEL,
           bool V7D = false, bool V7E = false, bool V7F = false, bool V7G = false,
-          bool V7H = false, bool V7I = false, bool V7J = false, bool V7K = false>
+          bool V7H = false, bool V7I = false, bool V7J = false, bool V7K = false,
+          bool V7M = false>
 cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   if (a.scratch == nullptr) return cudaErrorInvalidValue;
-  constexpr auto kernel = V7K   ? v7_epoch_kernel_k<TIMED, GRAMS>
+  constexpr auto kernel = V7M   ? v7_epoch_kernel_m<TIMED, GRAMS>
+                          : V7K ? v7_epoch_kernel_k<TIMED, GRAMS>
                           : V7J ? v7_epoch_kernel_j<TIMED, GRAMS>
                           : V7I ? v7_epoch_kernel_i<TIMED, GRAMS>
                           : V7H ? v7_epoch_kernel_h<TIMED, GRAMS>
@@ -118,7 +121,7 @@ cudaError_t train_v7(const Args& a, cudaStream_t stream) {
   const cudaLaunchConfig_t cfg = v7_config(attr, true, stream, GRAMS);
   return cudaLaunchKernelEx(&cfg, kernel, v);
 }
-// `variant` (V7A … V7K) and `grams` (V7_GRAMS_KERNEL, V7_GRAMS_LAUNCH) resolved once,
+// `variant` (V7A … V7K, V7M) and `grams` (V7_GRAMS_KERNEL, V7_GRAMS_LAUNCH) resolved once,
 // here.
 template <bool TIMED = false>
 cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
@@ -146,6 +149,9 @@ cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
     if (variant == V7K)
       return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, false, false, false,
                       false, false, true>(a, stream);
+    if (variant == V7M)
+      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, false, false, false,
+                      false, false, false, true>(a, stream);
     return cudaErrorInvalidValue;
   }
   if (grams != V7_GRAMS_KERNEL) return cudaErrorInvalidValue;
@@ -170,6 +176,9 @@ cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
   if (variant == V7K)
     return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, false, false, false, false,
                     false, true>(a, stream);
+  if (variant == V7M)
+    return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, false, false, false, false,
+                    false, false, true>(a, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -129,8 +129,30 @@ __device__ void v7g_helpers(int q, const V7Args& v, float* sm, Gate gate) {
   pub.last(v, steps, q, gl);
 }
 
+// The critical warps' step after Z (v7g-v7j's): the softmax, colsum between two barriers, then
+// Pub's sends and publish (v7m's: epoch_v7m.cuh's V7MTail).
+template <class Pub>
+struct V7GTail {
+  template <class Clock>
+  __device__ __forceinline__ void operator()(const V7Args& v, int t, int q, int tid, float z,
+                                             const int* labels, float* gl, uint32_t ring_u,
+                                             uint32_t bar_u, float& loss, float& correct,
+                                             Clock& clock) const {
+    chain_softmax16(V7DeviceWarp{}, v.e, t, q, tid / 32, z, labels, gl, loss, correct);
+    bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
+    chain_colsum(tid, gl);
+    bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
+    clock.mark(V7C_SOFTMAX);
+    Pub{}.sent(v, t, q, tid, gl, ring_u, bar_u);
+    clock.mark(V7C_SEND);
+    Pub{}.published(v, t, q);
+    clock.mark(V7C_PUBLISH);
+  }
+};
+
 // ---- the chain (cluster 0, CTA q), v7g ---------------------------------------------------------
-template <bool TIMED, class Pub = V7GCritPublish, class Gate = V7GramsReady>
+template <bool TIMED, class Pub = V7GCritPublish, class Tail = V7GTail<Pub>,
+          class Gate = V7GramsReady>
 __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   using S = ChainSmem;
   const V7Epoch& e = v.e;
@@ -187,16 +209,7 @@ __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
     const float p = ln.c < C ? sm[v7g_pq_at(t) + ln.i * 16 + ln.c] : 0.f;
     const float z = chain_logit_c(e, t, q, tid, p, bias, j1, sm + v7c_hq_at(t));
     clock.mark(V7C_LOGITS);
-    chain_softmax16(V7DeviceWarp{}, e, t, q, tid / 32, z, ys + (t & 1) * V7_RPC, gl, loss,
-                    correct);
-    bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
-    chain_colsum(tid, gl);
-    bar_sync<V7C_BAR_CRIT, V7C_CRIT>();
-    clock.mark(V7C_SOFTMAX);
-    Pub{}.sent(v, t, q, tid, gl, ring_u, bar_u);
-    clock.mark(V7C_SEND);
-    Pub{}.published(v, t, q);
-    clock.mark(V7C_PUBLISH);
+    Tail{}(v, t, q, tid, z, ys + (t & 1) * V7_RPC, gl, ring_u, bar_u, loss, correct, clock);
   }
   if (!failed) failed = v7c_last_g(e, steps, tid, bar_u, ring, bias, clock);
   if (failed) return;
@@ -204,12 +217,13 @@ __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   chain_results(v, q, tid, bias, loss, correct);
 }
 
-// v7g's chain, as v7c_epoch's chain (Pub: who publishes G's global rows and the step count).
-template <bool TIMED, class Pub = V7GCritPublish>
+// v7g's chain, as v7c_epoch's chain (Pub: who publishes G's global rows and the step count;
+// Tail: the critical warps' step after Z).
+template <bool TIMED, class Pub = V7GCritPublish, class Tail = V7GTail<Pub>>
 struct V7GChain {
   template <class... Gate>
   __device__ __forceinline__ void operator()(int q, const V7Args& v, float* sm, Gate... gate) const {
-    v7g_chain<TIMED, Pub>(q, v, sm, gate...);
+    v7g_chain<TIMED, Pub, Tail>(q, v, sm, gate...);
   }
 };
 
