@@ -250,6 +250,14 @@ def test_v7_matches_float64_reference(batch, v7, grams):
     assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
 
 
+def v7_kernel_name(v7: str) -> str:
+    """The variant's own epoch kernel as the profiler names it ("void (anonymous
+    namespace)::v7_epoch_kernel_m<false, 1>(...)"): epoch_v7_launch.cuh's v7_kernel maps a
+    variant's number to it, a table a merge could misorder, which the float64 checks would not
+    see where two variants train bit for bit alike (j, k, m)."""
+    return "::v7_epoch_kernel<" if v7 in ("a", "b") else f"::v7_epoch_kernel_{v7}<"
+
+
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("v7", V7_VARIANTS, ids=V7_IDS)
@@ -275,7 +283,7 @@ def test_v7_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_two_launches(v7):
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
     assert len(kernels) == 6, kernels
-    assert [("v7_gram_kernel" in k, "v7_epoch_kernel" in k) for k in kernels] == [
+    assert [("v7_gram_kernel" in k, v7_kernel_name(v7) in k) for k in kernels] == [
         (True, False), (False, True)] * 3
     one = EpochKernel(data, cfg, version=7, v7_variant=v7)
     one.run(0)
@@ -309,7 +317,7 @@ def test_v7_in_one_launch_on_a_slice_of_mnist_sized_epoch_matches_v2_and_is_one_
     k.check_signals()
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
-    assert len(kernels) == 3 and all("v7_epoch_kernel" in k for k in kernels), kernels
+    assert len(kernels) == 3 and all(v7_kernel_name(v7) in k for k in kernels), kernels
     assert bool(torch.isfinite(k.w).all())
     one = EpochKernel(data, cfg, version=7, v7_variant=v7, v7_grams="launch")
     one.run(0)

@@ -319,7 +319,7 @@ int cuda_epoch_train(const void* x, const void* y, const void* order, int n, int
   if (version == 5 && ctas == 14) return train<5, 14>(a, cl, stream);
   if (version == 6 && ctas == 7) return train<6, 7>(a, cl, stream);
   if (version == 6 && ctas == 14) return train<6, 14>(a, cl, stream);
-  if (version == 7 && ctas == V7_CHAIN && cl) return train_v7(a, stream);
+  if (version == 7 && ctas == V7_CHAIN && cl) return train_v7_variant(a, V7A, stream);
   return cudaErrorInvalidValue;
 }
 

@@ -104,32 +104,7 @@ int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) 
   *clusters = 0;
   if (variant < 0 || variant >= V7_VARIANTS || grams < 0 || grams >= V7_GRAMS_MODES)
     return cudaErrorInvalidValue;
-  void (*kernel)(V7Args) =
-      grams == V7_GRAMS_LAUNCH
-          ? (variant == V7M   ? v7_epoch_kernel_m<false, V7_GRAMS_LAUNCH>
-             : variant == V7K ? v7_epoch_kernel_k<false, V7_GRAMS_LAUNCH>
-             : variant == V7J ? v7_epoch_kernel_j<false, V7_GRAMS_LAUNCH>
-             : variant == V7I ? v7_epoch_kernel_i<false, V7_GRAMS_LAUNCH>
-             : variant == V7H ? v7_epoch_kernel_h<false, V7_GRAMS_LAUNCH>
-             : variant == V7G ? v7_epoch_kernel_g<false, V7_GRAMS_LAUNCH>
-             : variant == V7F ? v7_epoch_kernel_f<false, V7_GRAMS_LAUNCH>
-             : variant == V7E ? v7_epoch_kernel_e<false, V7_GRAMS_LAUNCH>
-             : variant == V7D ? v7_epoch_kernel_d<false, V7_GRAMS_LAUNCH>
-             : variant == V7C ? v7_epoch_kernel_c<false, V7_GRAMS_LAUNCH>
-             : variant == V7B ? v7_epoch_kernel<false, true, V7_GRAMS_LAUNCH>
-                              : v7_epoch_kernel<false, false, V7_GRAMS_LAUNCH>)
-          : (variant == V7M   ? v7_epoch_kernel_m<>
-             : variant == V7K ? v7_epoch_kernel_k<>
-             : variant == V7J ? v7_epoch_kernel_j<>
-             : variant == V7I ? v7_epoch_kernel_i<>
-             : variant == V7H ? v7_epoch_kernel_h<>
-             : variant == V7G ? v7_epoch_kernel_g<>
-             : variant == V7F ? v7_epoch_kernel_f<>
-             : variant == V7E ? v7_epoch_kernel_e<>
-             : variant == V7D ? v7_epoch_kernel_d<>
-             : variant == V7C ? v7_epoch_kernel_c<>
-             : variant == V7B ? v7_epoch_kernel<false, true>
-                              : v7_epoch_kernel<>);
+  const V7Kernel kernel = v7_kernel(variant, grams);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          v7_smem_bytes(grams));
   if (err != cudaSuccess) return err;

@@ -1,10 +1,9 @@
 // cuda-epoch v7's host side (epoch_v7_api.cuh's entry points call it): the launch configuration,
-// an epoch's two launches (the Grams by either Gram kernel, then the epoch kernel of v7a, v7b,
-// v7c, v7d, v7e, v7f, v7g, v7h, v7i, v7j, v7k or v7m, TIMED or not) or its one launch (`grams` V7_GRAMS_LAUNCH: the
-// epoch kernel with its producer clusters, epoch_v7l.cuh), and the phase profile's read-back. v7's
-// variants: V7A (0), V7B (1), V7C (2), V7D (3), V7E (4), V7F (5), V7G (6), V7H (7), V7I (8),
-// V7J (9), V7K (10) and V7M (11), the
-// `variant` of the entry points (cuda_epoch.V7_VARIANTS); `grams` is independent of it.
+// each variant's epoch kernel (v7_kernel: v7a … v7k, v7m, TIMED or not, for either `grams`), an
+// epoch's two launches (the Grams by either Gram kernel, then the epoch kernel) or its one launch
+// (`grams` V7_GRAMS_LAUNCH: the epoch kernel with its producer clusters, epoch_v7l.cuh), and the
+// phase profile's read-back. v7's variants: V7A (0) … V7K (10), V7M (11), the `variant` of the
+// entry points (cuda_epoch.V7_VARIANTS); `grams` is independent of it.
 #pragma once
 #include "epoch_v7.cuh"
 #include "epoch_v7c.cuh"
@@ -87,99 +86,54 @@ cudaError_t v7_grams(const V7Args& v, int version, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// TIMED: the phase-profiling build of the epoch kernel (the same arithmetic: it trains). V7B:
-// v7b's kernel (and its Gram launch, or its producer CTA 0, clears the tagged partials' ring);
-// V7C (with V7B): v7c's; V7D (with V7B): v7d's. GRAMS: V7_GRAMS_KERNEL, two
-// launches (the Gram kernel, then the epoch kernel); V7_GRAMS_LAUNCH, one (the scratch of
-// v7l_scratch_bytes, zeroed before its first epoch: epoch_v7l_math.cuh). V7E (with V7B): v7e's;
-// V7F (with V7B): v7f's; V7G (with V7B): v7g's; V7H (with V7B): v7h's; V7I (with V7B): v7i's;
-// V7J (with V7B): v7j's; V7K (with V7B): v7k's; V7M (with V7B): v7m's.
-template <bool TIMED = false, bool V7B = false, bool V7C = false, int GRAMS = V7_GRAMS_KERNEL,
-          bool V7D = false, bool V7E = false, bool V7F = false, bool V7G = false,
-          bool V7H = false, bool V7I = false, bool V7J = false, bool V7K = false,
-          bool V7M = false>
-cudaError_t train_v7(const Args& a, cudaStream_t stream) {
-  if (a.scratch == nullptr) return cudaErrorInvalidValue;
-  constexpr auto kernel = V7M   ? v7_epoch_kernel_m<TIMED, GRAMS>
-                          : V7K ? v7_epoch_kernel_k<TIMED, GRAMS>
-                          : V7J ? v7_epoch_kernel_j<TIMED, GRAMS>
-                          : V7I ? v7_epoch_kernel_i<TIMED, GRAMS>
-                          : V7H ? v7_epoch_kernel_h<TIMED, GRAMS>
-                          : V7G ? v7_epoch_kernel_g<TIMED, GRAMS>
-                          : V7F ? v7_epoch_kernel_f<TIMED, GRAMS>
-                          : V7E ? v7_epoch_kernel_e<TIMED, GRAMS>
-                          : V7D ? v7_epoch_kernel_d<TIMED, GRAMS>
-                          : V7C ? v7_epoch_kernel_c<TIMED, GRAMS>
-                                : v7_epoch_kernel<TIMED, V7B, GRAMS>;
-  const V7Args v = v7_args(a, V7B);
-  cudaError_t err = GRAMS == V7_GRAMS_KERNEL ? v7_grams(v, V7_GRAM_VERSION, stream) : cudaSuccess;
-  if (err == cudaSuccess)
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               v7_smem_bytes(GRAMS));
-  if (err != cudaSuccess) return err;
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = v7_config(attr, true, stream, GRAMS);
-  return cudaLaunchKernelEx(&cfg, kernel, v);
+// The epoch kernel of `variant` (V7A … V7M) in its TIMED build (the phase-profiling one: the same
+// arithmetic, it trains) and GRAMS build (V7_GRAMS_KERNEL: the Gram kernel runs first;
+// V7_GRAMS_LAUNCH: its producer clusters inside it); nullptr for any other number. The one place
+// a variant's number meets its kernel (the GPU's one-launch test reads the kernel's name back).
+using V7Kernel = void (*)(V7Args);
+template <bool TIMED, int GRAMS>
+V7Kernel v7_kernel(int variant) {
+  switch (variant) {
+    case V7A: return v7_epoch_kernel<TIMED, false, GRAMS>;
+    case V7B: return v7_epoch_kernel<TIMED, true, GRAMS>;
+    case V7C: return v7_epoch_kernel_c<TIMED, GRAMS>;
+    case V7D: return v7_epoch_kernel_d<TIMED, GRAMS>;
+    case V7E: return v7_epoch_kernel_e<TIMED, GRAMS>;
+    case V7F: return v7_epoch_kernel_f<TIMED, GRAMS>;
+    case V7G: return v7_epoch_kernel_g<TIMED, GRAMS>;
+    case V7H: return v7_epoch_kernel_h<TIMED, GRAMS>;
+    case V7I: return v7_epoch_kernel_i<TIMED, GRAMS>;
+    case V7J: return v7_epoch_kernel_j<TIMED, GRAMS>;
+    case V7K: return v7_epoch_kernel_k<TIMED, GRAMS>;
+    case V7M: return v7_epoch_kernel_m<TIMED, GRAMS>;
+    default: return nullptr;
+  }
 }
-// `variant` (V7A … V7K, V7M) and `grams` (V7_GRAMS_KERNEL, V7_GRAMS_LAUNCH) resolved once,
-// here.
+template <bool TIMED = false>
+V7Kernel v7_kernel(int variant, int grams) {
+  return grams == V7_GRAMS_KERNEL   ? v7_kernel<TIMED, V7_GRAMS_KERNEL>(variant)
+         : grams == V7_GRAMS_LAUNCH ? v7_kernel<TIMED, V7_GRAMS_LAUNCH>(variant)
+                                    : nullptr;
+}
+
+// One epoch of `variant` on `stream`: `grams` V7_GRAMS_KERNEL, two launches (the Gram kernel, then
+// the epoch kernel); V7_GRAMS_LAUNCH, one (the scratch of v7l_scratch_bytes, zeroed before its
+// first epoch: epoch_v7l_math.cuh). Every variant but v7a tags its partials (v7b's ring, cleared by
+// its Gram launch or its producer CTA 0).
 template <bool TIMED = false>
 cudaError_t train_v7_variant(const Args& a, int variant, cudaStream_t stream,
                              int grams = V7_GRAMS_KERNEL) {
-  if (grams == V7_GRAMS_LAUNCH) {
-    if (variant == V7A) return train_v7<TIMED, false, false, V7_GRAMS_LAUNCH>(a, stream);
-    if (variant == V7B) return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH>(a, stream);
-    if (variant == V7C) return train_v7<TIMED, true, true, V7_GRAMS_LAUNCH>(a, stream);
-    if (variant == V7D) return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, true>(a, stream);
-    if (variant == V7E)
-      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, true>(a, stream);
-    if (variant == V7F)
-      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, true>(a, stream);
-    if (variant == V7G)
-      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, false, true>(a, stream);
-    if (variant == V7H)
-      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, false, false, true>(a,
-                                                                                           stream);
-    if (variant == V7I)
-      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, false, false, false,
-                      true>(a, stream);
-    if (variant == V7J)
-      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, false, false, false,
-                      false, true>(a, stream);
-    if (variant == V7K)
-      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, false, false, false,
-                      false, false, true>(a, stream);
-    if (variant == V7M)
-      return train_v7<TIMED, true, false, V7_GRAMS_LAUNCH, false, false, false, false, false,
-                      false, false, false, true>(a, stream);
-    return cudaErrorInvalidValue;
-  }
-  if (grams != V7_GRAMS_KERNEL) return cudaErrorInvalidValue;
-  if (variant == V7A) return train_v7<TIMED, false>(a, stream);
-  if (variant == V7B) return train_v7<TIMED, true>(a, stream);
-  if (variant == V7C) return train_v7<TIMED, true, true>(a, stream);
-  if (variant == V7D) return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, true>(a, stream);
-  if (variant == V7E) return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, true>(a, stream);
-  if (variant == V7F)
-    return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, true>(a, stream);
-  if (variant == V7G)
-    return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, false, true>(a, stream);
-  if (variant == V7H)
-    return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, false, false, true>(a,
-                                                                                          stream);
-  if (variant == V7I)
-    return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, false, false, false, true>(
-        a, stream);
-  if (variant == V7J)
-    return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, false, false, false, false,
-                    true>(a, stream);
-  if (variant == V7K)
-    return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, false, false, false, false,
-                    false, true>(a, stream);
-  if (variant == V7M)
-    return train_v7<TIMED, true, false, V7_GRAMS_KERNEL, false, false, false, false, false, false,
-                    false, false, true>(a, stream);
-  return cudaErrorInvalidValue;
+  const V7Kernel kernel = v7_kernel<TIMED>(variant, grams);
+  if (a.scratch == nullptr || kernel == nullptr) return cudaErrorInvalidValue;
+  const V7Args v = v7_args(a, variant != V7A);
+  cudaError_t err = grams == V7_GRAMS_KERNEL ? v7_grams(v, V7_GRAM_VERSION, stream) : cudaSuccess;
+  if (err == cudaSuccess)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               v7_smem_bytes(grams));
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = v7_config(attr, true, stream, grams);
+  return cudaLaunchKernelEx(&cfg, kernel, v);
 }
 
 // One epoch by the phase-profiling build, then its figures (epoch_v7_phases.cuh): clocks
