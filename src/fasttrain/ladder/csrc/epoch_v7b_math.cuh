@@ -124,18 +124,14 @@ FT_V7 float chain_logit16(const V7Epoch& e, int t, int q, int tid, float p, cons
   const float cg = e.lr * (1.f / 255.f) * (1.f / 255.f);
   return p + bias[ln.c] - cg * corr;
 }
-// Warp w < 8 (rows 2w, 2w + 1): the softmax of its rows from each lane's logit z, G's rows into
-// gl (row i at gl + 16 i, 0 past the batch and on padding lanes), loss and hit added by the
-// label's lane. Warp: the policy of the lanes in lockstep (Reg<T> a lane's value, at(), each(),
-// shfl_xor(v, lane mask, width) as __shfl_xor_sync).
+// The softmax's terms of a warp's two rows (16 lanes a row, classes ≥ C padding): each lane's
+// row max m, its exp(z − m) (0 on padding) and the row's sum se, by xor-shuffles within the row.
 template <class Warp>
-FT_V7 void chain_softmax16(const Warp& warp, const V7Epoch& e, int t, int q, int w,
-                           const typename Warp::template Reg<float>& z, const int* labels,
-                           float* gl, typename Warp::template Reg<float>& loss,
-                           typename Warp::template Reg<float>& correct) {
+FT_V7 void chain_exp16(const Warp& warp, const typename Warp::template Reg<float>& z,
+                       typename Warp::template Reg<float>& m,
+                       typename Warp::template Reg<float>& ex,
+                       typename Warp::template Reg<float>& se) {
   using F = typename Warp::template Reg<float>;
-  const int nt = e.rows(t);
-  F m, ex;
   warp.each([&](int lane) {
     const int c = lane % V7_SMW;
     warp.at(m, lane) = c < C ? warp.at(z, lane) : -INFINITY;
@@ -148,11 +144,25 @@ FT_V7 void chain_softmax16(const Warp& warp, const V7Epoch& e, int t, int q, int
     const int c = lane % V7_SMW;
     warp.at(ex, lane) = c < C ? expf(warp.at(z, lane) - warp.at(m, lane)) : 0.f;
   });
-  F se = ex;
+  se = ex;
   for (int o = V7_SMW / 2; o > 0; o /= 2) {
     const F other = warp.shfl_xor(se, o, V7_SMW);
     warp.each([&](int lane) { warp.at(se, lane) += warp.at(other, lane); });
   }
+}
+// Warp w < 8 (rows 2w, 2w + 1): the softmax of its rows from each lane's logit z, G's rows into
+// gl (row i at gl + 16 i, 0 past the batch and on padding lanes), loss and hit added by the
+// label's lane. Warp: the policy of the lanes in lockstep (Reg<T> a lane's value, at(), each(),
+// shfl_xor(v, lane mask, width) as __shfl_xor_sync).
+template <class Warp>
+FT_V7 void chain_softmax16(const Warp& warp, const V7Epoch& e, int t, int q, int w,
+                           const typename Warp::template Reg<float>& z, const int* labels,
+                           float* gl, typename Warp::template Reg<float>& loss,
+                           typename Warp::template Reg<float>& correct) {
+  using F = typename Warp::template Reg<float>;
+  const int nt = e.rows(t);
+  F m, ex, se;
+  chain_exp16(warp, z, m, ex, se);
   warp.each([&](int lane) {
     const int tid = 32 * w + lane;
     const ChainLane16 ln = chain_lane16(tid);

@@ -68,24 +68,8 @@ FT_V7 void v7m_softmax16(const Warp& warp, const V7Epoch& e, int t, int q, int w
   using F = typename Warp::template Reg<float>;
   const int nt = e.rows(t);
   const float inv_n = 1.f / static_cast<float>(inv_bs ? e.bs : nt);
-  F m, ex;
-  warp.each([&](int lane) {
-    const int c = lane % V7_SMW;
-    warp.at(m, lane) = c < C ? warp.at(z, lane) : -INFINITY;
-  });
-  for (int o = V7_SMW / 2; o > 0; o /= 2) {
-    const F other = warp.shfl_xor(m, o, V7_SMW);
-    warp.each([&](int lane) { warp.at(m, lane) = fmaxf(warp.at(m, lane), warp.at(other, lane)); });
-  }
-  warp.each([&](int lane) {
-    const int c = lane % V7_SMW;
-    warp.at(ex, lane) = c < C ? expf(warp.at(z, lane) - warp.at(m, lane)) : 0.f;
-  });
-  F se = ex;
-  for (int o = V7_SMW / 2; o > 0; o /= 2) {
-    const F other = warp.shfl_xor(se, o, V7_SMW);
-    warp.each([&](int lane) { warp.at(se, lane) += warp.at(other, lane); });
-  }
+  F m, ex, se;
+  chain_exp16(warp, z, m, ex, se);
   warp.each([&](int lane) {
     const int tid = 32 * w + lane;
     const ChainLane16 ln = chain_lane16(tid);
