@@ -186,6 +186,16 @@ def _sync_cost_figures(path: Path) -> list[str]:
     return lines
 
 
+def _v7_candidates_figures(path: Path) -> list[str]:
+    """sync_cost's figures, then the v7 variants in one launch ranked, fastest first (the row's
+    variant among them): the line the next choice of cuda_epoch.V7_VARIANT is read from."""
+    result = json.loads(path.read_text())
+    timed = sorted((ms, key.split(" ", 1)[0]) for key, ms in result.get("cuda_epoch_ms", {}).items()
+                   if key.startswith("v7") and " in one launch" in key and isinstance(ms, float))
+    ranked = ", ".join(f"{name} {ms:.3f}" for ms, name in timed) or "none timed"
+    return [*_sync_cost_figures(path), f"v7 in one launch, fastest first (ms/epoch): {ranked}"]
+
+
 def _handoff_probe_figures(probes: dict) -> list[str]:
     """cuda-epoch v7's step 1 (ladder/sync_probes.py): a failed probe is its reason; a hand-off
     that lost round trips or payload words is named, since v7's protocol would lose them too."""
@@ -259,7 +269,7 @@ def _v8_probes_figures(path: Path) -> list[str]:
 
 
 FIGURES = {"gpu-tests": _pytest_figures, "compiled-tests": _pytest_figures,
-           "v7-tests": _pytest_figures, "v7-candidates": _sync_cost_figures,
+           "v7-tests": _pytest_figures, "v7-candidates": _v7_candidates_figures,
            "env": _env_figures, "doctor": _doctor_figures,
            "engine-speedup": _speedup_figures, "memory-prediction": _memory_prediction_figures,
            "plan-accuracy": _plan_accuracy_figures, "bench": _bench_figures,

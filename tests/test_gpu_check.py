@@ -245,6 +245,21 @@ def test_the_sync_cost_figures_read_a_real_result_a_failed_variant_and_the_phase
     assert "v5, cluster of 14 CTAs phases, µs a step (mean over CTAs): partials 0.35" in lines
 
 
+def test_the_v7_candidates_figures_rank_the_one_launch_variants_from_a_real_result(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_check_figures
+
+    real = json.loads((ROOT / "benchmarks/results/"
+                       "2026-11-28-nvidia-h200-run8-sync-cost.json").read_text())
+    real["cuda_epoch_ms"]["v7k in one launch, a chain cluster of 8 CTAs"] = "RuntimeError: boom"
+    path = tmp_path / "v7-candidates.json"
+    path.write_text(json.dumps(real))
+    lines = gpu_check_figures.FIGURES["v7-candidates"](path)
+    assert "cuda-epoch, v7k in one launch, a chain cluster of 8 CTAs: RuntimeError: boom" in lines
+    assert lines[-1] == ("v7 in one launch, fastest first (ms/epoch): v7f 1.721, v7e 1.906, "
+                         "v7c 1.953")
+
+
 def test_the_sync_cost_figures_show_v7s_phases_per_role_and_a_profile_that_failed(tmp_path):
     """v7's profile is recorded a role a key (benchmarks/sync_cost.py's profile_phases), or as
     its error where the profiling build failed on the GPU."""
