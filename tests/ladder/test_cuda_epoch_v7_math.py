@@ -518,17 +518,50 @@ def test_v7i_trains_as_v7h_bit_for_bit(lib, grams):
         assert err(i[:2], (w_ref, b_ref)) <= FP32_ATOL, policy
 
 
-def test_v7i_in_one_step_epochs_and_16_row_batches_equals_float64(lib):
-    """v7i's tail unit (the last step's rows and count after the helpers' loop) is every step of a
-    1-step epoch and the last of any other: 1-step epochs (96 rows, one launch) and 10-step epochs
-    of 16 rows (two launches) against float64 at FP32_ATOL, chain first and at random."""
+def assert_trains_as_bit_for_bit(lib, base, variant, grams):
+    """2 epochs of 6 steps with the 96-row last batch: `variant`'s weights, bias and stats equal
+    `base`'s (greedy) exactly under the greedy, chain-first and random schedules, and float64's at
+    FP32_ATOL, with the mma's accumulation to nearest and toward zero."""
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    for rz in (False, True):
+        want = v7_run(lib, data, cfg, 2, GREEDY, variant=base, grams=GRAMS[grams], rz=rz)
+        for policy in (GREEDY, CHAIN_FIRST, 2):
+            got = v7_run(lib, data, cfg, 2, policy, variant=variant, grams=GRAMS[grams], rz=rz)
+            assert all(np.array_equal(a, b) for a, b in zip(want, got, strict=True)), (rz, policy)
+            assert err(got[:2], (w_ref, b_ref)) <= FP32_ATOL, (rz, policy)
+
+
+def assert_short_epochs_equal_float64(lib, variant):
+    """1-step epochs (96 rows, one launch) and 10-step epochs of 16 rows (two launches) of
+    `variant` against float64 at FP32_ATOL, chain first and at random."""
     for n, batch, grams in ((96, 128, 1), (150, 16, 0)):
         cfg = LadderConfig(epochs=2, batch_size=batch)
         data = make_ladder_data(random_uint8(n), cfg)
         w_ref, b_ref, _, _ = reference(data, cfg, 2)
         for policy in (CHAIN_FIRST, 1):
-            w, b, _ = v7_run(lib, data, cfg, 2, policy, variant=8, grams=grams)
+            w, b, _ = v7_run(lib, data, cfg, 2, policy, variant=variant, grams=grams)
             assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (n, batch, policy)
+
+
+def planted_bug_fails(lib, variant, bug, fill, policy, grams):
+    """Whether `variant` with planted `bug` (memory filled with `fill`) fails: a nonzero return
+    code or weights off float64's by more than FP32_ATOL (NaN too), 2 epochs of 6 steps, the last
+    of 96 rows (the second epoch starts over the first's G)."""
+    cfg = LadderConfig(epochs=2)
+    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
+    w_ref, b_ref, _, _ = reference(data, cfg, 2)
+    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=variant, code=None,
+                        grams=grams)
+    return code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL
+
+
+def test_v7i_in_one_step_epochs_and_16_row_batches_equals_float64(lib):
+    """v7i's tail unit (the last step's rows and count after the helpers' loop) is every step of a
+    1-step epoch and the last of any other: 1-step epochs (96 rows, one launch) and 10-step epochs
+    of 16 rows (two launches) against float64 at FP32_ATOL, chain first and at random."""
+    assert_short_epochs_equal_float64(lib, 8)
 
 
 V7I_BUG_CASES = [(25, np.nan, GREEDY, 1), (25, 0.0, GREEDY, 0), (26, np.nan, GREEDY, 1),
@@ -543,12 +576,7 @@ zeros."""
                          ids=[f"{b}-{'nan' if f != f else 'zeros'}-{'kl'[g]}"
                               for b, f, _, g in V7I_BUG_CASES])
 def test_v7is_planted_bugs_fail(lib, bug, fill, policy, grams):
-    # 2 epochs of 6 steps, the last of 96 rows (the second epoch starts over the first's G).
-    cfg = LadderConfig(epochs=2)
-    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
-    w_ref, b_ref, _, _ = reference(data, cfg, 2)
-    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=8, code=None, grams=grams)
-    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7I[bug]
+    assert planted_bug_fails(lib, 8, bug, fill, policy, grams), BUGS_V7I[bug]
 
 
 @pytest.mark.parametrize("grams", [pytest.param("two launches", marks=pytest.mark.slow),
@@ -561,27 +589,13 @@ def test_v7j_trains_as_v7i_bit_for_bit(lib, grams):
     schedule (the workers as far ahead as the counters let them: several applies between two
     partials), a chain-first and a random one, with the mma's accumulation to nearest and toward
     zero."""
-    cfg = LadderConfig(epochs=2)
-    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
-    w_ref, b_ref, _, _ = reference(data, cfg, 2)
-    for rz in (False, True):
-        i = v7_run(lib, data, cfg, 2, GREEDY, variant=8, grams=GRAMS[grams], rz=rz)
-        for policy in (GREEDY, CHAIN_FIRST, 2):
-            j = v7_run(lib, data, cfg, 2, policy, variant=9, grams=GRAMS[grams], rz=rz)
-            assert all(np.array_equal(a, b) for a, b in zip(i, j, strict=True)), (rz, policy)
-            assert err(j[:2], (w_ref, b_ref)) <= FP32_ATOL, (rz, policy)
+    assert_trains_as_bit_for_bit(lib, 8, 9, grams)
 
 
 def test_v7j_in_one_step_epochs_and_16_row_batches_equals_float64(lib):
     """v7j's W pieces come from the setup alone in a 1-step epoch (no apply before its partials)
     and from many applies in 10-step epochs of 16 rows: both against float64 at FP32_ATOL."""
-    for n, batch, grams in ((96, 128, 1), (150, 16, 0)):
-        cfg = LadderConfig(epochs=2, batch_size=batch)
-        data = make_ladder_data(random_uint8(n), cfg)
-        w_ref, b_ref, _, _ = reference(data, cfg, 2)
-        for policy in (CHAIN_FIRST, 1):
-            w, b, _ = v7_run(lib, data, cfg, 2, policy, variant=9, grams=grams)
-            assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (n, batch, policy)
+    assert_short_epochs_equal_float64(lib, 9)
 
 
 V7J_BUG_CASES = [(27, np.nan, GREEDY, 1), (28, 0.0, CHAIN_FIRST, 0), (29, np.nan, 1, 1),
@@ -594,12 +608,7 @@ V7J_BUG_CASES = [(27, np.nan, GREEDY, 1), (28, 0.0, CHAIN_FIRST, 0), (29, np.nan
                          ids=[f"{b}-{'nan' if f != f else 'zeros'}-{p}-{'kl'[g]}"
                               for b, f, p, g in V7J_BUG_CASES])
 def test_v7js_planted_bugs_fail(lib, bug, fill, policy, grams):
-    # 2 epochs of 6 steps, the last of 96 rows.
-    cfg = LadderConfig(epochs=2)
-    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
-    w_ref, b_ref, _, _ = reference(data, cfg, 2)
-    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=9, code=None, grams=grams)
-    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7J[bug]
+    assert planted_bug_fails(lib, 9, bug, fill, policy, grams), BUGS_V7J[bug]
 
 
 JW_BUG_CASES = [(v, *case) for v in ("v7k", "v7m") for case in V7J_BUG_CASES[:3]]
@@ -611,12 +620,8 @@ it)."""
 @pytest.mark.parametrize(("variant", "bug", "fill", "policy", "grams"), JW_BUG_CASES,
                          ids=[f"{v}-{b}" for v, b, *_ in JW_BUG_CASES])
 def test_v7js_planted_bugs_fail_in_v7k_and_v7m(lib, variant, bug, fill, policy, grams):
-    cfg = LadderConfig(epochs=2)
-    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
-    w_ref, b_ref, _, _ = reference(data, cfg, 2)
-    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=VARIANTS[variant], code=None,
-                        grams=grams)
-    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (variant, BUGS_V7J[bug])
+    assert planted_bug_fails(lib, VARIANTS[variant], bug, fill, policy, grams), (
+        variant, BUGS_V7J[bug])
 
 
 def v7k_counts(lib):
@@ -635,15 +640,7 @@ def test_v7k_trains_as_v7j_bit_for_bit(lib, grams):
     G an update uses: its weights, bias and stats equal v7j's exactly (and float64's at
     FP32_ATOL), 2 epochs of 6 steps with the 96-row last batch, under the greedy, chain-first and
     random schedules, the mma's accumulation to nearest and toward zero."""
-    cfg = LadderConfig(epochs=2)
-    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
-    w_ref, b_ref, _, _ = reference(data, cfg, 2)
-    for rz in (False, True):
-        j = v7_run(lib, data, cfg, 2, GREEDY, variant=9, grams=GRAMS[grams], rz=rz)
-        for policy in (GREEDY, CHAIN_FIRST, 2):
-            k = v7_run(lib, data, cfg, 2, policy, variant=10, grams=GRAMS[grams], rz=rz)
-            assert all(np.array_equal(a, b) for a, b in zip(j, k, strict=True)), (rz, policy)
-            assert err(k[:2], (w_ref, b_ref)) <= FP32_ATOL, (rz, policy)
+    assert_trains_as_bit_for_bit(lib, 9, 10, grams)
 
 
 def test_v7ks_early_reads_go_stale_and_the_fallback_loads(lib):
@@ -695,28 +692,14 @@ def test_v7m_trains_as_v7j_bit_for_bit(lib, grams):
     and stats equal v7j's exactly (and float64's at FP32_ATOL), 2 epochs of 6 steps with the
     96-row last batch (1/n_t differs from 1/bs there), greedy, chain-first and random schedules,
     the mma's accumulation to nearest and toward zero."""
-    cfg = LadderConfig(epochs=2)
-    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
-    w_ref, b_ref, _, _ = reference(data, cfg, 2)
-    for rz in (False, True):
-        j = v7_run(lib, data, cfg, 2, GREEDY, variant=9, grams=GRAMS[grams], rz=rz)
-        for policy in (GREEDY, CHAIN_FIRST, 2):
-            m = v7_run(lib, data, cfg, 2, policy, variant=11, grams=GRAMS[grams], rz=rz)
-            assert all(np.array_equal(a, b) for a, b in zip(j, m, strict=True)), (rz, policy)
-            assert err(m[:2], (w_ref, b_ref)) <= FP32_ATOL, (rz, policy)
+    assert_trains_as_bit_for_bit(lib, 9, 11, grams)
 
 
 def test_v7m_in_one_step_epochs_and_16_row_batches_equals_float64(lib):
     """v7m with a 1-step epoch of 96 rows (one short batch: its rows 96-127 not sent) and 10-step
     epochs of 16 rows (chain CTAs 1-7 send no row, only their column sums of zeros): against
     float64 at FP32_ATOL."""
-    for n, batch, grams in ((96, 128, 1), (150, 16, 0)):
-        cfg = LadderConfig(epochs=2, batch_size=batch)
-        data = make_ladder_data(random_uint8(n), cfg)
-        w_ref, b_ref, _, _ = reference(data, cfg, 2)
-        for policy in (CHAIN_FIRST, 1):
-            w, b, _ = v7_run(lib, data, cfg, 2, policy, variant=11, grams=grams)
-            assert err((w, b), (w_ref, b_ref)) <= FP32_ATOL, (n, batch, policy)
+    assert_short_epochs_equal_float64(lib, 11)
 
 
 V7M_BUG_CASES = [(40, np.nan, GREEDY, 1), (40, 0.0, CHAIN_FIRST, 0), (41, np.nan, 1, 1),
@@ -729,9 +712,4 @@ V7M_BUG_CASES = [(40, np.nan, GREEDY, 1), (40, 0.0, CHAIN_FIRST, 0), (41, np.nan
                          ids=[f"{b}-{'nan' if f != f else 'zeros'}-{p}-{'kl'[g]}"
                               for b, f, p, g in V7M_BUG_CASES])
 def test_v7ms_planted_bugs_fail(lib, bug, fill, policy, grams):
-    # 2 epochs of 6 steps, the last of 96 rows.
-    cfg = LadderConfig(epochs=2)
-    data = make_ladder_data(random_uint8(5 * 128 + 96), cfg)
-    w_ref, b_ref, _, _ = reference(data, cfg, 2)
-    w, b, code = v7_run(lib, data, cfg, 2, policy, bug, fill, variant=11, code=None, grams=grams)
-    assert code != 0 or not err((w, b), (w_ref, b_ref)) <= FP32_ATOL, BUGS_V7M[bug]
+    assert planted_bug_fails(lib, 11, bug, fill, policy, grams), BUGS_V7M[bug]
