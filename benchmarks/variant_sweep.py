@@ -13,7 +13,7 @@ harness, one table a row.
 
 The compiled variants spend their setup compiling (and autotuning): seconds to minutes each on
 a GPU host, where the others take well under a second. `--steps eager` sweeps the others alone;
-`--steps compiled` the compiled ones, with each row's default to compare them with.
+`--steps compiled` the compiled ones; each with every row's default to compare them with.
 
 Each variant is a row of `fasttrain bench` in all but name: checked first against the float64
 reference step (a variant that fails is reported failed and never timed), then set up (compiled,
@@ -68,11 +68,10 @@ def label(row: str, variant) -> str:
 
 
 def picked(row: str, v, steps: str) -> bool:
-    """Whether `steps` ("all", "eager" or "compiled") sweeps `v`: "compiled" keeps the row's
-    DEFAULT too, the baseline of its table."""
+    """Whether `steps` ("all", "eager" or "compiled") sweeps `v`: each keeps the row's DEFAULT
+    too, the baseline of its table."""
     compiled = getattr(v, "compiled", False)
-    return (steps == "all" or compiled == (steps == "compiled")
-            or (steps == "compiled" and v == module(row).DEFAULT))
+    return steps == "all" or compiled == (steps == "compiled") or v == module(row).DEFAULT
 
 
 def entries(rows=ROWS, tags=None, steps="all") -> list[VariantEntry]:

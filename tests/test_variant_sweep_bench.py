@@ -78,8 +78,8 @@ def test_the_gpu_check_step_runs_the_sweep(tmp_path, sweep):
 
 
 def test_steps_picks_the_compiled_variants_or_the_others(sweep):
-    """--steps compiled: the torch.compile variants and each row's default (its table's
-    baseline); --steps eager: every other; together, the whole SWEEP once."""
+    """--steps compiled: the torch.compile variants; --steps eager: every other; each with
+    every row's default (its table's baseline); together, the whole SWEEP."""
     rows = ["triton-fused", "torch-graphs", "torch-optimized"]
     every = sweep.entries(rows)
     compiled = sweep.entries(rows, steps="compiled")
@@ -87,11 +87,13 @@ def test_steps_picks_the_compiled_variants_or_the_others(sweep):
     def is_compiled(e):
         return getattr(e.variant, "compiled", False)  # triton-fused's Variant has no such field
 
-    assert all(is_compiled(e) or e.variant == sweep.module(e.name.split(" [")[0]).DEFAULT
-               for e in compiled)
-    assert {e.name for e in compiled if is_compiled(e)} | {e.name for e in eager} == \
-        {e.name for e in every}
-    assert not any(is_compiled(e) for e in eager)
+    def is_default(e):
+        return e.variant == sweep.module(e.name.split(" [")[0]).DEFAULT
+
+    assert all(is_compiled(e) or is_default(e) for e in compiled)
+    assert all(not is_compiled(e) or is_default(e) for e in eager)
+    assert {e.name for e in compiled} | {e.name for e in eager} == {e.name for e in every}
+    assert sum(map(is_default, eager)) == sum(map(is_default, compiled)) == 3  # one a row
     assert sum(map(is_compiled, compiled)) == 4 + 3  # torch-graphs', torch-optimized's
     assert [e.name for e in compiled if e.name.startswith("triton-fused")] == [
         f"triton-fused [{sweep.module('triton-fused').DEFAULT.tag}]"]

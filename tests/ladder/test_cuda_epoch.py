@@ -78,10 +78,10 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     assert {(v, c) for v, c, _ in every if v >= 4} == {(4, True), (5, True), (6, True), (7, True)}
     assert ce.VERSION == 7 and ce.SIGNALLED == ce.CLUSTER_ONLY == (4, 5, 6, 7)
     assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7: the Grams, then the epoch
-    # v7f in one launch (the producers in the epoch kernel) is version 7's; two launches and the
+    # v7k in one launch (the producers in the epoch kernel) is version 7's; two launches and the
     # other variants stay selectable.
     assert ce.V7_VARIANTS == ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m")
-    assert ce.V7_VARIANT == "f"
+    assert ce.V7_VARIANT == "k"
     assert ce.V7_GRAMS == ("kernel", "launch") and ce.V7_GRAMS_DEFAULT == "launch"
     assert ce.V7_ONE_LAUNCH == ce.V7_VARIANTS
     assert ce.default_version(True) == 7 and ce.default_version(False) == ce.GRID_VERSION == 3
@@ -215,6 +215,7 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
 
 
 V7_VARIANTS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m"]  # cuda_epoch.V7_VARIANTS
+V7_HELPERS_RELEASE_G = ("i", "j", "k", "m")  # G_t's counter released a step late (v7i on)
 V7_ONE_LAUNCH = V7_VARIANTS  # cuda_epoch.V7_ONE_LAUNCH
 V7_IDS = [f"v7{v}" for v in V7_VARIANTS]
 V7_GRAMS = ["kernel", "launch"]  # cuda_epoch.V7_GRAMS
@@ -354,7 +355,13 @@ def test_v7_protocol_fault_is_an_error_not_a_hang(v7, grams):
     counter no worker reaches; v7b: a tag no step writes): the launch ends after the wait budget
     (the other chain CTAs and the worker clusters see the flag in their own waits; a worker cluster
     leaves together), the error names the wait, nothing is written back, and once the flag is read
-    v7 trains correctly again."""
+    v7 trains correctly again.
+
+    The first wait to run out its budget is the one recorded. From v7i on, a chain CTA's helper
+    warps release G_t's counter after step t + 1's hand-off, so chain CTA 0, stuck at step 2,
+    never releases G_1, and the workers' wait for G_1 starts within microseconds of CTA 0's: on
+    an H200 (2026-11-28, run 10) v7j's workers ran out first once in ten runs. Either names the
+    fault."""
     import time
 
     from fasttrain.ladder.cuda_epoch import has_clusters
@@ -366,7 +373,9 @@ def test_v7_protocol_fault_is_an_error_not_a_hang(v7, grams):
     assert k.lib.cuda_epoch_signal_fault(2) == 0
     try:
         start = time.perf_counter()
-        with pytest.raises(RuntimeError, match=r"waited too long for .* at step 2 "):
+        first = r"(v7's worker partials \(chain\) at step 2|v7's G \(worker\) at step 1) " \
+            if v7 in V7_HELPERS_RELEASE_G else r".* at step 2 "
+        with pytest.raises(RuntimeError, match="waited too long for " + first):
             k.run(0)
         assert time.perf_counter() - start < 5.0
     finally:

@@ -112,8 +112,11 @@ def test_bad_variants_are_refused(make):
 
 def test_the_sweeps_keep_their_defaults_and_name_each_variant_once():
     for module in (tg, to):
-        assert module.DEFAULT in module.SWEEP and not module.DEFAULT.compiled
+        assert module.DEFAULT in module.SWEEP
         assert len({v.tag for v in module.SWEEP}) == len(module.SWEEP)
+    # The H200's sweep of 2026-11-28: each row's fastest, a compiled step.
+    assert tg.Variant(step="bcast") == tg.DEFAULT and to.Variant(k=7) == to.DEFAULT
+    assert to.EAGER in to.SWEEP and not to.EAGER.compiled
     assert tg.Variant(step="bcast", autotune=True).mode == "max-autotune-no-cudagraphs"
     assert tg.Variant(step="bcast").mode is None
 
@@ -123,6 +126,17 @@ def test_a_compiled_torch_optimized_needs_cuda():
     assert "CUDA graph trees" in row.unavailable({}, LadderConfig(device="cpu"))
     assert row.unavailable({}, LadderConfig(device="cuda")) is None
     assert to.TorchOptimized.unavailable({}, LadderConfig(device="cpu")) is None
+
+
+def test_the_torch_optimized_row_runs_eager_v4_off_cuda(data):
+    """The row's DEFAULT (k = 7, graph trees) is CUDA's; on the CPU the row runs eager v4, and
+    a variant named on purpose (the sweep's) is never swapped."""
+    assert to.row_variant(to.DEFAULT, "cpu") == to.EAGER
+    assert to.row_variant(to.DEFAULT, "cuda") == to.DEFAULT == to.Variant(k=7)
+    assert to.row_variant(to.Variant(k=7, form="bcast"), "cpu").compiled
+    row = to.TorchOptimized("cpu")
+    row.setup(data, CFG)
+    assert row.variant == to.EAGER and row.details()["cuda_graph"] is False
 
 
 def test_one_compiled_wrapper_a_function_mode_and_backend():

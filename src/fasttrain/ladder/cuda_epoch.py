@@ -39,25 +39,25 @@ against float64; on an H200, 2026-11-28, 2.179 ms/epoch) and v7d (v7c with worke
 next update's G during a step; written without a GPU, its per-thread code run on the CPU for whole
 epochs against float64; on an H200, 2026-11-28, 2.062 ms/epoch) and v7e (v7c's chain with the
 workers' update and partials on the tensor cores, the v8 workers probe's mma bodies; written
-without a GPU, its per-thread and per-warp code run on the CPU for whole epochs against float64;
-NOT YET RUN ON A GPU) and v7f (v7e with the probe's reduce-scatter in place of the cluster
-barrier; the same checks; on an H200, 2026-11-28, 1.72-1.75 ms/epoch in one launch: the row's) and
-v7g (v7f with its chain's partials, producers' flags and labels taken by the helper warps a step
-ahead; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7h (v7g with its workers' x
-gather a step deeper, the sample indices loaded a step before the pixels, and its reduce's stores
-after its credits; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7i (v7h with G_t's
-global store and the step counter's release done by the chain's helper warps, off its critical
-warps; compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7j (v7i with its workers'
-mma fragments loaded by ldmatrix from swizzled rows and W's fp16 pieces split once by the apply;
-compiled and checked on the CPU, NOT YET RUN ON A GPU) and v7k (v7j with two barriers fewer a
-worker step and the chain counters read at the step's top, tested after the partials; compiled
-and checked on the CPU, NOT YET RUN ON A GPU) and v7m (v7j with its chain's critical warps
-sending their own rows of G right after their softmax, warp 0 alone waiting for the column sums,
-the loss added after the sends; trains as v7j bit for bit on the CPU; compiled and checked on the
-CPU, NOT YET RUN ON A GPU), each in two launches
-or in one (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`, v7c in one launch
-since the H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call;
-1.967 in the bench), the row's version since.
+without a GPU, its per-thread and per-warp code run on the CPU for whole epochs against float64; on
+an H200, 2026-11-28, 1.935 ms/epoch in one launch) and v7f (v7e with the probe's reduce-scatter in
+place of the cluster barrier; the same checks; on an H200, 2026-11-28, 1.72-1.75 ms/epoch in one
+launch: the row's from run 7 to run 10) and v7g (v7f with its chain's partials, producers' flags
+and labels taken by the helper warps a step ahead) and v7h (v7g with its workers' x gather a step
+deeper, the sample indices loaded a step before the pixels, and its reduce's stores after its
+credits) and v7i (v7h with G_t's global store and the step counter's release done by the chain's
+helper warps, off its critical warps) and v7j (v7i with its workers' mma fragments loaded by
+ldmatrix from swizzled rows and W's fp16 pieces split once by the apply) and v7k (v7j with two
+barriers fewer a worker step and the chain counters read at the step's top, tested after the
+partials) and v7m (v7j with its chain's critical warps sending their own rows of G right after
+their softmax, warp 0 alone waiting for the column sums, the loss added after the sends): each
+written and checked on the CPU first, all run on an H200 on 2026-11-28 (run 10, in one launch, 20
+epochs: j 1.655 ms/epoch, k 1.679, h 1.690, m 1.694, f 1.742, g 1.764, i 1.872; their GPU tests
+passed but one run of j's fault test, a race of two waits that the test now accepts), each in two
+launches or in one (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`: v7c in one
+launch from the H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call;
+1.967 in the bench), v7f from run 7 (1.741; 1.747 in the bench), v7k from run 10 (1.679 against
+v7f's 1.742, and 1.694 against 1.769 in a second call; 1.783 in that loan's bench).
 The signalled versions' waits are bounded: a protocol fault ends the launch and shows as a
 RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
 Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
@@ -84,8 +84,9 @@ from fasttrain.ladder.epoch_phases import PHASES, V7_CTAS, V7_HELPERS, V7_PHASES
 SOURCE = "cuda_epoch.cu"
 CTAS = 14  # 56 features a CTA: 8.3 µs/step against 9.8 with 7 CTAs (H100, v2)
 VERSION = 7  # the row's kernel version on clusters (cross-checked against FALLBACK): H200,
-# sync_cost.py 2026-11-28 (run 7): v7f in one launch 1.741 ms/epoch, v7e 1.935, v7c 1.977, v7d
-# 1.991, v6 (14 CTAs) 2.021 (v6: 2.047 ms/epoch in the bench, v4 2.304, v5 2.497, 2026-11-27)
+# sync_cost.py 2026-11-28 (run 10): v7k in one launch 1.679 ms/epoch, v7f 1.742 (run 7: v7f 1.741,
+# v7e 1.935, v7c 1.977, v7d 1.991, v6 (14 CTAs) 2.021; v6: 2.047 ms/epoch in the bench, v4 2.304,
+# v5 2.497, 2026-11-27)
 GRID_VERSION = 3  # the row's version without clusters (v4 is cluster-only)
 FALLBACK = 2
 VERSIONS = (2, 3, 4, 5, 6, 7)  # csrc/cuda_epoch.cu's changelog
@@ -103,38 +104,36 @@ launch (V7_GRAMS), run 5: v7b 2.068, v7c 1.960, v7d 1.998 (v6 2.036). v7e (csrc/
 epoch_v7e_math.cuh: v7d with the workers' update and partials as m16n8k16 f16 products of hi/lo
 pieces, the v8 probe's bodies; H200, 2026-11-28 run 7: 1.935 ms/epoch in one launch, its workers'
 update 0.57 µs a step against v7d's 1.02, but their x load and cluster barrier longer). v7f
-(csrc/epoch_v7f.cuh: v7e with the probe's "mma-scatter": P_t's tiles by st.async into their
-owners' inbox ring, summed a step late, no cluster barrier in the loop; run 7: 1.741 ms/epoch in
-one launch, the fastest). v7g (csrc/epoch_v7g.cuh, epoch_v7g_math.cuh: v7f's workers and protocol,
-its chain's helper warps polling P_{t+1}'s tagged words a step ahead and handing them over with the
+(csrc/epoch_v7f.cuh: v7e with the probe's "mma-scatter": P_t's tiles by st.async into their owners'
+inbox ring, summed a step late, no cluster barrier in the loop; run 7: 1.741 ms/epoch in one
+launch, the fastest). v7g (csrc/epoch_v7g.cuh, epoch_v7g_math.cuh: v7f's workers and protocol, its
+chain's helper warps polling P_{t+1}'s tagged words a step ahead and handing them over with the
 terms j >= 2, so the critical warps neither poll the partials nor wait for the producers' flags;
-the helpers' labels a register loaded an iteration ahead; the Gram terms without branches;
-compiled and checked on the CPU, NOT YET RUN ON A GPU, so not the row's). v7h (csrc/epoch_v7h.cuh,
-epoch_v7h_math.cuh: v7g with its workers' order[] indices loaded a step before their pixels, so
-the gather waits on no load: in v7f's SASS the 4 index → pixel pairs issue one after another, 4
-L2 round trips a step, its "load x" 0.87-0.95 µs; and its reduce's tagged stores after the inbox
-credits, whose release fence waited for them; compiled and checked on the CPU, NOT YET RUN ON A
-GPU, so not the row's). v7i (csrc/epoch_v7i.cuh, epoch_v7i_math.cuh: v7h with G_t's global rows
-stored and the chain CTA's step counter released by its helper warps after the next hand-off, so
-the critical warps end a step with the st.async sends and go straight to the next wait for G: in
-v7h's SASS a barrier and thread 0's fence for the stores' L2 round trip; compiled and checked on
-the CPU, NOT YET RUN ON A GPU, so not the row's). v7j (csrc/epoch_v7j.cuh, epoch_v7j_math.cuh:
-v7i with its workers' mma fragments loaded by ldmatrix from rows swizzled against bank conflicts,
-and W·2⁸'s fp16 pieces split once by the apply instead of in every partial: in v7i's SASS 32
-LDS.U16 + 16 PRMT a warp for the update's operands and 4-way conflicted W loads for the
-partials', 512 and 384 shared wavefronts a step; trains as v7i bit for bit on the CPU; compiled
-and checked on the CPU, NOT YET RUN ON A GPU, so not the row's). v7k (csrc/epoch_v7k.cuh: v7j
-with two CTA-wide barriers fewer a worker step, G′ staged before the vote's barrier and x_t's
-barrier kept only in a step without an update, and the chain counters read relaxed at the step's
-top and tested after the partials, then fence.acquire, where v7j's acquire waits an L2 round trip
-there; trains as v7j bit for bit on the CPU; compiled and checked on the CPU, NOT YET RUN ON A
-GPU, so not the row's). v7m (csrc/epoch_v7m.cuh, epoch_v7m_math.cuh: v7j with its chain's
-critical warps sending their own rows of G_t right after their softmax, warp 0 alone waiting on a
-barrier for the column sums, the loss after the sends: in v7i's SASS two 256-thread barriers, the
-column sums and 2-3 serial send blocks a thread between the softmax and the next wait, the loss's
-logf before them; trains as v7j bit for bit on the CPU; compiled and checked on the CPU, NOT YET
-RUN ON A GPU, so not the row's). sync_cost.py times them all in one call."""
-V7_VARIANT = "f"  # version 7's: v7f in one launch, the fastest on an H200 (2026-11-28, run 7)
+the helpers' labels a register loaded an iteration ahead; the Gram terms without branches; run 10:
+1.764 ms/epoch in one launch). v7h (csrc/epoch_v7h.cuh, epoch_v7h_math.cuh: v7g with its workers'
+order[] indices loaded a step before their pixels, so the gather waits on no load: in v7f's SASS
+the 4 index → pixel pairs issue one after another, 4 L2 round trips a step, its "load x" 0.87-0.95
+µs; and its reduce's tagged stores after the inbox credits, whose release fence waited for them;
+run 10: 1.690). v7i (csrc/epoch_v7i.cuh, epoch_v7i_math.cuh: v7h with G_t's global rows stored and
+the chain CTA's step counter released by its helper warps after the next hand-off, so the critical
+warps end a step with the st.async sends and go straight to the next wait for G: in v7h's SASS a
+barrier and thread 0's fence for the stores' L2 round trip; run 10: 1.872). v7j
+(csrc/epoch_v7j.cuh, epoch_v7j_math.cuh: v7i with its workers' mma fragments loaded by ldmatrix
+from rows swizzled against bank conflicts, and W·2⁸'s fp16 pieces split once by the apply instead
+of in every partial: in v7i's SASS 32 LDS.U16 + 16 PRMT a warp for the update's operands and 4-way
+conflicted W loads for the partials', 512 and 384 shared wavefronts a step; trains as v7i bit for
+bit on the CPU; run 10: 1.655, the fastest, but one of ten runs of its fault test failed that day:
+not the row's). v7k (csrc/epoch_v7k.cuh: v7j with two CTA-wide barriers fewer a worker step, G′
+staged before the vote's barrier and x_t's barrier kept only in a step without an update, and the
+chain counters read relaxed at the step's top and tested after the partials, then fence.acquire,
+where v7j's acquire waits an L2 round trip there; trains as v7j bit for bit on the CPU; run 10:
+1.679, every GPU test passed: the row's). v7m (csrc/epoch_v7m.cuh, epoch_v7m_math.cuh: v7j with its
+chain's critical warps sending their own rows of G_t right after their softmax, warp 0 alone
+waiting on a barrier for the column sums, the loss after the sends: in v7i's SASS two 256-thread
+barriers, the column sums and 2-3 serial send blocks a thread between the softmax and the next
+wait, the loss's logf before them; trains as v7j bit for bit on the CPU; run 10: 1.694).
+sync_cost.py times them all in one call."""
+V7_VARIANT = "k"  # version 7's: v7k in one launch, the fastest that passed its tests (H200, run 10)
 LAUNCHES = {7: 2}  # where not 1: v7's Gram kernel, then its epoch kernel (1 in one launch)
 V7_GRAMS = ("kernel", "launch")
 """Who makes v7's Grams (`EpochKernel(..., v7_grams=...)`, the entry points' `grams` 0, 1), for

@@ -32,9 +32,11 @@ the GPU is starved by launches: few, fused, in-place eager ops on a preloaded de
 - The loss costs nothing per step: the log-probs land in an epoch-long buffer, reduced once per
   epoch on the device (3 kernels) and read every 10 epochs (the one host sync).
 - fp32: at these sizes (B = 128, N = 10) every GEMM is latency-bound, so bf16 autocast would buy
-  nothing and add cast kernels. No torch.compile either: on the H100 (2026-11-26) v1's compiled
-  bf16 autograd step took 114 µs, against ~25-30 µs of GPU work in ~10 kernels: host-bound on
-  Inductor's per-kernel launches and guards; 4 eager dispatches cost less (v2, v3 below).
+  nothing and add cast kernels. No torch.compile of a single step either: on the H100
+  (2026-11-26) v1's compiled bf16 autograd step took 114 µs, against ~25-30 µs of GPU work in ~10
+  kernels: host-bound on Inductor's per-kernel launches and guards; 4 eager dispatches cost less
+  (v2, v3 below). What pays is compiling k steps into one call that CUDA graph trees replay (v5,
+  the row's on a CUDA GPU).
 
 What limits it: the host's work per op (~14 µs an op on the H100's Xeon in v3, 4 a step) against
 GPU time per step (~15-20 µs, two cuBLAS GEMMs, one of which cuBLAS may run split-K). Of that,
@@ -52,7 +54,8 @@ estimated); v3 v2 with each step's views made once at setup (H100, 2026-11-27: 2
 setup: the step's host path on the 2-core EPYC, CPU tensors of the smallest shapes, 5.03 → 3.19
 µs (-1.8 µs, -37%; dispatch_cost.py, 2026-11-27, load ~8.5 on 2 cores); on an H100 not yet
 measured (if the saving carries over whole, ~54 µs/step, ~25 ms/epoch: the CUDA side dominates).
-v5 (`Variant(k=...)`, not the default; written and CPU-checked, not yet run on a GPU):
+v5 (`Variant(k=...)`; written and CPU-checked, then run on an H200, 2026-11-28: k = 7 the row's
+default on a CUDA GPU since, eager v4 elsewhere):
 torch.compile(mode="reduce-overhead") of k steps a call (torch_compiled.CHUNK: each batch
 gathered from the rows inside the graph, W, the rows and the loss sum static addresses), replayed
 by Inductor's CUDA graph trees, so the host's ~4 × 14 µs a step becomes one call per k steps
@@ -60,6 +63,9 @@ by Inductor's CUDA graph trees, so the host's ~4 × 14 µs a step becomes one ca
 ~4 ms an epoch at k = 7 against ~7-10 ms of GPU work in 3k + 3 kernels (mm products) or 3k + 1
 (bcast)): GPU-bound, ~8-12 ms an epoch if graph trees replay as intended (**estimate**, from
 torch-graphs' 9.26 ms for the same kernels in one graph; 3-6× optimism applies to the host part).
+Measured (H200, 2026-11-28, run 10, `variant_sweep.py --steps compiled`, 10 epochs): k = 7 10.39
+ms/epoch (22 µs a step, 155 µs a call), k = 67 10.66, against eager v4's 22.24 in the same run;
+10 s of setup (compile, warm-up and recording) against 0.08.
 
 Run alone:  python -m fasttrain bench --impl torch-optimized [--device cuda]
 Its variants:  python benchmarks/variant_sweep.py --rows torch-optimized [--steps compiled]
@@ -207,10 +213,19 @@ class Variant:
                 f"torch.compile reduce-overhead ({self.form} products), {self.k} steps a call")
 
 
-# The row's: eager v4. The compiled variants are not yet run on a GPU. 7 and 67 divide the 469
-# steps of an MNIST epoch (67 and 7 calls an epoch, the last with the partial batch).
-DEFAULT = Variant()
-SWEEP = (DEFAULT, Variant(k=7), Variant(k=67), Variant(k=7, form="bcast"))
+# The row's on a CUDA GPU: v5 at k = 7, the fastest of SWEEP that passed its tests on an H200
+# (2026-11-28, run 10, 10 epochs: 10.39 ms/epoch; k = 67 10.66, k = 7 bcast 10.84, eager v4 22.24;
+# test_torch_compiled_cuda.py passed). Elsewhere (graph trees need CUDA) and before it: eager v4.
+# 7 and 67 divide the 469 steps of an MNIST epoch (67 and 7 calls an epoch, the last with the
+# partial batch).
+DEFAULT = Variant(k=7)
+EAGER = Variant()
+SWEEP = (EAGER, DEFAULT, Variant(k=67), Variant(k=7, form="bcast"))
+
+
+def row_variant(v: Variant, device: str) -> Variant:
+    """The variant a row of `v` runs on `device`: the row's DEFAULT is eager v4 off CUDA."""
+    return EAGER if v is DEFAULT and not device.startswith("cuda") else v
 
 
 class TorchOptimized(Impl):
@@ -224,12 +239,14 @@ class TorchOptimized(Impl):
 
     @classmethod
     def unavailable(cls, env, cfg):
-        if cls.variant.compiled and not cfg.device.startswith("cuda"):
-            return f"{cls.variant.tag}: CUDA graph trees need a CUDA GPU (--device cuda)"
+        v = row_variant(cls.variant, cfg.device)
+        if v.compiled and not cfg.device.startswith("cuda"):
+            return f"{v.tag}: CUDA graph trees need a CUDA GPU (--device cuda)"
         return None
 
     def setup(self, data: LadderData, cfg: LadderConfig) -> None:
         self.data, self.cfg = data, cfg
+        self.variant = row_variant(self.variant, self.device)
         dev = torch.device(self.device)
         self.state = EpochState(data, cfg, dev)
         self.orders = torch.from_numpy(data.orders).to(dev)  # int64 [epochs, N]
