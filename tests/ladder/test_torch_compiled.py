@@ -18,7 +18,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from fasttrain.ladder import torch_graphs as tg
 from fasttrain.ladder import torch_optimized as to
 from fasttrain.ladder.common import LadderConfig, make_ladder_data
-from fasttrain.ladder.torch_compiled import STEP, compiled
+from fasttrain.ladder.torch_compiled import FORMS, STEP, compiled
 from tests.conftest import tiny_images
 from tests.ladder.test_ladder import ATOL, reference_sgd
 
@@ -74,7 +74,8 @@ def test_a_compiled_step_trains_like_the_reference_in_two_graphs(v, data, eager)
     assert_trained_like_the_reference(s, data, eager)
 
 
-@pytest.mark.parametrize("v", [to.Variant(k=2), to.Variant(k=2, form="bcast"), to.Variant(k=7)],
+@pytest.mark.parametrize("v", [*(to.Variant(k=2, form=f) for f in FORMS),
+                               *(v for v in to.SWEEP if v.compiled)],
                          ids=str)
 def test_compiled_chunks_train_like_the_reference(v, data, eager):
     """torch-optimized's v5 epoch, its chunk compiled without graph trees (CUDA's): the steps
@@ -164,14 +165,21 @@ def test_inductors_triton_kernels_a_step():
     generated for CPU tensors, not compiled): the bcast step is 3 Triton kernels and W is
     stored by the last (no copy kernel); the default-mode mm step is 4 launches, a copy of W
     among them, more than the eager step's — why SWEEP's mm steps are autotuned only; a chunk
-    of k steps is 3k + 1 (bcast) or 3k + 3 (mm: the gathers, one kernel, and W's copy once)."""
+    of k steps is 3k + 1 (bcast) or 3k + 3 (mm: the gathers, one kernel, and W's copy once).
+    The classes step is 2 (W or Wᵀ storage), no copy, and its chunk 2k + 1."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": "src:."}
-    specs = ["step:bcast", "step:mm", "chunk:bcast:3", "chunk:mm:2"]
+    specs = ["step:bcast", "step:mm", "chunk:bcast:3", "chunk:mm:2",
+             "step:classes", "step:classes:t", "chunk:classes:3"]
     out = subprocess.run([sys.executable, "-m", "tests.ladder.inductor_triton_code", *specs],
                          env=env, capture_output=True, text=True, timeout=300, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert all(len(graphs) == 1 for graphs in got.values())
-    bcast, mm, chunk_bcast, chunk_mm = (got[s][0] for s in specs)
+    bcast, mm, chunk_bcast, chunk_mm, classes, classes_t, chunk_classes = (
+        got[s][0] for s in specs)
+    for kernels in (classes, classes_t):
+        assert len(kernels) == 2 and not any(k.startswith("extern:") for k in kernels)
+        assert not any("_poi_" in k for k in kernels)  # no copy or stack kernel: 2 reductions
+    assert len(chunk_classes) == 2 * 3 + 1
     assert len(bcast) == 3 and not any(k.startswith("extern:") for k in bcast)
     assert not any("_poi_fused_copy_" in k for k in bcast + chunk_bcast)
     assert [k for k in mm if k.startswith("extern:")] == ["extern:mm", "extern:addmm"]

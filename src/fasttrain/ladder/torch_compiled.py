@@ -41,7 +41,7 @@ import torch
 from fasttrain.ladder.common import CLASSES, IN_FEATURES
 
 X = IN_FEATURES + 1  # pixels | 1 (torch_optimized.X)
-FORMS = ("mm", "bcast")
+FORMS = ("mm", "bcast", "classes")
 ALIGN = 16  # bytes: what Inductor assumes of an input it saw aligned
 
 
@@ -70,17 +70,32 @@ def _bcast(x, neg_onehot, w, alpha):
     return lp
 
 
-def _step(sgd, batch, w, logp, lr):
-    logp.copy_(sgd(*_split(batch), w, -lr / batch.shape[0]))
+def _classes(x, neg_onehot, w, alpha):
+    # z as 10 row reductions [nb] over 785 (one a class): the same ranges (nb, 785), so one
+    # kernel computes all 10 with each x row loaded once, and the softmax over the 10 and the
+    # row's loss are pointwise on [nb] tensors, its epilogue (a log_softmax over dim 1 would
+    # be a reduction of other ranges: a kernel of its own).
+    zs = [(x * w[c]).sum(1) for c in range(CLASSES)]
+    m = functools.reduce(torch.maximum, zs)
+    lse = m + torch.log(sum(torch.exp(z - m) for z in zs))
+    g = torch.stack([torch.exp(z - lse) + neg_onehot[:, c] for c, z in enumerate(zs)], 1)
+    w.add_((g[:, :, None] * x[:, None, :]).sum(0), alpha=alpha)  # bcast's update reduction
+    # -log p(label) = lse - z_label a row: [nb], the epilogue's store (the [nb, 10] log-probs
+    # would be stacked into a buffer and copied out by a third kernel)
+    return lse + sum(z * neg_onehot[:, c] for c, z in enumerate(zs))
+
+
+def _step(sgd, batch, w, out, lr):
+    out.copy_(sgd(*_split(batch), w, -lr / batch.shape[0]))
 
 
 def _chunk(sgd, idx, rows, w, loss_sum, lr, batch_size):
-    lps, negs = [], []
+    outs, negs = [], []
     for start in range(0, idx.shape[0], batch_size):  # unrolled: a graph per chunk length
         x, neg_onehot = _split(rows[idx[start : start + batch_size]])
-        lps.append(sgd(x, neg_onehot, w, -lr / x.shape[0]))
+        outs.append(sgd(x, neg_onehot, w, -lr / x.shape[0]))
         negs.append(neg_onehot)
-    loss_sum.add_((torch.cat(lps) * torch.cat(negs)).sum())  # Σ -log p(label)
+    loss_sum.add_(sum_output(torch.cat(outs), torch.cat(negs)))
 
 
 # Each form's step and chunk is a function of its own, so each has its own code object, which is
@@ -112,8 +127,30 @@ def chunk_bcast(idx, rows, w, loss_sum, lr, batch_size):
     _chunk(_bcast, idx, rows, w, loss_sum, lr, batch_size)
 
 
-STEP = {"mm": step_mm, "bcast": step_bcast}
-CHUNK = {"mm": chunk_mm, "bcast": chunk_bcast}
+def step_classes(batch, w, loss, lr):
+    """step_mm with the products as one reduction a class, its output the rows' loss
+    -log p(label) stored into `loss` [nb] (not the log-probs): 2 kernels a step."""
+    _step(_classes, batch, w, loss, lr)
+
+
+def chunk_classes(idx, rows, w, loss_sum, lr, batch_size):
+    """chunk_mm with step_classes' products."""
+    _chunk(_classes, idx, rows, w, loss_sum, lr, batch_size)
+
+
+STEP = {"mm": step_mm, "bcast": step_bcast, "classes": step_classes}
+CHUNK = {"mm": chunk_mm, "bcast": chunk_bcast, "classes": chunk_classes}
+
+
+def step_output(form: str, n: int, device) -> torch.Tensor:
+    """The buffer a step of `form` stores its output into, n rows: log-probs [n, 10], or the
+    rows' loss [n] for "classes" (the epoch's loss is summed from it)."""
+    return torch.empty((n,) if form == "classes" else (n, CLASSES), device=device)
+
+
+def sum_output(out: torch.Tensor, neg_onehot: torch.Tensor) -> torch.Tensor:
+    """Σ -log p(label) over the rows of a step output (`step_output`'s), 0-d."""
+    return (out * neg_onehot if out.dim() == 2 else out).sum()
 
 
 @functools.cache
@@ -133,4 +170,5 @@ def check_aligned(tensors) -> None:
             raise ValueError(
                 f"input {i} {tuple(t.shape)} at storage offset {t.storage_offset()} is not "
                 f"{ALIGN}-byte aligned: Inductor would clone it and the step would update the "
-                "clone; use a batch size whose log-prob slices are aligned (a multiple of 2)")
+                "clone; use a batch size whose output slices are aligned (a multiple of 2, of 4 "
+                "for the 'classes' step's [nb] loss)")

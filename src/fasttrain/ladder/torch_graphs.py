@@ -54,18 +54,25 @@ from dataclasses import dataclass
 
 import torch
 
-from fasttrain.ladder.common import Impl, LadderConfig, LadderData, batches
-from fasttrain.ladder.torch_compiled import STEP, check_aligned, compiled
+from fasttrain.ladder.common import CLASSES, Impl, LadderConfig, LadderData, batches
+from fasttrain.ladder.torch_compiled import (
+    FORMS,
+    STEP,
+    check_aligned,
+    compiled,
+    step_output,
+    sum_output,
+)
 from fasttrain.ladder.torch_optimized import (
     OPS_PER_STEP,
     EpochState,
+    X,
     read_loss,
     shuffle,
-    sum_loss,
     train_epoch_steps,
 )
 
-STEPS = ("eager", "mm", "bcast")
+STEPS = ("eager", *FORMS)
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,11 @@ SWEEP = (*(Variant(b, t) for b in ("cublas", "cublaslt") for t in (False, True))
          # Triton GEMM templates (no split-K) against cuBLAS, the softmax fused: both layouts.
          Variant(step="mm", autotune=True), Variant(transposed=True, step="mm", autotune=True),
          # 3 Triton reductions a step, no BLAS; default block sizes and autotuned ones.
-         Variant(step="bcast"), Variant(step="bcast", autotune=True))
+         Variant(step="bcast"), Variant(step="bcast", autotune=True),
+         # 2 Triton reductions a step: z, the softmax and the loss in one, W's update the other
+         # (over Wᵀ storage a 2-D tiled one: each x tile loaded once for all 10 classes).
+         Variant(step="classes"), Variant(transposed=True, step="classes"),
+         Variant(transposed=True, step="classes", autotune=True))
 
 
 @contextmanager
@@ -145,15 +156,17 @@ def epoch_fn(s: EpochState, v: Variant, batch_size: int, backend: str = "inducto
         return lambda order: train_epoch_steps(s, order)
     mode = v.mode if backend == "inductor" else None  # a mode is Inductor's options
     step, lr = compiled(STEP[v.step], mode, backend), s.lr
-    views = [(s.shuffled[a:b], s.logp[a:b]) for a, b in batches(len(s.rows), batch_size)]
+    out = step_output(v.step, len(s.rows), s.rows.device)  # log-probs, or the rows' loss
+    neg_onehot = s.shuffled[:, X : X + CLASSES]
+    views = [(s.shuffled[a:b], out[a:b]) for a, b in batches(len(s.rows), batch_size)]
     check_aligned([s.w, *(t for view in views for t in view)])
 
     @torch.no_grad()
     def epoch(order):
         shuffle(s, order)
-        for batch, logp in views:
-            step(batch, s.w, logp, lr)
-        sum_loss(s)
+        for batch, rows_out in views:
+            step(batch, s.w, rows_out, lr)
+        s.loss_sum.add_(sum_output(out, neg_onehot))  # sum_loss's 3 kernels, or 2
 
     return epoch
 

@@ -206,7 +206,8 @@ class Variant:
     def tag(self) -> str:
         if not self.compiled:
             return "eager v4"
-        return f"reduce-overhead, {self.k} steps a call{', bcast' if self.form == 'bcast' else ''}"
+        form = "" if self.form == "mm" else f", {self.form}"
+        return f"reduce-overhead, {self.k} steps a call{form}"
 
     def __str__(self) -> str:
         return ("4 eager ops a step" if not self.compiled else
@@ -220,7 +221,9 @@ class Variant:
 # partial batch).
 DEFAULT = Variant(k=7)
 EAGER = Variant()
-SWEEP = (EAGER, DEFAULT, Variant(k=67), Variant(k=7, form="bcast"))
+SWEEP = (EAGER, DEFAULT, Variant(k=67), Variant(k=7, form="bcast"),
+         # 7 calls an epoch, so GPU-bound: bcast's 3 kernels a step, or classes' 2.
+         Variant(k=67, form="bcast"), Variant(k=67, form="classes"))
 
 
 def row_variant(v: Variant, device: str) -> Variant:
