@@ -149,11 +149,12 @@ def test_one_compiled_wrapper_a_function_mode_and_backend():
 
 
 @pytest.mark.slow
-def test_inductors_cpu_step_updates_w_in_place(data, eager):
-    """Inductor's own lowering (its C++ backend here): the mutations of W and of the log-prob
-    slices are stores into those buffers, not into copies."""
+@pytest.mark.parametrize("step", ["bcast", "classes"])
+def test_inductors_cpu_step_updates_w_in_place(step, data, eager):
+    """Inductor's own lowering (its C++ backend here): the mutations of W and of the output
+    slices (log-probs, or the rows' loss) are stores into those buffers, not into copies."""
     s = to.EpochState(data, CFG, torch.device("cpu"))
-    epoch = tg.epoch_fn(s, tg.Variant(step="bcast"), CFG.batch_size)
+    epoch = tg.epoch_fn(s, tg.Variant(step=step), CFG.batch_size)
     for e in range(CFG.epochs):
         epoch(torch.from_numpy(data.orders[e]))
     assert_trained_like_the_reference(s, data, eager)

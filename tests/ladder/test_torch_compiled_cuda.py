@@ -23,6 +23,15 @@ VARIANTS = ([(tg.TorchGraphs, v) for v in tg.SWEEP if v.compiled]
                                                   to.Variant(k=2))])
 
 
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test's graphs its own: Dynamo keeps at most 8 graphs a step function (recompile_limit;
+    past it, eager), and the classes step alone has 3 variants × 3 batch shapes in this file."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def row(base, v):
     return type(base.__name__, (base,), {"variant": v})
 

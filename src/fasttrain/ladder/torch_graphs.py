@@ -37,12 +37,20 @@ graph (the 1.0 µs graph node plus a reduction's few µs; earlier estimates here
 optimistic for latency-bound GPU code) → ~6-12 µs a step, ~3-6 ms an epoch against 9.26.
 Measured (H200, 2026-11-28, run 10, `variant_sweep.py --steps compiled`, 10 epochs): 4.94 ms/epoch
 (10.5 µs a step) against cuBLAS's 9.56, 3.0 s of setup (compile) against 0.44: the row's step.
+"classes" (v4), toward the ≤ 3 ms target (6.4 µs a step): 2 Triton kernels a step, z with the
+softmax and the rows' loss in one (each x row loaded once, not once a class), the update the
+other, W or Wᵀ storage (Wᵀ: the update a 2-D tiled reduction), Wᵀ also autotuned; the epoch's
+loss summed from the rows' loss [N] (2 kernels an epoch). **Estimate** (not yet run): bcast's
+measured ~3.5 µs a kernel (a 0.84 µs node, H200 sync_cost, and ~2.7 µs of reduction) for 2
+kernels → ~7 µs a step, ~3.3 ms/epoch; 2.8-4.5 ms allowing the fused kernel's 128 programs
+(one a row, 10 reductions each) to run slower than bcast's z. The GPU says which storage wins.
 
 Versions: v1 7 kernels a step (gather, mm, log_softmax, loss addcmul, exp, sub, addmm_), 4 graphs
 an epoch (H100: 14.7 ms/epoch, 31 µs/step); v2 4 ops a step, the gather and the loss moved to
 once an epoch, one graph an epoch; v3 (this file) the compiled-step variants, written and
 CPU-checked (float64 reference, 2 graphs an epoch, Inductor's Triton kernels a step read without
-a GPU), then run on an H200 (2026-11-28): the bcast step is the row's default since.
+a GPU), then run on an H200 (2026-11-28): the bcast step is the row's default since; v4 the
+classes step (2 kernels a step), compiled and checked on the CPU, not yet run on a GPU.
 
 Run alone:  python -m fasttrain bench --impl torch-graphs
 """
