@@ -167,22 +167,22 @@ def test_inductors_triton_kernels_a_step():
     stored by the last (no copy kernel); the default-mode mm step is 4 launches, a copy of W
     among them, more than the eager step's — why SWEEP's mm steps are autotuned only; a chunk
     of k steps is 3k + 1 (bcast) or 3k + 3 (mm: the gathers, one kernel, and W's copy once).
-    The classes step is 2 (W or Wᵀ storage), no copy, and its chunk 2k + 1."""
+    The classes step is 2 (W or Wᵀ storage), no copy, and its chunk 2k + 1; bcast over Wᵀ 3."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": "src:."}
     specs = ["step:bcast", "step:mm", "chunk:bcast:3", "chunk:mm:2",
-             "step:classes", "step:classes:t", "chunk:classes:3"]
+             "step:classes", "step:classes:t", "chunk:classes:3", "step:bcast:t"]
     out = subprocess.run([sys.executable, "-m", "tests.ladder.inductor_triton_code", *specs],
                          env=env, capture_output=True, text=True, timeout=300, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert all(len(graphs) == 1 for graphs in got.values())
-    bcast, mm, chunk_bcast, chunk_mm, classes, classes_t, chunk_classes = (
+    bcast, mm, chunk_bcast, chunk_mm, classes, classes_t, chunk_classes, bcast_t = (
         got[s][0] for s in specs)
     for kernels in (classes, classes_t):
         assert len(kernels) == 2 and not any(k.startswith("extern:") for k in kernels)
         assert not any("_poi_" in k for k in kernels)  # no copy or stack kernel: 2 reductions
     assert len(chunk_classes) == 2 * 3 + 1
-    assert len(bcast) == 3 and not any(k.startswith("extern:") for k in bcast)
-    assert not any("_poi_fused_copy_" in k for k in bcast + chunk_bcast)
+    assert len(bcast) == len(bcast_t) == 3 and not any(k.startswith("extern:") for k in bcast)
+    assert not any("_poi_fused_copy_" in k for k in bcast + chunk_bcast + bcast_t)
     assert [k for k in mm if k.startswith("extern:")] == ["extern:mm", "extern:addmm"]
     assert len(mm) == 4 and "_poi_fused_copy_" in mm[-1]
     assert len(chunk_bcast) == 3 * 3 + 1

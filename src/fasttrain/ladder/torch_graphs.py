@@ -32,7 +32,9 @@ log-prob store fused into one kernel; W's update an addmm into a new buffer and 
 unless the copy fuses into a template's epilogue (default mode, with cuBLAS: 4 launches, more than
 the eager step, so not swept). "bcast": the products as broadcast-multiply + sum, 3 Triton
 kernels a step (z, softmax + backward, the update storing into W), no BLAS; its block sizes
-default or autotuned. **Estimate** for bcast (not yet run): 3 kernels at ~2-4 µs each inside the
+default or autotuned, and over Wᵀ storage (the update then a 2-D tiled reduction, read on the
+CPU: an x tile loaded once for all 10 classes, not once a class; not yet run).
+**Estimate** for bcast (before its run): 3 kernels at ~2-4 µs each inside the
 graph (the 1.0 µs graph node plus a reduction's few µs; earlier estimates here were 3-6×
 optimistic for latency-bound GPU code) → ~6-12 µs a step, ~3-6 ms an epoch against 9.26.
 Measured (H200, 2026-11-28, run 10, `variant_sweep.py --steps compiled`, 10 epochs): 4.94 ms/epoch
@@ -136,8 +138,10 @@ DEFAULT = Variant(step="bcast")
 SWEEP = (*(Variant(b, t) for b in ("cublas", "cublaslt") for t in (False, True)),
          # Triton GEMM templates (no split-K) against cuBLAS, the softmax fused: both layouts.
          Variant(step="mm", autotune=True), Variant(transposed=True, step="mm", autotune=True),
-         # 3 Triton reductions a step, no BLAS; default block sizes and autotuned ones.
+         # 3 Triton reductions a step, no BLAS; default block sizes and autotuned ones; over Wᵀ
+         # storage the update is a 2-D tiled reduction (what that alone buys, for the classes').
          Variant(step="bcast"), Variant(step="bcast", autotune=True),
+         Variant(transposed=True, step="bcast"),
          # 2 Triton reductions a step: z, the softmax and the loss in one, W's update the other
          # (over Wᵀ storage a 2-D tiled one: each x tile loaded once for all 10 classes).
          Variant(step="classes"), Variant(transposed=True, step="classes"),
