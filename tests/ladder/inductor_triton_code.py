@@ -9,7 +9,7 @@ mode stays default here) and the block sizes; a GPU test counts the kernels in t
 Run in its own process (it patches Inductor and needs TRITON_INTERPRET=1 set before triton is
 imported, which must not leak into other tests):
 
-    TRITON_INTERPRET=1 python -m tests.ladder.inductor_triton_code step:FORM chunk:FORM:K ...
+    TRITON_INTERPRET=1 python -m tests.ladder.inductor_triton_code step:FORM[:t] chunk:FORM:K ...
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def generated(fn, *args) -> list[list[str]]:
 
 
 def main(specs: list[str]) -> None:
-    """Each spec "step:FORM" (a step on a full batch) or "chunk:FORM:K" (K full batches)."""
+    """Each spec "step:FORM" (a step on a full batch; "step:FORM:t" with W over [785, 10]
+    storage, torch-graphs' transposed variants) or "chunk:FORM:K" (K full batches)."""
     from fasttrain.ladder import torch_compiled as tc
 
     rows = torch.rand(1024, 800)
@@ -81,7 +82,9 @@ def main(specs: list[str]) -> None:
         what, form, *k = spec.split(":")
         if what == "step":
             fn = tc.compiled(tc.STEP[form])
-            graphs = generated(fn, rows[128:256], w, torch.empty(1024, 10)[128:256], 0.1)
+            wt = w.T.contiguous().T if k == ["t"] else w
+            graphs = generated(fn, rows[128:256], wt, tc.step_output(form, 1024, "cpu")[128:256],
+                               0.1)
         else:
             fn = tc.compiled(tc.CHUNK[form])
             idx = torch.arange(128 * int(k[0]))

@@ -18,7 +18,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from fasttrain.ladder import torch_graphs as tg
 from fasttrain.ladder import torch_optimized as to
 from fasttrain.ladder.common import LadderConfig, make_ladder_data
-from fasttrain.ladder.torch_compiled import STEP, compiled
+from fasttrain.ladder.torch_compiled import FORMS, STEP, compiled
 from tests.conftest import tiny_images
 from tests.ladder.test_ladder import ATOL, reference_sgd
 
@@ -74,7 +74,8 @@ def test_a_compiled_step_trains_like_the_reference_in_two_graphs(v, data, eager)
     assert_trained_like_the_reference(s, data, eager)
 
 
-@pytest.mark.parametrize("v", [to.Variant(k=2), to.Variant(k=2, form="bcast"), to.Variant(k=7)],
+@pytest.mark.parametrize("v", [*(to.Variant(k=2, form=f) for f in FORMS),
+                               *(v for v in to.SWEEP if v.compiled)],
                          ids=str)
 def test_compiled_chunks_train_like_the_reference(v, data, eager):
     """torch-optimized's v5 epoch, its chunk compiled without graph trees (CUDA's): the steps
@@ -148,11 +149,12 @@ def test_one_compiled_wrapper_a_function_mode_and_backend():
 
 
 @pytest.mark.slow
-def test_inductors_cpu_step_updates_w_in_place(data, eager):
-    """Inductor's own lowering (its C++ backend here): the mutations of W and of the log-prob
-    slices are stores into those buffers, not into copies."""
+@pytest.mark.parametrize("step", ["bcast", "classes"])
+def test_inductors_cpu_step_updates_w_in_place(step, data, eager):
+    """Inductor's own lowering (its C++ backend here): the mutations of W and of the output
+    slices (log-probs, or the rows' loss) are stores into those buffers, not into copies."""
     s = to.EpochState(data, CFG, torch.device("cpu"))
-    epoch = tg.epoch_fn(s, tg.Variant(step="bcast"), CFG.batch_size)
+    epoch = tg.epoch_fn(s, tg.Variant(step=step), CFG.batch_size)
     for e in range(CFG.epochs):
         epoch(torch.from_numpy(data.orders[e]))
     assert_trained_like_the_reference(s, data, eager)
@@ -164,16 +166,23 @@ def test_inductors_triton_kernels_a_step():
     generated for CPU tensors, not compiled): the bcast step is 3 Triton kernels and W is
     stored by the last (no copy kernel); the default-mode mm step is 4 launches, a copy of W
     among them, more than the eager step's — why SWEEP's mm steps are autotuned only; a chunk
-    of k steps is 3k + 1 (bcast) or 3k + 3 (mm: the gathers, one kernel, and W's copy once)."""
+    of k steps is 3k + 1 (bcast) or 3k + 3 (mm: the gathers, one kernel, and W's copy once).
+    The classes step is 2 (W or Wᵀ storage), no copy, and its chunk 2k + 1; bcast over Wᵀ 3."""
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": "src:."}
-    specs = ["step:bcast", "step:mm", "chunk:bcast:3", "chunk:mm:2"]
+    specs = ["step:bcast", "step:mm", "chunk:bcast:3", "chunk:mm:2",
+             "step:classes", "step:classes:t", "chunk:classes:3", "step:bcast:t"]
     out = subprocess.run([sys.executable, "-m", "tests.ladder.inductor_triton_code", *specs],
                          env=env, capture_output=True, text=True, timeout=300, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert all(len(graphs) == 1 for graphs in got.values())
-    bcast, mm, chunk_bcast, chunk_mm = (got[s][0] for s in specs)
-    assert len(bcast) == 3 and not any(k.startswith("extern:") for k in bcast)
-    assert not any("_poi_fused_copy_" in k for k in bcast + chunk_bcast)
+    bcast, mm, chunk_bcast, chunk_mm, classes, classes_t, chunk_classes, bcast_t = (
+        got[s][0] for s in specs)
+    for kernels in (classes, classes_t):
+        assert len(kernels) == 2 and not any(k.startswith("extern:") for k in kernels)
+        assert not any("_poi_" in k for k in kernels)  # no copy or stack kernel: 2 reductions
+    assert len(chunk_classes) == 2 * 3 + 1
+    assert len(bcast) == len(bcast_t) == 3 and not any(k.startswith("extern:") for k in bcast)
+    assert not any("_poi_fused_copy_" in k for k in bcast + chunk_bcast + bcast_t)
     assert [k for k in mm if k.startswith("extern:")] == ["extern:mm", "extern:addmm"]
     assert len(mm) == 4 and "_poi_fused_copy_" in mm[-1]
     assert len(chunk_bcast) == 3 * 3 + 1

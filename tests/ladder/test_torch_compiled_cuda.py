@@ -11,7 +11,7 @@ import torch
 from fasttrain.ladder import torch_graphs as tg
 from fasttrain.ladder import torch_optimized as to
 from fasttrain.ladder.common import LadderConfig, make_ladder_data
-from fasttrain.ladder.torch_compiled import STEP, compiled
+from fasttrain.ladder.torch_compiled import STEP, compiled, step_output
 from tests.conftest import tiny_images
 from tests.ladder.test_ladder import ATOL, reference_sgd
 
@@ -21,6 +21,15 @@ CFG = LadderConfig(epochs=2, batch_size=64, device="cuda")  # 150 samples: 64, 6
 VARIANTS = ([(tg.TorchGraphs, v) for v in tg.SWEEP if v.compiled]
             + [(to.TorchOptimized, v) for v in (*(v for v in to.SWEEP if v.compiled),
                                                   to.Variant(k=2))])
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test's graphs its own: Dynamo keeps at most 8 graphs a step function (recompile_limit;
+    past it, eager), and the classes step alone has 3 variants × 3 batch shapes in this file."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
 
 
 def row(base, v):
@@ -63,20 +72,21 @@ def kernels(fn) -> list[str]:
 
 @pytest.mark.parametrize("v", [v for v in tg.SWEEP if v.compiled], ids=str)
 def test_kernels_a_compiled_step(v):
-    """The bcast step: 3 Triton kernels (as Inductor's Triton code read on the CPU says); the
-    autotuned mm step: at most the eager step's 4 and a split-K reduction. Printed for the
-    record either way."""
+    """The bcast step: 3 Triton kernels, the classes step 2 (as Inductor's Triton code read on
+    the CPU says); the autotuned mm step: at most the eager step's 4 and a split-K reduction.
+    Printed for the record either way."""
     data = make_ladder_data(tiny_images(n_train=256), LadderConfig(batch_size=128))
     s = to.EpochState(data, LadderConfig(batch_size=128), torch.device("cuda"),
                       transposed=v.transposed)
     step = compiled(STEP[v.step], v.mode)
-    args = (s.shuffled[128:256], s.w, s.logp[128:256], s.lr)
+    out = step_output(v.step, 256, "cuda")
+    args = (s.shuffled[128:256], s.w, out[128:256], s.lr)
     with torch.no_grad(), tg.preferred_blas(v.blas):
         step(*args)  # compiled (and autotuned) here
         names = kernels(lambda: step(*args))
     print(v, len(names), names)
-    if v.step == "bcast":
-        assert len(names) == 3, names
+    if v.step in ("bcast", "classes"):
+        assert len(names) == {"bcast": 3, "classes": 2}[v.step], names
     else:
         assert 1 <= len(names) <= 5, names
 

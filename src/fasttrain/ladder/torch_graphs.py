@@ -32,17 +32,27 @@ log-prob store fused into one kernel; W's update an addmm into a new buffer and 
 unless the copy fuses into a template's epilogue (default mode, with cuBLAS: 4 launches, more than
 the eager step, so not swept). "bcast": the products as broadcast-multiply + sum, 3 Triton
 kernels a step (z, softmax + backward, the update storing into W), no BLAS; its block sizes
-default or autotuned. **Estimate** for bcast (not yet run): 3 kernels at ~2-4 µs each inside the
+default or autotuned, and over Wᵀ storage (the update then a 2-D tiled reduction, read on the
+CPU: an x tile loaded once for all 10 classes, not once a class; not yet run).
+**Estimate** for bcast (before its run): 3 kernels at ~2-4 µs each inside the
 graph (the 1.0 µs graph node plus a reduction's few µs; earlier estimates here were 3-6×
 optimistic for latency-bound GPU code) → ~6-12 µs a step, ~3-6 ms an epoch against 9.26.
 Measured (H200, 2026-11-28, run 10, `variant_sweep.py --steps compiled`, 10 epochs): 4.94 ms/epoch
 (10.5 µs a step) against cuBLAS's 9.56, 3.0 s of setup (compile) against 0.44: the row's step.
+"classes" (v4), toward the ≤ 3 ms target (6.4 µs a step): 2 Triton kernels a step, z with the
+softmax and the rows' loss in one (each x row loaded once, not once a class), the update the
+other, W or Wᵀ storage (Wᵀ: the update a 2-D tiled reduction), Wᵀ also autotuned; the epoch's
+loss summed from the rows' loss [N] (2 kernels an epoch). **Estimate** (not yet run): bcast's
+measured ~3.5 µs a kernel (a 0.84 µs node, H200 sync_cost, and ~2.7 µs of reduction) for 2
+kernels → ~7 µs a step, ~3.3 ms/epoch; 2.8-4.5 ms allowing the fused kernel's 128 programs
+(one a row, 10 reductions each) to run slower than bcast's z. The GPU says which storage wins.
 
 Versions: v1 7 kernels a step (gather, mm, log_softmax, loss addcmul, exp, sub, addmm_), 4 graphs
 an epoch (H100: 14.7 ms/epoch, 31 µs/step); v2 4 ops a step, the gather and the loss moved to
 once an epoch, one graph an epoch; v3 (this file) the compiled-step variants, written and
 CPU-checked (float64 reference, 2 graphs an epoch, Inductor's Triton kernels a step read without
-a GPU), then run on an H200 (2026-11-28): the bcast step is the row's default since.
+a GPU), then run on an H200 (2026-11-28): the bcast step is the row's default since; v4 the
+classes step (2 kernels a step), compiled and checked on the CPU, not yet run on a GPU.
 
 Run alone:  python -m fasttrain bench --impl torch-graphs
 """
@@ -54,18 +64,25 @@ from dataclasses import dataclass
 
 import torch
 
-from fasttrain.ladder.common import Impl, LadderConfig, LadderData, batches
-from fasttrain.ladder.torch_compiled import STEP, check_aligned, compiled
+from fasttrain.ladder.common import CLASSES, Impl, LadderConfig, LadderData, batches
+from fasttrain.ladder.torch_compiled import (
+    FORMS,
+    STEP,
+    check_aligned,
+    compiled,
+    step_output,
+    sum_output,
+)
 from fasttrain.ladder.torch_optimized import (
     OPS_PER_STEP,
     EpochState,
+    X,
     read_loss,
     shuffle,
-    sum_loss,
     train_epoch_steps,
 )
 
-STEPS = ("eager", "mm", "bcast")
+STEPS = ("eager", *FORMS)
 
 
 @dataclass(frozen=True)
@@ -121,8 +138,14 @@ DEFAULT = Variant(step="bcast")
 SWEEP = (*(Variant(b, t) for b in ("cublas", "cublaslt") for t in (False, True)),
          # Triton GEMM templates (no split-K) against cuBLAS, the softmax fused: both layouts.
          Variant(step="mm", autotune=True), Variant(transposed=True, step="mm", autotune=True),
-         # 3 Triton reductions a step, no BLAS; default block sizes and autotuned ones.
-         Variant(step="bcast"), Variant(step="bcast", autotune=True))
+         # 3 Triton reductions a step, no BLAS; default block sizes and autotuned ones; over Wᵀ
+         # storage the update is a 2-D tiled reduction (what that alone buys, for the classes').
+         Variant(step="bcast"), Variant(step="bcast", autotune=True),
+         Variant(transposed=True, step="bcast"),
+         # 2 Triton reductions a step: z, the softmax and the loss in one, W's update the other
+         # (over Wᵀ storage a 2-D tiled one: each x tile loaded once for all 10 classes).
+         Variant(step="classes"), Variant(transposed=True, step="classes"),
+         Variant(transposed=True, step="classes", autotune=True))
 
 
 @contextmanager
@@ -145,15 +168,17 @@ def epoch_fn(s: EpochState, v: Variant, batch_size: int, backend: str = "inducto
         return lambda order: train_epoch_steps(s, order)
     mode = v.mode if backend == "inductor" else None  # a mode is Inductor's options
     step, lr = compiled(STEP[v.step], mode, backend), s.lr
-    views = [(s.shuffled[a:b], s.logp[a:b]) for a, b in batches(len(s.rows), batch_size)]
+    out = step_output(v.step, len(s.rows), s.rows.device)  # log-probs, or the rows' loss
+    neg_onehot = s.shuffled[:, X : X + CLASSES]
+    views = [(s.shuffled[a:b], out[a:b]) for a, b in batches(len(s.rows), batch_size)]
     check_aligned([s.w, *(t for view in views for t in view)])
 
     @torch.no_grad()
     def epoch(order):
         shuffle(s, order)
-        for batch, logp in views:
-            step(batch, s.w, logp, lr)
-        sum_loss(s)
+        for batch, rows_out in views:
+            step(batch, s.w, rows_out, lr)
+        s.loss_sum.add_(sum_output(out, neg_onehot))  # sum_loss's 3 kernels, or 2
 
     return epoch
 

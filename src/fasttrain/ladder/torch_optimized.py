@@ -65,7 +65,17 @@ by Inductor's CUDA graph trees, so the host's ~4 × 14 µs a step becomes one ca
 torch-graphs' 9.26 ms for the same kernels in one graph; 3-6× optimism applies to the host part).
 Measured (H200, 2026-11-28, run 10, `variant_sweep.py --steps compiled`, 10 epochs): k = 7 10.39
 ms/epoch (22 µs a step, 155 µs a call), k = 67 10.66, against eager v4's 22.24 in the same run;
-10 s of setup (compile, warm-up and recording) against 0.08.
+10 s of setup (compile, warm-up and recording) against 0.08. Reading: with mm products the GPU
+work is ~21 µs a step whatever k (cuBLAS, as torch-graphs' 9.56 ms); k = 7 bcast (10.84, 13 s
+of setup) is host-bound, 67 calls of ~160 µs. Swept next (compiled and checked on the CPU, not
+yet run on a GPU): k = 67 bcast, 7 calls an epoch (~1 ms of host) under torch-graphs' measured
+bcast kernels (10.5 µs a step, 4.94 ms an epoch): **estimate** ~5-6 ms/epoch, setup ~1.5 min
+(2 graphs of 67 steps; k = 67 mm took 35 s, and Inductor lowers bcast ~2.5× slower than mm:
+41 s against 21 s for one 67-step chunk's Triton code on the 2-core EPYC); and k = 34 classes,
+14 calls an epoch (13 of 34 steps, the last of 27; ~2.2 ms of host against ~3.3 ms of GPU work
+at torch-graphs' classes estimate of ~7 µs a step): **estimate** ~3.5-5 ms/epoch, setup ~2.5
+min (61 steps to compile at ~4× bcast's lowering time a step; at k = 67 it would be 134 steps,
+~5 min, for 7 calls fewer).
 
 Run alone:  python -m fasttrain bench --impl torch-optimized [--device cuda]
 Its variants:  python benchmarks/variant_sweep.py --rows torch-optimized [--steps compiled]
@@ -206,7 +216,8 @@ class Variant:
     def tag(self) -> str:
         if not self.compiled:
             return "eager v4"
-        return f"reduce-overhead, {self.k} steps a call{', bcast' if self.form == 'bcast' else ''}"
+        form = "" if self.form == "mm" else f", {self.form}"
+        return f"reduce-overhead, {self.k} steps a call{form}"
 
     def __str__(self) -> str:
         return ("4 eager ops a step" if not self.compiled else
@@ -220,7 +231,12 @@ class Variant:
 # partial batch).
 DEFAULT = Variant(k=7)
 EAGER = Variant()
-SWEEP = (EAGER, DEFAULT, Variant(k=67), Variant(k=7, form="bcast"))
+SWEEP = (EAGER, DEFAULT, Variant(k=67), Variant(k=7, form="bcast"),
+         # Few enough calls an epoch to be GPU-bound (~160 µs of host a call against 67 × bcast's
+         # 3 kernels, or 34 × classes' 2); classes at 34 (14 calls, the last of 27 steps), since
+         # Inductor lowers its ~100 nodes a step ~4× slower than bcast's: 61 steps to compile,
+         # not 134 (see the docstring).
+         Variant(k=67, form="bcast"), Variant(k=34, form="classes"))
 
 
 def row_variant(v: Variant, device: str) -> Variant:
