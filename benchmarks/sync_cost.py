@@ -62,7 +62,7 @@ from fasttrain.env import env_block, hardware_line
 V7_TIMED = (("a", "kernel"), ("b", "kernel"), ("c", "kernel"), ("d", "kernel"),
             ("b", "launch"), ("c", "launch"), ("d", "launch"), ("e", "launch"), ("f", "launch"),
             ("g", "launch"), ("h", "launch"), ("i", "launch"), ("j", "launch"), ("k", "launch"),
-            ("m", "launch"))
+            ("m", "launch"), ("n", "launch"))
 """v7's (variant, v7_grams) this script times and profiles: v7a-v7d in two launches, and v7b,
 v7c and v7d (the fastest in two launches on an H200, 2026-11-28: 2.231, 2.179 and 2.062 ms) in
 one; v7e (v7c's chain, the workers on the tensor cores) and v7f (v7e with the reduce-scatter; the
@@ -74,8 +74,10 @@ chain's helper warps; not yet run on a GPU) and v7j (v7i, its workers' mma fragm
 from swizzled rows, W's fp16 pieces split once by the apply; not yet run on a GPU) and v7k (v7j,
 two barriers fewer a worker step, the chain counters read at its top and tested after the
 partials; not yet run on a GPU) and v7m (v7j, its chain's critical warps sending their own rows of
-G right after their softmax; not yet run on a GPU) in one launch, to be read against v7f's from
-the same call (`--v7 f:launch,g:launch,h:launch,i:launch,j:launch,k:launch,m:launch`)."""
+G right after their softmax; not yet run on a GPU) and v7n (v7k, no column sums in its chain's G
+exchange: the receivers' helper warps sum the rows for the bias; not yet run on a GPU) in one
+launch, to be read against v7f's from the same call
+(`--v7 f:launch,g:launch,h:launch,i:launch,j:launch,k:launch,m:launch,n:launch`)."""
 
 ITERS = 10_000
 STEPS = 469

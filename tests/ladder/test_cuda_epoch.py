@@ -80,7 +80,8 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
     assert ce.PROFILED == (4, 5, 6, 7) and ce.LAUNCHES == {7: 2}  # v7: the Grams, then the epoch
     # v7k in one launch (the producers in the epoch kernel) is version 7's; two launches and the
     # other variants stay selectable.
-    assert ce.V7_VARIANTS == ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m")
+    assert ce.V7_VARIANTS == ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m",
+                              "n")
     assert ce.V7_VARIANT == "k"
     assert ce.V7_GRAMS == ("kernel", "launch") and ce.V7_GRAMS_DEFAULT == "launch"
     assert ce.V7_ONE_LAUNCH == ce.V7_VARIANTS
@@ -91,7 +92,8 @@ def test_the_variant_list_is_what_the_benchmark_and_the_row_use():
                    "epoch_v7e.cuh", "epoch_v7e_math.cuh", "epoch_v7f.cuh", "epoch_v7g.cuh",
                    "epoch_v7g_math.cuh", "epoch_v7h.cuh", "epoch_v7h_math.cuh", "epoch_v7i.cuh",
                    "epoch_v7i_math.cuh", "epoch_v7j.cuh", "epoch_v7j_math.cuh", "epoch_v7k.cuh",
-                   "epoch_v7m.cuh", "epoch_v7m_math.cuh", "v8_workers.cuh", "v8_mma.cuh",
+                   "epoch_v7m.cuh", "epoch_v7m_math.cuh", "epoch_v7n.cuh", "epoch_v7n_math.cuh",
+                   "v8_workers.cuh", "v8_mma.cuh",
                    "gram_v2.cuh"):
         assert f"csrc/{header}" in hashed
 
@@ -214,13 +216,14 @@ def test_variants_match_float64_reference(batch, version, cluster, ctas):
     assert loss_sum > 0 and 0 <= correct <= 2 * data.n_train
 
 
-V7_VARIANTS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m"]  # cuda_epoch.V7_VARIANTS
-V7_HELPERS_RELEASE_G = ("i", "j", "k", "m")  # G_t's counter released a step late (v7i on)
+V7_VARIANTS = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m",
+               "n"]  # cuda_epoch.V7_VARIANTS
+V7_HELPERS_RELEASE_G = ("i", "j", "k", "m", "n")  # G_t's counter released a step late (v7i on)
 V7_ONE_LAUNCH = V7_VARIANTS  # cuda_epoch.V7_ONE_LAUNCH
 V7_IDS = [f"v7{v}" for v in V7_VARIANTS]
 V7_GRAMS = ["kernel", "launch"]  # cuda_epoch.V7_GRAMS
 V7_RUNS = [(v, g) for g in V7_GRAMS for v in V7_VARIANTS if g == "kernel" or v in V7_ONE_LAUNCH]
-"""(variant, v7_grams) of every v7 kernel: v7a-v7k and v7m in two launches and in one."""
+"""(variant, v7_grams) of every v7 kernel: v7a-v7k, v7m and v7n in two launches and in one."""
 V7_RUN_IDS = [f"v7{v}-{'two-launches' if g == 'kernel' else 'one-launch'}" for v, g in V7_RUNS]
 
 

@@ -37,7 +37,12 @@ planted bugs (loads checked after they were issued, a read before the reset) mus
 own rows of G right after their softmax, warp 0 the column sums after one barrier, the loss after
 the sends) runs that tail through the kernel's send mapping (`tests/ladder/csrc/epoch_v7m_host.h`,
 every row and the sums exactly once a destination), trains as v7j bit for bit, and its planted
-bugs must fail. What it
+bugs must fail. v7n (`csrc/epoch_v7n.cuh`, `epoch_v7n_math.cuh`: v7k with no column sums in its
+chain's G exchange, each critical warp sending its rows at once, warp 0 a token to every chain
+CTA, the receivers' helper warps summing the rows for the bias) runs that tail and the helpers'
+bias once the slot holds G_t (`tests/ladder/csrc/epoch_v7n_host.h`, every row and token exactly
+once a destination, the bytes as armed), trains as v7k bit for bit, and its planted bugs must
+fail. What it
 cannot check (the mbarriers, st.async, DSMEM reads, the
 acquire/release counters (v7d: the acquire and __syncwarp before its early loads), the 64-bit
 words' atomicity, the Gram kernel's tiles on the tensor
@@ -62,7 +67,7 @@ K = 784
 GREEDY = 0  # the workers run whenever their flags let them: as far ahead as the protocol allows
 CHAIN_FIRST = -1  # the chain CTAs run whenever their waits let them: a too-early read shows
 VARIANTS = {"v7a": 0, "v7b": 1, "v7c": 2, "v7d": 3, "v7e": 4, "v7f": 5, "v7g": 6, "v7h": 7,
-            "v7i": 8, "v7j": 9, "v7k": 10, "v7m": 11}
+            "v7i": 8, "v7j": 9, "v7k": 10, "v7m": 11, "v7n": 12}
 BUGS = {1: "the workers' lag window one step short (an update counted twice)",
         2: "the bias correction left out (Z_t with b_s)",
         3: "a stale G: read when the counters say a, not a + 1, steps are published"}
@@ -75,7 +80,7 @@ def slow_g(variants):
     budget takes its cheaper tests (both launch modes, every schedule: test_epochs_...,
     test_short_..., and its own below), `-m slow` the rest (~15 s of emulation on 2 cores)."""
     return [pytest.param(v, marks=pytest.mark.slow)
-            if v in ("v7g", "v7h", "v7i", "v7j", "v7k", "v7m") else v for v in variants]
+            if v in ("v7g", "v7h", "v7i", "v7j", "v7k", "v7m", "v7n") else v for v in variants]
 
 
 def slow_h(variants):
@@ -86,10 +91,11 @@ def slow_h(variants):
     fast), only how its workers load their fragments is its own; v7k's is v7j's
     (test_v7k_trains_as_v7j_bit_for_bit, fast), only its barriers and when it reads the counters
     are its own; v7m's is v7j's (test_v7m_trains_as_v7j_bit_for_bit, fast), only when its chain
-    sends G and adds the loss is its own: the fast suite runs their own tests below, `-m slow` the
-    float64 matrix."""
+    sends G and adds the loss is its own; v7n's is v7k's (test_v7n_trains_as_v7k_bit_for_bit,
+    fast), only where its bias's column sums are taken is its own: the fast suite runs their own
+    tests below, `-m slow` the float64 matrix."""
     return [pytest.param(v, marks=pytest.mark.slow)
-            if v in ("v7h", "v7i", "v7j", "v7k", "v7m") else v
+            if v in ("v7h", "v7i", "v7j", "v7k", "v7m", "v7n") else v
             for v in variants]
 
 # v7prod's one-launch bugs 7-9, renumbered 9-11 at its merge with v7c (whose are 7 and 8), then
@@ -124,6 +130,9 @@ BUGS_V7K = {30: "the G loads issued with the early read and kept when the fallba
 BUGS_V7M = {40: "a warp's send mapping without its row bit (row 2w + 1 never sent, 2w twice)",
             41: "the column sums taken before warps 1-7's rows are in gl (no arrive/sync)",
             42: "1/bs in place of 1/n_t (the last, short batch's G off by bs/n_t)"}
+BUGS_V7N = {43: "the receiver's column sums read the ring's rows past the batch (stale G), not 0",
+            44: "the helpers' bias of G_t taken without waiting for its slot to hold G_t",
+            45: "the slots armed without the tokens' bytes (the 8 chain CTAs' 16 bytes)"}
 
 
 @pytest.fixture(scope="module")
@@ -303,9 +312,10 @@ def test_the_harness_rejects_bad_arguments(lib):
     # v7k's: 30 and 31 its own, 31 in one launch only
     assert call(bug=31, variant=10) == call(bug=31, variant=9, grams=1) == call(bug=32) == -1
     assert call(bug=30, variant=11) == call(bug=31, variant=11, grams=1) == -1
-    # v7m's: 40-42 its own; 32-39 nobody's
+    # v7m's: 40-42 its own; 32-39 nobody's; v7n's: 43-45 its own
     assert call(bug=40, variant=9) == call(bug=41, variant=10) == call(bug=42, variant=10) == -1
-    assert call(bug=39, variant=11) == call(bug=43, variant=11) == -1
+    assert call(bug=39, variant=11) == call(bug=43, variant=11) == call(bug=40, variant=12) == -1
+    assert call(bug=45, variant=10) == call(bug=46, variant=12) == call(bug=30, variant=12) == -1
 
 
 @pytest.mark.parametrize("policy", [GREEDY, CHAIN_FIRST, 1])
@@ -611,8 +621,8 @@ def test_v7js_planted_bugs_fail(lib, bug, fill, policy, grams):
     assert planted_bug_fails(lib, 9, bug, fill, policy, grams), BUGS_V7J[bug]
 
 
-JW_BUG_CASES = [(v, *case) for v in ("v7k", "v7m") for case in V7J_BUG_CASES[:3]]
-"""v7j's planted bugs 27-29 in v7k and v7m, whose workers are v7j's (the emulation's jw(): a
+JW_BUG_CASES = [(v, *case) for v in ("v7k", "v7m", "v7n") for case in V7J_BUG_CASES[:3]]
+"""v7j's planted bugs 27-29 in v7k, v7m and v7n, whose workers are v7j's (the emulation's jw(): a
 variant left out of it runs v7i's workers, which train as v7j's bit for bit, so only these show
 it)."""
 
@@ -713,3 +723,38 @@ V7M_BUG_CASES = [(40, np.nan, GREEDY, 1), (40, 0.0, CHAIN_FIRST, 0), (41, np.nan
                               for b, f, p, g in V7M_BUG_CASES])
 def test_v7ms_planted_bugs_fail(lib, bug, fill, policy, grams):
     assert planted_bug_fails(lib, 11, bug, fill, policy, grams), BUGS_V7M[bug]
+
+
+@pytest.mark.parametrize("grams", [pytest.param("two launches", marks=pytest.mark.slow),
+                                   "one launch"])
+def test_v7n_trains_as_v7k_bit_for_bit(lib, grams):
+    """v7n changes where its bias's column sums are taken (by the receiving chain CTA's helpers
+    from the rows in its ring, not by the sender) and when its chain sends G_t (each warp its own
+    rows at once, no column sums; the loss after the sends, v7m's), not one value: the same sums
+    in the same order (rows past the batch adding 0, as the sender's gl held), the same bias
+    update, so its weights, bias and stats equal v7k's exactly (and float64's at FP32_ATOL), 2
+    epochs of 6 steps with the 96-row last batch, greedy, chain-first and random schedules, the
+    mma's accumulation to nearest and toward zero."""
+    assert_trains_as_bit_for_bit(lib, 10, 12, grams)
+
+
+def test_v7n_in_one_step_epochs_and_16_row_batches_equals_float64(lib):
+    """v7n with a 1-step epoch of 96 rows (b_1 by the critical warps after the loop, from a slot
+    whose rows 96-127 were never sent) and 10-step epochs of 16 rows (chain CTAs 1-7 send only
+    their tokens; the receivers sum CTA 0's rows and zeros): against float64 at FP32_ATOL."""
+    assert_short_epochs_equal_float64(lib, 12)
+
+
+V7N_BUG_CASES = [(43, np.nan, GREEDY, 1), (43, 0.0, CHAIN_FIRST, 0), (44, np.nan, CHAIN_FIRST, 1),
+                 (44, 0.0, 2, 0), (45, np.nan, GREEDY, 1), (45, 0.0, 1, 0)]
+"""v7n's planted bugs, each over one fill, schedule and launch mode: 43 shows at the 96-row last
+batch (its ring rows 96-127 hold G of the step NB before), 44 where a chain CTA's helpers run
+before a peer has sent G_t (every schedule here lets them: a CTA's helper unit is runnable right
+after its own critical step), 45 at the first slot to complete (the harness's byte count)."""
+
+
+@pytest.mark.parametrize(("bug", "fill", "policy", "grams"), V7N_BUG_CASES,
+                         ids=[f"{b}-{'nan' if f != f else 'zeros'}-{p}-{'kl'[g]}"
+                              for b, f, p, g in V7N_BUG_CASES])
+def test_v7ns_planted_bugs_fail(lib, bug, fill, policy, grams):
+    assert planted_bug_fails(lib, 12, bug, fill, policy, grams), BUGS_V7N[bug]

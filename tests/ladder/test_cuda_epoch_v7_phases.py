@@ -53,19 +53,21 @@ void* const v7_kernels[] = {
     (void*)v7_epoch_kernel_k<false, 1>, (void*)v7_epoch_kernel_k<true, 1>,
     (void*)v7_epoch_kernel_m<false>, (void*)v7_epoch_kernel_m<true>,
     (void*)v7_epoch_kernel_m<false, 1>, (void*)v7_epoch_kernel_m<true, 1>,
+    (void*)v7_epoch_kernel_n<false>, (void*)v7_epoch_kernel_n<true>,
+    (void*)v7_epoch_kernel_n<false, 1>, (void*)v7_epoch_kernel_n<true, 1>,
     (void*)v7_gram_kernel, (void*)v7_gram_kernel_v2};
 """
 EPOCH_KERNELS = {f"{build}{v7b}{one}": f"v7_epoch_kernelILb{t}ELb{b}ELi{g}E"
                  for one, g in (("", 0), (" one launch", 1)) for v7b, b in (("", 0), (" v7b", 1))
                  for build, t in (("untimed", 0), ("timed", 1))}
 EPOCH_KERNELS |= {f"{build} v7{c}{one}": f"v7_epoch_kernel_{c}ILb{t}ELi{g}E"
-                  for c in ("c", "d", "e", "f", "g", "h", "i", "j", "k", "m")
+                  for c in ("c", "d", "e", "f", "g", "h", "i", "j", "k", "m", "n")
                   for one, g in (("", 0), (" one launch", 1))
                   for build, t in (("untimed", 0), ("timed", 1))}
 """ptxas's names of v7_epoch_kernel<TIMED, V7B, GRAMS> ("untimed", "timed v7b one launch", …), of
 v7c's v7_epoch_kernel_c<TIMED, GRAMS> ("untimed v7c", "timed v7c one launch", …), of v7d's
 v7_epoch_kernel_d<TIMED, GRAMS> ("untimed v7d", "timed v7d one launch", …) and of v7e's
-v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's … v7k's and v7m's."""
+v7_epoch_kernel_e<TIMED, GRAMS> ("untimed v7e", …) and of v7f's … v7k's, v7m's and v7n's."""
 GRAM_KERNELS = {"gram v1": ("v7_gram_kernelE", 128), "gram v2": ("v7_gram_kernel_v2E", 128)}
 """ptxas's names of the Gram kernels (v1, v2 of csrc/epoch_v7.cuh) and their register caps: v1's
 128 threads could have 255, but 128 keeps 4 CTAs an SM; v2's 512 threads (__launch_bounds__(512,
@@ -331,6 +333,26 @@ def test_v7ms_critical_warps_send_their_rows_with_one_barrier_wait(ptxas_report)
 
 
 @requires_nvcc
+def test_v7ns_critical_tail_has_no_barrier_and_its_helpers_sum_the_bias(ptxas_report):
+    """v7n (csrc/epoch_v7n.cuh): v7k's kernel whose critical warps send no column sums: none of
+    k's two bar.sync of named barrier 1 in the loop is left (the one there is the last bias's,
+    after the loop) and no bar.arrive on it (m's); the st.async v4 sends at three sites (a lane's
+    two items of its warp's rows, warp 0's tokens) where k's peeled send loop has seven; the
+    helper warps 9-11 wait on the slot's mbarrier once more (one try_wait more than k) and meet
+    on named barrier 5 (96 threads) for the bias; barrier 3 as i's; nothing in local memory."""
+    send = "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32"
+    for one in ("", " one launch"):
+        ptx = ptxas_report["untimed v7n" + one]["ptx"]
+        v7k = ptxas_report["untimed v7k" + one]["ptx"]
+        assert ptx.count("bar.sync 1, 256;") == v7k.count("bar.sync 1, 256;") - 1 == 1
+        assert "bar.arrive 1, 256;" not in ptx and ptx.count("bar.sync 5, 96;") == 1
+        assert ptx.count("bar.arrive 3, 512;") == 1 and ptx.count("bar.sync 3, 512;") == 2
+        assert ptx.count(send) == 3 < v7k.count(send)
+        assert ptx.count("mbarrier.try_wait") == v7k.count("mbarrier.try_wait") + 1
+        assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@requires_nvcc
 def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     """The row's kernel carries nothing of the profile: no clock or global timer read (its bounded
     waits' clock64 reads are in functions of their own, not inlined) and no phase array; the timed
@@ -338,10 +360,11 @@ def test_only_the_timed_build_reads_the_clocks(ptxas_report):
     warps' loop too), the clock at least once a phase (clock() is a %clock64 read in PTX), and
     writes both arrays."""
     for suffix in ("", " v7b", " v7c", " v7d", " v7e", " v7f", " v7g", " v7h", " v7i", " v7j",
-                   " v7k", " v7m",
+                   " v7k", " v7m", " v7n",
                    " one launch", " v7b one launch", " v7c one launch", " v7d one launch",
                    " v7e one launch", " v7f one launch", " v7g one launch", " v7h one launch",
-                   " v7i one launch", " v7j one launch", " v7k one launch", " v7m one launch"):
+                   " v7i one launch", " v7j one launch", " v7k one launch", " v7m one launch",
+                   " v7n one launch"):
         untimed = ptxas_report["untimed" + suffix]["ptx"]
         timed = ptxas_report["timed" + suffix]["ptx"]
         helpers = any(f"v7{v}" in suffix for v in ce.V7_HELPERS)

@@ -307,9 +307,10 @@ def test_sync_cost_picks_versions_and_v7_pairs_or_refuses_with_one_line(capsys):
                                                          ("k", "launch"))
     assert sync_cost.parse_v7("m,k:launch,j:launch") == (("j", "launch"), ("k", "launch"),
                                                          ("m", "launch"))
+    assert sync_cost.parse_v7("n,k:launch") == (("k", "launch"), ("n", "launch"))
     for argv in (["--versions", "8"], ["--versions", "six"], ["--v7", "c:graph"], ["--v7", "z"],
                  ["--v7", "h:kernel"], ["--v7", "i:kernel"], ["--v7", "j:kernel"],
-                 ["--v7", "k:kernel"], ["--v7", "m:kernel"]):
+                 ["--v7", "k:kernel"], ["--v7", "m:kernel"], ["--v7", "n:kernel"]):
         assert sync_cost.main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("sync_cost: --"), err

@@ -94,8 +94,8 @@ CLUSTER_ONLY = (4, 5, 6, 7)  # versions with no cooperative-grid kernel (signals
 SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_signal_status
 PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
-V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m")
-"""v7's variants, in the library's order (`variant` 0 … 11 of its v7 entry points): v7a (H200,
+V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m", "n")
+"""v7's variants, in the library's order (`variant` 0 … 12 of its v7 entry points): v7a (H200,
 2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch), v7c
 (csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; H200,
 2026-11-28 run 2: 2.179 ms/epoch) and v7d (csrc/epoch_v7d.cuh, epoch_v7d_math.cuh: v7c with the
@@ -131,8 +131,14 @@ where v7j's acquire waits an L2 round trip there; trains as v7j bit for bit on t
 chain's critical warps sending their own rows of G_t right after their softmax, warp 0 alone
 waiting on a barrier for the column sums, the loss after the sends: in v7i's SASS two 256-thread
 barriers, the column sums and 2-3 serial send blocks a thread between the softmax and the next
-wait, the loss's logf before them; trains as v7j bit for bit on the CPU; run 10: 1.694).
-sync_cost.py times them all in one call."""
+wait, the loss's logf before them; trains as v7j bit for bit on the CPU; run 10: 1.694). v7n
+(csrc/epoch_v7n.cuh, epoch_v7n_math.cuh: v7k with no column sums in the chain's G exchange: each
+critical warp sends its own rows right after its softmax, with no barrier in the tail, one 16-byte
+token a chain CTA keeps the slots' pacing, and the receiving chain CTA's helper warps sum the rows
+for the bias, in k's order: in v7k's SASS two 256-thread barriers, warp 0's 16 dependent column
+sums and 2-3 serial send blocks between the slowest warp's softmax and the last st.async, and in
+v7m the sums' row the last piece every peer waits for; trains as v7k bit for bit on the CPU;
+compiled and checked on the CPU, NOT YET RUN ON A GPU). sync_cost.py times them all in one call."""
 V7_VARIANT = "k"  # version 7's: v7k in one launch, the fastest that passed its tests (H200, run 10)
 LAUNCHES = {7: 2}  # where not 1: v7's Gram kernel, then its epoch kernel (1 in one launch)
 V7_GRAMS = ("kernel", "launch")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 V7_CTAS = 8  # v7's `ctas`: its chain cluster (the launch holds 64: 7 worker clusters more)
-V7_HELPERS = ("c", "d", "e", "f", "g", "h", "i", "j", "k", "m")
+V7_HELPERS = ("c", "d", "e", "f", "g", "h", "i", "j", "k", "m", "n")
 """The variants whose chain CTAs split into critical and helper warps (v7c's chain and v7g's): their
 phase profile has a third role, "helpers"."""
 PHASES = ("partials", "widen", "wait partials", "softmax, send g", "wait g", "update")
@@ -59,7 +59,7 @@ V7_UNTIMED = {v: {"chain": ("wait Γ",), "helpers": ("wait partials",)}
               for v in ("c", "d", "e", "f")}
 V7_UNTIMED["g"] = V7_UNTIMED["h"] = V7_UNTIMED["i"] = V7_UNTIMED["j"] = V7_UNTIMED["k"] = {
     "chain": ("wait Γ",)}
-V7_UNTIMED["m"] = V7_UNTIMED["j"]
+V7_UNTIMED["m"] = V7_UNTIMED["n"] = V7_UNTIMED["j"]
 """Phases a variant's profiling build does not clock, so they read 0: v7c's chain (v7d-v7f's)
 counts its wait for the producers' flag inside "Gram terms" (a separate clock mark spilled v7c's
 timed one-launch build). The H200's run 5 (2026-11-28) found them 0 in both launch modes. v7c's
@@ -68,7 +68,10 @@ v7i's (and v7j's, v7k's, v7m's) chain publishes nothing (its helpers do): its "p
 bar.arrive, ~0 but clocked. v7m's chain sends each warp's rows right after its softmax: its
 "softmax" (thread 0's, warp 0's) ends with its rows in gl, "send G" holds warp 0's sends, its wait
 for the other warps' rows (barrier 1), the column sums and their sends; the loss after "publish"
-lands in "wait G"."""
+lands in "wait G". v7n's chain sends no column sums: its "softmax" ends with warp 0's rows in gl,
+"send G" is warp 0's row sends and its tokens (no barrier), the loss after "publish" lands in "wait
+G", and "Gram terms" holds no bias update; its helpers' "hand-off" holds the bias they make from
+G_t's rows (warps 9-11: the wait for G_t, the column sums, a barrier) with v7i's store."""
 
 
 def v7_phases_us(clocks: list[int], span: list[int], ctas: int, cols: int,

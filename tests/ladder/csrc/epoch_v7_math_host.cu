@@ -1,6 +1,6 @@
 // The CPU side of tests/ladder/test_cuda_epoch_v7_math.py: cuda-epoch v7a … v7g (epoch_v7.cuh,
 // epoch_v7c.cuh, epoch_v7d.cuh, epoch_v7e.cuh, epoch_v7f.cuh, epoch_v7g.cuh, epoch_v7h.cuh,
-// epoch_v7i.cuh, epoch_v7j.cuh, epoch_v7k.cuh, epoch_v7m.cuh, `variant` 0 … 11) on
+// epoch_v7i.cuh, epoch_v7j.cuh, epoch_v7k.cuh, epoch_v7m.cuh, epoch_v7n.cuh, `variant` 0 … 12) on
 // the host for whole epochs, every role's per-step code (epoch_v7_math.cuh's
 // and epoch_v7b_math.cuh's per-thread bodies, run for every thread of every CTA) in an order its
 // flags allow:
@@ -58,6 +58,9 @@
 //   - v7m (variant 11: v7j with its chain's critical tail cut: each warp sends its own rows, warp
 //     0 the column sums, the loss after the sends): the critical step's tail through
 //     epoch_v7m_math.cuh's bodies and send mapping (epoch_v7m_host.h, bugs 40-42);
+//   - v7n (variant 12: v7k with no column sums in its chain's G exchange: each warp sends its
+//     rows, warp 0 a token to every chain CTA, and the receivers' helpers sum the rows for the
+//     bias once the slot holds G_t): epoch_v7n_math.cuh's bodies (epoch_v7n_host.h, bugs 43-45);
 //   - the scheduler picks among the runnable units (v7c's helpers last, but for policy ≥ 1): policy 0 runs workers whenever it can (as far
 //     ahead as the flags let them: a flag read too early shows), CHAIN_FIRST (-1) runs chain CTAs
 //     whenever one can (a chain that reads what no worker has written yet shows), policy ≥ 1
@@ -95,7 +98,7 @@
 // v7g only: 20-22 (epoch_v7g_host.h, v7h's and v7i's too); v7h only: 23, 24 (epoch_v7h_host.h,
 // v7i's too); v7i only: 25, 26 (epoch_v7i_host.h, v7j's too); v7j only: 27-29
 // (epoch_v7j_host.h, v7k's and v7m's too); v7k only: 30, 31 (epoch_v7k_host.h; 31 in one launch);
-// v7m only: 40-42 (epoch_v7m_host.h).
+// v7m only: 40-42 (epoch_v7m_host.h); v7n only: 43-45 (epoch_v7n_host.h).
 #define FT_HOST_MATH
 #include <cmath>
 #include <algorithm>
@@ -158,9 +161,11 @@ struct Chain {
   int gl_step = -1;  // v7i: the step whose G gl holds (the critical step's softmax wrote it)
   int ipend = -1;    // v7i, bug 26: the step whose rows (igl) have not landed in global memory
   std::vector<float> igl = std::vector<float>((V7_RPC + 1) * 16);
+  int nbytes[V7_NB] = {};  // v7n: the bytes landed in a slot from this step's senders so far
 };
 }  // namespace
 #include "epoch_v7i_host.h"  // before v7g's, whose helper units end with v7i_publish
+#include "epoch_v7n_host.h"  // before v7g's too: v7n's helper units end with its bias
 #include "epoch_v7g_host.h"
 #include "epoch_v7h_host.h"
 #include "epoch_v7j_host.h"
@@ -186,9 +191,11 @@ struct Emulation {
   float fill = 0.f;  // what memory no step has written holds (v7g: its PQ before the helpers')
   bool fw() const { return variant >= 5; }  // v7f's workers (v7f … v7i)
   bool gc() const { return variant >= V7G_VARIANT; }  // v7g's chain (v7g … v7m)
-  bool jw() const {  // v7j's workers (v7j, v7k, v7m)
-    return variant == V7J_VARIANT || variant == V7K_VARIANT || variant == V7M_VARIANT;
+  bool jw() const {  // v7j's workers (v7j, v7k, v7m, v7n)
+    return variant == V7J_VARIANT || variant == V7K_VARIANT || variant == V7M_VARIANT ||
+           variant == V7N_VARIANT;
   }
+  bool ke() const { return variant == V7K_VARIANT || variant == V7N_VARIANT; }  // v7k's step
   Chain chain[V7_CHAIN];
   Worker workers[V7_WCLUSTERS][V7_CLUSTER];
   int wnext[V7_WCLUSTERS] = {}, wapplied[V7_WCLUSTERS] = {};
@@ -317,6 +324,7 @@ struct Emulation {
   // it runs once their producers' flags are set (the helpers' gate).
   bool helper_runnable(int q) const {
     if (variant >= V7I_VARIANT && chain[q].hnext == e.steps) return v7i_tail_runnable(*this, q);
+    if (variant == V7N_VARIANT && !v7n_helper_ready(*this, q)) return false;
     if (gc()) return v7g_helper_runnable(*this, q);
     const Chain& c = chain[q];
     if (variant < 2 || c.hnext + 1 >= e.steps || c.next <= c.hnext) return false;
@@ -389,7 +397,10 @@ struct Emulation {
       if (c.got[p] != V7_CHAIN || c.armed[p] != t - 1) violated = true;  // passed too early
       c.got[p] = 0;
       c.armed[p] = t - 1 + V7_NB;
-      for (int tid = 0; tid < V7_T; ++tid) chain_bias(e, ring, t - 1, tid, bias);
+      if (variant != V7N_VARIANT)
+        for (int tid = 0; tid < V7_T; ++tid) chain_bias(e, ring, t - 1, tid, bias);
+      else if (t == e.steps)  // v7n: b_steps by the critical warps (before: the helpers')
+        v7n_receiver_bias(*this, q, t - 1);
     }
     for (int i = 0; i < C; ++i) c.bias_at[t][i] = bias[i];
     if (t == e.steps) return;
@@ -430,6 +441,7 @@ struct Emulation {
       if (row < e.rows(t)) labels[i] = y[order[t * e.bs + row]];
     }
     if (variant == V7M_VARIANT) return v7m_chain_tail(*this, q, t, p, j1, used_bias, labels);
+    if (variant == V7N_VARIANT) return v7n_chain_tail(*this, q, t, p, j1, used_bias, labels);
     if (variant >= 1) {
       HostWarp16 warp{bug == 5 ? 8 : 0};
       for (int w = 0; w < V7_SMT / 32; ++w) {
@@ -511,7 +523,7 @@ struct Emulation {
     for (bool& u : unread[k]) u = false;
     held[k] = -1;
     store_x(k, 0);
-    if (variant == V7K_VARIANT && bug != 31) v7k_top(*this, k);  // bug 31: read before the reset
+    if (ke() && bug != 31) v7k_top(*this, k);  // bug 31: read before the reset
   }
   bool worker_runnable(int k) const {
     if (grams == 1 && !wstarted[k]) return reset_seen();  // its setup, after the reset
@@ -561,7 +573,7 @@ struct Emulation {
   // v7d: V7GAhead::ahead during step t's partials: the loads only once all 8 counters say G_a is
   // published (bug 10: the loads first, the counters checked when the update comes, i.e. after).
   void ahead(int k, int a) {
-    if (variant == V7K_VARIANT) return v7k_ahead(*this, k, a);
+    if (ke()) return v7k_ahead(*this, k, a);
     if (held[k] == a || (bug != 10 && !g_published(a))) return;
     fetch(k, a);
   }
@@ -779,7 +791,7 @@ struct Emulation {
           worker_setup(u, w_in);
         } else {
           worker_step(u, w);
-          if (variant == V7K_VARIANT) v7k_top(*this, u);  // the top of its next step
+          if (ke()) v7k_top(*this, u);  // the top of its next step
         }
       } else if (grams == 1 && !cstarted[u - V7_WCLUSTERS]) {
         cstarted[u - V7_WCLUSTERS] = true;
@@ -809,7 +821,7 @@ struct Emulation {
 }  // namespace
 
 // `epochs` epochs of v7a (variant 0), v7b (1), v7c (2), v7d (3), v7e (4), v7f (5), v7g (6), v7h
-// (7), v7i (8), v7j (9), v7k (10) or v7m (11) on (w [10][784], b [10]) in place, orders
+// (7), v7i (8), v7j (9), v7k (10), v7m (11) or v7n (12) on (w [10][784], b [10]) in place, orders
 // [epochs][n]; stats [2] += (loss sum, correct count); the global buffers start as `fill`.
 // Returns 0, -1 (bad arguments), -2 (deadlock) or -3 (a ring slot overwritten before it was read,
 // or a step run before its partials came).
@@ -818,14 +830,15 @@ struct Emulation {
 extern "C" int v7_epochs(int epochs, const uint8_t* x, const int* y, const int* orders, int n,
                          int bs, float lr, float* w, float* b, double* stats, int policy,
                          int bug, float fill, int variant, int grams, int acc_rz) {
-  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 42 || bug == 14 ||
-      variant < 0 || variant > 11 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
+  if (epochs < 1 || n < 1 || bs < 1 || bs > BMAX || bug < 0 || bug > 45 || bug == 14 ||
+      variant < 0 || variant > 12 || grams < 0 || grams > 1 || (bug >= 15 && variant < 4) ||
       (bug >= 18 && variant < 5) || (bug >= 20 && bug <= 22 && variant < V7G_VARIANT) ||
       (bug >= 23 && bug <= 24 && variant < V7H_VARIANT) ||
       (bug >= 25 && bug <= 26 && variant < V7I_VARIANT) ||
       (bug >= 27 && bug <= 29 && variant < V7J_VARIANT) ||
       (bug >= 30 && bug <= 31 && variant != V7K_VARIANT) || (bug == 31 && grams != 1) ||
-      (bug >= 32 && bug < 40) || (bug >= 40 && variant != V7M_VARIANT) ||
+      (bug >= 32 && bug < 40) || (bug >= 40 && bug <= 42 && variant != V7M_VARIANT) ||
+      (bug >= 43 && variant != V7N_VARIANT) ||
       (bug > 3 && bug < 7 && variant < 1) ||
       (bug > 6 && bug < 9 && variant < 2) || (bug > 8 && bug < 11 && variant != 3) ||
       (bug >= 11 && bug <= 13 && grams != 1))

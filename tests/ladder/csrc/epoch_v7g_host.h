@@ -98,6 +98,7 @@ void v7g_helper_step(Em& em, int q) {
     for (int h = 0; h < V7C_HELP; ++h)
       v7c_load_gram<V7C_HJ>(e, em.s.gram, t + 2, q, h, 2, c.gamh_of(h));
   if (em.variant >= V7I_VARIANT) v7i_publish(em, q, u);  // G_t's rows, then the count t + 1
+  if (em.variant == V7N_VARIANT) v7n_receiver_bias(em, q, t);  // b_{t+1}, before hand-off t + 1
 }
 
 // The critical setup's part that differs from v7c's: step 0's labels into ys[0], ys[1] junk

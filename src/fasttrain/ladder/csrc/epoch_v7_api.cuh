@@ -78,6 +78,12 @@
 //      after its softmax, only warp 0 waits (for the column sums), the loss after the sends
 //      (v7i's SASS: two 256-thread barriers, warp 0's column sums and 2-3 serial send blocks a
 //      thread between the softmax and the next wait, the loss's logf inline before them).
+//   v7n (epoch_v7n.cuh, epoch_v7n_math.cuh; variant 12; written without a GPU, not yet run on one)
+//      v7k with no column sums in the chain's G exchange: each critical warp sends its own rows
+//      right after its softmax (no barrier in the tail), a 16-byte token a chain CTA keeps the
+//      slots' pacing, and the receiver's helper warps sum the rows for the bias (v7k's SASS: two
+//      256-thread barriers, warp 0's column sums and 2-3 serial send blocks before the last
+//      st.async; v7m's: the sums' row the last piece every peer waits for).
 #pragma once
 #include "epoch_v7_launch.cuh"
 
@@ -96,7 +102,7 @@ long long cuda_epoch_v7_scratch_bytes(int n, int bs) {
 // device holds at once (cudaOccupancyMaxActiveClusters), *needed = how many one launch has.
 // Returns 0 or a cudaError_t.
 // `variant`: whose epoch kernel (V7A 0, V7B 1, V7C 2, V7D 3, V7E 4, V7F 5, V7G 6, V7H 7, V7I 8,
-// V7J 9, V7K 10, V7M 11); `grams`:
+// V7J 9, V7K 10, V7M 11, V7N 12); `grams`:
 // V7_GRAMS_KERNEL 0
 // (8 clusters) or V7_GRAMS_LAUNCH 1 (one launch: 15 clusters, the producers').
 int cuda_epoch_v7_residency(int variant, int grams, int* clusters, int* needed) {

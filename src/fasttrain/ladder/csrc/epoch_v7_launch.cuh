@@ -1,8 +1,8 @@
 // cuda-epoch v7's host side (epoch_v7_api.cuh's entry points call it): the launch configuration,
-// each variant's epoch kernel (v7_kernel: v7a … v7k, v7m, TIMED or not, for either `grams`), an
+// each variant's epoch kernel (v7_kernel: v7a … v7k, v7m, v7n, TIMED or not, for either `grams`), an
 // epoch's two launches (the Grams by either Gram kernel, then the epoch kernel) or its one launch
 // (`grams` V7_GRAMS_LAUNCH: the epoch kernel with its producer clusters, epoch_v7l.cuh), and the
-// phase profile's read-back. v7's variants: V7A (0) … V7K (10), V7M (11), the `variant` of the
+// phase profile's read-back. v7's variants: V7A (0) … V7K (10), V7M (11), V7N (12), the `variant` of the
 // entry points (cuda_epoch.V7_VARIANTS); `grams` is independent of it.
 #pragma once
 #include "epoch_v7.cuh"
@@ -16,6 +16,7 @@
 #include "epoch_v7j.cuh"
 #include "epoch_v7k.cuh"
 #include "epoch_v7m.cuh"
+#include "epoch_v7n.cuh"
 
 namespace {
 
@@ -64,7 +65,8 @@ cudaLaunchConfig_t v7_config(cudaLaunchAttribute (&attr)[2], bool cooperative, c
 // The Gram kernels: 1 (v7a's, measured on an H200) or 2 (gram_v2.cuh, not yet run on a GPU).
 constexpr int V7_GRAM_VERSION = 2;  // the epoch's
 enum V7Variant { V7A = 0, V7B = 1, V7C = 2, V7D = 3, V7E = 4, V7F = 5, V7G = 6, V7H = 7,
-                 V7I = 8, V7J = 9, V7K = 10, V7M = 11, V7_VARIANTS };
+                 V7I = 8, V7J = 9, V7K = 10, V7M = 11, V7N = 12,
+                 V7_VARIANTS };
 V7Args v7_args(const Args& a, bool tagged = false) {
   const int steps = (a.n + a.bs - 1) / a.bs;
   return V7Args{a, V7Epoch{a.n, a.bs, steps, a.lr}, v7_scratch(a.scratch, steps), tagged};
@@ -86,7 +88,7 @@ cudaError_t v7_grams(const V7Args& v, int version, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The epoch kernel of `variant` (V7A … V7M) in its TIMED build (the phase-profiling one: the same
+// The epoch kernel of `variant` (V7A … V7N) in its TIMED build (the phase-profiling one: the same
 // arithmetic, it trains) and GRAMS build (V7_GRAMS_KERNEL: the Gram kernel runs first;
 // V7_GRAMS_LAUNCH: its producer clusters inside it); nullptr for any other number. The one place
 // a variant's number meets its kernel (the GPU's one-launch test reads the kernel's name back).
@@ -106,6 +108,7 @@ V7Kernel v7_kernel(int variant) {
     case V7J: return v7_epoch_kernel_j<TIMED, GRAMS>;
     case V7K: return v7_epoch_kernel_k<TIMED, GRAMS>;
     case V7M: return v7_epoch_kernel_m<TIMED, GRAMS>;
+    case V7N: return v7_epoch_kernel_n<TIMED, GRAMS>;
     default: return nullptr;
   }
 }

@@ -129,10 +129,24 @@ __device__ void v7g_helpers(int q, const V7Args& v, float* sm, Gate gate) {
   pub.last(v, steps, q, gl);
 }
 
+// Where the bias gradient comes from, a Tail's part of the protocol: g-m's senders sum their rows'
+// columns and send the sums with the rows (the slot's bytes count them; b_t by chain_bias after
+// the G wait, v7c_last_g after the loop). v7n's receivers sum the rows (epoch_v7n.cuh).
+struct V7GSenderSums {
+  static constexpr bool RECEIVER_BIAS = false;
+  static __device__ __forceinline__ int bytes(const V7Epoch& e, int t) { return v7_g_bytes(e, t); }
+  template <class Clock>
+  static __device__ __forceinline__ bool last_g(const V7Epoch& e, int steps, int tid,
+                                                uint32_t bar_u, const float* ring, float* bias,
+                                                Clock& clock) {
+    return v7c_last_g(e, steps, tid, bar_u, ring, bias, clock);
+  }
+};
+
 // The critical warps' step after Z (v7g-v7j's): the softmax, colsum between two barriers, then
-// Pub's sends and publish (v7m's: epoch_v7m.cuh's V7MTail).
+// Pub's sends and publish (v7m's: epoch_v7m.cuh's V7MTail; v7n's: epoch_v7n.cuh's V7NTail).
 template <class Pub>
-struct V7GTail {
+struct V7GTail : V7GSenderSums {
   template <class Clock>
   __device__ __forceinline__ void operator()(const V7Args& v, int t, int q, int tid, float z,
                                              const int* labels, float* gl, uint32_t ring_u,
@@ -169,7 +183,7 @@ __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
   if (tid == 0) {
     for (int p = 0; p < V7_NB; ++p) mbar_init(bar_u + 8 * p, 1);
     mbar_init_fence();
-    for (int t = 0; t < V7_NB && t < steps; ++t) mbar_arm(bar_u + 8 * t, v7_g_bytes(e, t));
+    for (int t = 0; t < V7_NB && t < steps; ++t) mbar_arm(bar_u + 8 * t, Tail::bytes(e, t));
   }
   __syncthreads();
   cluster_barrier();  // every chain CTA's mbarriers armed before anyone sends
@@ -190,8 +204,8 @@ __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
       if (!ok) *stop = 1;  // read after this step's hand-off, by both halves
       clock.mark(V7C_WAIT_G);
       if (ok && tid == 0 && t - 1 + V7_NB < steps)  // slot (t−1) % NB: v7b's re-arm
-        mbar_arm(bar_u + 8 * v7_slot(t - 1), v7_g_bytes(e, t - 1 + V7_NB));
-      chain_bias(e, ring, t - 1, tid, bias);
+        mbar_arm(bar_u + 8 * v7_slot(t - 1), Tail::bytes(e, t - 1 + V7_NB));
+      if constexpr (!Tail::RECEIVER_BIAS) chain_bias(e, ring, t - 1, tid, bias);
     }
     float acc[C];
     for (int c = 0; c < C; ++c) acc[c] = 0.f;
@@ -211,7 +225,7 @@ __device__ void v7g_chain(int q, const V7Args& v, float* sm, Gate gate = {}) {
     clock.mark(V7C_LOGITS);
     Tail{}(v, t, q, tid, z, ys + (t & 1) * V7_RPC, gl, ring_u, bar_u, loss, correct, clock);
   }
-  if (!failed) failed = v7c_last_g(e, steps, tid, bar_u, ring, bias, clock);
+  if (!failed) failed = Tail::last_g(e, steps, tid, bar_u, ring, bias, clock);
   if (failed) return;
   clock.write(steps);
   chain_results(v, q, tid, bias, loss, correct);

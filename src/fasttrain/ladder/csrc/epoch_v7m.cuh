@@ -46,7 +46,7 @@ __device__ __forceinline__ void v7m_send(int t, int q, const V7MItem& it, float4
             mapa(bar_u + 8 * slot, it.d));
 }
 
-struct V7MTail {
+struct V7MTail : V7GSenderSums {
   template <class Clock>
   __device__ __forceinline__ void operator()(const V7Args& v, int t, int q, int tid, float z,
                                              const int* labels, float* gl, uint32_t ring_u,
