@@ -363,8 +363,9 @@ def test_v7_protocol_fault_is_an_error_not_a_hang(v7, grams):
     The first wait to run out its budget is the one recorded. From v7i on, a chain CTA's helper
     warps release G_t's counter after step t + 1's hand-off, so chain CTA 0, stuck at step 2,
     never releases G_1, and the workers' wait for G_1 starts within microseconds of CTA 0's: on
-    an H200 (2026-11-28, run 10) v7j's workers ran out first once in ten runs. Either names the
-    fault."""
+    an H200 (2026-11-28, run 10) v7j's workers ran out first once in ten runs. v7n's helper
+    warps wait for G_2 in their ring, which CTA 0 never sends, from their step 2 on. Each names
+    the fault."""
     import time
 
     from fasttrain.ladder.cuda_epoch import has_clusters
@@ -376,8 +377,10 @@ def test_v7_protocol_fault_is_an_error_not_a_hang(v7, grams):
     assert k.lib.cuda_epoch_signal_fault(2) == 0
     try:
         start = time.perf_counter()
-        first = r"(v7's worker partials \(chain\) at step 2|v7's G \(worker\) at step 1) " \
-            if v7 in V7_HELPERS_RELEASE_G else r".* at step 2 "
+        # CTA 0's partials at step 2, or a wait it leaves unfed: the workers' for G_1 (released
+        # late), v7n's helpers' for G_2 in their ring ("the rows' g at step 3").
+        first = r"(v7's worker partials \(chain\) at step 2|v7's G \(worker\) at step 1|" \
+            r"the rows' g at step 3) " if v7 in V7_HELPERS_RELEASE_G else r".* at step 2 "
         with pytest.raises(RuntimeError, match="waited too long for " + first):
             k.run(0)
         assert time.perf_counter() - start < 5.0
