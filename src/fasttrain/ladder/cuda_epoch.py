@@ -1,72 +1,31 @@
 """`cuda-epoch`: a whole epoch — 469 dependent SGD steps — in ONE kernel launch, no host in between.
 
-The kernel (`csrc/cuda_epoch.cu`) runs on a thread-block cluster of CTAS CTAs on Hopper (sm_90+):
-each CTA owns a slice of the 784 features and its slice of the weights in shared memory for the
-whole epoch; per step the partial logits meet through distributed shared memory (two cluster
-barriers a step), the softmax is computed by the rows' owners, and the gradient and update stay
-local; the next batch's uint8 pixels are prefetched with cp.async while the step computes. GPUs
-without clusters run the same kernel on a cooperative grid (global-memory inboxes, grid.sync()).
-fp32 arithmetic: the weights equal the float64 reference to float32 rounding.
+Built by `fasttrain.ladder.build` (nvcc → cached .so → ctypes) at setup from `csrc/cuda_epoch.cu`;
+the training set, labels and orders are on the device as uint8 / int32. fp32 arithmetic: the
+weights equal the float64 reference to float32 rounding. Kernel versions (`VERSIONS`; each one's
+design, checks and measurements: docs/measurements/ladder-h100.md, "cuda-epoch v7, version by
+version", and docs/measurements/cuda-epoch-v7-design.md):
 
-Built by `fasttrain.ladder.build` (nvcc → cached .so → ctypes) at setup; the training set, labels
-and orders are on the device as uint8 / int32.
+- v2, v3: a thread-block cluster of 7 or 14 CTAs on Hopper (sm_90+), each CTA a slice of the 784
+  features and of the weights in shared memory for the whole epoch; the partial logits meet
+  through distributed shared memory (two cluster barriers a step), the softmax by the rows'
+  owners, the next batch's pixels prefetched by cp.async. GPUs without clusters run them on a
+  cooperative grid (global-memory inboxes, grid.sync()): v3 is the row's there (`GRID_VERSION`).
+- v4: v3 with point-to-point mbarrier signals instead of the cluster barriers (clusters only).
+- v5: v4 with both GEMMs on tensor cores in three bf16 parts (fp32-accurate; slower than v4).
+- v6: v4 with W in registers for the whole epoch, the partial logits and update register-tiled.
+- v7: the lagged-Gram step: an 8-CTA chain cluster computes each step's logits from weights L
+  steps old plus a correction through exact integer Grams, 7 worker clusters apply the updates,
+  7 producer clusters make the Grams (in the same launch: `V7_GRAMS`); 13 variants
+  (`V7_VARIANTS`); the row's since 2026-11-28.
 
-Variants `benchmarks/sync_cost.py` compares (the winner is wired in): kernel version 2 or 3 ×
-cluster or cooperative grid × 7 or 14 CTAs (112 or 56 features each), version 4 (v3 with point-to-
-point mbarrier signals instead of the two cluster barriers a step; clusters only, so no cooperative-
-grid v4), version 5 (v4's signals with both GEMMs on tensor cores: W and g split into three bf16
-parts against the exact bf16 pixels, fp32 accumulation, so fp32-accurate: on an H100, 2026-11-27,
-2.45 ms/epoch on 14 CTAs against v4's 2.30, so not the row's) and version 6 (v4's signals with W
-in registers for the whole epoch and the partial logits and update register-tiled: no W loads,
-a shuffle reduce-scatter instead of shared-memory round trips; written without a GPU, its tiles
-checked on the CPU against float64; on an H200, 2026-11-27, 2.05 ms/epoch on 14 CTAs against v4's
-2.30 and v5's 2.50, weights within 4.5e-7 of v2's: the row's since) on 7 or 14 CTAs, and version 7
-(v7a, the lagged-Gram step of docs/measurements/cuda-epoch-v7-design.md: TWO launches an epoch, a
-Gram kernel and one persistent launch of an 8-CTA chain cluster and 7 worker clusters, 64 CTAs that
-must all be resident — checked at setup; written without a GPU, its per-thread code run on the CPU
-for whole epochs against float64 at 2e-5; on an H200, 2026-11-27, it passed its GPU tests at 2.74
-ms/epoch against v6's 2.04 (its Grams by Gram kernel v1, 0.49 ms of it), so not the row's; its
-Grams now by Gram kernel v2, `V7_GRAM_VERSION`: 211-237 µs an epoch on an H200, 2026-11-28,
-bit-equal to v1's 522-551).
-Version 7 has twelve variants (`V7_VARIANTS`, `EpochKernel(..., v7_variant=...)`): v7a, the one
-above, v7b (v7a with the worker partials handed to the chain as 8-byte words {value, step} polled
-until every tag is the step, one L2 round trip instead of a counter and then the data, and the
-chain's softmax on 16 lanes a row with shuffles; written without a GPU, its per-thread code run on
-the CPU for whole epochs against float64; on an H200, 2026-11-28, 2.185 ms/epoch against v7a's
-2.372) and v7c (v7b with the chain CTA's Gram terms j >= 2 on 8 helper warps a step ahead, handed
-over by a named barrier; written without a GPU, its per-thread code run on the CPU for whole epochs
-against float64; on an H200, 2026-11-28, 2.179 ms/epoch) and v7d (v7c with workers that fetch the
-next update's G during a step; written without a GPU, its per-thread code run on the CPU for whole
-epochs against float64; on an H200, 2026-11-28, 2.062 ms/epoch) and v7e (v7c's chain with the
-workers' update and partials on the tensor cores, the v8 workers probe's mma bodies; written
-without a GPU, its per-thread and per-warp code run on the CPU for whole epochs against float64; on
-an H200, 2026-11-28, 1.935 ms/epoch in one launch) and v7f (v7e with the probe's reduce-scatter in
-place of the cluster barrier; the same checks; on an H200, 2026-11-28, 1.72-1.75 ms/epoch in one
-launch: the row's from run 7 to run 10) and v7g (v7f with its chain's partials, producers' flags
-and labels taken by the helper warps a step ahead) and v7h (v7g with its workers' x gather a step
-deeper, the sample indices loaded a step before the pixels, and its reduce's stores after its
-credits) and v7i (v7h with G_t's global store and the step counter's release done by the chain's
-helper warps, off its critical warps) and v7j (v7i with its workers' mma fragments loaded by
-ldmatrix from swizzled rows and W's fp16 pieces split once by the apply) and v7k (v7j with two
-barriers fewer a worker step and the chain counters read at the step's top, tested after the
-partials) and v7m (v7j with its chain's critical warps sending their own rows of G right after
-their softmax, warp 0 alone waiting for the column sums, the loss added after the sends): each
-written and checked on the CPU first, all run on an H200 on 2026-11-28 (run 10, in one launch, 20
-epochs: j 1.655 ms/epoch, k 1.679, h 1.690, m 1.694, f 1.742, g 1.764, i 1.872; their GPU tests
-passed but one run of j's fault test, a race of two waits that the test now accepts), each in two
-launches or in one (`V7_GRAMS`): version 7 means `V7_VARIANT` with `V7_GRAMS_DEFAULT`: v7c in one
-launch from the H200's run of 2026-11-28 (1.960 ms/epoch against v6's 2.036 in one sync_cost call;
-1.967 in the bench), v7f from run 7 (1.741; 1.747 in the bench), v7k from run 10 (1.679 against
-v7f's 1.742, and 1.694 against 1.769 in a second call; 1.783 in that loan's bench).
-The signalled versions' waits are bounded: a protocol fault ends the launch and shows as a
-RuntimeError at the next check (`EpochKernel.check_signals`), never a hang.
-Measured (H100 80GB HBM3, 2026-11-26, clusters of 14 CTAs): v2 3.88 ms/epoch = 8.3 µs/step, v3
-2.73 ms = 5.8 µs, v4 2.27 ms = 4.85 µs, v4's weights equal to v3's and within 4.2e-7 of v2's
-after an epoch. So the row runs v6 on clusters and v3 where there are none (the cooperative grid).
-Before the row uses its version, setup runs one epoch of it and one of v2 (the first kernel
-checked on a GPU) from the same weights and times v2 instead if they disagree: the later
-versions' prefetch rings are exercised only over several steps, which the one-step check does not
-take.
+Measured (`sync_cost.py`, 14 CTAs): H100 80GB HBM3, 2026-11-26/27: v2 3.88 ms/epoch, v3 2.73, v4
+2.27, v5 2.45; H200, 2026-11-27/28: v6 2.02-2.05, v7 in one launch: v7c 1.960, v7f 1.741, v7k
+1.679 (1.783 in the bench of run 10). The signalled versions' waits are bounded: a
+protocol fault ends the launch and shows as a RuntimeError at the next check
+(`EpochKernel.check_signals`), never a hang. Before the row uses its version, setup runs one
+epoch of it and one of v2 (the first kernel checked on a GPU) from the same weights and times v2
+instead if they disagree (the prefetch rings run only over several steps).
 
 Run alone:  python -m fasttrain bench --impl cuda-epoch
 """
@@ -95,50 +54,29 @@ SIGNALLED = (4, 5, 6, 7)  # bounded waits that report a timeout via cuda_epoch_s
 PROFILED = (4, 5, 6, 7)  # versions with a phase-profiling build (v7: one of its own, its roles')
 CTA_COUNTS = (7, 14)
 V7_VARIANTS = ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "m", "n")
-"""v7's variants, in the library's order (`variant` 0 … 12 of its v7 entry points): v7a (H200,
-2026-11-28: 2.372 ms/epoch), v7b (csrc/epoch_v7b_math.cuh; H200, 2026-11-28: 2.185 ms/epoch), v7c
-(csrc/epoch_v7c.cuh, epoch_v7c_math.cuh: v7b with the terms j >= 2 on helper warps; H200,
-2026-11-28 run 2: 2.179 ms/epoch) and v7d (csrc/epoch_v7d.cuh, epoch_v7d_math.cuh: v7c with the
-workers fetching the next update's G a step ahead; H200, 2026-11-28 run 3: 2.062 ms/epoch). In one
-launch (V7_GRAMS), run 5: v7b 2.068, v7c 1.960, v7d 1.998 (v6 2.036). v7e (csrc/epoch_v7e.cuh,
-epoch_v7e_math.cuh: v7d with the workers' update and partials as m16n8k16 f16 products of hi/lo
-pieces, the v8 probe's bodies; H200, 2026-11-28 run 7: 1.935 ms/epoch in one launch, its workers'
-update 0.57 µs a step against v7d's 1.02, but their x load and cluster barrier longer). v7f
-(csrc/epoch_v7f.cuh: v7e with the probe's "mma-scatter": P_t's tiles by st.async into their owners'
-inbox ring, summed a step late, no cluster barrier in the loop; run 7: 1.741 ms/epoch in one
-launch, the fastest). v7g (csrc/epoch_v7g.cuh, epoch_v7g_math.cuh: v7f's workers and protocol, its
-chain's helper warps polling P_{t+1}'s tagged words a step ahead and handing them over with the
-terms j >= 2, so the critical warps neither poll the partials nor wait for the producers' flags;
-the helpers' labels a register loaded an iteration ahead; the Gram terms without branches; run 10:
-1.764 ms/epoch in one launch). v7h (csrc/epoch_v7h.cuh, epoch_v7h_math.cuh: v7g with its workers'
-order[] indices loaded a step before their pixels, so the gather waits on no load: in v7f's SASS
-the 4 index → pixel pairs issue one after another, 4 L2 round trips a step, its "load x" 0.87-0.95
-µs; and its reduce's tagged stores after the inbox credits, whose release fence waited for them;
-run 10: 1.690). v7i (csrc/epoch_v7i.cuh, epoch_v7i_math.cuh: v7h with G_t's global rows stored and
-the chain CTA's step counter released by its helper warps after the next hand-off, so the critical
-warps end a step with the st.async sends and go straight to the next wait for G: in v7h's SASS a
-barrier and thread 0's fence for the stores' L2 round trip; run 10: 1.872). v7j
-(csrc/epoch_v7j.cuh, epoch_v7j_math.cuh: v7i with its workers' mma fragments loaded by ldmatrix
-from rows swizzled against bank conflicts, and W·2⁸'s fp16 pieces split once by the apply instead
-of in every partial: in v7i's SASS 32 LDS.U16 + 16 PRMT a warp for the update's operands and 4-way
-conflicted W loads for the partials', 512 and 384 shared wavefronts a step; trains as v7i bit for
-bit on the CPU; run 10: 1.655, the fastest, but one of ten runs of its fault test failed that day:
-not the row's). v7k (csrc/epoch_v7k.cuh: v7j with two CTA-wide barriers fewer a worker step, G′
-staged before the vote's barrier and x_t's barrier kept only in a step without an update, and the
-chain counters read relaxed at the step's top and tested after the partials, then fence.acquire,
-where v7j's acquire waits an L2 round trip there; trains as v7j bit for bit on the CPU; run 10:
-1.679, every GPU test passed: the row's). v7m (csrc/epoch_v7m.cuh, epoch_v7m_math.cuh: v7j with its
-chain's critical warps sending their own rows of G_t right after their softmax, warp 0 alone
-waiting on a barrier for the column sums, the loss after the sends: in v7i's SASS two 256-thread
-barriers, the column sums and 2-3 serial send blocks a thread between the softmax and the next
-wait, the loss's logf before them; trains as v7j bit for bit on the CPU; run 10: 1.694). v7n
-(csrc/epoch_v7n.cuh, epoch_v7n_math.cuh: v7k with no column sums in the chain's G exchange: each
-critical warp sends its own rows right after its softmax, with no barrier in the tail, one 16-byte
-token a chain CTA keeps the slots' pacing, and the receiving chain CTA's helper warps sum the rows
-for the bias, in k's order: in v7k's SASS two 256-thread barriers, warp 0's 16 dependent column
-sums and 2-3 serial send blocks between the slowest warp's softmax and the last st.async, and in
-v7m the sums' row the last piece every peer waits for; trains as v7k bit for bit on the CPU;
-compiled and checked on the CPU, NOT YET RUN ON A GPU). sync_cost.py times them all in one call."""
+"""v7's variants, in the library's order (`variant` 0 … 12 of its v7 entry points), each built on
+the one named, its header(s) csrc/epoch_v7X.cuh (and _math.cuh), each run first on the CPU in a
+host emulation for whole epochs (against float64, or bit for bit against its parent) with planted
+bugs; ms/epoch on an H200 (2026-11-28, sync_cost.py), in one launch (and in two):
+
+    a  the lagged-Gram step (two: 2.372)
+    b  a: the worker partials as tagged 8-byte words, the softmax on 16 lanes a row (2.068; 2.185)
+    c  b: the Gram terms j >= 2 on 8 helper warps a step ahead (1.960; 2.179)
+    d  c: the workers fetch the next update's G during a step (1.998; 2.062)
+    e  d: the workers' update and partials as m16n8k16 f16 products of hi/lo pieces (1.935)
+    f  e: the partial tiles by st.async into their owners' inbox ring, no cluster barrier (1.741)
+    g  f: the chain's helpers take the partials' poll, the producers' flags and labels (1.764)
+    h  g: the workers' sample indices a step before their pixels, the credits first (1.690)
+    i  h: G_t's store and the step counter's release by the helpers (1.872)
+    j  i: the workers' mma fragments by ldmatrix from swizzled rows, W's pieces split once
+       (1.655; one of ten runs of its fault test named another wait: a race the test accepts)
+    k  j: two CTA barriers fewer a worker step, the counters read early (1.679: the row's)
+    m  j: the chain's critical warps send their own rows after their softmax (1.694)
+    n  k: no column sums in the chain's G exchange, the receivers sum the bias (NOT YET RUN ON
+       A GPU; compiled and checked on the CPU)
+
+Run 10 (2026-11-28) timed g-m in one call: j 1.655, k 1.679, h 1.690, m 1.694, f 1.742, g 1.764,
+i 1.872 (k 1.694, f 1.769 in a second call). sync_cost.py times any of them in one call."""
 V7_VARIANT = "k"  # version 7's: v7k in one launch, the fastest that passed its tests (H200, run 10)
 LAUNCHES = {7: 2}  # where not 1: v7's Gram kernel, then its epoch kernel (1 in one launch)
 V7_GRAMS = ("kernel", "launch")
