@@ -52,7 +52,10 @@ an epoch (H100: 14.7 ms/epoch, 31 µs/step); v2 4 ops a step, the gather and the
 once an epoch, one graph an epoch; v3 (this file) the compiled-step variants, written and
 CPU-checked (float64 reference, 2 graphs an epoch, Inductor's Triton kernels a step read without
 a GPU), then run on an H200 (2026-11-28): the bcast step is the row's default since; v4 the
-classes step (2 kernels a step), compiled and checked on the CPU, not yet run on a GPU.
+classes step (2 kernels a step), compiled and checked on the CPU, not yet run on a GPU; v5 the
+lagged-Gram steps (torch_lagged.py: blocks of L steps, eager or one compiled call a block, L + 4
+Triton kernels a block; **estimate** 2.3-3.5 ms/epoch at L = 8-16), compiled and checked on the
+CPU, not yet run on a GPU.
 
 Run alone:  python -m fasttrain bench --impl torch-graphs
 """

@@ -49,11 +49,12 @@ code were 3-6× optimistic):
 - "lagged": (3L + 1) kernels a block ≈ 3 a step, two of them cuBLAS: the addmm ~4-6 µs, the two
   softmax kernels ~2-3 µs each, per block mm + addmm_ ~8-20 µs → ~9-12 µs a step, ~4.5-6 ms an
   epoch: no better than the bcast step's measured 4.94 (eager cuBLAS at these shapes is the cost).
-- "lagged-fused": L + 2 Triton kernels a block if Inductor fuses each step into one (P, L steps,
-  the update), each ~3.5 µs (a wider reduction for the late steps of a block: up to (L−1)·128
-  columns a row, ~4-5 µs) → (L + 2)/L × ~3.5-4.5 µs a step: L = 4 ~5-6.7 µs (2.5-3.2 ms/epoch),
-  L = 8 ~4.4-5.6 µs (2.1-2.7 ms), L = 16 ~4-5 µs (1.9-2.4 ms), plus the Grams' ~0.2-0.6 ms:
-  ~2.3-3.4 ms/epoch, around the ≤ 3 ms target. Allowing the usual 1.5-2× optimism: 3.5-6 ms.
+- "lagged-fused": L + 4 Triton kernels a block (`fused_kernels`: P, step 0's softmax, one a later
+  step, two deferred copies, the update), each ~3.5 µs, a late step's wider reduction (up to
+  (L−1)·128 columns a row) ~4-4.5 µs → L = 4 ~6.5-7.5 µs a step (3.0-3.5 ms/epoch), L = 8
+  ~5.3-6.3 µs (2.5-2.9 ms), L = 16 ~4.4-5.4 µs (2.1-2.5 ms), plus the Grams' ~0.2-0.6 ms:
+  L = 8 ~2.7-3.5, L = 16 ~2.3-3.1 ms/epoch, around the ≤ 3 ms target if the 3-6× optimism of
+  past estimates does not repeat (it would put them at 4-10 ms).
 
 Status: compiled and checked on the CPU (float64 reference over whole epochs, partial batch and
 cut block included, planted bugs), not yet run on a GPU.
