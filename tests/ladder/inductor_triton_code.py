@@ -72,7 +72,8 @@ def generated(fn, *args) -> list[list[str]]:
 
 def main(specs: list[str]) -> None:
     """Each spec "step:FORM" (a step on a full batch; "step:FORM:t" with W over [785, 10]
-    storage, torch-graphs' transposed variants) or "chunk:FORM:K" (K full batches)."""
+    storage, torch-graphs' transposed variants), "chunk:FORM:K" (K full batches) or "lagged:L"
+    (torch_lagged's fused block of L full batches)."""
     from fasttrain.ladder import torch_compiled as tc
 
     rows = torch.rand(1024, 800)
@@ -85,6 +86,14 @@ def main(specs: list[str]) -> None:
             wt = w.T.contiguous().T if k == ["t"] else w
             graphs = generated(fn, rows[128:256], wt, tc.step_output(form, 1024, "cpu")[128:256],
                                0.1)
+        elif what == "lagged":  # "lagged:L": torch_lagged's fused block of L full batches
+            from fasttrain.ladder.torch_lagged import block_fused
+
+            m = 128 * int(form)
+            pix = torch.randint(0, 256, (m, 792)).float()
+            graphs = generated(tc.compiled(block_fused), rows[:m], pix @ pix.T,
+                               torch.zeros(m, 10), w,
+                               torch.empty(m), 0.1, 128, m)
         else:
             fn = tc.compiled(tc.CHUNK[form])
             idx = torch.arange(128 * int(k[0]))

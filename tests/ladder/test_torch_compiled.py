@@ -25,7 +25,9 @@ from tests.ladder.test_ladder import ATOL, reference_sgd
 # 150 samples at batch 64: steps of 64, 64 and a partial 22, over 2 epochs of different order.
 CFG = LadderConfig(epochs=2, batch_size=64)
 # SWEEP's compiled steps, once each: aot_eager has no autotuning (its mode is Inductor's)
-COMPILED_GRAPHS = list({(v.step, v.transposed): v for v in tg.SWEEP if v.compiled}.values())
+# (the lagged blocks' are in test_torch_lagged.py)
+COMPILED_GRAPHS = list({(v.step, v.transposed): v for v in tg.SWEEP
+                        if v.compiled and not v.lag}.values())
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +107,7 @@ def test_misaligned_views_are_refused(data):
 @pytest.mark.parametrize("make", [
     lambda: tg.Variant(step="fast"), lambda: tg.Variant(blas="mkl"),
     lambda: tg.Variant(autotune=True), lambda: to.Variant(k=-1),
+    lambda: tg.Variant(step="lagged"), lambda: tg.Variant(step="bcast", lag=4),
     lambda: to.Variant(k=7, form="einsum"), lambda: to.Variant(form="bcast")])
 def test_bad_variants_are_refused(make):
     with pytest.raises(ValueError):

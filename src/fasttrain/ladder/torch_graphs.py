@@ -52,7 +52,10 @@ an epoch (H100: 14.7 ms/epoch, 31 µs/step); v2 4 ops a step, the gather and the
 once an epoch, one graph an epoch; v3 (this file) the compiled-step variants, written and
 CPU-checked (float64 reference, 2 graphs an epoch, Inductor's Triton kernels a step read without
 a GPU), then run on an H200 (2026-11-28): the bcast step is the row's default since; v4 the
-classes step (2 kernels a step), compiled and checked on the CPU, not yet run on a GPU.
+classes step (2 kernels a step), compiled and checked on the CPU, not yet run on a GPU; v5 the
+lagged-Gram steps (torch_lagged.py: blocks of L steps, eager or one compiled call a block, L + 4
+Triton kernels a block; **estimate** 2.3-3.5 ms/epoch at L = 8-16), compiled and checked on the
+CPU, not yet run on a GPU.
 
 Run alone:  python -m fasttrain bench --impl torch-graphs
 """
@@ -73,6 +76,7 @@ from fasttrain.ladder.torch_compiled import (
     step_output,
     sum_output,
 )
+from fasttrain.ladder.torch_lagged import eager_epoch_fn, fused_epoch_fn
 from fasttrain.ladder.torch_optimized import (
     OPS_PER_STEP,
     EpochState,
@@ -82,7 +86,8 @@ from fasttrain.ladder.torch_optimized import (
     train_epoch_steps,
 )
 
-STEPS = ("eager", *FORMS)
+LAGGED = ("lagged", "lagged-fused")  # torch_lagged.py's block steps
+STEPS = ("eager", *FORMS, *LAGGED)
 
 
 @dataclass(frozen=True)
@@ -93,12 +98,15 @@ class Variant:
     "eager" (torch-optimized's 4 aten ops) or a torch_compiled form, "mm" or "bcast", whose
     kernels Inductor generates; autotune: the compiled step in mode
     "max-autotune-no-cudagraphs" (GEMM templates and block sizes benchmarked at setup; the
-    epoch's graph is still ours, so none of Inductor's)."""
+    epoch's graph is still ours, so none of Inductor's). step "lagged" (eager aten ops) or
+    "lagged-fused" (a compiled block), with lag = L >= 1: torch_lagged.py's lagged-Gram steps,
+    blocks of L steps."""
 
     blas: str = "cublas"
     transposed: bool = False
     step: str = "eager"
     autotune: bool = False
+    lag: int = 0
 
     def __post_init__(self):
         if self.blas not in ("cublas", "cublaslt"):
@@ -107,10 +115,12 @@ class Variant:
             raise ValueError(f"step {self.step!r}: one of {', '.join(STEPS)}")
         if self.autotune and self.step == "eager":
             raise ValueError("autotune is torch.compile's: the eager step has nothing to tune")
+        if (self.lag >= 1) != (self.step in LAGGED):
+            raise ValueError(f"lag {self.lag}: >= 1 for the lagged steps, 0 for the others")
 
     @property
     def compiled(self) -> bool:
-        return self.step != "eager"
+        return self.step not in ("eager", "lagged")
 
     @property
     def mode(self) -> str | None:
@@ -119,13 +129,19 @@ class Variant:
     @property
     def tag(self) -> str:
         layout = f"{'Wᵀ' if self.transposed else 'W'} storage"
+        if self.step == "lagged":
+            return f"{self.blas}, {layout}, lagged L={self.lag}"
         if not self.compiled:
             return f"{self.blas}, {layout}"
+        if self.step == "lagged-fused":
+            return f"{self.blas}, {layout}, inductor lagged L={self.lag}"
         return f"{self.blas}, {layout}, inductor {self.step}{' autotuned' if self.autotune else ''}"
 
     def __str__(self) -> str:
         step = "eager ops" if not self.compiled else (
             f"torch.compile {self.step} step, mode {self.mode or 'default'}")
+        if self.lag:
+            step += f", lagged-Gram blocks of {self.lag} steps"
         return (f"BLAS {self.blas}, weight stored {'[785, 10]' if self.transposed else '[10, 785]'}"
                 f", {step}")
 
@@ -145,7 +161,11 @@ SWEEP = (*(Variant(b, t) for b in ("cublas", "cublaslt") for t in (False, True))
          # 2 Triton reductions a step: z, the softmax and the loss in one, W's update the other
          # (over Wᵀ storage a 2-D tiled one: each x tile loaded once for all 10 classes).
          Variant(step="classes"), Variant(transposed=True, step="classes"),
-         Variant(transposed=True, step="classes", autotune=True))
+         Variant(transposed=True, step="classes", autotune=True),
+         # torch_lagged.py's lagged-Gram blocks of L steps: eager (3L + 1 kernels a block, cuBLAS)
+         # and one compiled call a block (L + 2 Triton kernels if each step fuses into one).
+         *(Variant(step="lagged", lag=L) for L in (4, 8, 16)),
+         *(Variant(step="lagged-fused", lag=L) for L in (4, 8, 16)))
 
 
 @contextmanager
@@ -164,6 +184,11 @@ def epoch_fn(s: EpochState, v: Variant, batch_size: int, backend: str = "inducto
     `v` called on every step's fixed views (its graphs are compiled on the first calls, which
     the warm-up makes). backend: what compiles the step (the tests' "aot_eager" runs the same
     traced graph on the CPU without Inductor's C++ build)."""
+    if v.step == "lagged":
+        return eager_epoch_fn(s, batch_size, v.lag)
+    if v.step == "lagged-fused":
+        return fused_epoch_fn(s, batch_size, v.lag, v.mode if backend == "inductor" else None,
+                              backend)
     if not v.compiled:
         return lambda order: train_epoch_steps(s, order)
     mode = v.mode if backend == "inductor" else None  # a mode is Inductor's options
@@ -226,7 +251,8 @@ class TorchGraphs(Impl):
 
     def details(self) -> dict:
         v = self.variant
-        return {"ops_per_step": None if v.compiled else OPS_PER_STEP,
+        return {"ops_per_step": None if v.compiled or v.lag else OPS_PER_STEP,
+                "lag": v.lag or None,
                 "step": v.step, "compile_mode": v.mode if v.compiled else None,
                 "shuffle": "one gather an epoch", "cuda_graph": True,
                 "graphs_per_epoch": 1, "blas": v.blas,

@@ -128,6 +128,7 @@ class EpochState:
         rows[:, IN_FEATURES] = 1.0
         rows[torch.arange(n, device=device), X + y] = -1.0
         self.rows = rows  # float32 [N, 800], the whole training set
+        self.pixels = x  # uint8 [N, 784]: the lagged step's Grams (torch_lagged.py) read them
         self.shuffled = torch.empty_like(rows)  # this epoch's rows in visiting order
         w = torch.cat([torch.from_numpy(data.w0), torch.from_numpy(data.b0)[:, None]], dim=1)
         # float32 [10, 785]: weight | bias. transposed: the same [10, 785] tensor over [785, 10]
