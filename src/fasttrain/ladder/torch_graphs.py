@@ -212,6 +212,8 @@ class TorchGraphs(Impl):
     name = "torch-graphs"
     device = "cuda"
     variant = DEFAULT  # benchmarks/variant_sweep.py sets another on a subclass
+    # the modules its steps come from: a figure's source hash names them too
+    sources = ("torch_optimized.py", "torch_compiled.py", "torch_lagged.py")
 
     @classmethod
     def unavailable(cls, env, cfg):
