@@ -25,7 +25,8 @@ clock read, and evaluated on the test set. Each table's speed-up column is again
 current variant (its module's `DEFAULT`); the fastest that passes becomes the next default.
 A variant that faults the device (a sticky CUDA error: the rest of the process cannot use CUDA)
 is reported failed, and the variants not yet finished are swept again in a fresh process
-(`--variant TAG`, repeatable, sweeps only those).
+(`--variant TAG`, repeatable, sweeps only those). `--json` is rewritten after each variant, so a
+sweep cut short (gpu-check's time limit) keeps the variants it finished.
 
     FASTTRAIN_DATA=DIR PYTHONPATH=src python benchmarks/variant_sweep.py \\
         [--rows triton-fused,torch-graphs,torch-optimized] [--steps all|eager|compiled]
@@ -144,9 +145,6 @@ def main(argv: list[str] | None = None) -> int:
     cfg = ladder.LadderConfig(epochs=args.epochs, device="cuda")
     dataset = load_dataset(args.data, None, seed=0)
     data = ladder.make_ladder_data(dataset, cfg)
-    results = bench.run_rows(entries(rows, tags, args.steps), data, cfg, env, repeats=1,
-                             console=console, quiet=True,
-                             rerun=lambda todo: fresh_process(todo, rows, args))
     defaults = {row: label(row, module(row).DEFAULT) for row in rows}
     result = {"schema": bench.SCHEMA, "env": env,
               "config": {"epochs": cfg.epochs, "batch_size": cfg.batch_size, "lr": cfg.lr,
@@ -155,13 +153,26 @@ def main(argv: list[str] | None = None) -> int:
                          "sweep": [f"{module(row).__name__}.SWEEP" for row in rows],
                          "steps": args.steps if tags is None else None,
                          "defaults": defaults},
-              "rows": results}
+              "rows": []}
+    results = result["rows"]
+    todo = entries(rows, tags, args.steps)
+    # One variant at a time, the JSON rewritten after each: minutes of compiling each, so a run
+    # cut short by its caller's time limit (gpu-check's) keeps the variants it finished.
+    while todo:
+        if not bench.device_usable("cuda"):  # a variant before left the context faulted
+            results += fresh_process(todo, rows, args)
+            todo = []
+        else:
+            results += bench.run_rows(todo[:1], data, cfg, env, repeats=1, console=console,
+                                      quiet=True, rerun=lambda t: fresh_process(t, rows, args))
+            todo = todo[1:]
+        if args.json:
+            report.write_json(args.json, result)
     out = report.wide_console()
     for row in rows:
         mine = [r for r in results if r["impl"].startswith(f"{row} [")]
         out.print(report.bench_table({**result, "rows": mine}, baseline=defaults[row]))
     if args.json:
-        report.write_json(args.json, result)
         console.print(f"wrote {args.json}")
     return 0
 

@@ -159,3 +159,45 @@ def test_after_a_device_fault_the_rest_run_in_a_fresh_process(sweep, monkeypatch
     rows = sweep.fresh_process(todo, ["triton-fused"], args)
     assert [r["status"] for r in rows] == ["failed"] * 2
     assert all("exited with 1" in r["reason"] for r in rows)
+
+
+def test_the_json_is_rewritten_after_each_variant_and_a_faulted_process_hands_on_the_rest(
+        sweep, monkeypatch, tmp_path):
+    """A sweep cut short by its caller's time limit keeps what it finished: the JSON holds every
+    variant done so far after each one; once a variant leaves the device faulted, the rest run in
+    one fresh process (here: faked, as are the GPU, the data and each variant's run)."""
+    import json
+
+    import torch
+
+    from fasttrain import bench, data, ladder, report
+
+    chosen = sweep.entries(["triton-fused"])[:4]
+    names = [e.name for e in chosen]
+    out = tmp_path / "sweep.json"
+    seen, handed = [], []
+
+    def run_rows(todo, *a, **kw):
+        assert len(todo) == 1  # one variant a call
+        seen.append(json.loads(out.read_text())["rows"] if out.exists() else [])
+        return [{"impl": todo[0].name, "status": "ok", "epoch_ms": 1.0}]
+
+    def fresh(todo, rows, args):
+        handed.extend(e.name for e in todo)
+        return [{"impl": e.name, "status": "ok", "epoch_ms": 2.0} for e in todo]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(sweep, "env_block", lambda: {})
+    monkeypatch.setattr(sweep, "hardware_line", lambda env: "a faked GPU")
+    monkeypatch.setattr(report, "bench_table", lambda result, baseline: "")  # a faked env
+    monkeypatch.setattr(data, "load_dataset", lambda *a, **kw: tiny_images(n_train=64))
+    monkeypatch.setattr(ladder, "make_ladder_data", lambda ds, cfg: None)
+    monkeypatch.setattr(sweep, "entries", lambda *a, **kw: chosen)
+    monkeypatch.setattr(bench, "run_rows", run_rows)
+    monkeypatch.setattr(bench, "device_usable", lambda device: len(seen) < 2)
+    monkeypatch.setattr(sweep, "fresh_process", fresh)
+    assert sweep.main(["--rows", "triton-fused", "--json", str(out)]) == 0
+    assert [len(rows) for rows in seen] == [0, 1]  # the first variant on disk before the second
+    assert handed == names[2:]
+    assert [r["impl"] for r in json.loads(out.read_text())["rows"]] == names
+
