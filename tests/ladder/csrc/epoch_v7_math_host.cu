@@ -165,12 +165,12 @@ struct Chain {
 };
 }  // namespace
 #include "epoch_v7i_host.h"  // before v7g's, whose helper units end with v7i_publish
+#include "epoch_v7m_host.h"  // before v7n's, whose tail ends with v7m_host_loss_add
 #include "epoch_v7n_host.h"  // before v7g's too: v7n's helper units end with its bias
 #include "epoch_v7g_host.h"
 #include "epoch_v7h_host.h"
 #include "epoch_v7j_host.h"
 #include "epoch_v7k_host.h"
-#include "epoch_v7m_host.h"
 namespace {
 
 struct Worker {  // v7e: its shared memory as V7ESmem lays it out

@@ -19,6 +19,25 @@ namespace {
 
 constexpr int V7M_VARIANT = 11;
 
+// The critical warps' v7m_loss_add after their sends (v7m's and v7n's tails): each warp's
+// pending loss terms into its threads' running loss and correct counts.
+template <class Vec>
+void v7m_host_loss_add(HostWarp16& warp, V7MLoss<HostWarp16>* pend, Vec& loss_of,
+                       Vec& correct_of) {
+  for (int w = 0; w < V7C_CRIT / 32; ++w) {
+    HostWarp16::Reg<float> loss, correct;
+    for (int lane = 0; lane < 32; ++lane) {
+      loss[lane] = loss_of[32 * w + lane];
+      correct[lane] = correct_of[32 * w + lane];
+    }
+    v7m_loss_add(warp, pend[w], loss, correct);
+    for (int lane = 0; lane < 32; ++lane) {
+      loss_of[32 * w + lane] = loss[lane];
+      correct_of[32 * w + lane] = correct[lane];
+    }
+  }
+}
+
 // The critical step t's tail of chain CTA q from its threads' partials p, j1 terms and the bias:
 // Z, the softmax, the column sums, the sends, the loss.
 template <class Em>
@@ -66,18 +85,7 @@ void v7m_chain_tail(Em& em, int q, int t, const float* p, const float* j1, const
     if (++dst.got[slot] == V7_CHAIN) ++dst.phases[slot];
     dst.holds[slot] = dst.got[slot] == V7_CHAIN ? t : -1;
   }
-  for (int w = 0; w < V7C_CRIT / 32; ++w) {
-    HostWarp16::Reg<float> loss, correct;
-    for (int lane = 0; lane < 32; ++lane) {
-      loss[lane] = c.loss[32 * w + lane];
-      correct[lane] = c.correct[32 * w + lane];
-    }
-    v7m_loss_add(warp, pend[w], loss, correct);
-    for (int lane = 0; lane < 32; ++lane) {
-      c.loss[32 * w + lane] = loss[lane];
-      c.correct[32 * w + lane] = correct[lane];
-    }
-  }
+  v7m_host_loss_add(warp, pend, c.loss, c.correct);
 }
 
 }  // namespace

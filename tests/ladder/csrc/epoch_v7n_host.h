@@ -92,18 +92,7 @@ void v7n_chain_tail(Em& em, int q, int t, const float* p, const float* j1, const
     }
     dst.holds[slot] = dst.got[slot] == V7_CHAIN ? t : -1;
   }
-  for (int w = 0; w < V7C_CRIT / 32; ++w) {
-    HostWarp16::Reg<float> loss, correct;
-    for (int lane = 0; lane < 32; ++lane) {
-      loss[lane] = c.loss[32 * w + lane];
-      correct[lane] = c.correct[32 * w + lane];
-    }
-    v7m_loss_add(warp, pend[w], loss, correct);
-    for (int lane = 0; lane < 32; ++lane) {
-      c.loss[32 * w + lane] = loss[lane];
-      c.correct[32 * w + lane] = correct[lane];
-    }
-  }
+  v7m_host_loss_add(warp, pend, c.loss, c.correct);  // epoch_v7m_host.h's, as v7m's tail
 }
 
 }  // namespace
