@@ -368,6 +368,9 @@ def make_tree(tmp_path: Path) -> Path:
     gc = gc.replace('\nif __name__ == "__main__":', FAKE_MAIN + 'if __name__ == "__main__":')
     (root / "scripts" / "gpu-check").write_text(gc)
     ce = root / "src/fasttrain/ladder/cuda_epoch.py"
+    test = root / "tests/ladder/test_cuda_epoch.py"
+    assert test.read_text().count('ce.V7_VARIANT == "k"') == 1
+    test.write_text(test.read_text().replace('ce.V7_VARIANT == "k"', 'ce.V7_VARIANT == "f"'))
     ce.write_text(rules.edit_assignment(ce.read_text(), "V7_VARIANT", '"f"'))
     tg = root / "src/fasttrain/ladder/torch_graphs.py"
     tg.write_text(rules.edit_assignment(tg.read_text(), "DEFAULT", 'Variant(transposed=True)'))
@@ -417,7 +420,9 @@ def test_the_whole_loan_edits_before_the_bench_and_writes_it_all_down(tmp_path):
     subprocess.run(["git", "checkout", "--", "."], cwd=root, check=True)
     subprocess.run(["git", "apply", "-"], cwd=root, input=diff, text=True, check=True)
     assert {p: (root / p).read_text() for p in edited} == edited
-    assert any("test_cuda_epoch.py" in f and "V7_VARIANT" in f for f in doc["followups"])
+    names = [f for f in doc["followups"] if f.startswith("tests/")]
+    assert len(names) == 1 and names[0].startswith("tests/ladder/test_cuda_epoch.py:")
+    assert "V7_VARIANT" in names[0] and "V7_VARIANTS" not in names[0]
     out = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert out == sorted(["loan.log", "decisions.json", "summary.md", "loan.tar.gz",
                           "2026-01-01-nvidia-h200-v7-candidates.json",
