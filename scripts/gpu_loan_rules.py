@@ -87,7 +87,7 @@ def pick_v7(row: str, candidates: tuple[str, ...], verdicts: dict[str, str] | No
         return Choice("v7", row, None, f"v7: V7_VARIANT stays {row!r}: {why}", figs)
 
     if times is None:
-        return no("no v7-candidates JSON (the step was cut or failed)")
+        return no("no v7-candidates JSON (the step was cut, failed or skipped)")
     if verdicts is None:
         return no("the v7-tests step did not run to its end (cut, or pytest did not finish)",
                   ms_per_epoch=times)
@@ -125,11 +125,12 @@ def pick_default(row: str, sweep: dict, margin: float = SWEEP_MARGIN) -> Choice:
     current = config.get("defaults", {}).get(row)
 
     def no(why: str, **figs) -> Choice:
-        return Choice(row, current, None, f"{row}: DEFAULT stays [{_tag(current)}]: {why}", figs)
+        now = f" [{_tag(current)}]" if current else ""
+        return Choice(row, current, None, f"{row}: DEFAULT stays{now}: {why}", figs)
 
     mine = [r for r in sweep.get("rows", []) if r.get("impl", "").startswith(f"{row} [")]
     if current is None or not mine:
-        return no("no variant of the row in the sweep (the step was cut or failed)")
+        return no("no variant of the row in the sweep (the step was cut, failed or skipped)")
     ok = {r["impl"]: r["epoch_ms"] for r in mine
           if r.get("status") == "ok" and (r.get("check") or {}).get("ok") is True
           and isinstance(r.get("epoch_ms"), (int, float))}

@@ -441,3 +441,35 @@ def test_a_cut_v7_call_changes_nothing_and_the_bench_still_runs(tmp_path):
     assert doc["calls"][0]["status"] == "failed" and doc["calls"][2]["status"] == "ok"
     assert (tmp_path / "work" / "gc3-bench" / "bench-saw.txt").read_text().startswith("f ")
     assert '"f"' in (root / "scripts" / "gpu-check").read_text().split("V7_ROW = ")[1][:4]
+
+
+@pytest.mark.slow
+def test_without_a_gpu_the_real_gpu_check_runs_four_times_and_nothing_changes(tmp_path):
+    """--allow-cpu over a copy of the tree with the real gpu-check: its CLI takes each call,
+    every GPU step is skipped, so each rule has no data, says so and edits nothing."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the loan would measure for real")
+    root = tmp_path / "tree"
+    shutil.copytree(ROOT / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "scripts", root / "scripts",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    def sources():
+        return {p: p.read_text() for p in [*root.rglob("*.py"), root / "scripts" / "gpu-check"]}
+
+    before = sources()
+    (tmp_path / "data" / "mnist").mkdir(parents=True)
+    done = subprocess.run([sys.executable, str(root / "scripts" / "gpu-loan"),
+                           str(tmp_path / "out"), "--work", str(tmp_path / "work"),
+                           "--allow-cpu"], cwd=root, capture_output=True, text=True, timeout=600,
+                          env={"PATH": "/usr/bin:/bin", "FASTTRAIN_DATA": str(tmp_path / "data")})
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((tmp_path / "out" / "decisions.json").read_text())
+    assert [(c["name"], c["status"]) for c in doc["calls"]] == [
+        ("v7", "ok"), ("sweep", "ok"), ("bench", "ok"), ("compiled-tests", "ok")]
+    assert [d["chosen"] for d in doc["decisions"]] == [None] * 3 and doc["diff"] == ""
+    assert all("skipped" in d["why"] for d in doc["decisions"])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "decisions.json", "loan.log", "loan.tar.gz", "summary.md"]
+    assert sources() == before
