@@ -26,7 +26,9 @@ current variant (its module's `DEFAULT`); the fastest that passes becomes the ne
 A variant that faults the device (a sticky CUDA error: the rest of the process cannot use CUDA)
 is reported failed, and the variants not yet finished are swept again in a fresh process
 (`--variant TAG`, repeatable, sweeps only those). `--json` is rewritten after each variant, so a
-sweep cut short (gpu-check's time limit) keeps the variants it finished.
+sweep cut short (gpu-check's time limit) keeps the variants it finished. Its config names each
+swept Variant's arguments (`variants`), so that a winner can be written back as its row's
+`DEFAULT` (scripts/gpu-loan does).
 
     FASTTRAIN_DATA=DIR PYTHONPATH=src python benchmarks/variant_sweep.py \\
         [--rows triton-fused,torch-graphs,torch-optimized] [--steps all|eager|compiled]
@@ -38,7 +40,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -86,6 +88,16 @@ def entries(rows=ROWS, tags=None, steps="all") -> list[VariantEntry]:
                          picks_device=ladder.entry(row).picks_device, variant=v)
             for row in rows for v in module(row).SWEEP
             if (v.tag in tags if tags is not None else picked(row, v, steps))]
+
+
+def variant_args(todo: list[VariantEntry]) -> dict[str, dict]:
+    """{row label: {"row", "args"}}: each swept Variant's fields that differ from their
+    defaults, so that a winner can be written back as its module's DEFAULT
+    (scripts/gpu-loan: `Variant(**args)`)."""
+    return {e.name: {"row": e.name.split(" [", 1)[0],
+                     "args": {f.name: getattr(e.variant, f.name) for f in fields(e.variant)
+                              if getattr(e.variant, f.name) != f.default}}
+            for e in todo}
 
 
 def fresh_process(todo: list[VariantEntry], rows: list[str], args) -> list[dict]:
@@ -156,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
               "rows": []}
     results = result["rows"]
     todo = entries(rows, tags, args.steps)
+    result["config"]["variants"] = variant_args(todo)
     # One variant at a time, the JSON rewritten after each: minutes of compiling each, so a run
     # cut short by its caller's time limit (gpu-check's) keeps the variants it finished.
     while todo:
