@@ -41,6 +41,7 @@ import argparse
 import importlib
 import sys
 from dataclasses import dataclass, fields
+from itertools import zip_longest
 
 import torch
 
@@ -83,11 +84,19 @@ def picked(row: str, v, steps: str) -> bool:
 def entries(rows=ROWS, tags=None, steps="all") -> list[VariantEntry]:
     """Every variant of `rows` that `steps` picks, or those whose tag is in `tags` (each then
     runs alone, so that a variant that faults the device cannot take the others down with
-    it)."""
+    it), in the order they run: every row's DEFAULT first (each table's baseline), then the
+    rows taken in turn, each in its SWEEP's order. A sweep cut by its time limit (minutes of
+    compiling a variant) thus keeps the baselines and the first of every row's SWEEP, not one
+    row's whole SWEEP and nothing of the next."""
+    chosen = {row: [v for v in module(row).SWEEP
+                    if (v.tag in tags if tags is not None else picked(row, v, steps))]
+              for row in rows}
+    first = [(row, v) for row in rows for v in chosen[row] if v == module(row).DEFAULT]
+    rest = [[(row, v) for v in chosen[row] if v != module(row).DEFAULT] for row in rows]
+    turns = [pair for turn in zip_longest(*rest) for pair in turn if pair is not None]
     return [VariantEntry(label(row, v), ladder.entry(row).target,
                          picks_device=ladder.entry(row).picks_device, variant=v)
-            for row in rows for v in module(row).SWEEP
-            if (v.tag in tags if tags is not None else picked(row, v, steps))]
+            for row, v in first + turns]
 
 
 def variant_args(todo: list[VariantEntry]) -> dict[str, dict]:

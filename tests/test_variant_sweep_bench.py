@@ -22,7 +22,8 @@ def test_each_entry_is_the_row_with_its_variant(sweep, row):
 
     module = sweep.module(row)
     entries = sweep.entries([row])
-    assert [e.variant for e in entries] == list(module.SWEEP)
+    assert [e.variant for e in entries] == [module.DEFAULT] + [
+        v for v in module.SWEEP if v != module.DEFAULT]  # the baseline first
     assert module.DEFAULT in module.SWEEP
     assert len({e.name for e in entries}) == len(entries)
     base = ladder.entry(row)
@@ -50,6 +51,25 @@ def test_without_a_gpu_the_bench_reports_every_variant_unavailable(sweep):
     assert [r["status"] for r in rows] == ["unavailable"] * 2
     assert all("CUDA" in r["reason"] for r in rows)
     assert sweep.main(["--data", "synthetic"]) == 2
+
+
+def test_the_defaults_run_first_then_the_rows_take_turns(sweep):
+    """A compiled sweep cut short by gpu-check's limit (minutes of compiling a variant) must
+    keep every row's baseline and the head of every row's SWEEP, where the not-yet-measured
+    variants stand, not one row's whole SWEEP and nothing of the next."""
+    rows = ["torch-graphs", "torch-optimized"]
+    names = [e.name.split(" [")[0] for e in sweep.entries(rows, steps="compiled")]
+    graphs = [v for v in sweep.module("torch-graphs").SWEEP
+              if sweep.picked("torch-graphs", v, "compiled")]
+    optimized = [v for v in sweep.module("torch-optimized").SWEEP
+                 if sweep.picked("torch-optimized", v, "compiled")]
+    n = min(len(graphs), len(optimized)) - 1  # besides each default
+    assert names[:2] == rows
+    assert names[2:2 + 2 * n] == rows * n
+    assert names[2 + 2 * n:] == ["torch-graphs"] * (len(graphs) - len(optimized))
+    entries = sweep.entries(rows, steps="compiled")
+    assert [e.variant for e in entries if e.name.startswith("torch-graphs")][1:] == [
+        v for v in graphs if v != sweep.module("torch-graphs").DEFAULT]  # each in SWEEP order
 
 
 @pytest.mark.parametrize("argv", [["--rows", "cuda-epoch"], ["--rows", ","],

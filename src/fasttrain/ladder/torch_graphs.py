@@ -152,20 +152,22 @@ class Variant:
 # the fastest eager one (H100, 2026-11-27: 9.50 ms/epoch, W storage 10.6).
 DEFAULT = Variant(step="bcast")
 SWEEP = (*(Variant(b, t) for b in ("cublas", "cublaslt") for t in (False, True)),
-         # Triton GEMM templates (no split-K) against cuBLAS, the softmax fused: both layouts.
-         Variant(step="mm", autotune=True), Variant(transposed=True, step="mm", autotune=True),
-         # 3 Triton reductions a step, no BLAS; default block sizes and autotuned ones; over Wᵀ
-         # storage the update is a 2-D tiled reduction (what that alone buys, for the classes').
-         Variant(step="bcast"), Variant(step="bcast", autotune=True),
-         Variant(transposed=True, step="bcast"),
+         # Not yet run on a GPU, first: benchmarks/variant_sweep.py runs a row's SWEEP in this
+         # order, so a sweep cut by its time limit keeps these.
          # 2 Triton reductions a step: z, the softmax and the loss in one, W's update the other
-         # (over Wᵀ storage a 2-D tiled one: each x tile loaded once for all 10 classes).
-         Variant(step="classes"), Variant(transposed=True, step="classes"),
+         # (over Wᵀ storage a 2-D tiled one: each x tile loaded once for all 10 classes); and
+         # torch_lagged.py's lagged-Gram blocks of L steps, one compiled call a block (L + 4
+         # Triton kernels a block, read from Inductor's code on the CPU).
+         Variant(step="classes"), Variant(step="lagged-fused", lag=8),
+         Variant(step="lagged-fused", lag=16), Variant(transposed=True, step="classes"),
          Variant(transposed=True, step="classes", autotune=True),
-         # torch_lagged.py's lagged-Gram blocks of L steps: eager (3L + 1 kernels a block, cuBLAS)
-         # and one compiled call a block (L + 2 Triton kernels if each step fuses into one).
-         *(Variant(step="lagged", lag=L) for L in (4, 8, 16)),
-         *(Variant(step="lagged-fused", lag=L) for L in (4, 8, 16)))
+         Variant(step="lagged-fused", lag=4), Variant(transposed=True, step="bcast"),
+         # Run on an H200 (run 10): 3 Triton reductions a step, no BLAS, default block sizes and
+         # autotuned ones; Triton GEMM templates (no split-K) against cuBLAS, the softmax fused.
+         Variant(step="bcast"), Variant(step="bcast", autotune=True),
+         Variant(step="mm", autotune=True), Variant(transposed=True, step="mm", autotune=True),
+         # The lagged-Gram blocks in eager ops (3L + 1 kernels a block, cuBLAS).
+         *(Variant(step="lagged", lag=L) for L in (4, 8, 16)))
 
 
 @contextmanager
