@@ -453,3 +453,29 @@ def test_the_builds_probe_reads_a_stream_as_its_only_reader():
     next(iter(stream.Sharded(OneFile(), rank=1, world=2)), None)
     x, _ = next(stream_of(OneFile(), batch_size=2).micro_batches(0))  # no "train data is empty"
     assert x.flatten().tolist() == [0.0, 1.0]
+
+
+class OnceOnly(Few):
+    """A stream whose __iter__ hands back one generator made once: read whole at its first
+    evaluation, empty at every later one."""
+
+    def __init__(self):
+        self.items = super().__iter__()
+
+    def __iter__(self):
+        return self.items
+
+
+def test_an_empty_evaluation_split_is_one_line_not_a_crash_or_a_loss_of_zero():
+    # A map-style split of no samples crashed in torch's collate after the training; a stream
+    # that gives nothing when evaluated was reported as test_loss 0 and accuracy 0.
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=net(), data={"train": Flipped(64), "test": Flipped(0)},
+                        epochs=1, batch_size=32, **FAST)
+    one_line(e, "test data is empty")
+    run = fasttrain.build(model=tiny(), data={"train": Numbers(32), "test": OnceOnly()},
+                          max_steps=16, batch_size=4, **FAST)  # two passes of 8 steps
+    with pytest.raises(UserError) as e:
+        fasttrain.fit(run)  # the first evaluation reads it whole; the second gets nothing
+    one_line(e, "test data gave no samples", "__iter__")
+    assert [r["test_loss"] > 0 for r in run.history if r["kind"] == "eval"] == [True]
