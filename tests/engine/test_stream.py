@@ -479,3 +479,31 @@ def test_an_empty_evaluation_split_is_one_line_not_a_crash_or_a_loss_of_zero():
         fasttrain.fit(run)  # the first evaluation reads it whole; the second gets nothing
     one_line(e, "test data gave no samples", "__iter__")
     assert [r["test_loss"] > 0 for r in run.history if r["kind"] == "eval"] == [True]
+
+
+def weighted(workers: int) -> DataLoader:
+    """A DataLoader of the user's with a sampler the engine keeps as built, drawing from torch's
+    stream (no generator of its own)."""
+    sampler = torch.utils.data.WeightedRandomSampler(torch.ones(256), 256)
+    return DataLoader(Flipped(256), batch_size=32, sampler=sampler, num_workers=workers)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataloader_with_its_own_sampler_resumes_mid_epoch_bit_identically(tmp_path,
+                                                                             workers):
+    # Its iterator drew its workers' base seed from torch's global stream, the model's dropout
+    # stream (and with workers its sampler drew there too): a resumed run's dropout and order
+    # differed from an uninterrupted one's.
+    common = dict(epochs=3, batch_size=32, **FAST)  # 8 steps an epoch
+    whole = fasttrain.build(model=net(), data=weighted(workers), max_steps=24, **common)
+    fasttrain.fit(whole)
+    cut = fasttrain.build(model=net(), data=weighted(workers), max_steps=19, out=str(tmp_path),
+                          **common)
+    fasttrain.fit(cut)  # checkpoints at its end: step 19, mid-epoch 2
+    torch.rand(7)  # the resumed run must restore every random stream itself
+    resumed = fasttrain.build(model=net(), data=weighted(workers), max_steps=24,
+                              out=str(tmp_path), resume="auto", **common)
+    assert (resumed.epoch, resumed.step_in_epoch) == (2, 3)
+    fasttrain.fit(resumed)
+    for k, v in weights(whole).items():
+        assert torch.equal(weights(resumed)[k], v), k

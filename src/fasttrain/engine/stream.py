@@ -310,7 +310,10 @@ class Stream:
 
     def _read(self, loader: DataLoader, epoch: int) -> Iterator[Any]:
         self.generator.manual_seed(mix(self.seed, epoch, self.rank))
-        if loader.num_workers:
+        # A DataLoader of the user's (kept as built) draws from torch's global stream in this
+        # process, workers or not: its workers' base seed, and its sampler where that has no
+        # generator. On the model's stream those draws would make a resumed epoch differ.
+        if loader.num_workers and loader is not self.splits["train"].as_built:
             return iter(loader)  # the loader's own iterator: no generator frame per batch
         return self._in_process(loader, epoch)
 
@@ -318,7 +321,8 @@ class Stream:
         own = (OwnRandom(self.seed) if isinstance(loader.dataset, Sharded) or loader is
                self.splits["train"].as_built else Untouched())
         own.reset(epoch, self.rank)
-        batches = iter(loader)
+        with own:  # iter() draws the workers' base seed (from loader.generator, else torch's)
+            batches = iter(loader)
         while True:
             with own:  # the data's random draws, on their own streams
                 batch = next(batches, _END)
