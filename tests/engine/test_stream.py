@@ -507,3 +507,16 @@ def test_a_dataloader_with_its_own_sampler_resumes_mid_epoch_bit_identically(tmp
     fasttrain.fit(resumed)
     for k, v in weights(whole).items():
         assert torch.equal(weights(resumed)[k], v), k
+
+
+def test_workers_a_dataloader_of_yours_would_not_take_are_named(capsys):
+    # --workers was dropped without a word where the train data is a DataLoader of the user's
+    # (it keeps its own num_workers).
+    loader = DataLoader(Flipped(64), batch_size=8, shuffle=True, num_workers=0)
+    stream_of(loader, workers=2)
+    err = capsys.readouterr().err
+    assert "--workers 2" in err and "num_workers=0" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    stream_of(loader)  # no --workers: nothing to say
+    stream_of(Flipped(64), workers=2)  # a Dataset: the engine's loader takes them
+    assert capsys.readouterr().err == ""

@@ -122,6 +122,12 @@ class Stream:
                             f"{cfg.batch_size} / {cfg.accum_steps} accumulation / {world} "
                             f"process(es)); build it with batch_size={self.micro} or change "
                             f"--batch-size")
+        own = train.loader_kw.get("num_workers")
+        if own is not None and cfg.workers and cfg.workers != own and rank == 0:
+            print(f"warning: --workers {cfg.workers} does not apply to the train DataLoader, "
+                  f"which keeps its own num_workers={own} (only Datasets given as such take "
+                  f"--workers); build it with num_workers={cfg.workers}, or give the Dataset "
+                  f"itself", file=sys.stderr)
         self.sampler: StepSampler | None = None
         self.loader = self._train_loader(train)
         self.steps_per_epoch = self._steps(train)
