@@ -453,3 +453,70 @@ def test_the_builds_probe_reads_a_stream_as_its_only_reader():
     next(iter(stream.Sharded(OneFile(), rank=1, world=2)), None)
     x, _ = next(stream_of(OneFile(), batch_size=2).micro_batches(0))  # no "train data is empty"
     assert x.flatten().tolist() == [0.0, 1.0]
+
+
+class OnceOnly(Few):
+    """A stream whose __iter__ hands back one generator made once: read whole at its first
+    evaluation, empty at every later one."""
+
+    def __init__(self):
+        self.items = super().__iter__()
+
+    def __iter__(self):
+        return self.items
+
+
+def test_an_empty_evaluation_split_is_one_line_not_a_crash_or_a_loss_of_zero():
+    # A map-style split of no samples crashed in torch's collate after the training; a stream
+    # that gives nothing when evaluated was reported as test_loss 0 and accuracy 0.
+    with pytest.raises(UserError) as e:
+        fasttrain.build(model=net(), data={"train": Flipped(64), "test": Flipped(0)},
+                        epochs=1, batch_size=32, **FAST)
+    one_line(e, "test data is empty")
+    run = fasttrain.build(model=tiny(), data={"train": Numbers(32), "test": OnceOnly()},
+                          max_steps=16, batch_size=4, **FAST)  # two passes of 8 steps
+    with pytest.raises(UserError) as e:
+        fasttrain.fit(run)  # the first evaluation reads it whole; the second gets nothing
+    one_line(e, "test data gave no samples", "__iter__")
+    assert [r["test_loss"] > 0 for r in run.history if r["kind"] == "eval"] == [True]
+
+
+def weighted(workers: int) -> DataLoader:
+    """A DataLoader of the user's with a sampler the engine keeps as built, drawing from torch's
+    stream (no generator of its own)."""
+    sampler = torch.utils.data.WeightedRandomSampler(torch.ones(256), 256)
+    return DataLoader(Flipped(256), batch_size=32, sampler=sampler, num_workers=workers)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataloader_with_its_own_sampler_resumes_mid_epoch_bit_identically(tmp_path,
+                                                                             workers):
+    # Its iterator drew its workers' base seed from torch's global stream, the model's dropout
+    # stream (and with workers its sampler drew there too): a resumed run's dropout and order
+    # differed from an uninterrupted one's.
+    common = dict(epochs=3, batch_size=32, **FAST)  # 8 steps an epoch
+    whole = fasttrain.build(model=net(), data=weighted(workers), max_steps=24, **common)
+    fasttrain.fit(whole)
+    cut = fasttrain.build(model=net(), data=weighted(workers), max_steps=19, out=str(tmp_path),
+                          **common)
+    fasttrain.fit(cut)  # checkpoints at its end: step 19, mid-epoch 2
+    torch.rand(7)  # the resumed run must restore every random stream itself
+    resumed = fasttrain.build(model=net(), data=weighted(workers), max_steps=24,
+                              out=str(tmp_path), resume="auto", **common)
+    assert (resumed.epoch, resumed.step_in_epoch) == (2, 3)
+    fasttrain.fit(resumed)
+    for k, v in weights(whole).items():
+        assert torch.equal(weights(resumed)[k], v), k
+
+
+def test_workers_a_dataloader_of_yours_would_not_take_are_named(capsys):
+    # --workers was dropped without a word where the train data is a DataLoader of the user's
+    # (it keeps its own num_workers).
+    loader = DataLoader(Flipped(64), batch_size=8, shuffle=True, num_workers=0)
+    stream_of(loader, workers=2)
+    err = capsys.readouterr().err
+    assert "--workers 2" in err and "num_workers=0" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    stream_of(loader)  # no --workers: nothing to say
+    stream_of(Flipped(64), workers=2)  # a Dataset: the engine's loader takes them
+    assert capsys.readouterr().err == ""

@@ -90,6 +90,42 @@ def test_matching_shapes_still_train():
     assert run.step == 1
 
 
+def unreduced(output, target):
+    """A loss of the user's that forgot to reduce: one value per sample."""
+    return F.cross_entropy(output, target, reduction="none")
+
+
+@pytest.mark.parametrize("loss, got", [
+    (unreduced, "shape [16]"),
+    (lambda o, t: F.cross_entropy(o, t).reshape(1), "shape [1]"),
+    (lambda o, t: 0.5, "float"),
+])
+def test_a_loss_of_yours_that_returns_no_scalar_is_one_line(loss, got):
+    # It crashed inside torch's backward ("grad can be implicitly created only for scalar
+    # outputs") or in the loss sum, with fasttrain's and torch's frames.
+    run = fasttrain.build(model=nn.Linear(8, 3), data=(torch.rand(32, 8),
+                                                       torch.randint(0, 3, (32,))),
+                          loss=loss, **QUICK)
+    with pytest.raises(UserError) as e:
+        fasttrain.fit(run)
+    assert "\n" not in str(e.value), e.value
+    for w in ["your loss", got, "scalar", ".mean()"]:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_the_cli_names_a_loss_that_returns_no_scalar(capsys):
+    code, _, err = run_cli(capsys, "train", "--model", "tests.engine.usermodel:make", "--data",
+                           "tests.engine.usermodel:data", "--loss",
+                           "tests.engine.test_user_errors:unreduced_mse", "--batch-size", "64",
+                           "--device", "cpu", "--no-progress", "--max-steps", "1")
+    assert_error_after_start(code, err, "tests.engine.test_user_errors:unreduced_mse",
+                             "shape [64]")
+
+
+def unreduced_mse(output, target):
+    return F.mse_loss(output, target, reduction="none")
+
+
 # -- 2. a user step computes its own loss: float targets need no --loss ---------------------------
 
 

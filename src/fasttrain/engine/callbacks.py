@@ -169,6 +169,10 @@ def evaluate(run, split: str = "test") -> dict[str, float]:
         sums = torch.zeros(len(names or ()) + 2, device=run.device, dtype=torch.float64)
     run.world.all_sum(sums)
     *values, count = sums.tolist()  # sync: once per evaluation
+    if not count:  # every rank's share empty: a mean of nothing is no loss of 0
+        raise UserError(f"the {split} data gave no samples to evaluate: a stream's __iter__ "
+                        f"must start it afresh on every call (not hand back a generator made "
+                        f"once) and hold at least one sample")
     values = [v / max(count, 1) for v in values]
     out = {f"{split}_loss": values[0]}
     if run.perplexity:  # the loss is a token cross-entropy (run.py)

@@ -17,6 +17,7 @@ unchanged; on the in-memory path any other dtype is refused with the fix.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import sys
@@ -91,7 +92,7 @@ def resolve_loss(loss: Callable | str, task, user_step: bool = False) -> Callabl
         y = task.train_y.dtype  # uint8 targets (masks) were taken by torch's losses: kept
         check_dtypes(task.in_dtype, torch.int64 if y == torch.uint8 else y, "train")
     if callable(loss):
-        return loss
+        return scalar_loss(loss, "")
     if loss == "auto":
         if (not user_step and task.train_y is not None
                 and task.train_y.is_floating_point()):
@@ -104,7 +105,23 @@ def resolve_loss(loss: Callable | str, task, user_step: bool = False) -> Callabl
     fn = import_object(loss, "--loss")
     if not callable(fn):
         raise UserError(f"--loss {loss}: not callable; point at a function (output, target)")
-    return fn
+    return scalar_loss(fn, loss)
+
+
+def scalar_loss(fn: Callable, given: str) -> Callable:
+    """A loss of the user's, refusing with one line what is not a scalar tensor (an unreduced
+    loss failed inside torch's backward, far from its cause). Reads metadata only: no sync."""
+    from fasttrain.engine.usercode import name_of
+
+    @functools.wraps(fn)  # usercode names the loss's frames by the function it wraps
+    def checked(output, target):
+        loss = fn(output, target)
+        if not torch.is_tensor(loss) or loss.dim():
+            got = f"shape {list(loss.shape)}" if torch.is_tensor(loss) else type(loss).__name__
+            raise UserError(f"your loss {name_of(fn, given)} must return a scalar (0-dim) "
+                            f"tensor, got {got}; reduce it (e.g. .mean(), or reduction='mean')")
+        return loss
+    return checked
 
 
 def _same_shape(name: str, output: torch.Tensor, target: torch.Tensor) -> None:

@@ -122,6 +122,12 @@ class Stream:
                             f"{cfg.batch_size} / {cfg.accum_steps} accumulation / {world} "
                             f"process(es)); build it with batch_size={self.micro} or change "
                             f"--batch-size")
+        own = train.loader_kw.get("num_workers")
+        if own is not None and cfg.workers and cfg.workers != own and rank == 0:
+            print(f"warning: --workers {cfg.workers} does not apply to the train DataLoader, "
+                  f"which keeps its own num_workers={own} (only Datasets given as such take "
+                  f"--workers); build it with num_workers={cfg.workers}, or give the Dataset "
+                  f"itself", file=sys.stderr)
         self.sampler: StepSampler | None = None
         self.loader = self._train_loader(train)
         self.steps_per_epoch = self._steps(train)
@@ -310,7 +316,10 @@ class Stream:
 
     def _read(self, loader: DataLoader, epoch: int) -> Iterator[Any]:
         self.generator.manual_seed(mix(self.seed, epoch, self.rank))
-        if loader.num_workers:
+        # A DataLoader of the user's (kept as built) draws from torch's global stream in this
+        # process, workers or not: its workers' base seed, and its sampler where that has no
+        # generator. On the model's stream those draws would make a resumed epoch differ.
+        if loader.num_workers and loader is not self.splits["train"].as_built:
             return iter(loader)  # the loader's own iterator: no generator frame per batch
         return self._in_process(loader, epoch)
 
@@ -318,7 +327,8 @@ class Stream:
         own = (OwnRandom(self.seed) if isinstance(loader.dataset, Sharded) or loader is
                self.splits["train"].as_built else Untouched())
         own.reset(epoch, self.rank)
-        batches = iter(loader)
+        with own:  # iter() draws the workers' base seed (from loader.generator, else torch's)
+            batches = iter(loader)
         while True:
             with own:  # the data's random draws, on their own streams
                 batch = next(batches, _END)

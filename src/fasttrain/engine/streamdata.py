@@ -41,6 +41,9 @@ class StreamData:
 def load(splits: dict[str, Any], cfg, world: int, label: str, why: str) -> StreamData:
     """The splits as Split objects, a validation share held out if asked, and a probe."""
     parts = {k: make_split(v, k, world) for k, v in splits.items()}
+    for k, part in parts.items():  # (an empty train split: _first's line)
+        if k != "train" and not part.iterable and not len(part):
+            raise UserError(f"{k} data is empty: give it samples, or leave the {k!r} split out")
     train = parts["train"]
     if cfg.val_fraction and "val" not in parts:
         parts["train"], parts["val"] = _hold_out(train, cfg.val_fraction, cfg.seed)

@@ -191,6 +191,7 @@ def _culprit(run, frame: types.FrameType) -> str:
 
 
 def _code(fn: Any):
+    fn = getattr(fn, "__wrapped__", fn)  # the loss as inputs.scalar_loss checks it
     fn = getattr(fn, "func", fn)  # functools.partial
     call = type(fn).__dict__.get("__call__")  # a callable object: its method's code
     return getattr(fn, "__code__", None) or getattr(call, "__code__", None)
@@ -204,6 +205,7 @@ def name_of(fn: Any, given: str | None = None) -> str:
     """'pkg.mod:fn' for messages: the import path given, else the callable's own."""
     if given and ":" in given and not given.startswith("python:"):
         return given
+    fn = getattr(fn, "__wrapped__", fn)
     fn = getattr(fn, "func", fn)
     qual = getattr(fn, "__qualname__", type(fn).__qualname__)
     return f"{getattr(fn, '__module__', '?')}:{qual}"
