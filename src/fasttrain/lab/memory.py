@@ -267,10 +267,28 @@ def on_run(cfg: TrainConfig, model, data, loss, fn):
 
     run = build(cfg, model=model, data=data, loss=loss, verbose=False)
     try:
-        return fn(run)
+        with users_code(run):
+            return fn(run)
     finally:
         del run
         free_memory()
+
+
+@contextlib.contextmanager
+def users_code(run: Run) -> Iterator[None]:
+    """Around the lab's real steps of `run`: an exception raised in the user's own code (their
+    model, loss, step) leaves as `train`'s does (engine/usercode.explain: their frames and one
+    line naming the callable, exit 1), not as fasttrain's and torch's traceback; any other
+    exception (an internal error, out of memory, bad input) passes unchanged."""
+    from fasttrain.engine import usercode
+
+    try:
+        yield
+    except Exception as e:
+        explained = usercode.explain(run, e, None)
+        if explained is e:
+            raise
+        raise explained from None
 
 
 def free_memory() -> None:
