@@ -143,6 +143,16 @@ def test_counted_for_cuda_rounds_blocks_and_adds_foreach_temporaries():
     assert gpu.predicted_peak > cpu.predicted_peak
 
 
+def test_counted_for_cuda_on_the_cpu_claims_no_measurement():
+    # plan's JSON said "measured_peak" (the CPU's hook count, without the dataset a GPU holds)
+    # and "error": +227% for the cnn: a measurement of nothing set against the CUDA count.
+    gpu = mem.predict(config(model="logreg"), data=image_task(), device_type="cuda")
+    assert gpu.measured_peak is None and gpu.error is None
+    assert "not measured" in gpu.measured_by
+    d = gpu.to_dict()
+    assert d["measured_peak"] is None and d["error"] is None and d["predicted_peak"] > 0
+
+
 @pytest.fixture
 def fixed_step_time(monkeypatch):
     """Every timed step takes 1 ms, so samples/s grows with the batch: the search then stops

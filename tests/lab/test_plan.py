@@ -23,6 +23,17 @@ def planned(tmp_path_factory):
     return json.loads((d / "p.json").read_text()), d
 
 
+def test_a_deadline_no_option_meets_is_said(capsys):
+    # The table had no mark and the footer only "Deadline 1e-09 h.": silence read as a plan.
+    from tests.conftest import run_cli
+
+    code, out, err = run_cli(capsys, "plan", *FLAGS, "--deadline", "1e-9")
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "Deadline 1e-09 h: NO option finishes within it; the fastest takes" in text, text
+    assert "cheapest by deadline" not in text
+
+
 def test_the_memory_column_is_the_memory_model(planned):
     from fasttrain.data.tasks import load_task
 

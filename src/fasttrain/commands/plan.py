@@ -165,6 +165,17 @@ def _cell(row: dict, tier: str) -> str:
     return text + "".join(f" ◀ {m}" for m in o.marks)
 
 
+def _deadline(deadline_h: float | None, opts: list) -> str:
+    """The footer's deadline, saying so where no option meets it (the table has no mark then)."""
+    if deadline_h is None:
+        return ""
+    finite = [o.hours for o in opts if math.isfinite(o.hours)]
+    if not finite or any("cheapest by deadline" in o.marks for o in opts):
+        return f" Deadline {deadline_h:g} h."
+    return (f" Deadline {deadline_h:g} h: NO option finishes within it; the fastest takes "
+            f"{fmt_s(min(finite) * 3600)}.")
+
+
 def plan_table(rows: list[dict], title: str, caption: str, samples: int | None):
     from fasttrain import report
 
@@ -323,7 +334,7 @@ def plan(args: argparse.Namespace) -> int:
         f"(read {', '.join(dates)}; sources in the catalogue), spot with "
         f"{args.preemption_rate:g} preemptions/h, each losing half of a "
         f"{args.checkpoint_minutes:g}-min checkpoint interval + {args.restart_minutes:g} min "
-        f"restart." + (f" Deadline {args.deadline:g} h." if args.deadline is not None else "")
+        f"restart." + _deadline(args.deadline, opts)
         + (" Spot never finishes at that rate: each hour loses more than an hour of work to "
            "preemptions; lower --preemption-rate, --checkpoint-minutes or --restart-minutes."
            if math.isinf(cost.spot_hours(1.0, *spot)) else ""))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fasttrain.engine.loop import endless_batches, endless_steps, warm_up
-from fasttrain.lab.memory import free_memory, measure
+from fasttrain.lab.memory import free_memory, measure, users_code
 
 if TYPE_CHECKING:
     from fasttrain.engine.config import TrainConfig
@@ -72,9 +72,16 @@ def _allocated() -> int:
 
 def _try(cfg: TrainConfig, task, batch: int, usable: int, steps: int) -> Try:
     from fasttrain.engine.run import build
-    from fasttrain.timing import synchronizer, time_call
 
     run = build(dataclasses.replace(cfg, batch_size=batch), data=task, verbose=False)
+    with users_code(run):
+        return _time(run, batch, usable, steps)
+
+
+def _time(run, batch: int, usable: int, steps: int) -> Try:
+    """The try on its built Run: measured, then timed where it fits."""
+    from fasttrain.timing import synchronizer, time_call
+
     dev = run.device
     cuda = dev.type == "cuda"
     batches = endless_batches(run)

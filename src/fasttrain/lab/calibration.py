@@ -111,7 +111,7 @@ def calibrate(cfg: TrainConfig, model=None, data=None, *, loss=None,
     import torch
 
     from fasttrain.engine.run import build
-    from fasttrain.lab.memory import free_memory
+    from fasttrain.lab.memory import free_memory, users_code
 
     points, setup, device, threads = [], None, "", torch.get_num_threads()
     try:
@@ -122,8 +122,9 @@ def calibrate(cfg: TrainConfig, model=None, data=None, *, loss=None,
                 if setup is None:
                     setup, device = _measuring(run.device, cfg.precision), _device_name(run.device)
                 peaks, clock, how, overlapped = setup
-                times = steptime.time_steps(run, steps, clock=clock)
-                work = steptime.count_run(run)  # the optimizer's path as timed here
+                with users_code(run):
+                    times = steptime.time_steps(run, steps, clock=clock)
+                    work = steptime.count_run(run)  # the optimizer's path as timed here
             finally:
                 del run
                 free_memory()

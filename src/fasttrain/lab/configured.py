@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fasttrain.errors import UserError, first_line
+from fasttrain.errors import UserCodeError, UserError, first_line
 from fasttrain.lab import fitting, layout_choice, memory, steptime
 
 if TYPE_CHECKING:
@@ -69,7 +69,8 @@ def describe_ranks(cfg: TrainConfig, task, lays: dict, command: str = "experimen
     def step():
         try:
             return memory.on_run(cfg, None, task, None, both)
-        except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        # UserCodeError: the same failures, met in the user's own forward (memory.users_code)
+        except (RuntimeError, ValueError, TypeError, IndexError, UserCodeError) as e:
             if not yours(cfg) or "allocate memory" in str(e):
                 raise  # a bundled model on bundled data: an internal error keeps its traceback
             raise UserError(f"one step of --model {cfg.model} on {task.name} failed here "

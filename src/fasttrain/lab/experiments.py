@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fasttrain.engine.loop import endless_batches, endless_steps, warm_up
-from fasttrain.errors import UserError
+from fasttrain.errors import UserCodeError, UserError
 from fasttrain.lab import memory as mem
 from fasttrain.lab.batch_size import train_samples
 from fasttrain.lab.bytecount import count_saved, left_as_found, resident_data
@@ -85,9 +85,16 @@ def measure_run(cfg: TrainConfig, task, opts: Options, evaluate_after: bool = Tr
     """Train `opts.warmup` untimed and `opts.steps` timed steps with `cfg`; the row's numbers.
     `extra(run)` adds fields before the run is let go (e.g. its weights)."""
     from fasttrain.engine.run import build
-    from fasttrain.timing import synchronizer, time_call
 
     run = build(cfg, data=task, verbose=False)
+    with mem.users_code(run):
+        return _measured(run, cfg, opts, evaluate_after, extra)
+
+
+def _measured(run, cfg: TrainConfig, opts: Options, evaluate_after: bool,
+              extra: Callable | None) -> dict:
+    from fasttrain.timing import synchronizer, time_call
+
     dev = run.device
     cuda = dev.type == "cuda"
     sync = synchronizer(dev.type)
@@ -141,6 +148,9 @@ def guarded(label: dict, measure: Callable[[], dict], say=None) -> dict:
         return {**label, "status": "unavailable", "reason": str(e), REFUSED: True}
     except torch.OutOfMemoryError:
         failure = "out of memory"
+    except UserCodeError as e:  # the user's frames and line (lab.memory.users_code), as train's
+        sys.stderr.write(e.report())
+        failure = str(e)
     except Exception as e:  # one broken row must not take the others down
         traceback.print_exc(file=sys.stderr)
         failure = f"{type(e).__name__}: {e}".splitlines()[0]

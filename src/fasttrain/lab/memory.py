@@ -100,7 +100,7 @@ class Breakdown:
     workspace: int
     step_temp: int
     activations_fp32: int  # the same micro-batch counted without autocast: the formula's input
-    measured_peak: int
+    measured_peak: int | None  # None: counted for another device than the run's (plan)
     measured_by: str
     conv_workspace: int = 0  # CUDA: the largest per-call convolution workspace, probed
     first_step_peak: int | None = None  # CUDA: the warm-up step's peak, apart from the steady one
@@ -112,8 +112,10 @@ class Breakdown:
                                        + self.conv_workspace, self.step_temp))
 
     @property
-    def error(self) -> float:
-        """(predicted − measured) / measured."""
+    def error(self) -> float | None:
+        """(predicted − measured) / measured; None where nothing was measured."""
+        if self.measured_peak is None:
+            return None
         return (self.predicted_peak - self.measured_peak) / max(self.measured_peak, 1)
 
     def lab_formula(self) -> dict[str, dict[str, int]]:
@@ -168,7 +170,12 @@ def breakdown(run: Run, micro_batches: list, measured_peak: int | None = None,
         workspace=workspace,
         step_temp=step_temp(run, device_type),
     )
-    if measured_peak is None:
+    if device_type != dev.type:
+        # Counted for a device this run is not on (plan: CUDA from a CPU): this run's hook
+        # count lacks what that device adds (the resident dataset, 512-byte blocks), so beside
+        # the prediction it would read as the model's error (+227% for plan's cnn).
+        measured_peak, how = None, f"not measured: counted for {device_type} on {dev}"
+    elif measured_peak is None:
         measured_peak = sum(parts[k] for k in ("weights", "gradients", "optimizer",
                                                "activations", "weight_copies", "inputs"))
         how = ("hook count (CPU: the allocator keeps no statistics): weights + gradients + "
@@ -267,10 +274,28 @@ def on_run(cfg: TrainConfig, model, data, loss, fn):
 
     run = build(cfg, model=model, data=data, loss=loss, verbose=False)
     try:
-        return fn(run)
+        with users_code(run):
+            return fn(run)
     finally:
         del run
         free_memory()
+
+
+@contextlib.contextmanager
+def users_code(run: Run) -> Iterator[None]:
+    """Around the lab's real steps of `run`: an exception raised in the user's own code (their
+    model, loss, step) leaves as `train`'s does (engine/usercode.explain: their frames and one
+    line naming the callable, exit 1), not as fasttrain's and torch's traceback; any other
+    exception (an internal error, out of memory, bad input) passes unchanged."""
+    from fasttrain.engine import usercode
+
+    try:
+        yield
+    except Exception as e:
+        explained = usercode.explain(run, e, None)
+        if explained is e:
+            raise
+        raise explained from None
 
 
 def free_memory() -> None:

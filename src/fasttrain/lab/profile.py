@@ -221,6 +221,14 @@ def profile_run(run: Run, steps: int = 10, warmup: int = 3, trace: str | None = 
     """Profile `steps` optimizer steps of `run` (after `warmup` untraced ones) and return the
     result: schema, env, config, rows (per step), ops, syncs, classification, device_sampler.
     `trace`: a path for the Chrome/Perfetto trace; `top`: operators listed."""
+    from fasttrain.lab.memory import users_code
+
+    with users_code(run):
+        return _profile(run, steps, warmup, trace, top, sample_period_s)
+
+
+def _profile(run: Run, steps: int, warmup: int, trace: str | None, top: int,
+             sample_period_s: float) -> dict:
     from fasttrain.env import env_block
     from fasttrain.lab.doctor import fast_dtypes
     from fasttrain.lab.sampler import DeviceSampler
