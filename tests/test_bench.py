@@ -540,6 +540,19 @@ def test_any_other_existing_file_is_refused_and_kept(tmp_path, capsys, flag, con
     assert p.read_bytes() == before
 
 
+def test_a_refused_trace_is_named_a_trace(tmp_path):
+    """--trace writes a Chrome trace: a file it will not replace is 'not a trace an earlier run
+    wrote', not 'not a fasttrain JSON' (which the user never asked for)."""
+    from fasttrain import report
+    from fasttrain.errors import UserError
+
+    p = tmp_path / "notes.json"
+    p.write_text("# My notes\n")
+    with pytest.raises(UserError, match=r"--trace .*: exists and is not a trace an earlier run"):
+        report.check_outputs((p, "--trace"))
+    assert p.read_text() == "# My notes\n"
+
+
 def test_more_epochs_than_their_shuffle_orders_fit_is_one_line(capsys):
     from fasttrain.cli import main
 

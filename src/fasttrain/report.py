@@ -45,7 +45,7 @@ def check_writable(path: str | os.PathLike, flag: str) -> Path:
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UserError(f"{flag} {p}: not writable; choose a path you can write to")
     if p.exists() and not _ours(p, png=flag == "--plot"):
-        kind = "PNG" if flag == "--plot" else "fasttrain JSON"
+        kind = {"--plot": "PNG", "--trace": "trace"}.get(flag, "fasttrain JSON")
         raise UserError(f"{flag} {p}: exists and is not a {kind} an earlier run wrote; choose "
                         f"another path, or move the file away yourself (it is kept)")
     return p

@@ -82,6 +82,8 @@ def test_profile_json_is_self_describing(logreg_cli):
     assert result["config"]["model"] == "logreg" and result["config"]["batch_size"] == 128
     assert len(result["rows"]) == 20
     assert len(result["classification"]["steps_classified"]) == 10
+    # the untraced figure beside the traced one: several steps' faster half, not one sample
+    assert result["untraced_steps"] == 5 and result["untraced_step_ms"] > 0
     for row in result["rows"]:
         assert row["wall_ms"] > 0 and row["busy_ms"] >= 0 and row["input_ms"] >= 0
         assert row["busy_ms"] + row["input_ms"] <= row["wall_ms"] + 1e-6

@@ -32,8 +32,9 @@ the same calls are counted — each would be a sync on a GPU — and torch's own
 The class is computed on the faster half of the traced steps: a neighbour on a shared machine
 can only slow a step down, so the fastest steps are the least disturbed. When the load average
 says the CPU is shared, the report warns. Profiling adds a few µs to every op, so an
-overhead-bound step looks slightly more so; the untraced ms/step of the warm-up is printed beside
-the traced one to show by how much.
+overhead-bound step looks slightly more so; the ms/step of up to 5 untraced steps after the
+warm-up (their faster half, as the traced ones') is printed beside the traced one to show by how
+much.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from fasttrain.engine.run import Run
 
 SCHEMA = "fasttrain.profile/1"
+UNTRACED = 5  # untraced steps timed after the warm-up, at most
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _HERE = os.path.abspath(__file__)
 
@@ -238,8 +240,11 @@ def _profile(run: Run, steps: int, warmup: int, trace: str | None, top: int,
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     inputs = endless_steps(run)  # what run.train_step takes: the whole-step graph's, if any
     warm_up(run, inputs, max(warmup - 1, 0))
+    # Untraced steps to set beside the traced ones (the profiler's own cost is the difference):
+    # as many as are traced, up to UNTRACED, their faster half kept as the traced steps' is (one
+    # step alone was a single sample of a neighbour's load: 82.6 ms against 3.68 traced).
     untraced = []
-    for _ in range(min(warmup, 1)):
+    for _ in range(min(steps, UNTRACED) if warmup else 0):
         t0 = time.perf_counter()
         run.train_step(run, next(inputs))
         sync()
@@ -276,7 +281,7 @@ def _profile(run: Run, steps: int, warmup: int, trace: str | None, top: int,
     fast = fast_dtypes(device)
     verdict["next"] = next_switches(verdict["class"], cfg, device.type, fast,
                                     input_source(run.batches))
-    half = untraced[len(untraced) // 2:]
+    faster = sorted(untraced)[:(len(untraced) + 1) // 2]
     return {
         "schema": SCHEMA,
         "env": env_block(),
@@ -284,7 +289,8 @@ def _profile(run: Run, steps: int, warmup: int, trace: str | None, top: int,
                    "model_class": type(run.model).__name__,
                    "data_on_device": run.batches.on_device,
                    "resolved_device": str(device), "trace": str(trace) if trace else None},
-        "untraced_step_ms": 1e3 * statistics.fmean(half) if half else None,
+        "untraced_step_ms": 1e3 * statistics.fmean(faster) if faster else None,
+        "untraced_steps": len(untraced),
         # On a shared CPU, a neighbour holding a core makes every parallel op wait a scheduler
         # slice (OpenMP's barrier): the times then measure the neighbour, not the step.
         "cpu_load_1min": load,
