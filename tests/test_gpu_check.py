@@ -53,6 +53,20 @@ def test_every_fasttrain_step_parses_and_every_script_exists(tmp_path):
             assert "/" not in path or path.startswith("results/2026-01-01-some-gpu"), path
 
 
+def test_the_triton_sweep_sweeps_triton_fused_alone_its_new_variants_first(tmp_path):
+    """The loan's short sweep (scripts/gpu-loan): triton-fused's variants, seconds each, its
+    DEFAULT then the ones not yet run on a GPU (programmatic dependent launch) first."""
+    from fasttrain.ladder import triton_fused as tf
+
+    script = load_script()
+    step = {s.name: s for s in script.plan(tmp_path, "2026-01-01-some-gpu")}["triton-sweep"]
+    argv = step.argv
+    assert argv[argv.index("--rows") + 1] == "triton-fused" and "--variant" not in argv
+    sweep = import_benchmark("variant_sweep")
+    order = [e.variant for e in sweep.entries(["triton-fused"])]
+    assert order[0] == tf.DEFAULT and all(v.pdl for v in order[1:4])
+
+
 def test_the_v7_steps_are_opt_in_and_name_the_rows_variant_and_real_candidates(tmp_path):
     """v7-tests and v7-candidates run only when --only names them; they measure the row's own
     variant against candidates that exist, sync_cost takes their --v7, and their -k selects the
@@ -61,7 +75,8 @@ def test_the_v7_steps_are_opt_in_and_name_the_rows_variant_and_real_candidates(t
 
     script = load_script()
     steps = {s.name: s for s in script.plan(tmp_path, "2026-01-01-some-gpu")}
-    assert {n for n, s in steps.items() if s.opt_in} == {"v7-tests", "v7-candidates"}
+    assert {n for n, s in steps.items() if s.opt_in} == {"v7-tests", "v7-candidates",
+                                                         "triton-sweep"}
     assert script.V7_ROW == cuda_epoch.V7_VARIANT
     assert set(script.V7_CANDIDATES) <= set(cuda_epoch.V7_VARIANTS) - {script.V7_ROW}
     sync_cost = import_benchmark("sync_cost")

@@ -175,6 +175,30 @@ def sweep_of(times: dict, default: str, row="torch-graphs") -> dict:
     return doc
 
 
+def triton_sweep() -> dict:
+    """A triton-sweep JSON in variant_sweep.py's form: the DEFAULT and the 3 PDL variants, one
+    of which beats it by 12 %, one failed its float64 check (faster still: never chosen)."""
+    sweep = import_benchmark("variant_sweep")
+    from fasttrain.ladder import triton_fused as tf
+
+    entries = sweep.entries(["triton-fused"])[:4]
+    times = dict(zip([e.name for e in entries], (3.77, 3.60, 3.31, 3.50), strict=True))
+    bad = entries[1].name  # [32, 8w, ieee, pdl]: fastest, but wrong
+    times[bad] = 2.0
+    return {"schema": "fasttrain.bench/1",
+            "config": {"defaults": {"triton-fused": f"triton-fused [{tf.DEFAULT.tag}]"},
+                       "variants": sweep.variant_args(entries)},
+            "rows": [{"impl": e.name, "status": "ok", "check": {"ok": e.name != bad},
+                      "epoch_ms": times[e.name]} for e in entries]}
+
+
+def test_the_triton_sweep_rule_picks_the_fastest_pdl_variant_that_passed():
+    choice = rules.pick_default("triton-fused", triton_sweep())
+    assert choice.chosen == "triton-fused [32, 4w, ieee, pdl]", choice.why
+    assert rules.variant_expr(choice.args) == "Variant(block_k=32, num_warps=4, pdl=True)"
+    assert "32, 8w, ieee, pdl" in choice.figures["not_ok"]
+
+
 @pytest.mark.parametrize("best_ms, chosen", [(9.9, False), (9.81, False), (9.75, True)])
 def test_the_sweeps_winner_must_beat_the_default_by_2_percent(best_ms, chosen):
     choice = rules.pick_default("torch-graphs", sweep_of({"mm": 10.0, "bcast": best_ms}, "mm"))
@@ -203,7 +227,7 @@ def test_the_sweeps_json_carries_each_variants_arguments():
     """variant_sweep.py's config.variants rebuilds every swept Variant, and variant_expr
     writes it as source that makes the same Variant."""
     sweep = import_benchmark("variant_sweep")
-    for row in ("torch-graphs", "torch-optimized"):
+    for row in ("torch-graphs", "torch-optimized", "triton-fused"):
         module = sweep.module(row)
         entries = sweep.entries([row])
         found = sweep.variant_args(entries)
@@ -273,17 +297,20 @@ def test_the_dry_run_runs_gpu_check_with_real_steps_in_the_plans_order(tmp_path,
     assert not (tmp_path / "out").exists()  # nothing run, nothing written
     steps = {s.name for s in load_gpu_check().plan(tmp_path, "2026-01-01-gpu")}
     onlys = re.findall(r"scripts/gpu-check \S+ --only (\S+) --budget (\d+)", printed)
-    assert [o for o, _ in onlys] == ["env,v7-tests,v7-candidates", "env,compiled-sweep",
-                                     "env,bench"]  # compiled-tests: no time left at worst
+    assert [o for o, _ in onlys] == ["env,v7-tests,v7-candidates", "env,triton-sweep",
+                                     "env,compiled-sweep", "env,bench"]  # compiled-tests: no
+    # time left at worst
     assert all(set(o.split(",")) <= steps for o, _ in onlys)
     assert all(set(c.only.split(",")) <= steps for c in loan.calls(170, 240))
     budgets = [int(b) for _, b in onlys]
     assert sum(budgets) + len(budgets) * loan.OVERHEAD_S + loan.END_S <= loan.BUDGET_S
-    assert budgets[2] + loan.OVERHEAD_S == loan.BENCH_S  # the bench keeps its share
+    assert budgets[3] + loan.OVERHEAD_S == loan.BENCH_S  # the bench keeps its share
+    assert budgets[1] + loan.OVERHEAD_S == loan.TRITON_CAP_S
 
 
 def test_each_share_leaves_the_later_calls_theirs():
-    v7, sweep, bench, tests = loan.calls(170, 240)
+    v7, triton, sweep, bench, tests = loan.calls(170, 240)
+    assert loan.share(triton, 400) == loan.TRITON_CAP_S
     assert loan.share(v7, 570) == 240  # its cap
     assert loan.share(v7, 400) == 400 - 170 - loan.END_S
     assert loan.share(sweep, 420) == 420 - 170 - loan.END_S
@@ -331,13 +358,15 @@ def main(argv=None):
             exit_code = 1
         elif name == "v7-candidates":
             shutil.copy(src / "v7.json", args.outdir / "results" / f"{tag}-v7-candidates.json")
+        elif name == "triton-sweep":
+            shutil.copy(src / "triton.json", args.outdir / "results" / f"{tag}-triton-sweep.json")
         elif name == "compiled-sweep":
             shutil.copy(src / "sweep.json", args.outdir / "results" / f"{tag}-compiled-sweep.json")
         elif name == "bench":
             # what the bench ran with: the edits must be in place before it
-            from fasttrain.ladder import cuda_epoch, torch_graphs
+            from fasttrain.ladder import cuda_epoch, torch_graphs, triton_fused
             (args.outdir / "bench-saw.txt").write_text(
-                f"{cuda_epoch.V7_VARIANT} {torch_graphs.DEFAULT}")
+                f"{cuda_epoch.V7_VARIANT} {torch_graphs.DEFAULT} | {triton_fused.DEFAULT.tag}")
             shutil.copy(src / "bench.json", args.outdir / "results" / f"{tag}.json")
             shutil.copy(src / "bench.png", args.outdir / "results" / f"{tag}.png")
         steps.append({"name": name, "status": "ok" if exit_code == 0 else "failed",
@@ -379,6 +408,7 @@ def make_tree(tmp_path: Path) -> Path:
     shutil.copy(RUN10 / "pytest-v7.xml", data)
     shutil.copy(CANDIDATES, data / "v7.json")
     (data / "sweep.json").write_text(json.dumps(run10_sweep()))
+    (data / "triton.json").write_text(json.dumps(triton_sweep()))
     shutil.copy(BENCH.with_suffix(".json"), data / "bench.json")
     shutil.copy(BENCH.with_suffix(".png"), data / "bench.png")
     return root
@@ -402,26 +432,31 @@ def test_the_whole_loan_edits_before_the_bench_and_writes_it_all_down(tmp_path):
     subprocess.run(["git", "add", "-A"], cwd=root, check=True)  # the index: the tree before
     doc = run_loan(tmp_path, root, "all")
     assert doc["schema"] == "fasttrain.gpu-loan/1" and doc["gpu"] == "NVIDIA H200"
-    assert [c["name"] for c in doc["calls"]] == ["v7", "sweep", "bench", "compiled-tests"]
+    assert [c["name"] for c in doc["calls"]] == ["v7", "triton", "sweep", "bench",
+                                                 "compiled-tests"]
     chosen = {d["rule"]: (d["chosen"], d["applied"]) for d in doc["decisions"]}
     assert chosen == {"v7": ("k", True),
+                      "triton-fused": ("triton-fused [32, 4w, ieee, pdl]", True),
                       "torch-graphs": ("torch-graphs [cublas, W storage, inductor bcast "
                                        "autotuned]", True),
                       "torch-optimized": ("torch-optimized [reduce-overhead, 7 steps a call]",
                                           True)}
-    saw = (tmp_path / "work" / "gc3-bench" / "bench-saw.txt").read_text()
+    saw = (tmp_path / "work" / "gc4-bench" / "bench-saw.txt").read_text()
     assert saw.startswith("k BLAS cublas, weight stored [10, 785], torch.compile bcast step, "
                           "mode max-autotune-no-cudagraphs")
+    assert saw.endswith("| 32, 4w, ieee, pdl")
     diff = doc["diff"]
     assert '-V7_VARIANT = "f"' in diff and '+V7_VARIANT = "k"  # v7k in one launch' in diff
     assert '+V7_ROW = "k"' in diff and '+DEFAULT = Variant(step="bcast", autotune=True)' in diff
+    assert '+DEFAULT = Variant(block_k=32, num_warps=4, pdl=True)' in diff
     assert "torch_optimized.py" not in diff  # k = 7 was its DEFAULT already: no change
     edited = {p: (root / p).read_text() for p in doc["base_sha256"]}
     subprocess.run(["git", "checkout", "--", "."], cwd=root, check=True)
     subprocess.run(["git", "apply", "-"], cwd=root, input=diff, text=True, check=True)
     assert {p: (root / p).read_text() for p in edited} == edited
     names = [f for f in doc["followups"] if f.startswith("tests/")]
-    assert len(names) == 1 and names[0].startswith("tests/ladder/test_cuda_epoch.py:")
+    assert names and all(n.startswith(("tests/ladder/test_cuda_epoch.py:",
+                                       "tests/ladder/test_triton_fused.py:")) for n in names)
     assert "V7_VARIANT" in names[0] and "V7_VARIANTS" not in names[0]
     out = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert out == sorted(["loan.log", "decisions.json", "summary.md", "loan.tar.gz",
@@ -438,13 +473,13 @@ def test_a_cut_v7_call_changes_nothing_and_the_bench_still_runs(tmp_path):
     doc = run_loan(tmp_path, root, "v7 cut")
     v7 = next(d for d in doc["decisions"] if d["rule"] == "v7")
     assert v7["chosen"] is None and "no v7-candidates JSON" in v7["why"]
-    assert doc["calls"][0]["status"] == "failed" and doc["calls"][2]["status"] == "ok"
-    assert (tmp_path / "work" / "gc3-bench" / "bench-saw.txt").read_text().startswith("f ")
+    assert doc["calls"][0]["status"] == "failed" and doc["calls"][3]["status"] == "ok"
+    assert (tmp_path / "work" / "gc4-bench" / "bench-saw.txt").read_text().startswith("f ")
     assert '"f"' in (root / "scripts" / "gpu-check").read_text().split("V7_ROW = ")[1][:4]
 
 
 @pytest.mark.slow
-def test_without_a_gpu_the_real_gpu_check_runs_four_times_and_nothing_changes(tmp_path):
+def test_without_a_gpu_the_real_gpu_check_runs_five_times_and_nothing_changes(tmp_path):
     """--allow-cpu over a copy of the tree with the real gpu-check: its CLI takes each call,
     every GPU step is skipped, so each rule has no data, says so and edits nothing."""
     import torch
@@ -467,8 +502,9 @@ def test_without_a_gpu_the_real_gpu_check_runs_four_times_and_nothing_changes(tm
     assert done.returncode == 0, done.stderr
     doc = json.loads((tmp_path / "out" / "decisions.json").read_text())
     assert [(c["name"], c["status"]) for c in doc["calls"]] == [
-        ("v7", "ok"), ("sweep", "ok"), ("bench", "ok"), ("compiled-tests", "ok")]
-    assert [d["chosen"] for d in doc["decisions"]] == [None] * 3 and doc["diff"] == ""
+        ("v7", "ok"), ("triton", "ok"), ("sweep", "ok"), ("bench", "ok"),
+        ("compiled-tests", "ok")]
+    assert [d["chosen"] for d in doc["decisions"]] == [None] * 4 and doc["diff"] == ""
     assert all("skipped" in d["why"] for d in doc["decisions"])
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "decisions.json", "loan.log", "loan.tar.gz", "summary.md"]

@@ -108,7 +108,9 @@ def test_misaligned_views_are_refused(data):
     lambda: tg.Variant(step="fast"), lambda: tg.Variant(blas="mkl"),
     lambda: tg.Variant(autotune=True), lambda: to.Variant(k=-1),
     lambda: tg.Variant(step="lagged"), lambda: tg.Variant(step="bcast", lag=4),
-    lambda: to.Variant(k=7, form="einsum"), lambda: to.Variant(form="bcast")])
+    lambda: to.Variant(k=7, form="einsum"), lambda: to.Variant(form="bcast"),
+    lambda: tg.Variant(pdl=True), lambda: tg.Variant(step="lagged", lag=4, pdl=True),
+    lambda: tg.Variant(step="bcast", autotune=True, pdl=True)])
 def test_bad_variants_are_refused(make):
     with pytest.raises(ValueError):
         make()
@@ -141,6 +143,29 @@ def test_the_torch_optimized_row_runs_eager_v4_off_cuda(data):
     row = to.TorchOptimized("cpu")
     row.setup(data, CFG)
     assert row.variant == to.EAGER and row.details()["cuda_graph"] is False
+
+
+def test_pdl_is_inductors_option_without_a_mode(monkeypatch):
+    """A pdl variant compiles with Inductor's `triton.enable_pdl` (torch.compile takes options or
+    a mode, not both); under the tests' aot_eager backend the same step, no option."""
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    compiled.cache_clear()
+    try:
+        compiled(STEP["bcast"], None, "inductor", True)
+        compiled(STEP["bcast"], None, "inductor", False)
+        with pytest.raises(ValueError, match="without a mode"):
+            compiled(STEP["bcast"], "max-autotune-no-cudagraphs", "inductor", True)
+        s = to.EpochState(make_ladder_data(tiny_images(n_train=150), CFG), CFG,
+                          torch.device("cpu"))
+        tg.epoch_fn(s, tg.Variant(step="classes", pdl=True), CFG.batch_size, "aot_eager")
+        tg.epoch_fn(s, tg.Variant(step="classes", pdl=True), CFG.batch_size)
+    finally:
+        compiled.cache_clear()
+    assert [kw["options"] for kw in seen] == [{"triton.enable_pdl": True}, None, None,
+                                              {"triton.enable_pdl": True}]
+    assert seen[0]["mode"] is None and seen[2]["backend"] == "aot_eager"
+    assert "pdl" in tg.Variant(step="classes", pdl=True).tag
 
 
 def test_one_compiled_wrapper_a_function_mode_and_backend():

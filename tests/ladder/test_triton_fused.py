@@ -31,6 +31,10 @@ CASES = {
     "partial-32": (40, 16, 2, 0.1, (32, 4, "ieee")),
     # The variant whose update is computed as (gᵀ x)ᵀ (Variant.dw_by_class).
     "dw-by-class": (40, 16, 2, 0.1, (64, 8, "tf32x3")),
+    # A programmatic-dependent-launch variant: the interpreter runs it without the launch
+    # attribute and the griddepcontrol instructions (test_triton_fused_sass.py checks those), so
+    # this checks that its loads, reordered around the wait, still give the reference's step.
+    "pdl": (40, 16, 2, 0.1, (32, 8, "ieee", True)),
 }
 
 CHILD = """
@@ -96,7 +100,7 @@ def case(name):
     return make_ladder_data(tiny_images(n_train=n), cfg), cfg
 
 
-@pytest.mark.parametrize("name", ["one-step", "partial", "partial-32", "dw-by-class"])
+@pytest.mark.parametrize("name", ["one-step", "partial", "partial-32", "dw-by-class", "pdl"])
 def test_steps_match_float64_reference(interpreted, name):
     data, cfg = case(name)
     w_ref, b_ref = reference_sgd(data, cfg, cfg.epochs)
@@ -148,7 +152,7 @@ def test_the_sweep_holds_the_default_and_cuts_the_pixels_three_ways():
     from fasttrain.ladder import triton_fused as tf
 
     assert tf.Variant(*DEFAULT) == tf.DEFAULT and tf.DEFAULT in tf.SWEEP
-    assert len(set(tf.SWEEP)) == len(tf.SWEEP) == 12
+    assert len(set(tf.SWEEP)) == len(tf.SWEEP) == 15
     assert sorted({v.splits for v in tf.SWEEP}) == [7, 13, 25]
     assert {v.precision for v in tf.SWEEP} == {"ieee", "tf32x3"}
 
@@ -168,7 +172,7 @@ for update in (True, False):  # a step; the epoch's first forward
     v = tf.DEFAULT
     consts = dict(K=784, C=10, SPLITS=v.splits, BLOCK_B=128, BLOCK_K=v.block_k,
                   BLOCK_C=tf.BLOCK_C, UPDATE=update, PREC=v.precision,
-                  DW_BY_CLASS=v.dw_by_class)
+                  DW_BY_CLASS=v.dw_by_class, PDL=v.pdl)
     src = ASTSource(fn=tf.sgd_step_kernel, constexprs=consts,
                     signature={**sig, **{k: "constexpr" for k in consts}})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -171,13 +171,22 @@ def sum_output(out: torch.Tensor, neg_onehot: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def compiled(fn, mode: str | None = None, backend="inductor"):
-    """torch.compile of `fn`, one per (fn, mode, backend) in a process: a new torch.compile of
-    the same function would not match the guards of the graphs compiled before (they guard on
-    the backend) and compile them all again (the bench sets a row up more than once: its
+def compiled(fn, mode: str | None = None, backend="inductor", pdl: bool = False):
+    """torch.compile of `fn`, one per (fn, mode, backend, pdl) in a process: a new torch.compile
+    of the same function would not match the guards of the graphs compiled before (they guard
+    on the backend) and compile them all again (the bench sets a row up more than once: its
     check, each repeat). Static shapes (no dynamic-shape kernels for the partial batch) and no
-    graph break (a break would split the step into eager pieces)."""
-    return torch.compile(fn, mode=mode, backend=backend, dynamic=False, fullgraph=True)
+    graph break (a break would split the step into eager pieces). pdl: Inductor's programmatic
+    dependent launch (Hopper+; `triton.enable_pdl`, off by default): each kernel launched so
+    that the next may start before it ends, its loads of what the one before writes after a
+    griddepcontrol.wait. An option of Inductor's, so not with a `mode` (torch.compile takes
+    one or the other)."""
+    if pdl and (mode is not None or backend != "inductor"):
+        raise ValueError(f"pdl is an Inductor option without a mode, not with mode {mode!r} "
+                         f"and backend {backend!r}")
+    options = {"triton.enable_pdl": True} if pdl else None
+    return torch.compile(fn, mode=mode, options=options, backend=backend, dynamic=False,
+                         fullgraph=True)
 
 
 def check_aligned(tensors) -> None:

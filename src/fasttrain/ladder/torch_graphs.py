@@ -107,6 +107,7 @@ class Variant:
     step: str = "eager"
     autotune: bool = False
     lag: int = 0
+    pdl: bool = False  # Inductor's programmatic dependent launch (torch_compiled.compiled)
 
     def __post_init__(self):
         if self.blas not in ("cublas", "cublaslt"):
@@ -117,6 +118,9 @@ class Variant:
             raise ValueError("autotune is torch.compile's: the eager step has nothing to tune")
         if (self.lag >= 1) != (self.step in LAGGED):
             raise ValueError(f"lag {self.lag}: >= 1 for the lagged steps, 0 for the others")
+        if self.pdl and (not self.compiled or self.autotune):
+            raise ValueError("pdl is an Inductor option of a compiled step without autotune "
+                             "(torch.compile takes a mode or options, not both)")
 
     @property
     def compiled(self) -> bool:
@@ -133,15 +137,19 @@ class Variant:
             return f"{self.blas}, {layout}, lagged L={self.lag}"
         if not self.compiled:
             return f"{self.blas}, {layout}"
+        pdl = ", pdl" if self.pdl else ""
         if self.step == "lagged-fused":
-            return f"{self.blas}, {layout}, inductor lagged L={self.lag}"
-        return f"{self.blas}, {layout}, inductor {self.step}{' autotuned' if self.autotune else ''}"
+            return f"{self.blas}, {layout}, inductor lagged L={self.lag}{pdl}"
+        return (f"{self.blas}, {layout}, inductor {self.step}"
+                f"{' autotuned' if self.autotune else ''}{pdl}")
 
     def __str__(self) -> str:
         step = "eager ops" if not self.compiled else (
             f"torch.compile {self.step} step, mode {self.mode or 'default'}")
         if self.lag:
             step += f", lagged-Gram blocks of {self.lag} steps"
+        if self.pdl:
+            step += ", programmatic dependent launch"
         return (f"BLAS {self.blas}, weight stored {'[785, 10]' if self.transposed else '[10, 785]'}"
                 f", {step}")
 
@@ -159,6 +167,9 @@ SWEEP = (*(Variant(b, t) for b in ("cublas", "cublaslt") for t in (False, True))
          # torch_lagged.py's lagged-Gram blocks of L steps, one compiled call a block (L + 4
          # Triton kernels a block, read from Inductor's code on the CPU).
          Variant(step="classes"), Variant(step="lagged-fused", lag=8),
+         # The same kernels launched with programmatic dependent launch (Inductor's option):
+         # each may start before the one it follows ends, and waits only before its reads.
+         Variant(step="bcast", pdl=True), Variant(step="classes", pdl=True),
          Variant(step="lagged-fused", lag=16), Variant(transposed=True, step="classes"),
          Variant(transposed=True, step="classes", autotune=True),
          Variant(step="lagged-fused", lag=4), Variant(transposed=True, step="bcast"),
@@ -188,13 +199,14 @@ def epoch_fn(s: EpochState, v: Variant, batch_size: int, backend: str = "inducto
     traced graph on the CPU without Inductor's C++ build)."""
     if v.step == "lagged":
         return eager_epoch_fn(s, batch_size, v.lag)
+    inductor = backend == "inductor"  # a mode and pdl are Inductor's options
     if v.step == "lagged-fused":
-        return fused_epoch_fn(s, batch_size, v.lag, v.mode if backend == "inductor" else None,
-                              backend)
+        return fused_epoch_fn(s, batch_size, v.lag, v.mode if inductor else None, backend,
+                              v.pdl and inductor)
     if not v.compiled:
         return lambda order: train_epoch_steps(s, order)
-    mode = v.mode if backend == "inductor" else None  # a mode is Inductor's options
-    step, lr = compiled(STEP[v.step], mode, backend), s.lr
+    step = compiled(STEP[v.step], v.mode if inductor else None, backend, v.pdl and inductor)
+    lr = s.lr
     out = step_output(v.step, len(s.rows), s.rows.device)  # log-probs, or the rows' loss
     neg_onehot = s.shuffled[:, X : X + CLASSES]
     views = [(s.shuffled[a:b], out[a:b]) for a, b in batches(len(s.rows), batch_size)]
@@ -258,6 +270,7 @@ class TorchGraphs(Impl):
         return {"ops_per_step": None if v.compiled or v.lag else OPS_PER_STEP,
                 "lag": v.lag or None,
                 "step": v.step, "compile_mode": v.mode if v.compiled else None,
+                "programmatic_dependent_launch": v.pdl,
                 "shuffle": "one gather an epoch", "cuda_graph": True,
                 "graphs_per_epoch": 1, "blas": v.blas,
                 "weight_storage": "[785, 10]" if self.variant.transposed else "[10, 785]"}

@@ -225,10 +225,11 @@ def block_fused(rows, gram, g_buf, w, loss, lr, batch_size, n_full):
     w.add_(((g_buf * scale)[:, :, None] * x[:, None, :]).sum(0))  # bcast's update reduction
 
 
-def fused_epoch_fn(s: EpochState, batch_size: int, lag: int, mode=None, backend="inductor"):
+def fused_epoch_fn(s: EpochState, batch_size: int, lag: int, mode=None, backend="inductor",
+                   pdl: bool = False):
     """"lagged-fused"'s epoch: the Grams eagerly, then one compiled call a block."""
     lg = Lagged(s, batch_size, lag)
-    block, lr, n = compiled(block_fused, mode, backend), s.lr, len(s.rows)
+    block, lr, n = compiled(block_fused, mode, backend, pdl), s.lr, len(s.rows)
     loss = torch.empty(n, device=s.rows.device)
     views = []
     for i, (a, b) in enumerate(lg.spans):

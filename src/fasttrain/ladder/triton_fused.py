@@ -68,6 +68,7 @@ class Variant:
     block_k: int = 64
     num_warps: int = 8
     precision: str = "ieee"
+    pdl: bool = False  # programmatic dependent launch (Hopper+): see sgd_step_kernel
 
     @property
     def splits(self) -> int:
@@ -84,15 +85,21 @@ class Variant:
 
     @property
     def tag(self) -> str:
-        return f"{self.block_k}, {self.num_warps}w, {self.precision}"
+        return f"{self.block_k}, {self.num_warps}w, {self.precision}" + (", pdl" if self.pdl
+                                                                          else "")
 
     def __str__(self) -> str:
-        return f"{self.block_k} pixels a program, {self.num_warps} warps, {self.precision}"
+        return (f"{self.block_k} pixels a program, {self.num_warps} warps, {self.precision}"
+                + (", programmatic dependent launch" if self.pdl else ""))
 
 
 # The row's: the fastest of SWEEP on an H100 (2026-11-27: 3.81 ms/epoch, 64 pixels 4.72).
 DEFAULT = Variant(block_k=32)
-SWEEP = tuple(Variant(k, w, p) for k in (32, 64, 128) for w in (4, 8) for p in ("ieee", "tf32x3"))
+SWEEP = (
+    # Not yet run on a GPU, first (benchmarks/variant_sweep.py runs a row's SWEEP in this
+    # order): the fastest cuts with programmatic dependent launch.
+    *(Variant(k, w, "ieee", pdl=True) for k, w in ((32, 8), (32, 4), (64, 8))),
+    *(Variant(k, w, p) for k in (32, 64, 128) for w in (4, 8) for p in ("ieee", "tf32x3")))
 # [64, 8w, tf32x3] raised "illegal memory access" on the H100 and H200 loans (2026-11-27, Triton
 # 3.6.0). compute-sanitizer: a 512-byte __shared__ read at sgd_step_kernel+0x7cc0, out of bounds.
 # Compiled here ahead of time for sm_90a with the launch's specialization, +0x7cc0 is the second
@@ -114,12 +121,22 @@ if triton is not None:
                         K: tl.constexpr, C: tl.constexpr, SPLITS: tl.constexpr,
                         BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
                         UPDATE: tl.constexpr, PREC: tl.constexpr,
-                        DW_BY_CLASS: tl.constexpr):
+                        DW_BY_CLASS: tl.constexpr, PDL: tl.constexpr):
         """Program j of one step. With UPDATE: the SGD step on batch `order[cur : cur + n_cur]`
         from the partial logits z_in [SPLITS, BLOCK_B, BLOCK_C], in place on columns j of
         w [C, K] (and, program 0, on b [C] and stats fp32 [2] += (loss sum, correct)). Always:
         partial logits of batch `order[nxt : nxt + n_nxt]` with the (updated) columns → z_out.
-        x uint8 [N, K], y int64 [N], order int64 [N]."""
+        x uint8 [N, K], y int64 [N], order int64 [N].
+
+        PDL (launched with programmatic dependent launch): the next step's kernel may start as
+        soon as every program here has begun, and its programs (on other SMs: SPLITS of 132)
+        gather their batches' indices, labels and pixels, which no step writes, while this one
+        computes; each waits (griddepcontrol.wait: this grid complete, its stores visible)
+        before it touches what a step writes (W, b, the partials, stats). Every program waits,
+        so a grid completes only after the one before it: the double-buffered partials keep
+        their order."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         first = pid == 0
         rows = tl.arange(0, BLOCK_B)
@@ -131,12 +148,11 @@ if triton is not None:
         zoffs = rows[:, None] * BLOCK_C + cls[None, :]  # [BLOCK_B, BLOCK_C] in a partial
         wt_ptr = w_ptr + cls[None, :] * K + ks[:, None]  # this program's columns, as Wᵀ
         wt_mask = kmask[:, None] & cmask[None, :]
-        wt = tl.load(wt_ptr, mask=wt_mask, other=0.0)  # [BLOCK_K, BLOCK_C]
         # pid == 0 as a [BLOCK_C] block, not a scalar and'ed into one: the same lanes, but
         # Triton's interpreter types a splatted scalar comparison int32, a mask 3.9 rejects.
         bmask = cmask & ((tl.zeros_like(cls) + pid) == 0)
-        b = tl.load(b_ptr + cls, mask=bmask, other=0.0)  # program 0 only; 0 elsewhere
-        # The next batch's pixels do not depend on this step: issue their loads first.
+        # The batches' indices, labels and pixels do not depend on any step: issue their loads
+        # first (with PDL, before the wait for the step before).
         nmask = rows < n_nxt
         nidx = tl.load(order_ptr + nxt + rows, mask=nmask, other=0)
         xn = tl.load(x_ptr + nidx[:, None] * K + ks[None, :],
@@ -147,6 +163,11 @@ if triton is not None:
             y = tl.load(y_ptr + idx, mask=rmask, other=0)
             xb = tl.load(x_ptr + idx[:, None] * K + ks[None, :],
                          mask=rmask[:, None] & kmask[None, :], other=0).to(tl.float32)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        wt = tl.load(wt_ptr, mask=wt_mask, other=0.0)  # [BLOCK_K, BLOCK_C]
+        b = tl.load(b_ptr + cls, mask=bmask, other=0.0)  # program 0 only; 0 elsewhere
+        if UPDATE:
             # This step's logits: the sum of every program's partial, in a fixed order.
             z = tl.load(z_in_ptr + zoffs)
             for j in range(1, SPLITS):
@@ -180,6 +201,10 @@ if triton is not None:
         tl.store(z_out_ptr + pid * BLOCK_B * BLOCK_C + zoffs, zp)
 
 
+    # Triton's interpreter (TRITON_INTERPRET=1 when the kernel was defined) runs it as Python.
+    INTERPRETED = type(sgd_step_kernel).__name__ == "InterpretedFunction"
+
+
 def block_b(batch: int) -> int:
     if batch > 128:
         raise ValueError(f"triton-fused keeps a batch in one program: batch ≤ 128, got {batch}")
@@ -188,12 +213,16 @@ def block_b(batch: int) -> int:
 
 def launch(x, y, order, w, b, z_in, z_out, stats, cur, n_cur, nxt, n_nxt, lr, update,
            v: Variant = DEFAULT):
-    """One step (update=True) or the epoch's first forward (update=False): v.splits programs."""
+    """One step (update=True) or the epoch's first forward (update=False): v.splits programs.
+    Under Triton's interpreter a PDL variant runs without it (no grids overlap there, and its
+    inline PTX does not run): the same loads and arithmetic."""
+    pdl = v.pdl and not INTERPRETED
     sgd_step_kernel[(v.splits,)](x, y, order, w, b, z_in, z_out, stats, cur, n_cur, nxt, n_nxt,
                                  lr, K=IN_FEATURES, C=CLASSES, SPLITS=v.splits,
                                  BLOCK_B=z_in.shape[1], BLOCK_K=v.block_k, BLOCK_C=BLOCK_C,
                                  UPDATE=update, PREC=v.precision,
-                                 DW_BY_CLASS=v.dw_by_class, num_warps=v.num_warps)
+                                 DW_BY_CLASS=v.dw_by_class, PDL=pdl, num_warps=v.num_warps,
+                                 **({"launch_pdl": True} if pdl else {}))
 
 
 def partials(batch: int, device, v: Variant = DEFAULT) -> torch.Tensor:
