@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -217,6 +218,32 @@ def _restart_store(env: dict[str, int], restarts: int) -> dict[str, Any]:
                           is_master=False)
     return {"store": dist.PrefixStore(f"fasttrain/attempt-{restarts}", store),
             "rank": env["RANK"], "world_size": env["WORLD_SIZE"]}
+
+
+# gloo's own diagnosis when a collective's peer went away (third_party/gloo's tcp/pair.cc, torch
+# 2.13): the process at the other end raised, crashed or was killed. NCCL's errors are not
+# recognized (not run on a GPU here): they keep their traceback.
+_PEER_GONE = "caused by a remote worker crashing"
+
+
+def peer_failure(error: BaseException) -> str | None:
+    """One line for `error` when it is this rank's collective failing because another process of
+    the torchrun job went away first, else None. That process printed its own error (the user's
+    frames, a traceback): a second traceback here, through gloo and the engine, would only bury
+    it."""
+    env = launch_env()
+    if env is None or env["WORLD_SIZE"] == 1:
+        return None
+    chain = [error]
+    while (chain[-1].__cause__ or chain[-1].__context__) and len(chain) < 16:  # no cycles
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    gone = next((e for e in chain if _PEER_GONE in str(e)), None)
+    if gone is None:
+        return None
+    # "[.../pair.cc:553] Connection closed by peer [127.0.0.1]:14493. This is typically ..."
+    what = re.sub(r"^\[[^\]]*\] ", "", str(gone).strip()).split(". This is typically")[0]
+    return (f"rank {env['RANK']} stopped: another process of this run failed first (its error "
+            f"is above, and torchrun's report names its rank as the root cause); here: {what}")
 
 
 # -- wrapping ----------------------------------------------------------------------------------

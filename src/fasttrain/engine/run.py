@@ -338,7 +338,7 @@ def describe(run: Run) -> str:
             f"{run.device}, {cfg.precision}, {run.total_steps} steps of {cfg.batch_size}"
             f"{_passes(run)}: "
             f"micro-batch {b.micro} per rank × {cfg.accum_steps} accumulation × "
-            f"{run.world.size} process(es){_layout(run.world)}; data {b.path} ({b.why}), "
+            f"{run.world.size} process(es){_layout(run)}; data {b.path} ({b.why}), "
             f"{'on the device' if b.on_device else 'from the host'}; precision used: {used}"
             f"{graphed.describe(run)}")
 
@@ -353,12 +353,20 @@ def _passes(run: Run) -> str:
     return f" (or {run.epochs} pass(es) of a stream without length, if they end first)"
 
 
-def _layout(world) -> str:
-    """' (dp 2 × tp 2 × pp 1: micro-batches per dp rank)' under --tp/--pp, else ''."""
+def _layout(run: Run) -> str:
+    """How the processes hold the model, as `fasttrain memory` names layouts (lab/layouts.py):
+    ' (fsdp)'; under --tp/--pp ' (dp 2 fsdp × tp 2 × pp 2 1f1b, m 4: the micro-batch is per
+    data-parallel rank)'; '' for one plain process."""
+    world, cfg = run.world, run.cfg
     if world.tp * world.pp == 1:
-        return ""
-    return (f" (dp {world.dp_size} × tp {world.tp} × pp {world.pp}: the micro-batch is per "
-            f"data-parallel rank)")
+        return f" ({cfg.parallel})" if cfg.parallel != "none" else ""
+    pp = f"pp {world.pp}"
+    if world.pp > 1:
+        from fasttrain.engine.pipeline import microbatches
+
+        pp += f" {cfg.pp_schedule}, m {microbatches(cfg, run.batches.micro * run.batches.accum)}"
+    dp = f"dp {world.dp_size}" + (f" {cfg.parallel}" if world.dp_size > 1 else "")
+    return f" ({dp} × tp {world.tp} × {pp}: the micro-batch is per data-parallel rank)"
 
 
 def _count_flops(run: Run, model: nn.Module) -> float | None:

@@ -55,7 +55,11 @@ def explain(run, error: BaseException, micro_batches: list | None) -> BaseExcept
     """What to raise for `error`, raised by a training step on `micro_batches`: a UserCodeError
     naming the callable that failed (step, loss or model) when user code is in the traceback,
     else `error` itself."""
-    if isinstance(error, _PASS):
+    from fasttrain.engine.distributed import peer_failure
+
+    # A collective that found another rank gone may fail inside the user's forward (tensor
+    # parallel ops): that rank's error is the story, not this one's model.
+    if isinstance(error, _PASS) or peer_failure(error):
         return error
     frames = _user_tbs(error.__traceback__)
     if not frames:
