@@ -179,11 +179,12 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
     from fasttrain.engine import callbacks as cb
 
     run.callbacks = [*(cb.standard(run) if standard else []), *callbacks]
-    cb.restore_early_stops(run)  # resumed: your EarlyStop callbacks' counts (may set run.stop)
     run.bar = bar = progress_bar(run.cfg.progress and run.main, run.total_steps, run.step)
     run.last_log = (time.perf_counter(), run.last_log[1])
     together = False  # did every rank get here the same way (the end, or an agreed stop)?
     try:
+        # Your EarlyStop callbacks' metrics checked; resumed, their counts (may set run.stop)
+        cb.restore_early_stops(run)
         if run.cfg.resume and run.step and (run.stop is not None or not _steps_left(run)):
             # A finished run resumed as it was (a requeued job, a script that always resumes):
             # nothing to train, so nothing is evaluated, logged or written again. One that

@@ -238,6 +238,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.step_name = (usercode.name_of(user["step"], cfg.step) if "step" in user else "")
     run.compute_loss = steps.compute_loss(run, user.get("step"), run.step_name)
     run.evaluate_loss = steps.evaluate_loss(run)
+    if cfg.early_stop:  # a metric the evaluations never report: refused before the model
+        from fasttrain.engine.callbacks import EarlyStop
+
+        EarlyStop(cfg.early_stop, label=f"--early-stop {cfg.early_stop}").check(run)
     run.forward_backward = accumulate  # under --pp, pipeline.attach puts its schedule here
     if steps.weighs_tokens(run, user.get("step")):  # padded token sequences: by their tokens
         run.compute_loss, run.forward_backward = steps.token_sums(run), accumulate_tokens
@@ -313,7 +317,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     if cfg.early_stop:  # its count is a run's state: restored by the resume below
         from fasttrain.engine.callbacks import EarlyStop
 
-        run.early_stop = EarlyStop(cfg.early_stop, cfg.patience)
+        run.early_stop = EarlyStop(cfg.early_stop, cfg.patience,
+                                   label=f"--early-stop {cfg.early_stop}")
     agree.together(world, checkpoint.resume, run)  # a bad checkpoint stops every rank
     if cfg.cuda_graphs and run.graph_why is None:
         graphed.attach(run)  # after the restore: it sets the optimizer's flags the graph needs
