@@ -264,3 +264,21 @@ def test_max_steps_beyond_the_epochs_is_said(capsys):
     assert "--max-steps 2000 is never reached" in err and "at step 4" in err
     fit(model="logreg", batch_size=64, max_steps=3)
     assert "never reached" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("first, then, words", [
+    # --epochs given to extend a run that --max-steps (kept from its config) ended: it was told
+    # to "give more --epochs", which it had just done.
+    ({"max_steps": 3}, {"epochs": 3, "max_steps": 3}, ["--max-steps 3 ended it",
+                                                       "a larger --max-steps"]),
+    ({"epochs": 1}, {"epochs": 1}, ["--epochs 1 ended it", "more --epochs"]),
+    ({}, {}, ["--epochs 1 (the default) ended it", "more --epochs"]),
+])
+def test_a_finished_run_says_which_limit_to_raise(tmp_path, capsys, first, then, words):
+    fit(model="logreg", batch_size=64, out=str(tmp_path), **first)  # 4 steps an epoch
+    capsys.readouterr()
+    run = fit(model="logreg", batch_size=64, out=str(tmp_path), resume="auto", **then)
+    err = capsys.readouterr().err
+    assert f"nothing to train: the run finished at step {run.step}" in err
+    for w in words:
+        assert w in err, err
