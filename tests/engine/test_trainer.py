@@ -282,3 +282,15 @@ def test_a_finished_run_says_which_limit_to_raise(tmp_path, capsys, first, then,
     assert f"nothing to train: the run finished at step {run.step}" in err
     for w in words:
         assert w in err, err
+
+
+def test_a_run_that_is_all_warm_up_is_said(capsys):
+    """A --warmup-steps not shorter than the run: the learning rate never reaches --lr and the
+    schedule never decays it; it trained without a word."""
+    fit(model="logreg", batch_size=64, max_steps=3, warmup_steps=10, schedule="cosine",
+        lr=0.01)
+    err = capsys.readouterr().err
+    assert "--warmup-steps 10" in err and "3 steps" in err and "0.003" in err, err
+    assert "cosine never decays it" in err
+    fit(model="logreg", batch_size=64, max_steps=3, warmup_steps=2, schedule="cosine")
+    assert "warm-up" not in capsys.readouterr().err

@@ -303,6 +303,14 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
             print(f"warning: --max-steps {cfg.max_steps} is never reached: --epochs "
                   f"{run.epochs} of {per_epoch} steps end the run at step {run.total_steps}; "
                   f"raise --epochs to train longer", file=sys.stderr)
+    if cfg.warmup_steps >= run.total_steps and world.main:  # a limit cut it short, say
+        peak = cfg.lr * run.total_steps / cfg.warmup_steps
+        decay = (f", and --schedule {cfg.schedule} never decays it"
+                 if cfg.schedule != "constant" else "")
+        print(f"warning: --warmup-steps {cfg.warmup_steps} is not shorter than the run's "
+              f"{run.total_steps} steps: the whole run is warm-up, its learning rate rising "
+              f"only to {peak:.3g} (--lr {cfg.lr:g}){decay}; lower --warmup-steps or train "
+              f"longer", file=sys.stderr)
     run.sched_name = usercode.name_of(user.get("scheduler"), cfg.scheduler)
     run.sched = optim.scheduler(cfg, run, run.opt, user.get("scheduler"), run.sched_name)
     run.clip = switches.clipper(run, module)
