@@ -294,3 +294,18 @@ def test_a_run_that_is_all_warm_up_is_said(capsys):
     assert "cosine never decays it" in err
     fit(model="logreg", batch_size=64, max_steps=3, warmup_steps=2, schedule="cosine")
     assert "warm-up" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "onecycle"])
+def test_extending_a_run_stretches_its_schedule(tmp_path, schedule):
+    """README: a longer run resumed goes on with the learning rates of a run planned that long."""
+    kw = dict(model="logreg", batch_size=64, epochs=4, log_every=1, schedule=schedule)
+    fit(max_steps=4, out=str(tmp_path), **kw)
+    resumed = fit(max_steps=8, out=str(tmp_path), resume="auto", **kw)
+    fresh = fit(max_steps=8, **kw)
+    lrs = [[(r["step"], r["lr"]) for r in run.history if r["kind"] == "train"]
+           for run in (resumed, fresh)]
+    assert lrs[0] == lrs[1][4:] and len(lrs[0]) == 4
+    if schedule == "cosine":  # the half-way step of the longer run: half of --lr
+        assert [r for r in fresh.history if r["kind"] == "train"][3]["lr"] == pytest.approx(
+            0.5 * fresh.cfg.lr)
