@@ -309,3 +309,18 @@ def test_extending_a_run_stretches_its_schedule(tmp_path, schedule):
     if schedule == "cosine":  # the half-way step of the longer run: half of --lr
         assert [r for r in fresh.history if r["kind"] == "train"][3]["lr"] == pytest.approx(
             0.5 * fresh.cfg.lr)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(momentum=0.5), ["--momentum 0.5", "--optimizer sgd"]),
+    (dict(patience=5), ["--patience 5", "--early-stop"]),
+])
+def test_a_setting_the_run_never_reads_is_said(capsys, kw, words):
+    """--momentum under adamw, --patience without --early-stop: recorded in config.toml, yet
+    nothing reads them; they were ignored without a word."""
+    fit(model="logreg", batch_size=64, max_steps=1, **kw)
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err, err
+    fit(model="logreg", batch_size=64, max_steps=1, optimizer="sgd", momentum=0.5)
+    assert "warning" not in capsys.readouterr().err
