@@ -201,8 +201,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
                   f"{world.device.type} there are none: ignored", file=sys.stderr)
         cfg = dataclasses.replace(cfg, pin_memory=False)
     run.cfg, run.world = cfg, world
-    if world.main:  # recorded in config.toml, yet nothing reads them: not left unsaid
-        _unread(cfg)
+    for line in cfg.unread() if world.main else ():  # recorded, yet nothing reads them
+        print(f"warning: {line}", file=sys.stderr)
     seed_everything(cfg.seed)
     run.restore_flags = switches.process_flags()  # called as the run ends (loop.fit)
     switches.deterministic(cfg)
@@ -341,20 +341,6 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     if verbose and world.main:
         print(describe(run), file=sys.stderr)
     return run
-
-
-def _unread(cfg: TrainConfig) -> None:
-    """Warn of a setting given that this run never reads. A warning, not a refusal: a run
-    saved with one resumes with it (its config.toml holds it, and resume.MUST_MATCH momentum)."""
-    defaults = TrainConfig()
-    if cfg.optimizer == "adamw" and cfg.momentum != defaults.momentum:
-        print(f"warning: --momentum {cfg.momentum:g} is SGD's; --optimizer adamw does not read "
-              f"it (its betas stay (0.9, 0.999)): use --optimizer sgd, or drop --momentum",
-              file=sys.stderr)
-    if not cfg.early_stop and cfg.patience != defaults.patience:
-        print(f"warning: --patience {cfg.patience} counts evaluations for --early-stop, which "
-              f"is not given: nothing stops early; add --early-stop METRIC (e.g. val_loss)",
-              file=sys.stderr)
 
 
 def describe(run: Run) -> str:
