@@ -264,3 +264,63 @@ def test_max_steps_beyond_the_epochs_is_said(capsys):
     assert "--max-steps 2000 is never reached" in err and "at step 4" in err
     fit(model="logreg", batch_size=64, max_steps=3)
     assert "never reached" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("first, then, words", [
+    # --epochs given to extend a run that --max-steps (kept from its config) ended: it was told
+    # to "give more --epochs", which it had just done.
+    ({"max_steps": 3}, {"epochs": 3, "max_steps": 3}, ["--max-steps 3 ended it",
+                                                       "a larger --max-steps"]),
+    ({"epochs": 1}, {"epochs": 1}, ["--epochs 1 ended it", "more --epochs"]),
+    ({}, {}, ["--epochs 1 (the default) ended it", "more --epochs"]),
+])
+def test_a_finished_run_says_which_limit_to_raise(tmp_path, capsys, first, then, words):
+    fit(model="logreg", batch_size=64, out=str(tmp_path), **first)  # 4 steps an epoch
+    capsys.readouterr()
+    run = fit(model="logreg", batch_size=64, out=str(tmp_path), resume="auto", **then)
+    err = capsys.readouterr().err
+    assert f"nothing to train: the run finished at step {run.step}" in err
+    for w in words:
+        assert w in err, err
+
+
+def test_a_run_that_is_all_warm_up_is_said(capsys):
+    """A --warmup-steps not shorter than the run: the learning rate never reaches --lr and the
+    schedule never decays it; it trained without a word."""
+    fit(model="logreg", batch_size=64, max_steps=3, warmup_steps=10, schedule="cosine",
+        lr=0.01)
+    err = capsys.readouterr().err
+    assert "--warmup-steps 10" in err and "3 steps" in err and "0.003" in err, err
+    assert "cosine never decays it" in err
+    fit(model="logreg", batch_size=64, max_steps=3, warmup_steps=2, schedule="cosine")
+    assert "warm-up" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "onecycle"])
+def test_extending_a_run_stretches_its_schedule(tmp_path, schedule):
+    """README: a longer run resumed goes on with the learning rates of a run planned that long."""
+    kw = dict(model="logreg", batch_size=64, epochs=4, log_every=1, schedule=schedule)
+    fit(max_steps=4, out=str(tmp_path), **kw)
+    resumed = fit(max_steps=8, out=str(tmp_path), resume="auto", **kw)
+    fresh = fit(max_steps=8, **kw)
+    lrs = [[(r["step"], r["lr"]) for r in run.history if r["kind"] == "train"]
+           for run in (resumed, fresh)]
+    assert lrs[0] == lrs[1][4:] and len(lrs[0]) == 4
+    if schedule == "cosine":  # the half-way step of the longer run: half of --lr
+        assert [r for r in fresh.history if r["kind"] == "train"][3]["lr"] == pytest.approx(
+            0.5 * fresh.cfg.lr)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(momentum=0.5), ["--momentum 0.5", "--optimizer sgd"]),
+    (dict(patience=5), ["--patience 5", "--early-stop"]),
+])
+def test_a_setting_the_run_never_reads_is_said(capsys, kw, words):
+    """--momentum under adamw, --patience without --early-stop: recorded in config.toml, yet
+    nothing reads them; they were ignored without a word."""
+    fit(model="logreg", batch_size=64, max_steps=1, **kw)
+    err = capsys.readouterr().err
+    for w in words:
+        assert w in err, err
+    fit(model="logreg", batch_size=64, max_steps=1, optimizer="sgd", momentum=0.5)
+    assert "warning" not in capsys.readouterr().err

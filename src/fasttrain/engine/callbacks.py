@@ -196,8 +196,10 @@ class EarlyStop:
     restored with it; yours, passed to `fit` (with standard=True or False), are kept in the
     checkpoint in their order and restored as `fit` starts (`restore_early_stops`)."""
 
-    def __init__(self, metric: str, patience: int = 3, mode: str | None = None):
+    def __init__(self, metric: str, patience: int = 3, mode: str | None = None,
+                 label: str | None = None):
         self.metric, self.patience = metric, patience
+        self.label = label or f"your EarlyStop({metric!r})"  # in messages (--early-stop's)
         falls = bool(FALLING & set(metric.lower().split("_")))
         self.mode = mode or ("min" if falls else "max")
         self.sign = {"min": 1, "max": -1}.get(self.mode)
@@ -227,12 +229,29 @@ class EarlyStop:
     def reason(self) -> str:
         return f"early stop: {self.metric} has not improved for {self.patience} evaluations"
 
-    def on_eval(self, run, record: dict) -> None:
-        if self.metric not in record:
-            have = ", ".join(k for k in record if "_" in k) or "none"
-            raise UserError(f"--early-stop {self.metric}: the evaluations report {have}; give a "
-                            f"validation set (--val-fraction, or a 'val' split) or name one of "
+    def check(self, run) -> None:
+        """Refuse, before the first step, a metric the evaluations will never report: found
+        at the first evaluation instead, it would cost an epoch of training. A step of yours
+        reports the extras of its first step, unknown until then: only the split is checked."""
+        split = self.metric.split("_", 1)[0]
+        splits = [s for s in ("val", "test") if run.batches.has_split(s)]
+        yours = getattr(run.compute_loss, "step", None) is not None  # its extras, not metrics=
+        names = ["loss", *(["perplexity"] if run.perplexity else []),
+                 *([] if yours else run.metrics)]
+        have = [f"{s}_{n}" for s in splits for n in names]
+        if split == "val" and "val" not in splits:
+            raise UserError(f"{self.label}: this run has no validation set; give one "
+                            f"(--val-fraction F, or a 'val' split), or name a metric its "
+                            f"evaluations report: {', '.join(have) or 'none'}")
+        if split not in splits or not (yours or self.metric in have):
+            raise UserError(f"{self.label}: the evaluations report {', '.join(have)}"
+                            f"{' and the extras of your step' if yours else ''}; name one of "
                             f"them")
+
+    def on_eval(self, run, record: dict) -> None:
+        if self.metric not in record:  # a step of yours: its extras are known by now
+            have = ", ".join(k for k in record if "_" in k) or "none"
+            raise UserError(f"{self.label}: the evaluations report {have}; name one of them")
         value = self.sign * record[self.metric]
         if value < self.best:
             self.best, self.waited = value, 0
@@ -252,6 +271,8 @@ def restore_early_stops(run) -> None:
     checkpoint kept for them (run.resumed_early_stops), the n-th the n-th, each said in one line
     (rank 0). One the checkpoint has no count for (written by a fit without it, or before they
     were checkpointed) counts afresh, with a warning: it stops later than an uninterrupted run."""
+    for early in user_early_stops(run):  # before the first step, resumed or not
+        early.check(run)
     saved, run.resumed_early_stops = run.resumed_early_stops, None  # taken up once
     if saved is None:  # not resumed
         return

@@ -183,6 +183,21 @@ class TrainConfig:
             return self.epochs
         return 1 if sized else math.inf
 
+    def unread(self) -> list[str]:
+        """Settings given that this run never reads, each a line naming the fix: warned of, not
+        refused, since a run saved with one resumes with it (its config.toml holds it, and
+        resume.MUST_MATCH momentum)."""
+        lines = []
+        if self.optimizer == "adamw" and self.momentum != TrainConfig.momentum:
+            lines.append(f"--momentum {self.momentum:g} is SGD's; --optimizer adamw does not "
+                         f"read it (its betas stay (0.9, 0.999)): use --optimizer sgd, or drop "
+                         f"--momentum")
+        if not self.early_stop and self.patience != TrainConfig.patience:
+            lines.append(f"--patience {self.patience} counts evaluations for --early-stop, "
+                         f"which is not given: nothing stops early; add --early-stop METRIC "
+                         f"(e.g. val_loss)")
+        return lines
+
     def validate(self, kinds: dict[str, str] | None = None) -> TrainConfig:
         """Reject bad values and incompatible switches. `kinds` maps model → "classification" |
         "language" (default: the bundled models' registry)."""

@@ -179,21 +179,19 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
     from fasttrain.engine import callbacks as cb
 
     run.callbacks = [*(cb.standard(run) if standard else []), *callbacks]
-    cb.restore_early_stops(run)  # resumed: your EarlyStop callbacks' counts (may set run.stop)
     run.bar = bar = progress_bar(run.cfg.progress and run.main, run.total_steps, run.step)
     run.last_log = (time.perf_counter(), run.last_log[1])
     together = False  # did every rank get here the same way (the end, or an agreed stop)?
     try:
+        # Your EarlyStop callbacks' metrics checked; resumed, their counts (may set run.stop)
+        cb.restore_early_stops(run)
         if run.cfg.resume and run.step and (run.stop is not None or not _steps_left(run)):
             # A finished run resumed as it was (a requeued job, a script that always resumes):
             # nothing to train, so nothing is evaluated, logged or written again. One that
             # stopped early stays stopped (its early stop was restored: callbacks.EarlyStop).
             if run.main:
                 ours = run.early_stop is not None and run.stop == run.early_stop.reason()
-                # A stream without length is as long as --max-steps (unless --epochs ends it)
-                more = ("a larger --max-steps" if run.epochs == math.inf
-                        else "more --epochs or --max-steps")
-                how = (f"give {more} to extend it" if run.stop is None
+                how = (_longer(run) if run.stop is None
                        else f"{run.stop}; give a larger "
                             f"{'--patience' if ours else 'patience to your EarlyStop'} to go on")
                 print(f"nothing to train: the run finished at step {run.step} (epoch "
@@ -240,6 +238,22 @@ def fit(run, callbacks=(), standard: bool = True) -> dict:
         run.world.close(together)
         run.restore_flags()  # --deterministic's and --precision's process-wide flags
     return run.history[-1] if run.history else {}
+
+
+def _longer(run) -> str:
+    """How to extend a finished run: raise the limit that ended it. --max-steps may be kept
+    from the run's config.toml, and then ends a run that more --epochs alone do not extend."""
+    cfg, ended, raise_ = run.cfg, [], []
+    if cfg.max_steps and run.step >= cfg.max_steps:
+        ended.append(f"--max-steps {cfg.max_steps}")
+        # 0 leaves --epochs the length, which a stream without length does not have
+        raise_.append("a larger --max-steps" + (" (0: no limit)" if run.epochs < math.inf
+                                                else ""))
+    if run.epoch >= run.epochs:  # never for a stream without length (inf)
+        ended.append(f"--epochs {run.epochs}{'' if cfg.epochs else ' (the default)'}")
+        raise_.append("more --epochs")
+    return (f"{' and '.join(ended) or 'its length'} ended it; give "
+            f"{' and '.join(raise_) or 'more --epochs or --max-steps'} to extend it")
 
 
 def _steps_left(run) -> bool:

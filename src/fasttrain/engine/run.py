@@ -201,6 +201,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
                   f"{world.device.type} there are none: ignored", file=sys.stderr)
         cfg = dataclasses.replace(cfg, pin_memory=False)
     run.cfg, run.world = cfg, world
+    for line in cfg.unread() if world.main else ():  # recorded, yet nothing reads them
+        print(f"warning: {line}", file=sys.stderr)
     seed_everything(cfg.seed)
     run.restore_flags = switches.process_flags()  # called as the run ends (loop.fit)
     switches.deterministic(cfg)
@@ -238,6 +240,10 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     run.step_name = (usercode.name_of(user["step"], cfg.step) if "step" in user else "")
     run.compute_loss = steps.compute_loss(run, user.get("step"), run.step_name)
     run.evaluate_loss = steps.evaluate_loss(run)
+    if cfg.early_stop:  # a metric the evaluations never report: refused before the model
+        from fasttrain.engine.callbacks import EarlyStop
+
+        EarlyStop(cfg.early_stop, label=f"--early-stop {cfg.early_stop}").check(run)
     run.forward_backward = accumulate  # under --pp, pipeline.attach puts its schedule here
     if steps.weighs_tokens(run, user.get("step")):  # padded token sequences: by their tokens
         run.compute_loss, run.forward_backward = steps.token_sums(run), accumulate_tokens
@@ -299,6 +305,14 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
             print(f"warning: --max-steps {cfg.max_steps} is never reached: --epochs "
                   f"{run.epochs} of {per_epoch} steps end the run at step {run.total_steps}; "
                   f"raise --epochs to train longer", file=sys.stderr)
+    if cfg.warmup_steps >= run.total_steps and world.main:  # a limit cut it short, say
+        peak = cfg.lr * run.total_steps / cfg.warmup_steps
+        decay = (f", and --schedule {cfg.schedule} never decays it"
+                 if cfg.schedule != "constant" else "")
+        print(f"warning: --warmup-steps {cfg.warmup_steps} is not shorter than the run's "
+              f"{run.total_steps} steps: the whole run is warm-up, its learning rate rising "
+              f"only to {peak:.3g} (--lr {cfg.lr:g}){decay}; lower --warmup-steps or train "
+              f"longer", file=sys.stderr)
     run.sched_name = usercode.name_of(user.get("scheduler"), cfg.scheduler)
     run.sched = optim.scheduler(cfg, run, run.opt, user.get("scheduler"), run.sched_name)
     run.clip = switches.clipper(run, module)
@@ -313,7 +327,8 @@ def _setup(run: Run, cfg: TrainConfig, world, model, data, loss, metrics: dict, 
     if cfg.early_stop:  # its count is a run's state: restored by the resume below
         from fasttrain.engine.callbacks import EarlyStop
 
-        run.early_stop = EarlyStop(cfg.early_stop, cfg.patience)
+        run.early_stop = EarlyStop(cfg.early_stop, cfg.patience,
+                                   label=f"--early-stop {cfg.early_stop}")
     agree.together(world, checkpoint.resume, run)  # a bad checkpoint stops every rank
     if cfg.cuda_graphs and run.graph_why is None:
         graphed.attach(run)  # after the restore: it sets the optimizer's flags the graph needs
