@@ -1,14 +1,17 @@
 """Which cut of a GPU row to run: every Variant in a row's `SWEEP`, through the bench's own
 harness, one table a row.
 
-- `triton-fused` (12): pixels a program (32, 64 or 128: 25, 13 or 7 programs a step), 4 or 8
-  warps, tl.dot in exact fp32 ("ieee") or fp32 emulated on tensor cores ("tf32x3").
-- `torch-graphs` (18): the BLAS library PyTorch calls for the step's two GEMMs (cuBLAS or
+- `triton-fused` (15): pixels a program (32, 64 or 128: 25, 13 or 7 programs a step), 4 or 8
+  warps, tl.dot in exact fp32 ("ieee") or fp32 emulated on tensor cores ("tf32x3"); three
+  launched with programmatic dependent launch (Hopper+: a step's kernel starts while the one
+  before ends, its batch gathered before it waits).
+- `torch-graphs` (20): the BLAS library PyTorch calls for the step's two GEMMs (cuBLAS or
   cuBLASLt, whose heuristics pick different kernels at these shapes) and the weight's storage
   order ([10, 785] or [785, 10]: the operands' transposes, which the heuristics also read); and
-  8 steps torch.compile generates (Inductor's kernels in the same epoch graph: the GEMMs
+  10 steps torch.compile generates (Inductor's kernels in the same epoch graph: the GEMMs
   autotuned against Triton templates, the products as broadcast-multiply + sum reductions, 3
-  kernels a step, or as one reduction a class, 2 kernels a step; W or Wᵀ storage); and the
+  kernels a step, or as one reduction a class, 2 kernels a step; W or Wᵀ storage; two with
+  Inductor's programmatic dependent launch); and the
   lagged-Gram blocks of L = 4, 8, 16 steps (torch_lagged.py), eager ops or one compiled call a
   block.
 - `torch-optimized` (6): eager v4 and torch.compile(mode="reduce-overhead") of 7, 34 or 67

@@ -172,7 +172,8 @@ def compile_ptx(tags):
 def test_pdl_waits_before_what_a_step_writes_and_loads_the_rest_before():
     """With programmatic dependent launch the next step's grid runs beside this one: it may read
     before its griddepcontrol.wait only what no step writes (the pixels, labels and order), and
-    must read everything a step writes (W, b, the partials, stats) after it. Checked on the PTX
+    must read everything a step writes (W, b, the partials, stats) after it; it lets the next
+    grid launch right after its wait (not before: a cascade of waiting grids). Checked on the PTX
     by where each load's address comes from; the load order is the compiler's to change, so
     this is the check that can fail. Without PDL: no griddepcontrol at all."""
     from fasttrain.ladder import triton_fused as tf
@@ -187,10 +188,12 @@ def test_pdl_waits_before_what_a_step_writes_and_loads_the_rest_before():
             assert syncs == [] and not kernel["launch_pdl"], name
             continue
         assert kernel["launch_pdl"], name
-        assert syncs == ["griddepcontrol.launch_dependents", "griddepcontrol.wait"], name
+        # the next grid launches once this one's wait is over: two resident at most
+        assert syncs == ["griddepcontrol.wait", "griddepcontrol.launch_dependents"], name
         wait = [op for op, _ in ops].index("griddepcontrol.wait")
         before = [src for op, src in ops[:wait] if op.startswith("ld.global")]
         after = [src for op, src in ops[wait:] if op.startswith("ld.global")]
+        assert ops[wait + 1][0] == "griddepcontrol.launch_dependents", name  # at once
         assert before and after, name
         for src in before:  # the pixels, labels and order, and nothing a step writes
             assert src & {X, Y, ORDER} and not src & {W, B, Z_IN, Z_OUT, STATS}, (name, src)

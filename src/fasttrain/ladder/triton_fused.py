@@ -28,7 +28,9 @@ Python per launch); v2 one single-program persistent launch per epoch (H100, 202
 the epoch replayed from a CUDA graph: H100, 2026-11-26, 4.70 ms/epoch = 10.0 µs/step with 64 pixels
 a program, 8 warps, ieee; the sweep of 2026-11-27 made 32 pixels the DEFAULT (3.81 ms/epoch).
 `benchmarks/variant_sweep.py` times every Variant in SWEEP (pixels a program, warps, dot precision)
-against it, to pick the next default.
+against it, to pick the next default. Variant(pdl=True): v3 launched with programmatic dependent
+launch, each step's kernel gathering its batches while the one before ends (compiled and checked
+on the CPU, not yet run on a GPU: docs/measurements/programmatic-dependent-launch.md).
 Sources: v2's figure is the first H100 loan's bench,
 benchmarks/results/2026-11-26-nvidia-h100-80gb-hbm3.json; v3's the second loan's (the same name
 with -run2); v1's was measured by hand, output not kept.
@@ -128,15 +130,14 @@ if triton is not None:
         partial logits of batch `order[nxt : nxt + n_nxt]` with the (updated) columns → z_out.
         x uint8 [N, K], y int64 [N], order int64 [N].
 
-        PDL (launched with programmatic dependent launch): the next step's kernel may start as
-        soon as every program here has begun, and its programs (on other SMs: SPLITS of 132)
-        gather their batches' indices, labels and pixels, which no step writes, while this one
-        computes; each waits (griddepcontrol.wait: this grid complete, its stores visible)
-        before it touches what a step writes (W, b, the partials, stats). Every program waits,
-        so a grid completes only after the one before it: the double-buffered partials keep
-        their order."""
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
+        PDL (launched with programmatic dependent launch): each program gathers its batches'
+        indices, labels and pixels, which no step writes, then waits (griddepcontrol.wait: the
+        grid before complete, its stores visible) before it touches what a step writes (W, b,
+        the partials, stats), then lets the next step's kernel launch: its programs (on other
+        SMs: SPLITS of 132) gather their batches while this one computes. Every program waits,
+        so a grid completes only after the one before it (the double-buffered partials keep
+        their order), and the next launches only once this one's wait is over, so at most two
+        grids are resident, not a cascade of waiting ones."""
         pid = tl.program_id(0)
         first = pid == 0
         rows = tl.arange(0, BLOCK_B)
@@ -165,6 +166,7 @@ if triton is not None:
                          mask=rmask[:, None] & kmask[None, :], other=0).to(tl.float32)
         if PDL:
             tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         wt = tl.load(wt_ptr, mask=wt_mask, other=0.0)  # [BLOCK_K, BLOCK_C]
         b = tl.load(b_ptr + cls, mask=bmask, other=0.0)  # program 0 only; 0 elsewhere
         if UPDATE:
