@@ -304,6 +304,7 @@ class TritonFused(Impl):
         v = self.variant
         return {"programs_per_step": v.splits, "block_k": v.block_k, "num_warps": v.num_warps,
                 "dot_precision": v.precision, "dw_by_class": v.dw_by_class,
+                "programmatic_dependent_launch": v.pdl,
                 "launches_per_epoch": self.launches,
                 "cuda_graph": True}
 
