@@ -18,33 +18,39 @@ import pytest
 pytest.importorskip("triton", reason="triton is in the test extra: pip install -e .[test]")
 ROOT = Path(__file__).resolve().parents[2]
 
-# Prints, for each variant tag given, the SASS lines of its step kernel that read R1 as data.
-COMPILE = r"""
+# The step kernel compiled ahead of time for sm_90a as a launch specializes it (both children).
+PRELUDE = r"""
 import json, os, re, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from fasttrain.ladder import triton_fused as tf
-nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-if not os.path.exists(nvdisasm):
-    print(json.dumps({"skip": f"this Triton has no {nvdisasm}"}))
-    sys.exit()
 sig = dict(x_ptr="*u8", y_ptr="*i64", order_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32",
            z_in_ptr="*fp32", z_out_ptr="*fp32", stats_ptr="*fp32", cur="i32", n_cur="i32",
            nxt="i32", n_nxt="i32", lr="fp32")
 # As a launch specializes them: torch's pointers and a full batch's offsets are multiples of 16.
 attrs = {(i,): [["tt.divisibility", 16]] for i in range(12)}
+def compile_step(v, update=True):
+    consts = dict(K=784, C=10, SPLITS=v.splits, BLOCK_B=128, BLOCK_K=v.block_k,
+                  BLOCK_C=tf.BLOCK_C, UPDATE=update, PREC=v.precision,
+                  DW_BY_CLASS=v.dw_by_class, PDL=v.pdl)
+    src = ASTSource(fn=tf.sgd_step_kernel, constexprs=consts, attrs=attrs,
+                    signature={**sig, **{k: "constexpr" for k in consts}})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": v.num_warps, "launch_pdl": v.pdl})
+"""
+
+# Prints, for each variant tag given, the SASS lines of its step kernel that read R1 as data.
+COMPILE = PRELUDE + r"""
+nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+if not os.path.exists(nvdisasm):
+    print(json.dumps({"skip": f"this Triton has no {nvdisasm}"}))
+    sys.exit()
 out = {}
 for v in tf.SWEEP:
     if v.tag not in sys.argv[1:]:
         continue
-    consts = dict(K=784, C=10, SPLITS=v.splits, BLOCK_B=128, BLOCK_K=v.block_k,
-                  BLOCK_C=tf.BLOCK_C, UPDATE=True, PREC=v.precision, DW_BY_CLASS=v.dw_by_class,
-                  PDL=v.pdl)
-    src = ASTSource(fn=tf.sgd_step_kernel, constexprs=consts, attrs=attrs,
-                    signature={**sig, **{k: "constexpr" for k in consts}})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": v.num_warps, "launch_pdl": v.pdl})
+    kernel = compile_step(v)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
@@ -60,13 +66,18 @@ print(json.dumps(out))
 """
 
 
-def compile_steps(tags):
+def run_child(script: str, tags) -> dict:
+    """`script` in a child without TRITON_INTERPRET (so that Triton compiles), its JSON line."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    r = subprocess.run([sys.executable, "-c", COMPILE, *tags], env=env, cwd=ROOT,
+    r = subprocess.run([sys.executable, "-c", script, *tags], env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
-    got = json.loads(r.stdout.splitlines()[-1])
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def compile_steps(tags):
+    got = run_child(COMPILE, tags)
     if "skip" in got:
         pytest.skip(got["skip"])
     assert sorted(got) == sorted(tags)
@@ -94,28 +105,13 @@ def test_no_variant_reads_a_descriptor_from_the_stack_pointer():
 
 # Prints, for each variant tag given, the PTX of its step kernel and of the epoch's first forward,
 # and whether the launch asks for programmatic dependent launch.
-PTX = r"""
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from fasttrain.ladder import triton_fused as tf
-sig = dict(x_ptr="*u8", y_ptr="*i64", order_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32",
-           z_in_ptr="*fp32", z_out_ptr="*fp32", stats_ptr="*fp32", cur="i32", n_cur="i32",
-           nxt="i32", n_nxt="i32", lr="fp32")
-attrs = {(i,): [["tt.divisibility", 16]] for i in range(12)}
+PTX = PRELUDE + r"""
 out = {}
 for v in tf.SWEEP:
     if v.tag not in sys.argv[1:]:
         continue
     for update in (True, False):
-        consts = dict(K=784, C=10, SPLITS=v.splits, BLOCK_B=128, BLOCK_K=v.block_k,
-                      BLOCK_C=tf.BLOCK_C, UPDATE=update, PREC=v.precision,
-                      DW_BY_CLASS=v.dw_by_class, PDL=v.pdl)
-        src = ASTSource(fn=tf.sgd_step_kernel, constexprs=consts, attrs=attrs,
-                        signature={**sig, **{k: "constexpr" for k in consts}})
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": v.num_warps, "launch_pdl": v.pdl})
+        kernel = compile_step(v, update)
         out[f"{v.tag} {'step' if update else 'first'}"] = {
             "ptx": kernel.asm["ptx"], "launch_pdl": kernel.metadata.launch_pdl}
 print(json.dumps(out))
@@ -160,15 +156,6 @@ def global_loads(ptx: str) -> list[tuple[str, set[int]]]:
     return out
 
 
-def compile_ptx(tags):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
-    r = subprocess.run([sys.executable, "-c", PTX, *tags], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.splitlines()[-1])
-
-
 def test_pdl_waits_before_what_a_step_writes_and_loads_the_rest_before():
     """With programmatic dependent launch the next step's grid runs beside this one: it may read
     before its griddepcontrol.wait only what no step writes (the pixels, labels and order), and
@@ -180,7 +167,7 @@ def test_pdl_waits_before_what_a_step_writes_and_loads_the_rest_before():
 
     pdl = [v for v in tf.SWEEP if v.pdl]
     assert pdl and not tf.DEFAULT.pdl
-    got = compile_ptx([v.tag for v in pdl] + [tf.DEFAULT.tag])
+    got = run_child(PTX, [v.tag for v in pdl] + [tf.DEFAULT.tag])
     for name, kernel in got.items():
         ops = global_loads(kernel["ptx"])
         syncs = [op for op, _ in ops if op.startswith("griddepcontrol")]
