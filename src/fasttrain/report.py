@@ -130,6 +130,7 @@ def _cells(r: dict, base: dict | None, floor: dict | None) -> list[str]:
     ]
 
 
+INTERRUPTED = " — INTERRUPTED: each row over the repeats it finished"  # title of table and plot
 HEADERS = ("implementation", "device", "precision", "ms/epoch", "spread over repeats",
            "× roofline", "setup ms", "speed-up", "test acc", "test loss", "report ms/epoch")
 
@@ -139,10 +140,16 @@ def bench_table(result: dict, baseline: str = "numpy-cpu") -> Table:
     rows, cfg = result["rows"], result["config"]
     base, floor = _baseline(rows, baseline), _baseline(rows, "roofline")
     data = cfg["data"] + (" (SYNTHETIC stand-in, not real data)" if cfg.get("synthetic") else "")
+    # One epoch has no latter half: its figure carries the first call's costs (page faults,
+    # thread start, caches), which the latter-half mean exists to leave out.
+    figure = ("each repeat's one epoch, warm-up included (give --epochs 2 or more for a "
+              "steady-state figure)" if cfg["epochs"] == 1 else
+              "each repeat's latter-half epoch mean")
+    cut = INTERRUPTED if cfg.get("interrupted") else ""
     table = Table(
         title=f"fasttrain bench — {data}, {cfg['epochs']} epochs, batch {cfg['batch_size']}, "
-        f"lr {cfg['lr']}, {cfg.get('repeats', 1)} repeat(s)",
-        caption="ms/epoch: median over repeats of each repeat's latter-half epoch mean; spread: "
+        f"lr {cfg['lr']}, {cfg.get('repeats', 1)} repeat(s){cut}",
+        caption=f"ms/epoch: median over repeats of {figure}; spread: "
         "min–max over repeats; setup apart; roofline: computed from the measured peaks. "
         + (f"Speed-up vs {baseline}." if base else ""),
     )
@@ -213,7 +220,7 @@ def bench_plot(result: dict, path: str | os.PathLike) -> None:
     env, cfg = result["env"], result["config"]
     hw = env.get("gpu") or env.get("cpu")
     data = cfg["data"] + (" (synthetic stand-in)" if cfg.get("synthetic") else "")
-    cut = " — INTERRUPTED: each row over the repeats it finished" if cfg.get("interrupted") else ""
+    cut = INTERRUPTED if cfg.get("interrupted") else ""
     ax.set_title(f"Logistic regression ladder — data: {data}, {cfg['epochs']} epochs — {hw}{cut}",
                  fontsize=10)
     ax.legend(loc="lower right", fontsize=8)

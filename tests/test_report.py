@@ -1,0 +1,45 @@
+"""The bench's table as a reader sees it: built from result dicts of the bench schema, no row
+trained (the figures are made up; what is checked is what the table says about them)."""
+
+from rich.console import Console
+
+from fasttrain import report
+
+
+def rendered(result: dict) -> str:
+    console = Console(width=250, record=True)
+    console.print(report.bench_table(result))
+    return " ".join(console.export_text().split())  # wrapping apart
+
+
+def row(impl: str, epoch_ms: float, reps: int) -> dict:
+    return {"impl": impl, "status": "ok", "reason": None, "device": "cpu", "precision": "fp32",
+            "report_ms": None, "epoch_ms": epoch_ms, "epoch_ms_repeat_min": epoch_ms,
+            "epoch_ms_repeat_max": epoch_ms, "epoch_ms_min": epoch_ms,
+            "epoch_ms_max": epoch_ms, "setup_ms": 1.0, "test_accuracy": 0.9, "test_loss": 0.3,
+            "repeats": [{}] * reps}
+
+
+def result(epochs: int = 20, repeats: int = 3, interrupted: bool = False) -> dict:
+    return {"env": {}, "rows": [row("numpy-cpu", 80.0, repeats)],
+            "config": {"data": "mnist", "epochs": epochs, "batch_size": 128, "lr": 0.1,
+                       "repeats": repeats, "interrupted": interrupted}}
+
+
+def test_the_caption_says_the_latter_half_mean():
+    text = rendered(result())
+    assert "latter-half epoch mean" in text and "warm-up" not in text
+    assert "INTERRUPTED" not in text
+
+
+def test_one_epoch_is_said_to_include_its_warm_up():
+    """One epoch has no latter half: its figure is that epoch, first-call costs and all."""
+    text = rendered(result(epochs=1))
+    assert "latter-half" not in text
+    assert "warm-up included" in text and "--epochs 2" in text
+
+
+def test_an_interrupted_bench_says_so_in_its_title():
+    """The title's repeat count is what was asked, not what ran."""
+    text = rendered(result(interrupted=True))
+    assert "INTERRUPTED" in text.split("┏")[0]
