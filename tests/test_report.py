@@ -43,3 +43,28 @@ def test_an_interrupted_bench_says_so_in_its_title():
     """The title's repeat count is what was asked, not what ran."""
     text = rendered(result(interrupted=True))
     assert "INTERRUPTED" in text.split("┏")[0]
+
+
+def test_the_plot_keeps_the_reports_figure_of_a_row_that_cannot_run_here():
+    """On a CPU the CUDA rows are unavailable: their bars stay (the report's, grey) and say
+    why ours is missing; a row with no figure from either side is left out."""
+    res = result()
+    res["rows"] += [
+        {**row("cuda-baseline", 0.0, 0), "status": "unavailable", "reason": "no CUDA GPU",
+         "device": "cuda", "report_ms": 38.0},
+        {**row("torch-graphs", 0.0, 0), "status": "unavailable", "reason": "no CUDA GPU",
+         "device": "cuda"},
+    ]
+    bars = {b["impl"]: b for b in report.plot_bars(res)}
+    assert list(bars) == ["numpy-cpu", "cuda-baseline"]
+    assert bars["numpy-cpu"]["ours"] == 80.0 and bars["numpy-cpu"]["note"] is None
+    assert bars["cuda-baseline"]["ours"] is None and bars["cuda-baseline"]["theirs"] == 38.0
+    assert bars["cuda-baseline"]["note"] == "unavailable here"
+
+
+def test_the_plot_is_written_with_a_row_that_cannot_run_here(tmp_path):
+    res = result()
+    res["rows"].append({**row("cuda-baseline", 0.0, 0), "status": "unavailable",
+                        "reason": "no CUDA GPU", "device": "cuda", "report_ms": 38.0})
+    report.bench_plot(res, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -188,6 +188,24 @@ def bench_markdown(result: dict, baseline: str = "numpy-cpu") -> str:
     return "\n".join(lines)
 
 
+def plot_bars(result: dict) -> list[dict]:
+    """The plot's rows, in the table's order: every row that ran (ours: the median, with the
+    min–max over repeats; none for the computed roofline), and every other row that has the
+    report's figure, so that a GPU row unavailable on a CPU keeps the report's bar and says why
+    ours is missing."""
+    bars = []
+    for r in result["rows"]:
+        ok = r["status"] == "ok"
+        if not ok and not r.get("report_ms"):
+            continue
+        ms = r["epoch_ms"] if ok else None
+        bars.append({"impl": r["impl"], "ours": ms, "theirs": r.get("report_ms"),
+                     "lo": ms - r.get("epoch_ms_repeat_min", ms) if ok else 0.0,
+                     "hi": r.get("epoch_ms_repeat_max", ms) - ms if ok else 0.0,
+                     "note": None if ok else f"{r['status']} here"})
+    return bars
+
+
 def bench_plot(result: dict, path: str | os.PathLike) -> None:
     """Horizontal bars of ms/epoch on a log axis, beside the report's figure where it has one."""
     import matplotlib
@@ -195,27 +213,30 @@ def bench_plot(result: dict, path: str | os.PathLike) -> None:
     matplotlib.use("Agg")  # files only: never needs a display
     import matplotlib.pyplot as plt
 
-    rows = [r for r in result["rows"] if r["status"] == "ok"]
-    names = [r["impl"] for r in rows][::-1]
-    ours = [r["epoch_ms"] for r in rows][::-1]
-    # spread over repeats as an error bar (min–max); none for the computed roofline
-    err = [[r["epoch_ms"] - r.get("epoch_ms_repeat_min", r["epoch_ms"]) for r in rows][::-1],
-           [r.get("epoch_ms_repeat_max", r["epoch_ms"]) - r["epoch_ms"] for r in rows][::-1]]
-    theirs = [r.get("report_ms") for r in rows][::-1]
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.6))
-    ys = range(len(rows))
+    bars = plot_bars(result)[::-1]  # the first row at the top
+    ours = [b["ours"] or 0 for b in bars]
+    err = [[b["lo"] for b in bars], [b["hi"] for b in bars]]
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(bars) + 1.6))
+    ys = range(len(bars))
     ax.barh([y + 0.2 for y in ys], ours, height=0.4, xerr=err, capsize=2,
             label="fasttrain (this run: median, min–max over repeats)", color="#1f77b4")
-    ax.barh([y - 0.2 for y in ys], [t or 0 for t in theirs], height=0.4,
+    ax.barh([y - 0.2 for y in ys], [b["theirs"] or 0 for b in bars], height=0.4,
             label="published report (its own hardware)", color="#bbbbbb")
-    for y, ms, hi in zip(ys, ours, err[1], strict=True):  # the label right of the error bar
-        ax.text((ms + hi) * 1.05, y + 0.2, _fmt_ms(ms), va="center", fontsize=8)
-    floor = _baseline(rows, "roofline")
+    lows = [v for b in bars for v in (b["ours"], b["theirs"]) if v]
+    for y, b in zip(ys, bars, strict=True):  # the label right of the error bar
+        if b["ours"] is not None:
+            ax.text((b["ours"] + b["hi"]) * 1.05, y + 0.2, _fmt_ms(b["ours"]), va="center",
+                    fontsize=8)
+        else:  # at the axis' left end: no bar of ours to sit beside
+            ax.text(min(lows) * 0.8, y + 0.2, b["note"], va="center", fontsize=8,
+                    color="#555555", style="italic")
+    floor = _baseline(result["rows"], "roofline")
     if floor:
         ax.axvline(floor["epoch_ms"], color="#d62728", linestyle="--", linewidth=1,
                    label="roofline (epoch's FLOPs and bytes at this machine's peaks)")
-    ax.set_yticks(list(ys), names)
+    ax.set_yticks(list(ys), [b["impl"] for b in bars])
     ax.set_xscale("log")
+    ax.set_xlim(left=min(lows) * 0.6)
     ax.set_xlabel("ms per epoch (log scale, lower is better)")
     env, cfg = result["env"], result["config"]
     hw = env.get("gpu") or env.get("cpu")
