@@ -562,6 +562,18 @@ def test_more_epochs_than_their_shuffle_orders_fit_is_one_line(capsys):
     assert "--epochs 5000" in err and "at most 4,473 epochs" in err and "Traceback" not in err
 
 
+def test_a_batch_larger_than_the_training_set_is_one_line(capsys):
+    """Not a row-by-row failure (numba-fused and floor-gemm allocating 112 GiB of scratch for
+    --batch-size 3000000000, cpp-tiled's "bad arguments"): the bench names the largest batch."""
+    from fasttrain.cli import main
+    from tests.conftest import assert_one_line_error
+
+    code = main(["bench", "--impl", "numpy-cpu", "--data", "synthetic", "--epochs", "1",
+                 "--batch-size", "3000000000", "--no-progress"])
+    assert_one_line_error(code, capsys.readouterr().err, "--batch-size 3000000000",
+                          "60,000", "--batch-size 60000")
+
+
 def test_ctrl_c_before_any_row_ran_says_nothing_was_written(tmp_path, capsys, monkeypatch):
     from fasttrain.cli import main
 
