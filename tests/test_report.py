@@ -1,9 +1,13 @@
 """The bench's table as a reader sees it: built from result dicts of the bench schema, no row
 trained (the figures are made up; what is checked is what the table says about them)."""
 
+import os
+
+import pytest
 from rich.console import Console
 
 from fasttrain import report
+from fasttrain.errors import UserError
 
 
 def rendered(result: dict) -> str:
@@ -68,3 +72,13 @@ def test_the_plot_is_written_with_a_row_that_cannot_run_here(tmp_path):
                         "reason": "no CUDA GPU", "device": "cuda", "report_ms": 38.0})
     report.bench_plot(res, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_a_folder_that_refuses_new_files_is_refused_before_any_work(tmp_path):
+    """os.access says yes to root everywhere, /proc included: the bench then ran to its end
+    and lost its result at the write. Only creating a file there tells."""
+    with pytest.raises(UserError, match="--json /proc/r.json: not writable"):
+        report.check_outputs(("/proc/r.json", "--json"))
+    report.check_outputs((tmp_path / "r.json", "--json"))  # a writable folder passes...
+    assert list(tmp_path.iterdir()) == []  # ...and is left as it was

@@ -42,13 +42,27 @@ def check_writable(path: str | os.PathLike, flag: str) -> Path:
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"{flag} {p}: folder {parent} does not exist; create it or choose another")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+    if (not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK))
+            or not _can_create_in(parent)):
         raise UserError(f"{flag} {p}: not writable; choose a path you can write to")
     if p.exists() and not _ours(p, png=flag == "--plot"):
         kind = {"--plot": "PNG", "--trace": "trace"}.get(flag, "fasttrain JSON")
         raise UserError(f"{flag} {p}: exists and is not a {kind} an earlier run wrote; choose "
                         f"another path, or move the file away yourself (it is kept)")
     return p
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in `folder`, tried: os.access answers yes to root on any
+    folder (/proc, a root-squashed share), and the result is written atomically through a new
+    file beside its name. The probe is removed at once."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".fasttrain-probe-"):
+            return True
+    except OSError:
+        return False
 
 
 _SNIFF_BYTES = 1 << 20  # an output is recognized by its head: never parsed whole
