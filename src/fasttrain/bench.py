@@ -293,6 +293,12 @@ def _prepare(args: argparse.Namespace, cfg, entries, console):
     from fasttrain.env import env_block, hardware_line
 
     dataset = load_dataset(args.data, args.data_dir, seed=args.seed)
+    n = len(dataset.train_y)
+    # Rows size their scratch by the batch (a kernel's tests may run a lone partial batch of a
+    # larger one; the bench has no reason to): one line here, not each row failing its own way.
+    if cfg.batch_size > n:
+        raise UserError(f"--batch-size {cfg.batch_size} is more than the {n:,} training samples "
+                        f"of {dataset.name}; one step an epoch is --batch-size {n}")
     data = ladder.make_ladder_data(dataset, cfg)
     env = env_block()
     console.print(f"[bold]fasttrain bench[/bold] on {hardware_line(env)}")

@@ -115,15 +115,6 @@ def test_floor_gemm_runs_and_learns_nothing(tiny):
     assert impl.evaluate() == (None, None)
 
 
-def test_a_batch_of_the_whole_training_set_is_one_step_and_a_larger_one_an_error():
-    from fasttrain.errors import UserError
-
-    data = make_ladder_data(tiny_images(n_train=150), LadderConfig(epochs=1, batch_size=150))
-    assert data.n_train == 150
-    with pytest.raises(UserError, match="--batch-size 151 .* 150 training samples"):
-        make_ladder_data(tiny_images(n_train=150), LadderConfig(epochs=1, batch_size=151))
-
-
 @pytest.mark.parametrize("bad", [dict(epochs=0), dict(batch_size=-1), dict(lr=float("nan")),
                                  dict(lr=float("inf")), dict(lr=0.0)])
 def test_bad_config_is_a_user_error(bad):

@@ -77,9 +77,6 @@ def make_ladder_data(dataset, cfg: LadderConfig) -> LadderData:
     w0 = rng.uniform(-bound, bound, size=(CLASSES, IN_FEATURES)).astype(np.float32)
     b0 = rng.uniform(-bound, bound, size=CLASSES).astype(np.float32)
     n = len(dataset.train_y)
-    if cfg.batch_size > n:  # rows size their scratch by the batch: fail here, not in each row
-        raise UserError(f"--batch-size {cfg.batch_size} is more than the {n:,} training samples "
-                        f"of {dataset.name}; one step an epoch is --batch-size {n}")
     if cfg.epochs * n * 8 > MAX_ORDERS_BYTES:
         raise UserError(f"--epochs {cfg.epochs}: every epoch's shuffle order is drawn up front "
                         f"(8 bytes a sample an epoch: {cfg.epochs * n * 8 / 2**30:.1f} GiB for "
