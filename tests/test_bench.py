@@ -483,6 +483,38 @@ def test_a_log_file_gets_progress_lines_without_a_bar(monkeypatch, quiet):
         assert all("ms/epoch" in line and "\x1b" not in line for line in lines)
 
 
+class ThreadCounting(NumpyCPU):
+    """Notes which threads run beside each timed epoch."""
+
+    name = "thread-counting"
+    seen: list[set[str]] = []
+
+    def train_epoch(self, epoch):
+        import threading
+
+        ThreadCounting.seen.append({type(t).__name__ for t in threading.enumerate()})
+        return super().train_epoch(epoch)
+
+
+def test_a_terminals_progress_bar_runs_no_thread_beside_the_timed_epochs():
+    """The bar advances after each epoch's clock has stopped; a refresh thread redrawing it
+    (rich's default, 10 times a second) would share the cores with the row being timed."""
+    import io
+
+    from rich.console import Console
+
+    cfg = LadderConfig(epochs=3, batch_size=50)
+    data = make_ladder_data(tiny_images(n_train=100), cfg)
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=120)
+    ThreadCounting.seen.clear()
+    row = bench._time_with_progress(entry_for(ThreadCounting), data, cfg, console, False,
+                                    "thread-counting")
+    assert len(row["epoch_ms_all"]) == 3 and len(ThreadCounting.seen) == 3
+    assert all("_RefreshThread" not in names for names in ThreadCounting.seen)
+    assert "3/3" in screen.getvalue()  # and the bar was drawn, to the last epoch
+
+
 def test_impl_picks_rows_in_the_tables_order_once_each():
     picked = bench.select("roofline, cpp-tiled,numpy-cpu,roofline")
     assert [e.name for e in picked] == ["numpy-cpu", "cpp-tiled", "roofline"]
@@ -560,6 +592,18 @@ def test_more_epochs_than_their_shuffle_orders_fit_is_one_line(capsys):
     assert main(["bench", "--impl", "roofline", "--data", "synthetic", "--epochs", "5000"]) == 2
     err = capsys.readouterr().err
     assert "--epochs 5000" in err and "at most 4,473 epochs" in err and "Traceback" not in err
+
+
+def test_a_batch_larger_than_the_training_set_is_one_line(capsys):
+    """Not a row-by-row failure (numba-fused and floor-gemm allocating 112 GiB of scratch for
+    --batch-size 3000000000, cpp-tiled's "bad arguments"): the bench names the largest batch."""
+    from fasttrain.cli import main
+    from tests.conftest import assert_one_line_error
+
+    code = main(["bench", "--impl", "numpy-cpu", "--data", "synthetic", "--epochs", "1",
+                 "--batch-size", "3000000000", "--no-progress"])
+    assert_one_line_error(code, capsys.readouterr().err, "--batch-size 3000000000",
+                          "60,000", "--batch-size 60000")
 
 
 def test_ctrl_c_before_any_row_ran_says_nothing_was_written(tmp_path, capsys, monkeypatch):

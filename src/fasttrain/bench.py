@@ -293,6 +293,12 @@ def _prepare(args: argparse.Namespace, cfg, entries, console):
     from fasttrain.env import env_block, hardware_line
 
     dataset = load_dataset(args.data, args.data_dir, seed=args.seed)
+    n = len(dataset.train_y)
+    # Rows size their scratch by the batch (a kernel's tests may run a lone partial batch of a
+    # larger one; the bench has no reason to): one line here, not each row failing its own way.
+    if cfg.batch_size > n:
+        raise UserError(f"--batch-size {cfg.batch_size} is more than the {n:,} training samples "
+                        f"of {dataset.name}; one step an epoch is --batch-size {n}")
     data = ladder.make_ladder_data(dataset, cfg)
     env = env_block()
     console.print(f"[bold]fasttrain bench[/bold] on {hardware_line(env)}")
@@ -372,7 +378,9 @@ def _time_with_progress(entry, data, cfg, console, quiet: bool, label: str) -> d
     """Time one repeat under a progress bar on a terminal, or with a plain line at most every
     LOG_EVERY_S seconds when stderr is a file or a pipe (a slow row in a log is not silent).
     Both advance once per epoch, after the harness has already synchronized and stopped the
-    clock: they add no host-device sync of their own."""
+    clock: they add no host-device sync of their own. The bar is redrawn only then: rich's
+    refresh thread would wake 10 times a second inside the timed epochs, on the cores the
+    CPU rows use."""
     if console is None:
         return time_row(entry, data, cfg)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -382,13 +390,13 @@ def _time_with_progress(entry, data, cfg, console, quiet: bool, label: str) -> d
     last_line = time.monotonic()
     with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[last]}"), console=console, transient=True,
-                  disable=not live) as progress:
+                  auto_refresh=False, disable=not live) as progress:
         task = progress.add_task(label, total=cfg.epochs, last="setup…")
 
         def on_epoch(epoch: int, ms: float, loss) -> None:
             nonlocal last_line
             tail = f"  loss {loss:.4f}" if loss is not None else ""
-            progress.update(task, advance=1, last=f"{ms:,.1f} ms/epoch{tail}")
+            progress.update(task, advance=1, last=f"{ms:,.1f} ms/epoch{tail}", refresh=True)
             if logged and epoch + 1 < cfg.epochs and time.monotonic() - last_line >= LOG_EVERY_S:
                 console.print(f"  {label:<22} epoch {epoch + 1}/{cfg.epochs}, "
                               f"{ms:,.1f} ms/epoch{tail}")

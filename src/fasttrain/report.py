@@ -42,13 +42,27 @@ def check_writable(path: str | os.PathLike, flag: str) -> Path:
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"{flag} {p}: folder {parent} does not exist; create it or choose another")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+    if (not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK))
+            or not _can_create_in(parent)):
         raise UserError(f"{flag} {p}: not writable; choose a path you can write to")
     if p.exists() and not _ours(p, png=flag == "--plot"):
         kind = {"--plot": "PNG", "--trace": "trace"}.get(flag, "fasttrain JSON")
         raise UserError(f"{flag} {p}: exists and is not a {kind} an earlier run wrote; choose "
                         f"another path, or move the file away yourself (it is kept)")
     return p
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in `folder`, tried: os.access answers yes to root on any
+    folder (/proc, a root-squashed share), and the result is written atomically through a new
+    file beside its name. The probe is removed at once."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".fasttrain-probe-"):
+            return True
+    except OSError:
+        return False
 
 
 _SNIFF_BYTES = 1 << 20  # an output is recognized by its head: never parsed whole
@@ -130,6 +144,7 @@ def _cells(r: dict, base: dict | None, floor: dict | None) -> list[str]:
     ]
 
 
+INTERRUPTED = " — INTERRUPTED: each row over the repeats it finished"  # title of table and plot
 HEADERS = ("implementation", "device", "precision", "ms/epoch", "spread over repeats",
            "× roofline", "setup ms", "speed-up", "test acc", "test loss", "report ms/epoch")
 
@@ -139,10 +154,16 @@ def bench_table(result: dict, baseline: str = "numpy-cpu") -> Table:
     rows, cfg = result["rows"], result["config"]
     base, floor = _baseline(rows, baseline), _baseline(rows, "roofline")
     data = cfg["data"] + (" (SYNTHETIC stand-in, not real data)" if cfg.get("synthetic") else "")
+    # One epoch has no latter half: its figure carries the first call's costs (page faults,
+    # thread start, caches), which the latter-half mean exists to leave out.
+    figure = ("each repeat's one epoch, warm-up included (give --epochs 2 or more for a "
+              "steady-state figure)" if cfg["epochs"] == 1 else
+              "each repeat's latter-half epoch mean")
+    cut = INTERRUPTED if cfg.get("interrupted") else ""
     table = Table(
         title=f"fasttrain bench — {data}, {cfg['epochs']} epochs, batch {cfg['batch_size']}, "
-        f"lr {cfg['lr']}, {cfg.get('repeats', 1)} repeat(s)",
-        caption="ms/epoch: median over repeats of each repeat's latter-half epoch mean; spread: "
+        f"lr {cfg['lr']}, {cfg.get('repeats', 1)} repeat(s){cut}",
+        caption=f"ms/epoch: median over repeats of {figure}; spread: "
         "min–max over repeats; setup apart; roofline: computed from the measured peaks. "
         + (f"Speed-up vs {baseline}." if base else ""),
     )
@@ -181,6 +202,24 @@ def bench_markdown(result: dict, baseline: str = "numpy-cpu") -> str:
     return "\n".join(lines)
 
 
+def plot_bars(result: dict) -> list[dict]:
+    """The plot's rows, in the table's order: every row that ran (ours: the median, with the
+    min–max over repeats; none for the computed roofline), and every other row that has the
+    report's figure, so that a GPU row unavailable on a CPU keeps the report's bar and says why
+    ours is missing."""
+    bars = []
+    for r in result["rows"]:
+        ok = r["status"] == "ok"
+        if not ok and not r.get("report_ms"):
+            continue
+        ms = r["epoch_ms"] if ok else None
+        bars.append({"impl": r["impl"], "ours": ms, "theirs": r.get("report_ms"),
+                     "lo": ms - r.get("epoch_ms_repeat_min", ms) if ok else 0.0,
+                     "hi": r.get("epoch_ms_repeat_max", ms) - ms if ok else 0.0,
+                     "note": None if ok else f"{r['status']} here"})
+    return bars
+
+
 def bench_plot(result: dict, path: str | os.PathLike) -> None:
     """Horizontal bars of ms/epoch on a log axis, beside the report's figure where it has one."""
     import matplotlib
@@ -188,32 +227,35 @@ def bench_plot(result: dict, path: str | os.PathLike) -> None:
     matplotlib.use("Agg")  # files only: never needs a display
     import matplotlib.pyplot as plt
 
-    rows = [r for r in result["rows"] if r["status"] == "ok"]
-    names = [r["impl"] for r in rows][::-1]
-    ours = [r["epoch_ms"] for r in rows][::-1]
-    # spread over repeats as an error bar (min–max); none for the computed roofline
-    err = [[r["epoch_ms"] - r.get("epoch_ms_repeat_min", r["epoch_ms"]) for r in rows][::-1],
-           [r.get("epoch_ms_repeat_max", r["epoch_ms"]) - r["epoch_ms"] for r in rows][::-1]]
-    theirs = [r.get("report_ms") for r in rows][::-1]
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.6))
-    ys = range(len(rows))
+    bars = plot_bars(result)[::-1]  # the first row at the top
+    ours = [b["ours"] or 0 for b in bars]
+    err = [[b["lo"] for b in bars], [b["hi"] for b in bars]]
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(bars) + 1.6))
+    ys = range(len(bars))
     ax.barh([y + 0.2 for y in ys], ours, height=0.4, xerr=err, capsize=2,
             label="fasttrain (this run: median, min–max over repeats)", color="#1f77b4")
-    ax.barh([y - 0.2 for y in ys], [t or 0 for t in theirs], height=0.4,
+    ax.barh([y - 0.2 for y in ys], [b["theirs"] or 0 for b in bars], height=0.4,
             label="published report (its own hardware)", color="#bbbbbb")
-    for y, ms, hi in zip(ys, ours, err[1], strict=True):  # the label right of the error bar
-        ax.text((ms + hi) * 1.05, y + 0.2, _fmt_ms(ms), va="center", fontsize=8)
-    floor = _baseline(rows, "roofline")
+    lows = [v for b in bars for v in (b["ours"], b["theirs"]) if v]
+    for y, b in zip(ys, bars, strict=True):  # the label right of the error bar
+        if b["ours"] is not None:
+            ax.text((b["ours"] + b["hi"]) * 1.05, y + 0.2, _fmt_ms(b["ours"]), va="center",
+                    fontsize=8)
+        else:  # at the axis' left end: no bar of ours to sit beside
+            ax.text(min(lows) * 0.8, y + 0.2, b["note"], va="center", fontsize=8,
+                    color="#555555", style="italic")
+    floor = _baseline(result["rows"], "roofline")
     if floor:
         ax.axvline(floor["epoch_ms"], color="#d62728", linestyle="--", linewidth=1,
                    label="roofline (epoch's FLOPs and bytes at this machine's peaks)")
-    ax.set_yticks(list(ys), names)
+    ax.set_yticks(list(ys), [b["impl"] for b in bars])
     ax.set_xscale("log")
+    ax.set_xlim(left=min(lows) * 0.6)
     ax.set_xlabel("ms per epoch (log scale, lower is better)")
     env, cfg = result["env"], result["config"]
     hw = env.get("gpu") or env.get("cpu")
     data = cfg["data"] + (" (synthetic stand-in)" if cfg.get("synthetic") else "")
-    cut = " — INTERRUPTED: each row over the repeats it finished" if cfg.get("interrupted") else ""
+    cut = INTERRUPTED if cfg.get("interrupted") else ""
     ax.set_title(f"Logistic regression ladder — data: {data}, {cfg['epochs']} epochs — {hw}{cut}",
                  fontsize=10)
     ax.legend(loc="lower right", fontsize=8)

@@ -214,3 +214,30 @@ def test_a_failed_download_leaves_no_folder_it_created(mirror, tmp_path):
     with pytest.raises(UserError, match="download failed"):
         fetch("mnist", kept)
     assert kept.is_dir() and not any(kept.iterdir())
+
+
+@pytest.mark.parametrize("via", ["data_dir", "env"])
+def test_a_root_holding_the_files_itself_names_its_parent_and_downloads_nothing(
+        mirror, tmp_path, monkeypatch, via):
+    """--data-dir (or FASTTRAIN_DATA) pointed at the mnist folder instead of the folder above
+    it: one line naming the parent, and no second copy downloaded into <it>/mnist/."""
+    place = put(mirror, tmp_path / "data" / "mnist")
+    before = snapshot(place)
+    if via == "env":
+        monkeypatch.setenv("FASTTRAIN_DATA", str(place))
+    with pytest.raises(UserError) as e:
+        load_dataset("mnist", place if via == "data_dir" else None)
+    message = str(e.value)
+    assert f"{place} holds the mnist files itself" in message and "\n" not in message
+    assert str(tmp_path / "data") in message.split("holds", 1)[1]  # the parent, the fix
+    assert snapshot(place) == before and not (place / "mnist").exists()
+    assert not (tmp_path / "cache" / "fasttrain" / "mnist").exists()
+
+
+def test_a_root_holding_another_datasets_files_is_not_named_as_this_one(mirror, tmp_path):
+    """Fashion-MNIST's files have MNIST's names: only matching hashes make the hint."""
+    place = put(mirror, tmp_path / "data" / "mnist")
+    (place / sources.FILE_NAMES[0]).write_bytes(idx_gz(np.zeros((5, 28, 28), np.uint8)))
+    shutil.rmtree(mirror)  # offline
+    with pytest.raises(UserError, match="download failed"):
+        load_dataset("mnist", place)

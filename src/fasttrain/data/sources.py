@@ -138,6 +138,14 @@ def verify(path: Path, expected: str) -> None:
         )
 
 
+def _holds(path: Path, expected: str) -> bool:
+    try:
+        st = path.stat()
+        return _sha256(path, (st.st_ino, st.st_size, st.st_mtime_ns)) == expected
+    except OSError:
+        return False
+
+
 def find(
     name: str, source: Source, data_dir: str | os.PathLike[str] | None
 ) -> tuple[Path | None, list[Path]]:
@@ -149,6 +157,16 @@ def find(
             for file, sha256 in source.files.items():
                 verify(place / file, sha256)
             return place, places
+    # A root pointed at the dataset's own folder (`--data-dir .../mnist`) would otherwise send
+    # a second copy into `.../mnist/mnist/` (or fail offline with a list of wrong places). The
+    # hashes decide: MNIST and Fashion-MNIST share file names.
+    for place in places:
+        if all(_holds(place.parent / file, sha256) for file, sha256 in source.files.items()):
+            raise UserError(
+                f"{place.parent} holds the {name} files itself, but datasets are looked for in "
+                f"<root>/{name}/: pass --data-dir {place.parent.parent} (or set "
+                f"FASTTRAIN_DATA={place.parent.parent})"
+            )
     return None, places
 
 
