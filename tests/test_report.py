@@ -82,3 +82,14 @@ def test_a_folder_that_refuses_new_files_is_refused_before_any_work(tmp_path):
         report.check_outputs(("/proc/r.json", "--json"))
     report.check_outputs((tmp_path / "r.json", "--json"))  # a writable folder passes...
     assert list(tmp_path.iterdir()) == []  # ...and is left as it was
+
+
+def test_an_import_path_in_a_table_is_printed_as_typed(capsys):
+    # `fasttrain experiment scaling --model pkg.mod:factory` wrote "pkg.mod🏭 parameters": rich
+    # read ":factory:" of "pkg.mod:factory: parameters" as an emoji code.
+    table = report.rows_table("t", [("model", lambda r: r["model"])],
+                              [{"model": "pkg.mod:factory"}],
+                              caption="pkg.mod:factory: parameters counted")
+    report.wide_console().print(table)
+    out = capsys.readouterr().out
+    assert "pkg.mod:factory:" in out.split("┘")[1]  # the caption, after the table

@@ -278,11 +278,12 @@ def fmt_bytes(n: float | None) -> str:
 
 def wide_console():
     """A console for result tables: piped or redirected output keeps every column whole rather
-    than wrapping at 80 characters."""
+    than wrapping at 80 characters. No emoji codes: a user's import path followed by a colon
+    ("pkg.mod:factory: ...") would become a picture."""
     from rich.console import Console
 
-    out = Console()
-    return out if out.is_terminal else Console(width=160)
+    out = Console(emoji=False)
+    return out if out.is_terminal else Console(width=160, emoji=False)
 
 
 def rows_table(title: str, columns: list[tuple[str, object]], rows: list[dict],

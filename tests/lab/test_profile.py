@@ -329,3 +329,13 @@ def test_a_run_directory_is_refused_and_left_as_it_was(capsys, tmp_path):
         assert code == 2 and len(err) == 1 and "--out" in err[0], err
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("flags", [("--parallel", "ddp"), ("--parallel", "dp"), ("--tp", "2")])
+def test_a_layout_is_refused_as_the_other_lab_commands_refuse_it(capsys, flags):
+    # profile measures one process; `--parallel ddp` asked for torchrun and `-m fasttrain train`
+    # instead, and under torchrun every rank printed its own report.
+    from tests.conftest import assert_one_line_error, run_cli
+
+    code, _, err = run_cli(capsys, "profile", "--model", "logreg", "--data", "synthetic", *flags)
+    assert_one_line_error(code, err, "fasttrain profile")

@@ -17,6 +17,17 @@ def refuse_run_directory(cfg, command: str) -> None:
                         f"(results go to --json PATH)")
 
 
+def refuse_layouts(cfg, command: str) -> None:
+    """A lab command measures one process; layouts are predicted by `memory --gpus` and `plan
+    --gpus`. Checked before the config is validated, which would ask for torchrun."""
+    if getattr(cfg, "parallel", "none") != "none":
+        raise UserError(f"fasttrain {command} measures one process: drop --parallel")
+    if cfg.tp > 1 or cfg.pp > 1:
+        raise UserError(f"fasttrain {command} models one process a GPU: drop --tp/--pp "
+                        f"(`fasttrain memory --gpus W --tp N --pp M` predicts a tensor and "
+                        f"pipeline layout's memory per rank)")
+
+
 def lab_config(args: argparse.Namespace, command: str):
     """The TrainConfig of a lab command, with its data loaded once: (cfg, task).
 
@@ -29,12 +40,7 @@ def lab_config(args: argparse.Namespace, command: str):
 
     cfg = from_args(args)
     refuse_run_directory(cfg, command)
-    if getattr(cfg, "parallel", "none") != "none":
-        raise UserError(f"fasttrain {command} measures one process: drop --parallel")
-    if cfg.tp > 1 or cfg.pp > 1:
-        raise UserError(f"fasttrain {command} models one process a GPU: drop --tp/--pp "
-                        f"(`fasttrain memory --gpus W --tp N --pp M` predicts a tensor and "
-                        f"pipeline layout's memory per rank)")
+    refuse_layouts(cfg, command)
     given = "data" in vars(args) or bool(args.config and "data" in load_toml(args.config))
     if given:
         cfg = cfg.validate(MODEL_KINDS)

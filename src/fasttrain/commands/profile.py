@@ -39,7 +39,7 @@ def profile_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def profile(args: argparse.Namespace) -> int:
-    from fasttrain.commands.common import refuse_run_directory
+    from fasttrain.commands.common import refuse_layouts, refuse_run_directory
     from fasttrain.engine.configfile import from_args
     from fasttrain.engine.run import build
     from fasttrain.report import check_outputs, write_json
@@ -51,6 +51,7 @@ def profile(args: argparse.Namespace) -> int:
     check_outputs(*((getattr(args, flag), f"--{flag}") for flag in ("trace", "json", "plot")))
     cfg = from_args(args)
     refuse_run_directory(cfg, "profile")  # it would rewrite a run's config.toml and model.json
+    refuse_layouts(cfg, "profile")
     run = build(cfg, verbose=False)
     result = profile_model.profile_run(run, steps=args.steps, warmup=args.profile_warmup,
                                        trace=args.trace, top=args.top)
